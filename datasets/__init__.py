@@ -1,0 +1,38 @@
+"""fedcf.datasets: interaction data, MovieLens loaders (online and offline), synthetic populations.
+
+Depends only on numpy, scipy and pandas.
+"""
+
+from ._validation import DataValidationError
+from .interactions import Interactions
+from .movielens import (
+    VARIANTS,
+    DataUnavailableError,
+    clear_cache,
+    data_home,
+    detect_format,
+    fetch_movielens,
+    load_movielens,
+    load_ratings_file,
+    parse_ratings,
+    read_recbole_wheel,
+)
+from .synthetic import SyntheticTruth, heavy_tailed_counts, make_synthetic_ratings
+
+__all__ = [
+    "VARIANTS",
+    "DataUnavailableError",
+    "DataValidationError",
+    "Interactions",
+    "SyntheticTruth",
+    "clear_cache",
+    "data_home",
+    "detect_format",
+    "fetch_movielens",
+    "heavy_tailed_counts",
+    "load_movielens",
+    "load_ratings_file",
+    "make_synthetic_ratings",
+    "parse_ratings",
+    "read_recbole_wheel",
+]

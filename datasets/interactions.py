@@ -1,0 +1,319 @@
+"""`Interactions`: the one in-memory structure for ratings, grouped by user (one user = one client)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from ._validation import (
+    DataValidationError,
+    check_ids,
+    check_numeric,
+    check_same_length,
+    check_scale,
+    show,
+)
+
+_DEFAULT_TS = object()  # sentinel: "use a 'timestamp' column if there is one"
+
+
+def _factorize(raw: np.ndarray, catalog: np.ndarray | None, column: str):
+    """Map raw ids to dense ids. With a catalog, ids must belong to it (names the first stranger)."""
+    if catalog is not None:
+        index = pd.Index(catalog)
+        codes = index.get_indexer(raw)
+        if np.any(codes < 0):
+            row = int(np.flatnonzero(codes < 0)[0])
+            raise DataValidationError(
+                f"column {column!r} has id {show(raw[row])} at row {row} that is not in the given catalog"
+            )
+        return codes.astype(np.int64), np.asarray(catalog)
+    try:
+        codes, uniques = pd.factorize(raw, sort=True)
+    except TypeError:  # ids of mixed, unorderable types: keep first-seen order
+        codes, uniques = pd.factorize(raw, sort=False)
+    uniques = np.asarray(uniques)
+    return codes.astype(np.int64), uniques
+
+
+@dataclass(frozen=True, eq=False)
+class Interactions:
+    """User-grouped CSR of (item, value, timestamp) with raw-id maps.
+
+    Attributes
+    ----------
+    indptr : int64 array (n_users + 1,)
+        User ``u``'s entries are ``items[indptr[u]:indptr[u+1]]``.
+    items : int32 array (nnz,)
+        Dense item ids in ``[0, n_items)``. Within a user, entries are ordered by
+        (timestamp, item) when timestamps exist, else by item, so a user's history reads
+        oldest first and ties break the same way every time.
+    values : float64 array (nnz,)
+        Ratings (or implicit-feedback strengths).
+    timestamps : float64 array (nnz,) or None
+    user_ids, item_ids : arrays
+        Raw ids; ``user_ids[u]`` is the raw id of dense user ``u``. Any hashable type.
+    """
+
+    indptr: np.ndarray
+    items: np.ndarray
+    values: np.ndarray
+    timestamps: np.ndarray | None
+    user_ids: np.ndarray
+    item_ids: np.ndarray
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_arrays(
+        cls,
+        users,
+        items,
+        ratings=None,
+        timestamps=None,
+        *,
+        rating_scale=None,
+        duplicates: str = "error",
+        item_catalog=None,
+        user_catalog=None,
+        names=("user", "item", "rating", "timestamp"),
+    ) -> Interactions:
+        """Build from parallel arrays of raw ids, ratings (default 1.0) and timestamps.
+
+        Parameters
+        ----------
+        rating_scale : (low, high) or None
+            When given, a rating outside it is an error.
+        duplicates : {"error", "last", "mean"}
+            What to do with a repeated (user, item) pair: refuse (naming it), keep the last
+            occurrence in input order, or average the ratings (keeping the latest timestamp).
+        item_catalog, user_catalog : array-like or None
+            Fix the id maps (e.g. to share a trained model's item ids); an id outside the catalog
+            is an error. Catalog entries without interactions are kept (empty users / items).
+        """
+        ucol, icol, rcol, tcol = names
+        n = check_same_length(**{ucol: users, icol: items, rcol: ratings, tcol: timestamps})
+        if duplicates not in ("error", "last", "mean"):
+            raise ValueError(f"duplicates must be 'error', 'last' or 'mean', got {duplicates!r}")
+        raw_u = check_ids(users, ucol)
+        raw_i = check_ids(items, icol)
+        vals = np.ones(n) if ratings is None else check_numeric(ratings, rcol, "rating")
+        check_scale(vals, rating_scale, rcol)
+        ts = None if timestamps is None else check_numeric(timestamps, tcol, "timestamp")
+
+        u, user_ids = _factorize(raw_u, user_catalog, ucol)
+        i, item_ids = _factorize(raw_i, item_catalog, icol)
+        n_users, n_items = len(user_ids), len(item_ids)
+
+        # duplicates: identify (user, item) pairs; order kept = input order
+        key = u * max(n_items, 1) + i
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        dup_next = ks[1:] == ks[:-1]
+        if np.any(dup_next):
+            if duplicates == "error":
+                j = int(np.flatnonzero(dup_next)[0])
+                r1, r2 = sorted((int(order[j]), int(order[j + 1])))
+                raise DataValidationError(
+                    f"duplicate ({ucol}, {icol}) pair ({show(raw_u[r1])}, {show(raw_i[r1])}) at rows {r1} "
+                    f"and {r2}; pass duplicates='last' or duplicates='mean' to resolve"
+                )
+            starts = np.flatnonzero(np.r_[True, ~dup_next])
+            ends = np.r_[starts[1:], len(ks)]
+            if duplicates == "last":
+                keep = order[ends - 1]
+                u, i, vals = u[keep], i[keep], vals[keep]
+                ts = None if ts is None else ts[keep]
+            else:
+                sums = np.add.reduceat(vals[order], starts)
+                vals = sums / (ends - starts)
+                keep = order[starts]
+                u, i = u[keep], i[keep]
+                ts = None if ts is None else np.maximum.reduceat(ts[order], starts)
+        return cls._from_dense(u, i, vals, ts, user_ids, item_ids, n_users)
+
+    @classmethod
+    def _from_dense(cls, u, i, vals, ts, user_ids, item_ids, n_users) -> Interactions:
+        """Sort dense triples into user-grouped CSR (by user, then timestamp, then item)."""
+        keys = (i, u) if ts is None else (i, ts, u)
+        order = np.lexsort(keys)
+        counts = np.bincount(u, minlength=n_users)
+        indptr = np.zeros(n_users + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        itype = np.int32 if len(item_ids) < 2**31 else np.int64
+        return cls(
+            indptr=indptr,
+            items=np.ascontiguousarray(i[order], dtype=itype),
+            values=np.ascontiguousarray(vals[order], dtype=np.float64),
+            timestamps=None if ts is None else np.ascontiguousarray(ts[order], dtype=np.float64),
+            user_ids=np.asarray(user_ids),
+            item_ids=np.asarray(item_ids),
+        )
+
+    @classmethod
+    def from_dataframe(
+        cls,
+        df: pd.DataFrame,
+        *,
+        user_col: str = "user",
+        item_col: str = "item",
+        rating_col: str | None = "rating",
+        timestamp_col=_DEFAULT_TS,
+        rating_scale=None,
+        duplicates: str = "error",
+        item_catalog=None,
+        user_catalog=None,
+    ) -> Interactions:
+        """Build from a DataFrame. ``rating_col=None`` means implicit feedback (all 1.0).
+
+        ``timestamp_col`` defaults to using a ``"timestamp"`` column when present; pass a name to
+        require one, or ``None`` to ignore timestamps.
+        """
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"expected a pandas DataFrame, got {type(df).__name__}")
+        if timestamp_col is _DEFAULT_TS:
+            timestamp_col = "timestamp" if "timestamp" in df.columns else None
+        required = [c for c in (user_col, item_col, rating_col, timestamp_col) if c is not None]
+        missing = [c for c in required if c not in df.columns]
+        if missing:
+            raise DataValidationError(
+                f"column {missing[0]!r} not found in the DataFrame; its columns are {list(df.columns)}"
+            )
+        if len(df) == 0:
+            raise DataValidationError("no interactions: the DataFrame is empty")
+        return cls.from_arrays(
+            df[user_col],
+            df[item_col],
+            None if rating_col is None else df[rating_col],
+            None if timestamp_col is None else df[timestamp_col],
+            rating_scale=rating_scale,
+            duplicates=duplicates,
+            item_catalog=item_catalog,
+            user_catalog=user_catalog,
+            names=(user_col, item_col, rating_col or "rating", timestamp_col or "timestamp"),
+        )
+
+    @classmethod
+    def from_sparse(cls, matrix, *, rating_scale=None) -> Interactions:
+        """Build from a scipy sparse (users × items) matrix; explicit zeros are kept as entries."""
+        if not sp.issparse(matrix):
+            raise TypeError(f"expected a scipy sparse matrix, got {type(matrix).__name__}")
+        csr = sp.csr_array(matrix)
+        csr.sum_duplicates()
+        if csr.nnz == 0:
+            raise DataValidationError("no interactions: the sparse matrix has no stored entries")
+        vals = check_numeric(csr.data, "data", "rating")
+        check_scale(vals, rating_scale, "data")
+        n_users, n_items = csr.shape
+        u = np.repeat(np.arange(n_users), np.diff(csr.indptr))
+        return cls._from_dense(
+            u, csr.indices.astype(np.int64), vals, None, np.arange(n_users), np.arange(n_items), n_users
+        )
+
+    @classmethod
+    def coerce(cls, X, **kwargs) -> Interactions:
+        """Accept an Interactions, a DataFrame or a scipy sparse matrix."""
+        if isinstance(X, Interactions):
+            return X
+        if isinstance(X, pd.DataFrame):
+            return cls.from_dataframe(X, **kwargs)
+        if sp.issparse(X):
+            return cls.from_sparse(X, **{k: v for k, v in kwargs.items() if k == "rating_scale"})
+        raise TypeError(
+            "expected an Interactions, a pandas DataFrame with user/item/rating columns, or a "
+            f"scipy sparse user × item matrix; got {type(X).__name__}"
+        )
+
+    # ------------------------------------------------------------------ views
+    @property
+    def n_users(self) -> int:
+        return len(self.indptr) - 1
+
+    @property
+    def n_items(self) -> int:
+        return len(self.item_ids)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1])
+
+    def counts(self) -> np.ndarray:
+        """Number of entries per user."""
+        return np.diff(self.indptr)
+
+    def user_index(self) -> np.ndarray:
+        """Dense user id of every entry (nnz,)."""
+        return np.repeat(np.arange(self.n_users, dtype=np.int64), self.counts())
+
+    def to_csr(self) -> sp.csr_array:
+        """users × items CSR of the values (float64)."""
+        return sp.csr_array(
+            (self.values, self.items, self.indptr), shape=(self.n_users, self.n_items)
+        )
+
+    def to_item_csr(self):
+        """Item-grouped view: (indptr, users, values) with items as rows, for item-side solves."""
+        csc = self.to_csr().tocsc()
+        csc.sort_indices()
+        return csc.indptr.astype(np.int64), csc.indices.astype(np.int32), csc.data
+
+    def to_dataframe(self) -> pd.DataFrame:
+        cols = {
+            "user": self.user_ids[self.user_index()],
+            "item": self.item_ids[self.items],
+            "rating": self.values,
+        }
+        if self.timestamps is not None:
+            cols["timestamp"] = self.timestamps
+        return pd.DataFrame(cols)
+
+    def take(self, mask: np.ndarray) -> Interactions:
+        """Keep the entries where ``mask`` is true; users, items and their maps stay the same."""
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != (self.nnz,):
+            raise ValueError(f"mask must have shape ({self.nnz},), got {mask.shape}")
+        cs = np.zeros(self.nnz + 1, dtype=np.int64)
+        np.cumsum(mask, out=cs[1:])
+        indptr = cs[self.indptr]
+        return Interactions(
+            indptr=indptr,
+            items=self.items[mask],
+            values=self.values[mask],
+            timestamps=None if self.timestamps is None else self.timestamps[mask],
+            user_ids=self.user_ids,
+            item_ids=self.item_ids,
+        )
+
+    def subset_users(self, users: np.ndarray) -> Interactions:
+        """The given dense users (in that order), with the same item map."""
+        users = np.asarray(users, dtype=np.int64)
+        if users.size and (users.min() < 0 or users.max() >= self.n_users):
+            bad = users[(users < 0) | (users >= self.n_users)][0]
+            raise IndexError(f"user index {bad} out of range for {self.n_users} users")
+        counts = self.counts()[users]
+        indptr = np.zeros(len(users) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        starts = self.indptr[users]
+        # gather positions of every selected entry, vectorized
+        pos = np.repeat(starts - indptr[:-1], counts) + np.arange(indptr[-1])
+        return Interactions(
+            indptr=indptr,
+            items=self.items[pos],
+            values=self.values[pos],
+            timestamps=None if self.timestamps is None else self.timestamps[pos],
+            user_ids=self.user_ids[users],
+            item_ids=self.item_ids,
+        )
+
+    def user_position(self, raw_ids) -> np.ndarray:
+        """Dense ids of raw user ids; -1 for ids not present."""
+        return pd.Index(self.user_ids).get_indexer(pd.Index(np.atleast_1d(np.asarray(raw_ids))))
+
+    def __repr__(self) -> str:
+        ts = "with" if self.timestamps is not None else "without"
+        return (
+            f"Interactions({self.n_users} users, {self.n_items} items, {self.nnz} entries, "
+            f"{ts} timestamps)"
+        )

@@ -1,0 +1,26 @@
+"""fedcf.eval: splits, metrics, evaluation protocols and simulations."""
+
+from .metrics import (
+    mae,
+    per_user_rating_metrics,
+    ranking_metrics,
+    rating_metrics,
+    rmse,
+    round_to_scale,
+    rounded_accuracy,
+)
+from .splits import per_user_time_split, random_split, support_query_split, user_split
+
+__all__ = [
+    "mae",
+    "per_user_rating_metrics",
+    "per_user_time_split",
+    "random_split",
+    "ranking_metrics",
+    "rating_metrics",
+    "rmse",
+    "round_to_scale",
+    "rounded_accuracy",
+    "support_query_split",
+    "user_split",
+]

@@ -1,0 +1,129 @@
+"""Exact ridge solves: user reconstruction (fold-in) and the two half-steps of centralized ALS.
+
+The model is r̂ = μ + b_i + c_u + p_u·q_i. With the "fixed" side frozen (items when solving users,
+users when solving items), each row's parameters x = [p; c] minimise
+
+    Σ_j (r_j − offset − fixed_bias[j] − x·z_j)² + (lam · n + lam0) · ‖x‖²,     z_j = [fixed[j]; 1]
+
+over the row's n entries j — the per-rating (ALS-WR) weighting of the regularization, so that the
+solve is the exact minimiser of the same per-example loss the SGD paths use, plus a constant floor
+``lam0`` that keeps rows with fewer entries than factors well posed. Without a bias the last
+coordinate is dropped. One (K+1)×(K+1) Cholesky per row, accumulated in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+# cfg layout shared by the kernels here (float64 array)
+CFG_LAM, CFG_LAM0, CFG_OFFSET, CFG_FIT_BIAS = 0, 1, 2, 3
+ROWS_PER_CHUNK = 32
+
+
+def ridge_cfg(lam: float, lam0: float, offset: float, fit_bias: bool) -> np.ndarray:
+    return np.array([lam, lam0, offset, 1.0 if fit_bias else 0.0], dtype=np.float64)
+
+
+@njit(cache=True)
+def cholesky_solve_inplace(A, x, d):
+    """Solve A x = rhs for SPD A[:d, :d]; ``x`` holds rhs on entry, the solution on exit.
+
+    A's lower triangle is overwritten by its Cholesky factor. Returns False when A is not
+    positive definite (x is then left untouched).
+    """
+    for j in range(d):
+        s = A[j, j]
+        for k in range(j):
+            s -= A[j, k] * A[j, k]
+        if not s > 0.0:
+            return False
+        ljj = np.sqrt(s)
+        A[j, j] = ljj
+        for i in range(j + 1, d):
+            t = A[i, j]
+            for k in range(j):
+                t -= A[i, k] * A[j, k]
+            A[i, j] = t / ljj
+    for i in range(d):  # forward: L y = rhs
+        t = x[i]
+        for k in range(i):
+            t -= A[i, k] * x[k]
+        x[i] = t / A[i, i]
+    for i in range(d - 1, -1, -1):  # backward: Lᵀ x = y
+        t = x[i]
+        for k in range(i + 1, d):
+            t -= A[k, i] * x[k]
+        x[i] = t / A[i, i]
+    return True
+
+
+@njit(cache=True)
+def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, z):
+    """Solve one row; returns the solution in rhs[:d] (d = K + fit_bias). Empty rows give 0.
+
+    A (d×d), rhs (d,), z (d,) are float64 scratch of at least that size.
+    """
+    K = fixed.shape[1]
+    fit_bias = cfg[CFG_FIT_BIAS] != 0.0
+    d = K + 1 if fit_bias else K
+    n = idx.shape[0]
+    for a in range(d):
+        rhs[a] = 0.0
+        for c in range(d):
+            A[a, c] = 0.0
+    for t in range(n):
+        j = idx[t]
+        for a in range(K):
+            z[a] = fixed[j, a]
+        if fit_bias:
+            z[K] = 1.0
+        y = vals[t] - cfg[CFG_OFFSET] - fixed_bias[j]
+        for a in range(d):
+            za = z[a]
+            rhs[a] += za * y
+            for c in range(a, d):  # upper triangle; mirrored below
+                A[a, c] += za * z[c]
+    reg = cfg[CFG_LAM] * n + cfg[CFG_LAM0]
+    for a in range(d):
+        A[a, a] += reg
+        for c in range(a + 1, d):
+            A[c, a] = A[a, c]
+    if n == 0 and reg == 0.0:
+        for a in range(d):
+            rhs[a] = 0.0
+        return d
+    if not cholesky_solve_inplace(A, rhs, d):
+        for a in range(d):
+            rhs[a] = np.nan
+    return d
+
+
+@njit(cache=True, parallel=True)
+def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
+    """Ridge-solve every row of a CSR against frozen ``fixed`` factors.
+
+    Parameters
+    ----------
+    indptr : int64 (n_rows + 1,);  idx : int (nnz,) columns into ``fixed``;  vals : float (nnz,)
+    fixed : float (n_fixed, K) frozen factors;  fixed_bias : float (n_fixed,) frozen biases
+    cfg : float64 (4,) = [lam, lam0, offset, fit_bias]  (see ``ridge_cfg``)
+    out : float (n_rows, K) — overwritten with the solved factors
+    out_bias : float (n_rows,) — overwritten with the solved biases (zeros when fit_bias is 0)
+
+    A row whose system is not positive definite (only possible with lam = lam0 = 0) gets NaN.
+    Rows are independent, so results do not depend on the thread count.
+    """
+    n_rows = indptr.shape[0] - 1
+    K = fixed.shape[1]
+    n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
+    for ch in prange(n_chunks):
+        A = np.empty((K + 1, K + 1))
+        rhs = np.empty(K + 1)
+        z = np.empty(K + 1)
+        for r in range(ch * ROWS_PER_CHUNK, min(n_rows, (ch + 1) * ROWS_PER_CHUNK)):
+            s, e = indptr[r], indptr[r + 1]
+            d = solve_ridge_row(idx[s:e], vals[s:e], fixed, fixed_bias, cfg, A, rhs, z)
+            for a in range(K):
+                out[r, a] = rhs[a]
+            out_bias[r] = rhs[K] if d > K else 0.0

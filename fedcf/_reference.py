@@ -1,0 +1,211 @@
+"""Plain NumPy/Python twins of every kernel: slow, obvious, and the oracle the tests compare against.
+
+Each function takes the same arguments as its kernel (see ``fedcf._kernels``) and returns what the
+kernel writes, without mutating its inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+# ---------------------------------------------------------------------- random streams
+def mix64(z: int) -> int:
+    z &= _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def stream_key(seed: int, a: int, b: int) -> int:
+    k = mix64(seed + _GOLDEN)
+    k = mix64(k + a + _GOLDEN)
+    return mix64(k + b + _GOLDEN)
+
+
+class Stream:
+    """Python twin of a kernel random stream."""
+
+    def __init__(self, seed: int):
+        self.state = int(seed) & _MASK
+
+    def next_u64(self) -> int:
+        self.state = (self.state + _GOLDEN) & _MASK
+        return mix64(self.state)
+
+    def next_float(self) -> float:
+        return float(self.next_u64() >> 11) * (1.0 / 9007199254740992.0)
+
+    def next_below(self, n: int) -> int:
+        return int(self.next_float() * n)
+
+    def shuffle(self, arr: np.ndarray) -> None:
+        for i in range(len(arr) - 1, 0, -1):
+            j = self.next_below(i + 1)
+            arr[i], arr[j] = arr[j], arr[i]
+
+
+# ---------------------------------------------------------------------- prediction
+def predict_pairs(users, items, user_params, item_params, mu):
+    P, c = user_params
+    Q, b = item_params
+    users = np.asarray(users)
+    items = np.asarray(items)
+    ku, ki = users >= 0, items >= 0
+    out = np.full(len(users), float(mu))
+    out[ku] += c[users[ku]]
+    out[ki] += b[items[ki]]
+    both = ku & ki
+    out[both] += np.sum(P[users[both]].astype(np.float64) * Q[items[both]], axis=1)
+    return out
+
+
+# ---------------------------------------------------------------------- ridge solves
+def ridge_solve_row(idx, vals, fixed, fixed_bias, lam, lam0, offset, fit_bias):
+    """argmin_x Σ (r − offset − fixed_bias − x·z)² + (lam·n + lam0)‖x‖², by np.linalg.solve."""
+    K = fixed.shape[1]
+    Z = fixed[idx].astype(np.float64)
+    if fit_bias:
+        Z = np.hstack([Z, np.ones((len(idx), 1))])
+    y = np.asarray(vals, np.float64) - offset - fixed_bias[idx]
+    d = Z.shape[1]
+    reg = lam * len(idx) + lam0
+    if len(idx) == 0 and reg == 0:
+        x = np.zeros(d)
+    else:
+        x = np.linalg.solve(Z.T @ Z + reg * np.eye(d), Z.T @ y)
+    return x[:K], (x[K] if fit_bias else 0.0)
+
+
+def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg):
+    lam, lam0, offset, fit_bias = cfg[0], cfg[1], cfg[2], cfg[3] != 0
+    n = len(indptr) - 1
+    out = np.zeros((n, fixed.shape[1]))
+    out_bias = np.zeros(n)
+    for r in range(n):
+        s, e = indptr[r], indptr[r + 1]
+        out[r], out_bias[r] = ridge_solve_row(idx[s:e], vals[s:e], fixed, fixed_bias, lam, lam0,
+                                              offset, fit_bias)
+    return out, out_bias
+
+
+def ridge_objective(idx, vals, fixed, fixed_bias, p, c, lam, lam0, offset):
+    """The local objective ``ridge_solve_row`` minimises, at (p, c)."""
+    e = np.asarray(vals) - offset - fixed_bias[idx] - c - fixed[idx].astype(np.float64) @ p
+    return float(e @ e + (lam * len(idx) + lam0) * (p @ p + c * c))
+
+
+# ---------------------------------------------------------------------- gradient steps
+def _hp(hp):
+    return (float(hp[0]), float(hp[1]), int(hp[2]), int(hp[3]), int(hp[4]), float(hp[5]),
+            hp[6] != 0, hp[7] != 0)
+
+
+def _batches(n, bs, max_steps, epochs, stream):
+    """Yield index arrays of each mini-batch, in the kernels' order."""
+    steps = 0
+    for _ in range(epochs):
+        if steps >= max_steps or n == 0:
+            return
+        order = np.arange(n)
+        stream.shuffle(order)
+        for start in range(0, n, bs):
+            if steps >= max_steps:
+                return
+            yield order[start:start + bs]
+            steps += 1
+
+
+def sgd_reconstruct_user(items, vals, Q, b, hp, p, c, seed):
+    lr, lam, bs, steps, epochs, mu, fit_bias, _ = _hp(hp)
+    p = np.array(p, np.float64)
+    c = float(c)
+    Q64 = Q.astype(np.float64)
+    for batch in _batches(len(items), bs, steps, epochs, Stream(seed)):
+        j = items[batch]
+        e = vals[batch] - (mu + b[j] + c + Q64[j] @ p)
+        gp = (-2.0 * e) @ Q64[j] / len(batch) + 2.0 * lam * p
+        gc = np.mean(-2.0 * e) + 2.0 * lam * c
+        p = p - lr * gp
+        if fit_bias:
+            c = c - lr * gc
+    return p, c
+
+
+def sgd_reconstruct_rows(indptr, idx, vals, glob, hp, seeds, init, init_bias):
+    Q, b = glob
+    out = np.array(init, np.float64)
+    out_bias = np.array(init_bias, np.float64)
+    for r in range(len(indptr) - 1):
+        s, e = indptr[r], indptr[r + 1]
+        out[r], cb = sgd_reconstruct_user(idx[s:e], vals[s:e], Q, b, hp, out[r], out_bias[r],
+                                          int(seeds[r]))
+        if hp[6] != 0:
+            out_bias[r] = cb
+    return out, out_bias
+
+
+def item_steps_user(items, vals, Q, b, hp, p, c, seed):
+    """Returns (uniq, delta_Q, delta_b, p, c) — p, c changed only with joint training."""
+    lr, lam, bs, steps, epochs, mu, fit_bias, joint = _hp(hp)
+    uniq, loc = np.unique(items, return_inverse=True)
+    Ql = Q[uniq].astype(np.float64)
+    bl = b[uniq].astype(np.float64)
+    p = np.array(p, np.float64)
+    c = float(c)
+    for batch in _batches(len(items), bs, steps, epochs, Stream(seed)):
+        r = loc[batch]
+        e = vals[batch] - (mu + bl[r] + c + Ql[r] @ p)
+        G = np.zeros_like(Ql)
+        gb = np.zeros_like(bl)
+        np.add.at(G, r, -2.0 * e[:, None] * p[None, :] + 2.0 * lam * Ql[r])
+        np.add.at(gb, r, -2.0 * e + 2.0 * lam * bl[r])
+        gp = (-2.0 * e) @ Ql[r] / len(batch) + 2.0 * lam * p
+        gc = np.mean(-2.0 * e) + 2.0 * lam * c
+        Ql -= lr * G / len(batch)
+        if fit_bias:
+            bl -= lr * gb / len(batch)
+        if joint:
+            p = p - lr * gp
+            if fit_bias:
+                c = c - lr * gc
+    return uniq, Ql - Q[uniq], bl - b[uniq], p, c
+
+
+def item_steps_rows(indptr, idx, vals, glob, local, hp, seeds):
+    Q, b = glob
+    P, c = local
+    nnz = indptr[-1]
+    d_items = np.full(nnz, -1, np.int64)
+    d_Q = np.zeros((nnz, Q.shape[1]))
+    d_b = np.zeros(nnz)
+    for r in range(len(indptr) - 1):
+        s, e = indptr[r], indptr[r + 1]
+        uniq, dq, db, _, _ = item_steps_user(idx[s:e], vals[s:e], Q, b, hp, P[r], c[r],
+                                             int(seeds[r]))
+        m = len(uniq)
+        d_items[s:s + m] = uniq
+        d_Q[s:s + m] = dq
+        d_b[s:s + m] = db
+    return d_items, d_Q, d_b
+
+
+def sgd_epoch(users, items, vals, order, user_params, item_params, cfg):
+    P, c = (np.array(a, np.float64) for a in user_params)
+    Q, b = (np.array(a, np.float64) for a in item_params)
+    lr, lam, mu, fit_bias = cfg[0], cfg[1], cfg[2], cfg[3] != 0
+    sse = 0.0
+    for t in order:
+        u, i = users[t], items[t]
+        e = vals[t] - (mu + c[u] + b[i] + P[u] @ Q[i])
+        sse += e * e
+        if fit_bias:
+            c[u] += lr * (e - lam * c[u])
+            b[i] += lr * (e - lam * b[i])
+        pu = P[u].copy()
+        P[u] += lr * (e * Q[i] - lam * pu)
+        Q[i] += lr * (e * pu - lam * Q[i])
+    return (P, c), (Q, b), sse

@@ -1,0 +1,308 @@
+"""Shared machinery of every matrix-factorization estimator: prediction, reconstruction of a user
+from ratings, recommendation, and versioned save/load (.npz + JSON, no pickle)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
+from .._kernels.als import ridge_cfg, ridge_solve_rows
+from .._kernels.predict import predict_pairs
+from ..datasets import DataValidationError, Interactions
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LocalParams:
+    """A user's local model: what reconstruction produces and what never leaves the device."""
+
+    factors: np.ndarray  # (K,)
+    bias: float
+
+
+@dataclass(frozen=True)
+class GlobalParams:
+    """The aggregated part of the model."""
+
+    item_factors: np.ndarray  # (n_items, K)
+    item_biases: np.ndarray  # (n_items,)
+    global_mean: float
+
+
+def _ids_to_array(ids: np.ndarray, what: str) -> np.ndarray:
+    """Raw ids in a form np.load can read back without pickle."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iufU":
+        return ids
+    if all(isinstance(x, str) for x in ids):
+        return ids.astype(str)
+    if all(isinstance(x, (int, np.integer)) for x in ids):
+        return ids.astype(np.int64)
+    bad = next(x for x in ids if not isinstance(x, (str, int, np.integer)))
+    raise TypeError(
+        f"cannot save {what} id {bad!r} of type {type(bad).__name__}: only str and int ids (one kind "
+        "per model) can be saved without pickle"
+    )
+
+
+def _as_pairs(X, user_col: str, item_col: str):
+    """Raw (users, items) from a DataFrame or an (n, 2) array-like."""
+    if isinstance(X, pd.DataFrame):
+        missing = [c for c in (user_col, item_col) if c not in X.columns]
+        if missing:
+            raise DataValidationError(
+                f"column {missing[0]!r} not found in the DataFrame; its columns are {list(X.columns)}"
+            )
+        return X[user_col].to_numpy(), X[item_col].to_numpy()
+    if isinstance(X, Interactions):
+        return X.user_ids[X.user_index()], X.item_ids[X.items]
+    arr = np.asarray(X, dtype=object) if not isinstance(X, np.ndarray) else X
+    if arr.ndim != 2 or arr.shape[1] != 2:
+        raise ValueError(
+            f"expected a DataFrame with {user_col!r}/{item_col!r} columns or an (n, 2) array of "
+            f"(user, item) pairs, got shape {getattr(arr, 'shape', None)}"
+        )
+    return arr[:, 0], arr[:, 1]
+
+
+class MFEstimatorBase(BaseEstimator):
+    """Base of CentralizedMF, FedReconMF, FedAvgMF, FURLMF (not used directly).
+
+    Subclasses set in ``fit``: ``item_ids_``, ``user_ids_``, ``item_factors_``, ``item_biases_``,
+    ``global_mean_``, ``rating_scale_`` and ``history_``, and implement ``_user_params(users)``
+    (factors and biases of dense users seen in fit) and ``_reconstruct_csr``.
+    """
+
+    _fitted_attr = "item_factors_"
+    # name of the ridge regularization used for reconstruction; subclasses may override
+    _recon_lam_attr = "regularization"
+
+    # ------------------------------------------------------------------ subclass hooks
+    def _user_params(self, users: np.ndarray):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _reconstruct_csr(self, indptr, items, values):
+        """Local params of every row of a CSR over *model* item ids: exact ridge solve."""
+        K = self.item_factors_.shape[1]
+        n = len(indptr) - 1
+        P = np.zeros((n, K), dtype=self.item_factors_.dtype)
+        c = np.zeros(n, dtype=self.item_factors_.dtype)
+        cfg = ridge_cfg(self._recon_lam(), self._recon_lam0(), self.global_mean_,
+                        bool(self.biases))
+        ridge_solve_rows(indptr, items, values, self.item_factors_, self.item_biases_, cfg, P, c)
+        return P, c
+
+    def _recon_lam(self) -> float:
+        return float(getattr(self, self._recon_lam_attr))
+
+    def _recon_lam0(self) -> float:
+        return 1e-3 * self._recon_lam() + 1e-6
+
+    # ------------------------------------------------------------------ helpers
+    def _check_fitted(self):
+        check_is_fitted(self, self._fitted_attr)
+
+    def _item_index(self, raw_items) -> np.ndarray:
+        return pd.Index(self.item_ids_).get_indexer(pd.Index(np.asarray(raw_items)))
+
+    def _user_index(self, raw_users) -> np.ndarray:
+        return pd.Index(self.user_ids_).get_indexer(pd.Index(np.asarray(raw_users)))
+
+    def _model_items_of(self, inter: Interactions) -> np.ndarray:
+        """Model item id of each of ``inter``'s entries (−1 for items the model never saw)."""
+        if inter.item_ids is self.item_ids_ or (
+            len(inter.item_ids) == len(self.item_ids_)
+            and np.array_equal(inter.item_ids, self.item_ids_)
+        ):
+            return inter.items.astype(np.int64)
+        return self._item_index(inter.item_ids)[inter.items]
+
+    def _clip(self, pred: np.ndarray, clip: bool) -> np.ndarray:
+        if clip and self.rating_scale_ is not None:
+            np.clip(pred, *self.rating_scale_, out=pred)
+        return pred
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def global_params_(self) -> GlobalParams:
+        self._check_fitted()
+        return GlobalParams(self.item_factors_, self.item_biases_, float(self.global_mean_))
+
+    def reconstruct_users(self, inter: Interactions):
+        """Reconstruct every user of ``inter`` from their own entries, against frozen items.
+
+        Items unknown to the model are ignored. Returns (factors (n_users, K), biases (n_users,)),
+        rows in ``inter``'s dense user order. Nothing is stored on the estimator.
+        """
+        self._check_fitted()
+        model_items = self._model_items_of(inter)
+        keep = model_items >= 0
+        if not keep.all():
+            inter = inter.take(keep)
+            model_items = model_items[keep]
+        return self._reconstruct_csr(inter.indptr, model_items, inter.values)
+
+    def reconstruct(self, items, ratings=None) -> LocalParams:
+        """A new user's local parameters from their ratings (raw item ids), by reconstruction.
+
+        Unknown items are ignored (they carry no information about known items). ``ratings``
+        defaults to 1.0 each (implicit feedback). The result is returned, never stored.
+        """
+        self._check_fitted()
+        items = np.atleast_1d(np.asarray(items))
+        ratings = np.ones(len(items)) if ratings is None else np.atleast_1d(
+            np.asarray(ratings, dtype=np.float64))
+        if len(items) != len(ratings):
+            raise DataValidationError(
+                f"mismatched lengths: items has {len(items)} entries but ratings has {len(ratings)}"
+            )
+        if not np.all(np.isfinite(ratings)):
+            row = int(np.flatnonzero(~np.isfinite(ratings))[0])
+            raise DataValidationError(f"ratings has a non-finite value {ratings[row]!r} at row {row}")
+        idx = self._item_index(items) if len(items) else np.zeros(0, np.int64)
+        keep = idx >= 0
+        indptr = np.array([0, int(keep.sum())], dtype=np.int64)
+        P, c = self._reconstruct_csr(indptr, idx[keep].astype(np.int64), ratings[keep])
+        return LocalParams(P[0].copy(), float(c[0]))
+
+    def predict(self, X, *, clip: bool = True, user_col: str = "user", item_col: str = "item"):
+        """Predicted ratings for (user, item) pairs of raw ids.
+
+        ``X`` is a DataFrame with user/item columns, an (n, 2) array of pairs, or Interactions.
+        Fallbacks, never an IndexError: an item unseen in fit scores μ + c_u (no item term); a user
+        unseen in fit scores μ + b_i (reconstruct them with ``reconstruct`` to do better); both
+        unseen, μ. With ``clip`` predictions are clipped to ``rating_scale_``.
+        """
+        self._check_fitted()
+        raw_u, raw_i = _as_pairs(X, user_col, item_col)
+        users = self._user_index(raw_u).astype(np.int64)
+        items = self._item_index(raw_i).astype(np.int64)
+        known = np.unique(users[users >= 0])
+        P_known, c_known = self._user_params(known)
+        # compact user table: row k holds user known[k]
+        compact = np.full(len(users), -1, np.int64)
+        if len(known):
+            compact[users >= 0] = np.searchsorted(known, users[users >= 0])
+        out = np.empty(len(users))
+        predict_pairs(compact, items, (P_known, c_known),
+                      (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
+        return self._clip(out, clip)
+
+    def predict_local(self, local: LocalParams, items, *, clip: bool = True) -> np.ndarray:
+        """Predicted ratings of a reconstructed user on raw items (unknown items: μ + c_u)."""
+        self._check_fitted()
+        idx = self._item_index(np.atleast_1d(np.asarray(items))).astype(np.int64)
+        out = np.empty(len(idx))
+        predict_pairs(np.zeros(len(idx), np.int64), idx,
+                      (local.factors[None, :].astype(self.item_factors_.dtype),
+                       np.array([local.bias], dtype=self.item_factors_.dtype)),
+                      (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
+        return self._clip(out, clip)
+
+    def score_all_items(self, factors: np.ndarray, biases: np.ndarray) -> np.ndarray:
+        """(n_users, n_items) scores for the given user factors and biases (BLAS matmul)."""
+        scores = np.asarray(factors, np.float64) @ self.item_factors_.T.astype(np.float64)
+        scores += self.item_biases_[None, :] + np.asarray(biases, np.float64)[:, None]
+        scores += self.global_mean_
+        return scores
+
+    def recommend(self, items=None, ratings=None, *, user=None, n: int = 10,
+                  filter_seen: bool = True) -> pd.DataFrame:
+        """Top-``n`` items for a user, as a DataFrame (item, score) best first.
+
+        Either pass a new user's history (``items``, ``ratings``) — the user is reconstructed on the
+        fly and nothing is stored — or ``user=`` a raw id seen in fit. With ``filter_seen`` the
+        user's own items are left out.
+        """
+        self._check_fitted()
+        if (user is None) == (items is None):
+            raise ValueError("pass either items (with optional ratings) for a new user, or user=")
+        if user is not None:
+            u = self._user_index([user])[0]
+            if u < 0:
+                raise KeyError(f"user {user!r} was not seen in fit; pass their items= to reconstruct")
+            P, c = self._user_params(np.array([u]))
+            local = LocalParams(P[0], float(c[0]))
+            seen = self._seen_items(u)
+        else:
+            local = self.reconstruct(items, ratings)
+            idx = self._item_index(np.atleast_1d(np.asarray(items)))
+            seen = idx[idx >= 0]
+        scores = self.score_all_items(local.factors[None, :], np.array([local.bias]))[0]
+        if filter_seen and len(seen):
+            scores[seen] = -np.inf
+        n = min(int(n), int(np.isfinite(scores).sum()))
+        top = np.argpartition(-scores, n - 1)[:n] if n > 0 else np.zeros(0, np.int64)
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return pd.DataFrame({"item": self.item_ids_[top], "score": scores[top]})
+
+    def _seen_items(self, u: int) -> np.ndarray:
+        inter = getattr(self, "interactions_", None)
+        if inter is None:
+            return np.zeros(0, np.int64)
+        return inter.items[inter.indptr[u]:inter.indptr[u + 1]]
+
+    # ------------------------------------------------------------------ persistence
+    _saved_arrays: tuple[str, ...] = ("item_factors_", "item_biases_")
+
+    def save(self, path) -> Path:
+        """Write a single versioned ``.npz`` (arrays + JSON metadata); no pickle is involved."""
+        self._check_fitted()
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_suffix(".npz")
+        params = self.get_params(deep=False)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "class": type(self).__name__,
+            "params": {k: (str(v) if isinstance(v, (np.dtype, type)) else v)
+                       for k, v in params.items()},
+            "global_mean": float(self.global_mean_),
+            "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
+            "history": getattr(self, "history_", []),
+        }
+        arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None}
+        arrays["user_ids"] = _ids_to_array(self.user_ids_, "user")
+        arrays["item_ids"] = _ids_to_array(self.item_ids_, "item")
+        arrays["metadata"] = np.array(json.dumps(meta, default=_json_default))
+        tmp = path.with_name(path.name + ".part.npz")
+        np.savez(tmp, **arrays)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path):
+        """Load a model written by ``save`` (refuses another class or a newer format)."""
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["metadata"]))
+            arrays = {k: z[k] for k in z.files if k != "metadata"}
+        if meta.get("format_version", 0) > FORMAT_VERSION:
+            raise ValueError(f"{path}: format_version {meta['format_version']} is newer than this "
+                             f"fedcf understands ({FORMAT_VERSION})")
+        if meta["class"] != cls.__name__:
+            raise ValueError(f"{path} holds a {meta['class']}, not a {cls.__name__}")
+        model = cls(**meta["params"])
+        for name in cls._saved_arrays:
+            if name in arrays:
+                setattr(model, name, arrays[name])
+        model.user_ids_ = arrays["user_ids"]
+        model.item_ids_ = arrays["item_ids"]
+        model.global_mean_ = meta["global_mean"]
+        model.rating_scale_ = None if meta["rating_scale"] is None else tuple(meta["rating_scale"])
+        model.history_ = meta["history"]
+        return model
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)

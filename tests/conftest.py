@@ -1,0 +1,23 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedcf.datasets import make_synthetic_ratings
+
+
+@pytest.fixture(scope="session")
+def small_population():
+    """A small low-rank population with truth (400 users, 120 items)."""
+    return make_synthetic_ratings(400, 120, 12_000, n_factors=4, noise=0.2, random_state=1,
+                                  return_truth=True)
+
+
+@pytest.fixture
+def tiny_df():
+    return pd.DataFrame({
+        "user": ["a", "a", "b", "b", "b", "c"],
+        "item": [10, 20, 10, 30, 20, 30],
+        "rating": [4.0, 3.0, 5.0, 1.0, 2.0, 4.0],
+        "timestamp": [3, 1, 2, 2, 1, 9],
+    })
+

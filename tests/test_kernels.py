@@ -1,0 +1,214 @@
+"""Every kernel against its NumPy twin, plus invariants (objective, thread independence)."""
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedcf import _reference as ref
+from fedcf._kernels import als, predict, sgd
+from fedcf._kernels import rng as krng
+
+
+def random_csr(rng, n_rows, n_cols, max_per_row=8, dupes=False, empty_share=0.2):
+    rows = []
+    for _ in range(n_rows):
+        n = 0 if rng.random() < empty_share else int(rng.integers(1, max_per_row + 1))
+        if dupes:
+            rows.append(rng.integers(0, n_cols, n))
+        else:
+            rows.append(rng.choice(n_cols, size=min(n, n_cols), replace=False))
+    indptr = np.r_[0, np.cumsum([len(r) for r in rows])].astype(np.int64)
+    idx = np.concatenate(rows).astype(np.int32) if rows else np.zeros(0, np.int32)
+    vals = rng.integers(1, 6, len(idx)).astype(np.float64)
+    return indptr, idx, vals
+
+
+def make_problem(seed, n_rows=25, n_cols=15, K=4, dtype=np.float32, dupes=False):
+    rng = np.random.default_rng(seed)
+    indptr, idx, vals = random_csr(rng, n_rows, n_cols, dupes=dupes)
+    Q = rng.normal(0, 0.4, (n_cols, K)).astype(dtype)
+    b = rng.normal(0, 0.2, n_cols).astype(dtype)
+    return rng, indptr, idx, vals, Q, b
+
+
+def seeds_for(n, seed=3, rnd=1):
+    return np.array([krng.stream_key(seed, rnd, u) for u in range(n)], dtype=np.uint64)
+
+
+def tol(dtype):
+    return dict(rtol=2e-4, atol=2e-4) if dtype == np.float32 else dict(rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------- random streams
+def test_stream_matches_python_twin():
+    for seed, a, b in [(0, 0, 0), (7, 3, 11), (2**63 + 5, 499, 10**6)]:
+        assert int(krng.stream_key(np.uint64(seed), a, b)) == ref.stream_key(seed, a, b)
+    arr = np.arange(50, dtype=np.int64)
+    krng.shuffle_inplace(arr, np.array([np.uint64(12345)]))
+    twin = np.arange(50)
+    ref.Stream(12345).shuffle(twin)
+    assert arr.tolist() == twin.tolist()
+    assert sorted(arr.tolist()) == list(range(50))
+
+
+# ---------------------------------------------------------------- ridge
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fit_bias", [True, False])
+def test_ridge_rows_match_twin(dtype, fit_bias):
+    _, indptr, idx, vals, Q, b = make_problem(0, dtype=dtype, dupes=True)
+    cfg = als.ridge_cfg(0.1, 0.01, 3.2, fit_bias)
+    out = np.full((len(indptr) - 1, Q.shape[1]), 9, dtype)
+    ob = np.full(len(indptr) - 1, 9, dtype)
+    als.ridge_solve_rows(indptr, idx, vals, Q, b, cfg, out, ob)
+    want, want_b = ref.ridge_solve_rows(indptr, idx, vals, Q, b, cfg)
+    np.testing.assert_allclose(out, want, **tol(dtype))
+    np.testing.assert_allclose(ob, want_b, **tol(dtype))
+    empty = np.diff(indptr) == 0
+    assert np.all(out[empty] == 0) and np.all(ob[empty] == 0)
+
+
+def test_ridge_one_rating_and_singular_systems():
+    Q = np.array([[1.0, 0.0], [0.0, 1.0]])
+    b = np.zeros(2)
+    indptr = np.array([0, 1], np.int64)
+    out, ob = np.zeros((1, 2)), np.zeros(1)
+    als.ridge_solve_rows(indptr, np.array([0], np.int32), np.array([4.0]), Q, b,
+                         als.ridge_cfg(0.5, 0.0, 0.0, False), out, ob)
+    # minimise (4 - p0)^2 + 0.5 (p0^2 + p1^2) -> p0 = 4 / 1.5
+    np.testing.assert_allclose(out[0], [4 / 1.5, 0.0])
+    als.ridge_solve_rows(indptr, np.array([0], np.int32), np.array([4.0]), Q, b,
+                         als.ridge_cfg(0.0, 0.0, 0.0, False), out, ob)
+    assert np.isnan(out[0]).all(), "a singular system must give NaN, not garbage"
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), lam=st.floats(0.001, 2.0), lam0=st.floats(0.0, 1.0))
+def test_reconstruction_never_increases_local_objective(seed, lam, lam0):
+    rng, indptr, idx, vals, Q, b = make_problem(seed, n_rows=6, K=3, dtype=np.float64, dupes=True)
+    cfg = als.ridge_cfg(lam, lam0, 3.0, True)
+    out, ob = np.zeros((6, 3)), np.zeros(6)
+    als.ridge_solve_rows(indptr, idx, vals, Q, b, cfg, out, ob)
+    for r in range(6):
+        s, e = indptr[r], indptr[r + 1]
+        f_opt = ref.ridge_objective(idx[s:e], vals[s:e], Q, b, out[r], ob[r], lam, lam0, 3.0)
+        for _ in range(5):  # any other point, including the zero init and nearby points
+            p = rng.normal(0, 1, 3) * rng.choice([0.0, 0.01, 1.0])
+            c = rng.normal() * rng.choice([0.0, 1.0])
+            f = ref.ridge_objective(idx[s:e], vals[s:e], Q, b, p, c, lam, lam0, 3.0)
+            assert f_opt <= f + 1e-9 * max(1.0, abs(f))
+
+
+# ---------------------------------------------------------------- gradient steps
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), bs=st.integers(1, 6), steps=st.integers(0, 7),
+       epochs=st.integers(1, 3), lam=st.sampled_from([0.0, 0.05]), fit_bias=st.booleans())
+def test_sgd_reconstruction_matches_twin(dtype, seed, bs, steps, epochs, lam, fit_bias):
+    rng, indptr, idx, vals, Q, b = make_problem(seed, dtype=dtype, dupes=True)
+    n = len(indptr) - 1
+    hp = sgd.sgd_hp(0.1, lam, bs, steps, epochs, 3.0, fit_bias)
+    init = rng.uniform(-0.05, 0.05, (n, Q.shape[1])).astype(dtype)
+    init_b = np.zeros(n, dtype)
+    out, ob = init.copy(), init_b.copy()
+    seeds = seeds_for(n, seed)
+    sgd.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), hp, seeds, out, ob)
+    want, want_b = ref.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), hp, seeds, init, init_b)
+    np.testing.assert_allclose(out, want, **tol(dtype))
+    np.testing.assert_allclose(ob, want_b, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), bs=st.integers(1, 6), steps=st.integers(0, 7),
+       epochs=st.integers(1, 3), joint=st.booleans(), fit_bias=st.booleans())
+def test_item_steps_match_twin(dtype, seed, bs, steps, epochs, joint, fit_bias):
+    rng, indptr, idx, vals, Q, b = make_problem(seed, dtype=dtype, dupes=True)
+    n, K = len(indptr) - 1, Q.shape[1]
+    P = rng.normal(0, 0.3, (n, K)).astype(dtype)
+    c = rng.normal(0, 0.1, n).astype(dtype)
+    P0, c0, Q0, b0 = P.copy(), c.copy(), Q.copy(), b.copy()
+    hp = sgd.sgd_hp(0.5, 0.01, bs, steps, epochs, 3.0, fit_bias, joint)
+    seeds = seeds_for(n, seed)
+    nnz = indptr[-1]
+    out = (np.empty(nnz, np.int64), np.empty((nnz, K), dtype), np.empty(nnz, dtype))
+    sgd.item_steps_rows(indptr, idx, vals, (Q, b), (P, c), hp, seeds, out)
+    want = ref.item_steps_rows(indptr, idx, vals, (Q, b), (P, c), hp, seeds)
+    assert out[0].tolist() == want[0].tolist()
+    np.testing.assert_allclose(out[1], want[1], **tol(dtype))
+    np.testing.assert_allclose(out[2], want[2], **tol(dtype))
+    # inputs untouched: the kernel returns deltas, never edits the globals or the users
+    for a, a0 in ((P, P0), (c, c0), (Q, Q0), (b, b0)):
+        assert np.array_equal(a, a0)
+
+
+def test_item_steps_with_duplicate_items_accumulate():
+    # one user rates item 0 twice in one batch: both gradients land on the same row
+    Q = np.array([[0.5], [0.0]])
+    b = np.zeros(2)
+    P, c = np.array([[1.0]]), np.zeros(1)
+    indptr = np.array([0, 2], np.int64)
+    idx = np.array([0, 0], np.int32)
+    vals = np.array([1.5, 2.5])
+    hp = sgd.sgd_hp(0.1, 0.0, 2, 1, 1, 0.0, False)
+    out = (np.empty(2, np.int64), np.empty((2, 1)), np.empty(2))
+    sgd.item_steps_rows(indptr, idx, vals, (Q, b), (P, c), hp, seeds_for(1), out)
+    # grad = mean(-2 e p) = -(1.0 + 2.0) ; step = 0.1 * 3.0 / 1
+    assert out[0].tolist() == [0, -1]
+    np.testing.assert_allclose(out[1][0, 0], 0.1 * (2 * 1.0 + 2 * 2.0) / 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sgd_epoch_matches_twin(dtype):
+    rng, indptr, idx, vals, Q, b = make_problem(5, dtype=dtype)
+    n = len(indptr) - 1
+    users = np.repeat(np.arange(n), np.diff(indptr))
+    P = rng.normal(0, 0.1, (n, Q.shape[1])).astype(dtype)
+    c = np.zeros(n, dtype)
+    order = rng.permutation(len(idx))
+    cfg = np.array([0.02, 0.05, 3.0, 1.0])
+    (rP, rc), (rQ, rb), rsse = ref.sgd_epoch(users, idx, vals, order, (P, c), (Q, b), cfg)
+    sse = sgd.sgd_epoch(users, idx, vals, order, (P, c), (Q, b), cfg)
+    for a, w in ((P, rP), (c, rc), (Q, rQ), (b, rb)):
+        np.testing.assert_allclose(a, w, **tol(dtype))
+    np.testing.assert_allclose(sse, rsse, rtol=1e-5)
+
+
+def test_predict_pairs_with_unknowns():
+    rng = np.random.default_rng(0)
+    P, c = rng.normal(size=(4, 3)), rng.normal(size=4)
+    Q, b = rng.normal(size=(5, 3)), rng.normal(size=5)
+    u = np.array([0, 3, -1, 2, -1])
+    i = np.array([4, -1, 2, 0, -1])
+    out = np.empty(5)
+    predict.predict_pairs(u, i, (P, c), (Q, b), 3.5, out)
+    np.testing.assert_allclose(out, ref.predict_pairs(u, i, (P, c), (Q, b), 3.5))
+    assert out[4] == 3.5 and out[1] == 3.5 + c[3] and out[2] == 3.5 + b[2]
+
+
+# ---------------------------------------------------------------- threads
+def test_results_identical_with_one_and_two_threads():
+    _, indptr, idx, vals, Q, b = make_problem(11, n_rows=300, n_cols=40, K=6, dtype=np.float32)
+    n, K, nnz = len(indptr) - 1, Q.shape[1], indptr[-1]
+    rng = np.random.default_rng(0)
+    P = rng.normal(0, 0.3, (n, K)).astype(np.float32)
+    c = np.zeros(n, np.float32)
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            o1, b1 = np.zeros((n, K), np.float32), np.zeros(n, np.float32)
+            als.ridge_solve_rows(indptr, idx, vals, Q, b, als.ridge_cfg(0.1, 0.0, 3.0, True), o1, b1)
+            o2, b2 = P.copy(), c.copy()
+            sgd.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), sgd.sgd_hp(0.1, 0, 3, 5, 1, 3, True),
+                                     seeds_for(n), o2, b2)
+            out = (np.empty(nnz, np.int64), np.empty((nnz, K), np.float32), np.empty(nnz, np.float32))
+            sgd.item_steps_rows(indptr, idx, vals, (Q, b), (P, c),
+                                sgd.sgd_hp(0.5, 0, 3, 5, 1, 3, True), seeds_for(n), out)
+            results.append((o1, b1, o2, b2, *out))
+    finally:
+        numba.set_num_threads(before)
+    for a, b_ in zip(*results):
+        assert np.array_equal(a, b_)
