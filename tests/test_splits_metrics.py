@@ -1,0 +1,87 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedcf.datasets import Interactions
+from fedcf.eval import (
+    per_user_time_split,
+    random_split,
+    ranking_metrics,
+    rmse,
+    rounded_accuracy,
+    support_query_split,
+    user_split,
+)
+
+
+def user_rows(n, user="u"):
+    return pd.DataFrame({"user": [user] * n, "item": range(n), "rating": [3.0] * n,
+                         "timestamp": range(n, 0, -1)})  # item 0 is the newest
+
+
+def test_per_user_time_split_takes_newest_for_test():
+    inter = Interactions.from_dataframe(pd.concat([user_rows(10, "a"), user_rows(3, "b")]))
+    train, val, test = per_user_time_split(inter, (0.8, 0.1, 0.1))
+    assert list(train.counts()) == [8, 3] and list(val.counts()) == [1, 0]
+    assert list(test.counts()) == [1, 0]
+    assert inter.item_ids[test.items].tolist() == [0]  # the newest
+    assert inter.item_ids[val.items].tolist() == [1]
+    assert train.nnz + val.nnz + test.nnz == inter.nnz
+    with pytest.raises(ValueError, match="timestamps"):
+        per_user_time_split(Interactions.from_arrays([1], [2], [3.0]))
+    with pytest.raises(ValueError, match="summing to 1"):
+        per_user_time_split(inter, (0.5, 0.1))
+
+
+def test_random_and_user_splits(small_population):
+    inter, _ = small_population
+    tr, te = random_split(inter, (0.9, 0.1), random_state=0)
+    assert te.nnz == round(inter.nnz * 0.1) and tr.nnz + te.nnz == inter.nnz
+    tr2, _ = random_split(inter, (0.9, 0.1), random_state=0)
+    assert np.array_equal(tr.items, tr2.items)
+    a, b, c = user_split(inter, (0.8, 0.1, 0.1), random_state=0)
+    assert (a.n_users, b.n_users, c.n_users) == (320, 40, 40)
+    ids = np.concatenate([a.user_ids, b.user_ids, c.user_ids])
+    assert len(set(ids.tolist())) == inter.n_users
+    assert a.item_ids is inter.item_ids
+
+
+@pytest.mark.parametrize("mode", ["time", "random", "none"])
+def test_support_query_split(small_population, mode):
+    inter, _ = small_population
+    s, q = support_query_split(inter, mode, 0.5, random_state=0)
+    if mode == "none":
+        assert s is inter and q is inter
+        return
+    assert s.nnz + q.nnz == inter.nnz
+    assert np.all(s.counts() == np.ceil(inter.counts() / 2))
+    if mode == "time":  # support strictly older or equal
+        for u in range(20):
+            ss, qs = s.timestamps[s.indptr[u]:s.indptr[u + 1]], q.timestamps[q.indptr[u]:q.indptr[u + 1]]
+            if len(qs):
+                assert ss.max() <= qs.min()
+
+
+def test_rating_metrics_by_hand():
+    y = np.array([1, 2, 3, 4, 5.0])
+    p = np.array([1.4, 2.6, 3.5, 9.0, 4.49])
+    assert rmse(y, p) == pytest.approx(np.sqrt(np.mean((y - p) ** 2)))
+    # rounded, clipped: 1, 3, 4, 5, 4 -> hits at 1 and 4 (9 clipped to 5 != 4)
+    assert rounded_accuracy(y, p, (1, 5)) == pytest.approx(1 / 5)
+    with pytest.raises(ValueError, match="shape"):
+        rmse(y, p[:3])
+
+
+def test_ranking_metrics_by_hand():
+    # 1 user, 5 items; seen item 0 (score highest, must be filtered), relevant items 1 and 4
+    seen = Interactions.from_arrays([0], [0], item_catalog=range(5), user_catalog=[0])
+    rel = Interactions.from_arrays([0, 0], [1, 4], item_catalog=range(5), user_catalog=[0])
+    scores = np.array([[10.0, 5.0, 4.0, 3.0, 1.0]])
+    m = ranking_metrics(lambda users: scores[users], seen, rel, k=2)
+    # top-2 after filtering: items 1 (hit), 2 (miss)
+    assert m["precision"] == 0.5 and m["recall"] == 0.5 and m["hit_rate"] == 1.0
+    assert m["ndcg"] == pytest.approx(1.0 / (1 + 1 / np.log2(3)))
+    assert m["map"] == pytest.approx(1.0 / 2)
+    # AUC over unseen items {1,2,3,4}: positives 1 (rank top), 4 (bottom) vs negatives 2, 3 -> 0.5
+    assert m["auc"] == pytest.approx(0.5)
+    assert m["n_users"] == 1
