@@ -2,6 +2,8 @@
 
 __version__ = "0.1.0"
 
+from .federated import FedAvgMF, FedReconMF, FURLMF  # noqa: E402
 from .models import CentralizedMF, GlobalParams, LocalParams  # noqa: E402
 
-__all__ = ["CentralizedMF", "GlobalParams", "LocalParams", "__version__"]
+__all__ = ["CentralizedMF", "FURLMF", "FedAvgMF", "FedReconMF", "GlobalParams", "LocalParams",
+           "__version__"]

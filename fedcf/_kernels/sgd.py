@@ -169,6 +169,29 @@ def item_work(n, K):
             np.empty((n, K)), np.empty(n), np.zeros((n, K)), np.zeros(n))
 
 
+@njit(cache=True)
+def write_delta(work, m, Q, b, base, length, out):
+    """Write the delta of ``item_steps_user``'s m rows into out slots [base, base + length).
+
+    out : (d_items, d_Q, d_b); slots past m get item −1 and zero deltas.
+    """
+    d_items, d_Q, d_b = out
+    uniq, Ql, bl = work[1], work[3], work[4]
+    K = Q.shape[1]
+    for t in range(length):
+        if t < m:
+            j = uniq[t]
+            d_items[base + t] = j
+            for a in range(K):
+                d_Q[base + t, a] = Ql[t, a] - Q[j, a]
+            d_b[base + t] = bl[t] - b[j]
+        else:
+            d_items[base + t] = -1
+            for a in range(K):
+                d_Q[base + t, a] = 0.0
+            d_b[base + t] = 0.0
+
+
 @njit(cache=True, parallel=True)
 def sgd_reconstruct_rows(indptr, idx, vals, glob, hp, seeds, out, out_bias):
     """Batched ``sgd_reconstruct_user`` over a user-grouped CSR.
@@ -205,7 +228,6 @@ def item_steps_rows(indptr, idx, vals, glob, local, hp, seeds, out):
     """
     Q, b = glob
     P, c = local
-    d_items, d_Q, d_b = out
     n_rows = indptr.shape[0] - 1
     K = Q.shape[1]
     for r in prange(n_rows):
@@ -217,19 +239,7 @@ def item_steps_rows(indptr, idx, vals, glob, local, hp, seeds, out):
         state = np.array([seeds[r]])
         work = item_work(e - s, K)
         m = item_steps_user(idx[s:e], vals[s:e], Q, b, hp, p, cb, state, work)
-        uniq, Ql, bl = work[1], work[3], work[4]
-        for t in range(e - s):
-            if t < m:
-                j = uniq[t]
-                d_items[s + t] = j
-                for a in range(K):
-                    d_Q[s + t, a] = Ql[t, a] - Q[j, a]
-                d_b[s + t] = bl[t] - b[j]
-            else:
-                d_items[s + t] = -1
-                for a in range(K):
-                    d_Q[s + t, a] = 0.0
-                d_b[s + t] = 0.0
+        write_delta(work, m, Q, b, s, e - s, out)
 
 
 @njit(cache=True)

@@ -1,0 +1,191 @@
+"""One round of client work in one call: ``prange`` over the sampled clients, each writing its own
+slots of preallocated outputs. Randomness comes from each client's stream (seed, round, client id).
+
+Output slots: client k writes its sparse delta of (Q, b) to rows [offsets[k], offsets[k+1]) of
+``d_items`` / ``d_Q`` / ``d_b`` (distinct items first, then item −1 padding), its weight (query
+size) to ``weights[k]`` and its query loss before the update to ``losses[k]``. Local parameters
+never reach an output of ``fedrecon_clients``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .als import solve_ridge_row
+from .rng import next_float, shuffle_inplace, stream_key
+from .sgd import (
+    HP_FIT_BIAS,
+    HP_OFFSET,
+    item_steps_user,
+    item_work,
+    sgd_reconstruct_user,
+    write_delta,
+)
+
+# client_cfg layout (float64)
+CC_SPLIT, CC_SUPPORT_FRAC, CC_RECON, CC_INIT, CC_INIT_SCALE, CC_ALS_LAM, CC_ALS_LAM0 = range(7)
+SPLIT_NONE, SPLIT_RANDOM, SPLIT_TIME = 0, 1, 2
+RECON_ALS, RECON_SGD = 0, 1
+INIT_ZEROS, INIT_UNIFORM = 0, 1
+# ids layout (uint64): [seed, round]
+
+
+def client_cfg(split, support_fraction, recon, init, init_scale, als_lam, als_lam0):
+    return np.array([split, support_fraction, recon, init, init_scale, als_lam, als_lam0],
+                    dtype=np.float64)
+
+
+@njit(cache=True)
+def n_support(n, split, frac):
+    """Support size of a client with n examples (the query gets the rest; NO SPLIT reuses all)."""
+    if split == SPLIT_NONE:
+        return n
+    s = int(np.ceil(n * frac - 1e-9))
+    return min(max(s, 1 if n > 0 else 0), n)
+
+
+@njit(cache=True)
+def query_sizes(counts, split, frac):
+    out = np.empty(counts.shape[0], np.int64)
+    for k in range(counts.shape[0]):
+        n = counts[k]
+        out[k] = n if split == SPLIT_NONE else n - n_support(n, split, frac)
+    return out
+
+
+@njit(cache=True)
+def split_client(n, cfg, state, perm):
+    """perm[:n] = example order: support first (n_s), then query. Returns n_s.
+
+    NO SPLIT returns n and the query is the whole of perm[:n] too.
+    """
+    split = int(cfg[CC_SPLIT])
+    for t in range(n):
+        perm[t] = t
+    if split == SPLIT_RANDOM:
+        shuffle_inplace(perm[:n], state)
+    return n_support(n, split, cfg[CC_SUPPORT_FRAC])
+
+
+@njit(cache=True)
+def reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb, scratch):
+    """Local (p, cb) from the support set with (Q, b) frozen: exact ridge or k_r SGD steps."""
+    K = Q.shape[1]
+    fit_bias = recon_hp[HP_FIT_BIAS] != 0.0
+    if int(cfg[CC_RECON]) == RECON_ALS:
+        A, rhs, z, ridge, _ = scratch
+        ridge[0] = cfg[CC_ALS_LAM]
+        ridge[1] = cfg[CC_ALS_LAM0]
+        ridge[2] = recon_hp[HP_OFFSET]
+        ridge[3] = 1.0 if fit_bias else 0.0
+        solve_ridge_row(s_items, s_vals, Q, b, ridge, A, rhs, z)
+        for a in range(K):
+            p[a] = rhs[a]
+        cb[0] = rhs[K] if fit_bias else 0.0
+    else:
+        scale = cfg[CC_INIT_SCALE]
+        for a in range(K):
+            p[a] = (2.0 * next_float(state) - 1.0) * scale if int(cfg[CC_INIT]) == INIT_UNIFORM else 0.0
+        cb[0] = 0.0
+        order = scratch[4]
+        sgd_reconstruct_user(s_items, s_vals, Q, b, recon_hp, p, cb, state, order)
+
+
+@njit(cache=True)
+def _query_loss(items, vals, Q, b, mu, p, c):
+    n = items.shape[0]
+    if n == 0:
+        return 0.0
+    K = Q.shape[1]
+    s = 0.0
+    for t in range(n):
+        j = items[t]
+        pred = mu + b[j] + c
+        for a in range(K):
+            pred += p[a] * Q[j, a]
+        e = vals[t] - pred
+        s += e * e
+    return s / n
+
+
+@njit(cache=True, parallel=True)
+def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
+    """Federated Reconstruction ClientUpdate for every sampled client (Algorithm 1).
+
+    data : (indptr int64, items int, values float64) user-grouped CSR of the training population
+    clients : int64 (m,) dense ids of the sampled clients
+    glob : (Q (n_items, K), b (n_items,)) global parameters g(t), read only
+    cfg : float64 ``client_cfg`` (split, support fraction, reconstruction method, init, ridge λ)
+    recon_hp, update_hp : float64 ``sgd_hp`` for reconstruction (k_r) and the update (k_u)
+    ids : uint64 (2,) = [seed, round] — each client's stream is stream_key(seed, round, client)
+    out : (offsets int64 (m+1,), d_items int64, d_Q float, d_b float, weights float64 (m,),
+           losses float64 (m,)); offsets must equal cumsum of query_sizes(counts of clients)
+    """
+    indptr, items, values = data
+    Q, b = glob
+    offsets, d_items, d_Q, d_b, weights, losses = out
+    K = Q.shape[1]
+    mu = update_hp[HP_OFFSET]
+    for k in prange(clients.shape[0]):
+        u = clients[k]
+        s0, e0 = indptr[u], indptr[u + 1]
+        n = e0 - s0
+        state = np.array([stream_key(ids[0], ids[1], u)])
+        perm = np.empty(max(n, 1), np.int64)
+        n_s = split_client(n, cfg, state, perm)
+        q_start = 0 if int(cfg[CC_SPLIT]) == SPLIT_NONE else n_s
+        n_q = n - q_start
+        s_items = np.empty(n_s, items.dtype)
+        s_vals = np.empty(n_s)
+        for t in range(n_s):
+            s_items[t] = items[s0 + perm[t]]
+            s_vals[t] = values[s0 + perm[t]]
+        q_items = np.empty(n_q, items.dtype)
+        q_vals = np.empty(n_q)
+        for t in range(n_q):
+            q_items[t] = items[s0 + perm[q_start + t]]
+            q_vals[t] = values[s0 + perm[q_start + t]]
+        p = np.zeros(K)
+        cb = np.zeros(1)
+        scratch = (np.empty((K + 1, K + 1)), np.empty(K + 1), np.empty(K + 1), np.empty(4),
+                   np.empty(max(n_s, 1), np.int64))
+        reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb, scratch)
+        losses[k] = _query_loss(q_items, q_vals, Q, b, mu, p, cb[0])
+        work = item_work(n_q, K)
+        m = item_steps_user(q_items, q_vals, Q, b, update_hp, p, cb, state, work)
+        write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k], (d_items, d_Q, d_b))
+        weights[k] = n_q
+
+
+@njit(cache=True, parallel=True)
+def stateful_clients(data, clients, glob, local, update_hp, ids, out):
+    """FedAvg / FedPer / FURL ClientUpdate: joint steps on the user's row and the item rows.
+
+    local : (P (n_users, K), c (n_users,)) persistent user parameters; row ``clients[k]`` is read
+    and overwritten with the client's trained value (clients are distinct, so no two threads share
+    a row). update_hp should have joint = 1. Items as in ``fedrecon_clients``; no split.
+    """
+    indptr, items, values = data
+    Q, b = glob
+    P, c = local
+    offsets, d_items, d_Q, d_b, weights, losses = out
+    K = Q.shape[1]
+    mu = update_hp[HP_OFFSET]
+    for k in prange(clients.shape[0]):
+        u = clients[k]
+        s0, e0 = indptr[u], indptr[u + 1]
+        n = e0 - s0
+        state = np.array([stream_key(ids[0], ids[1], u)])
+        p = np.empty(K)
+        for a in range(K):
+            p[a] = P[u, a]
+        cb = np.array([float(c[u])])
+        losses[k] = _query_loss(items[s0:e0], values[s0:e0], Q, b, mu, p, cb[0])
+        work = item_work(n, K)
+        m = item_steps_user(items[s0:e0], values[s0:e0], Q, b, update_hp, p, cb, state, work)
+        write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k], (d_items, d_Q, d_b))
+        for a in range(K):
+            P[u, a] = p[a]
+        c[u] = cb[0]
+        weights[k] = n
