@@ -24,3 +24,7 @@ __all__ = [
     "support_query_split",
     "user_split",
 ]
+
+from .protocols import bootstrap, random_embedding_eval, recon_eval, standard_eval  # noqa: E402
+
+__all__ += ["bootstrap", "random_embedding_eval", "recon_eval", "standard_eval"]

@@ -48,6 +48,11 @@ class Stream:
             arr[i], arr[j] = arr[j], arr[i]
 
 
+def as_stream(seed_or_stream) -> Stream:
+    """A Stream from a seed, or the given Stream itself (to share one stream across phases)."""
+    return seed_or_stream if isinstance(seed_or_stream, Stream) else Stream(seed_or_stream)
+
+
 # ---------------------------------------------------------------------- prediction
 def predict_pairs(users, items, user_params, item_params, mu):
     P, c = user_params
@@ -124,7 +129,7 @@ def sgd_reconstruct_user(items, vals, Q, b, hp, p, c, seed):
     p = np.array(p, np.float64)
     c = float(c)
     Q64 = Q.astype(np.float64)
-    for batch in _batches(len(items), bs, steps, epochs, Stream(seed)):
+    for batch in _batches(len(items), bs, steps, epochs, as_stream(seed)):
         j = items[batch]
         e = vals[batch] - (mu + b[j] + c + Q64[j] @ p)
         gp = (-2.0 * e) @ Q64[j] / len(batch) + 2.0 * lam * p
@@ -156,7 +161,7 @@ def item_steps_user(items, vals, Q, b, hp, p, c, seed):
     bl = b[uniq].astype(np.float64)
     p = np.array(p, np.float64)
     c = float(c)
-    for batch in _batches(len(items), bs, steps, epochs, Stream(seed)):
+    for batch in _batches(len(items), bs, steps, epochs, as_stream(seed)):
         r = loc[batch]
         e = vals[batch] - (mu + bl[r] + c + Ql[r] @ p)
         G = np.zeros_like(Ql)

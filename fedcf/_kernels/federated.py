@@ -2,9 +2,15 @@
 slots of preallocated outputs. Randomness comes from each client's stream (seed, round, client id).
 
 Output slots: client k writes its sparse delta of (Q, b) to rows [offsets[k], offsets[k+1]) of
-``d_items`` / ``d_Q`` / ``d_b`` (distinct items first, then item −1 padding), its weight (query
-size) to ``weights[k]`` and its query loss before the update to ``losses[k]``. Local parameters
-never reach an output of ``fedrecon_clients``.
+``d_items`` / ``d_Q`` / ``d_b`` (distinct items first, then item −1 padding) and its query loss
+before the update to ``losses[k]``. Its weight, the query size, is known to the host before the
+call (it lays out the slots), so the kernel does not write it. Local parameters never reach an
+output of ``fedrecon_clients``.
+
+Numba note: tuple members are taken by index, and a kernel writes only what it must. With numba
+0.68.1, stores inside a ``prange`` body into arrays unpacked from a tuple argument were lost, and
+a plain store of an integer-derived weight was dropped by the parfor pass even with indexed
+access (tests/test_kernels.py and tests/test_federated.py pin the behaviour that matters).
 """
 
 from __future__ import annotations
@@ -119,12 +125,13 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
     cfg : float64 ``client_cfg`` (split, support fraction, reconstruction method, init, ridge λ)
     recon_hp, update_hp : float64 ``sgd_hp`` for reconstruction (k_r) and the update (k_u)
     ids : uint64 (2,) = [seed, round] — each client's stream is stream_key(seed, round, client)
-    out : (offsets int64 (m+1,), d_items int64, d_Q float, d_b float, weights float64 (m,),
-           losses float64 (m,)); offsets must equal cumsum of query_sizes(counts of clients)
+    out : (offsets int64 (m+1,), d_items int64, d_Q float, d_b float, losses float64 (m,));
+          offsets must equal the cumsum of query_sizes(counts of the clients)
     """
-    indptr, items, values = data
-    Q, b = glob
-    offsets, d_items, d_Q, d_b, weights, losses = out
+    # tuple members by index (see the module docstring)
+    indptr, items, values = data[0], data[1], data[2]
+    Q, b = glob[0], glob[1]
+    offsets, d_items, d_Q, d_b, losses = out[0], out[1], out[2], out[3], out[4]
     K = Q.shape[1]
     mu = update_hp[HP_OFFSET]
     for k in prange(clients.shape[0]):
@@ -155,7 +162,6 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
         work = item_work(n_q, K)
         m = item_steps_user(q_items, q_vals, Q, b, update_hp, p, cb, state, work)
         write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k], (d_items, d_Q, d_b))
-        weights[k] = n_q
 
 
 @njit(cache=True, parallel=True)
@@ -166,10 +172,10 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out):
     and overwritten with the client's trained value (clients are distinct, so no two threads share
     a row). update_hp should have joint = 1. Items as in ``fedrecon_clients``; no split.
     """
-    indptr, items, values = data
-    Q, b = glob
-    P, c = local
-    offsets, d_items, d_Q, d_b, weights, losses = out
+    indptr, items, values = data[0], data[1], data[2]
+    Q, b = glob[0], glob[1]
+    P, c = local[0], local[1]
+    offsets, d_items, d_Q, d_b, losses = out[0], out[1], out[2], out[3], out[4]
     K = Q.shape[1]
     mu = update_hp[HP_OFFSET]
     for k in prange(clients.shape[0]):
@@ -185,7 +191,10 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out):
         work = item_work(n, K)
         m = item_steps_user(items[s0:e0], values[s0:e0], Q, b, update_hp, p, cb, state, work)
         write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k], (d_items, d_Q, d_b))
+        finite = np.isfinite(cb[0])
         for a in range(K):
-            P[u, a] = p[a]
-        c[u] = cb[0]
-        weights[k] = n
+            finite = finite and np.isfinite(p[a])
+        if finite:  # a diverged client keeps its old row; the server drops its item delta too
+            for a in range(K):
+                P[u, a] = p[a]
+            c[u] = cb[0]

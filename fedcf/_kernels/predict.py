@@ -13,8 +13,8 @@ def predict_pairs(users, items, user_params, item_params, mu, out):
     A negative user (item) id means unknown: its terms are left out, so an unknown item scores
     μ + c_u, an unknown user μ + b_i, both unknown μ. ``out`` float64 (n,) is overwritten.
     """
-    P, c = user_params
-    Q, b = item_params
+    P, c = user_params[0], user_params[1]  # by index: see fedrecon_clients
+    Q, b = item_params[0], item_params[1]
     K = Q.shape[1]
     for t in prange(users.shape[0]):
         u = users[t]

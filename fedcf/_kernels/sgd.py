@@ -200,7 +200,7 @@ def sgd_reconstruct_rows(indptr, idx, vals, glob, hp, seeds, out, out_bias):
     out, out_bias : initial user factors / biases (n_rows, K) / (n_rows,), updated in place.
     Rows are independent and each has its own stream: results do not depend on thread count.
     """
-    Q, b = glob
+    Q, b = glob[0], glob[1]  # by index: see fedrecon_clients
     n_rows = indptr.shape[0] - 1
     K = Q.shape[1]
     for r in prange(n_rows):
@@ -226,8 +226,8 @@ def item_steps_rows(indptr, idx, vals, glob, local, hp, seeds, out):
     out : (delta_items int64 (nnz,), delta_Q float (nnz, K), delta_b float (nnz,)), written in each
     row's slots [indptr[r], indptr[r+1]): the row's m distinct items first, then item −1 padding.
     """
-    Q, b = glob
-    P, c = local
+    Q, b = glob[0], glob[1]  # by index: see fedrecon_clients
+    P, c = local[0], local[1]
     n_rows = indptr.shape[0] - 1
     K = Q.shape[1]
     for r in prange(n_rows):

@@ -1,0 +1,118 @@
+"""The paper's evaluation protocols.
+
+- ``standard_eval`` (STANDARDEVAL, seen users): the model predicts held-out ratings of users it was
+  fitted on (FedRecon reconstructs them from their fit data; stateful models use stored rows).
+- ``recon_eval`` (RECONEVAL, unseen users): each held-out user reconstructs local parameters from
+  a support part of their ratings and is scored on the query part.
+- ``random_embedding_eval``: unseen users with a randomly initialized embedding (the paper's
+  "STANDARDEVAL (UNSEEN)" row) — what happens without reconstruction.
+
+Each returns pooled metrics, per-user metrics and the paper's bootstrap (repeat: sample 50 test
+users, pool their ratings, compute the metrics; report mean and std over repeats).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._kernels.predict import predict_pairs
+from ..datasets import Interactions
+from .metrics import per_user_rating_metrics, rating_metrics, round_to_scale
+from .splits import support_query_split
+
+
+def _predict_with(model, P, c, inter: Interactions) -> np.ndarray:
+    """Predictions for every entry of ``inter`` with user rows (P, c) in its dense order."""
+    items = model._model_items_of(inter)
+    out = np.empty(inter.nnz)
+    predict_pairs(inter.user_index(), items.astype(np.int64), (P, c),
+                  (model.item_factors_, model.item_biases_), float(model.global_mean_), out)
+    return model._clip(out, True)
+
+
+def bootstrap(users, y_true, y_pred, rating_scale=None, *, n_repeats=200, clients=50,
+              random_state=0) -> dict:
+    """Mean and std over repeats of metrics on ``clients`` users sampled without replacement."""
+    users = np.asarray(users)
+    uniq, inv = np.unique(users, return_inverse=True)
+    n_u = len(uniq)
+    if n_u == 0:
+        raise ValueError("bootstrap needs at least one user")
+    se = (np.asarray(y_true) - np.asarray(y_pred)) ** 2
+    hit = (np.abs(round_to_scale(y_pred, rating_scale) - np.asarray(y_true)) < 1e-9).astype(float)
+    se_u = np.bincount(inv, weights=se, minlength=n_u)
+    hit_u = np.bincount(inv, weights=hit, minlength=n_u)
+    n_per = np.bincount(inv, minlength=n_u).astype(float)
+    rng = np.random.default_rng(random_state)
+    k = min(clients, n_u)
+    draws = np.array([rng.choice(n_u, size=k, replace=False) for _ in range(n_repeats)])
+    rmse = np.sqrt(se_u[draws].sum(1) / n_per[draws].sum(1))
+    acc = hit_u[draws].sum(1) / n_per[draws].sum(1)
+    return {"rmse_mean": float(rmse.mean()), "rmse_std": float(rmse.std()),
+            "accuracy_mean": float(acc.mean()), "accuracy_std": float(acc.std()),
+            "n_repeats": n_repeats, "clients": k}
+
+
+def _report(model, users, y, pred, n_repeats, random_state):
+    scale = model.rating_scale_
+    out = rating_metrics(y, pred, scale)
+    out["n_users"] = int(len(np.unique(users)))
+    out["n_ratings"] = int(len(y))
+    out["bootstrap"] = bootstrap(users, y, pred, scale, n_repeats=n_repeats,
+                                 random_state=random_state)
+    out["per_user"] = per_user_rating_metrics(users, y, pred, scale)
+    return out
+
+
+def standard_eval(model, test: Interactions, *, n_repeats: int = 200, random_state=0) -> dict:
+    """STANDARDEVAL: score held-out ratings of users the model was fitted on.
+
+    ``test`` must use the fit data's user map (e.g. a part of ``per_user_time_split``).
+    """
+    model._check_fitted()
+    df_users = test.user_ids[test.user_index()]
+    users = model._user_index(test.user_ids)
+    if np.any(users < 0):
+        bad = test.user_ids[users < 0][0]
+        raise ValueError(f"standard_eval is for users seen in fit; user {bad!r} was not — use "
+                         "recon_eval for unseen users")
+    has = np.flatnonzero(test.counts() > 0)
+    P, c = model._user_params(users[has])
+    P_full = np.zeros((test.n_users, P.shape[1]), P.dtype)
+    c_full = np.zeros(test.n_users, c.dtype)
+    P_full[has], c_full[has] = P, c
+    pred = _predict_with(model, P_full, c_full, test)
+    return _report(model, df_users, test.values, pred, n_repeats, random_state)
+
+
+def recon_eval(model, users: Interactions, *, split: str = "random", support_fraction: float = 0.5,
+               n_repeats: int = 200, random_state=0) -> dict:
+    """RECONEVAL: reconstruct each (unseen) user from a support part, score on the query part.
+
+    Uses the model's own reconstruction (exact ridge, or its k_r SGD steps for FedReconMF with
+    reconstruction="sgd"). Users with an empty query part add nothing; query items the model
+    never saw are scored with the documented fallback (no item term).
+    """
+    model._check_fitted()
+    support, query = support_query_split(users, split, support_fraction, random_state)
+    P, c = model.reconstruct_users(support)
+    pred = _predict_with(model, P, c, query)
+    return _report(model, query.user_ids[query.user_index()], query.values, pred, n_repeats,
+                   random_state)
+
+
+def random_embedding_eval(model, users: Interactions, *, scale: float = 0.1,
+                          n_repeats: int = 200, random_state=0) -> dict:
+    """Unseen users scored with a random N(0, scale²) embedding and zero bias (no reconstruction).
+
+    Scored on the same query part as ``recon_eval`` with the same ``random_state``.
+    """
+    model._check_fitted()
+    _, query = support_query_split(users, "random", 0.5, random_state)
+    rng = np.random.default_rng(random_state)
+    K = model.item_factors_.shape[1]
+    P = (rng.standard_normal((query.n_users, K)) * scale).astype(model.item_factors_.dtype)
+    c = np.zeros(query.n_users, model.item_factors_.dtype)
+    pred = _predict_with(model, P, c, query)
+    return _report(model, query.user_ids[query.user_index()], query.values, pred, n_repeats,
+                   random_state)

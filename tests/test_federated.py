@@ -1,0 +1,341 @@
+"""Federated Reconstruction core: optimizers, one round vs a slow NumPy Algorithm 1, threads,
+resume, production knobs, guards, and behaviour on a synthetic population."""
+
+import json
+
+import numba
+import numpy as np
+import pytest
+from sklearn.base import clone
+
+from fedcf import FedAvgMF, FedReconMF, FURLMF
+from fedcf import _reference as ref
+from fedcf._kernels import federated as kfed
+from fedcf._kernels.sgd import sgd_hp
+from fedcf.eval import recon_eval, standard_eval, user_split
+from fedcf.federated import aggregate, make_server_optimizer, sample_round
+
+# ---------------------------------------------------------------- server optimizers
+
+
+@pytest.mark.parametrize("name,lr,opts", [("sgd", 0.7, {}), ("momentum", 0.5, {"momentum": 0.8}),
+                                          ("adagrad", 0.3, {}), ("adam", 0.1, {}),
+                                          ("yogi", 0.1, {})])
+def test_optimizers_match_hand_formulas(name, lr, opts):
+    opt = make_server_optimizer(name, lr, opts)
+    x = {"w": np.array([1.0, -2.0, 0.5])}
+    deltas = [np.array([0.1, -0.3, 0.0]), np.array([0.2, 0.1, -0.4]), np.array([-0.1, 0.0, 0.3])]
+    state = opt.init(x)
+    x0 = x["w"].copy()
+    # hand-written
+    w = x0.copy()
+    v = np.zeros(3)
+    a = np.full(3, 0.1)
+    m = np.zeros(3)
+    vy = np.full(3, 1e-6)
+    for t, d in enumerate(deltas, 1):
+        state, x = opt.step(state, x, {"w": d})
+        g = -d
+        if name == "sgd":
+            w = w - lr * g
+        elif name == "momentum":
+            v = 0.8 * v + g
+            w = w - lr * v
+        elif name == "adagrad":
+            a = a + g * g
+            w = w - lr * g / (np.sqrt(a) + 1e-7)
+        elif name == "adam":
+            m = 0.9 * m + 0.1 * g
+            v = 0.999 * v + 0.001 * g * g
+            w = w - lr * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-7)
+        else:
+            m = 0.9 * m + 0.1 * g
+            vy = vy - 0.001 * g * g * np.sign(vy - g * g)
+            w = w - lr * m / (np.sqrt(vy) + 1e-3)
+        np.testing.assert_allclose(x["w"], w, rtol=1e-12)
+    assert state["t"] == 3
+
+
+def test_optimizer_step_is_pure():
+    opt = make_server_optimizer("adam", 0.1)
+    x = {"w": np.ones(2)}
+    s = opt.init(x)
+    s2, x2 = opt.step(s, x, {"w": np.ones(2)})
+    assert np.all(x["w"] == 1) and s["t"] == 0 and np.all(s["m"]["w"] == 0)
+    with pytest.raises(ValueError, match="has no option 'beta3'"):
+        make_server_optimizer("adam", 0.1, {"beta3": 1})
+    with pytest.raises(ValueError, match="server_optimizer must be one of"):
+        make_server_optimizer("lion", 0.1)
+
+
+# ---------------------------------------------------------------- one round vs Algorithm 1
+
+
+def slow_round(model_params, inter, seed, t, clients, Q, b, mu):
+    """Algorithm 1, one round, written plainly with the NumPy twins and one stream per client."""
+    p_ = model_params
+    K = Q.shape[1]
+    recon_hp = sgd_hp(p_["recon_learning_rate"], 0.0, p_["batch_size"], p_["recon_steps"], 1, mu,
+                      p_["biases"])
+    upd_hp = sgd_hp(p_["learning_rate"], 0.0, p_["batch_size"], p_["update_steps"], 1, mu,
+                    p_["biases"], p_["joint"])
+    total = np.zeros_like(Q, dtype=np.float64)
+    total_b = np.zeros(len(b))
+    n = 0
+    for u in clients:
+        s0, e0 = inter.indptr[u], inter.indptr[u + 1]
+        items, vals = inter.items[s0:e0], inter.values[s0:e0]
+        stream = ref.Stream(ref.stream_key(seed, t, int(u)))
+        perm = np.arange(e0 - s0)
+        stream.shuffle(perm)
+        n_s = max(1, int(np.ceil(len(perm) * 0.5 - 1e-9)))
+        sup, qry = perm[:n_s], perm[n_s:]
+        p0 = np.array([(2 * stream.next_float() - 1) * p_["init_scale"] for _ in range(K)])
+        p, c = ref.sgd_reconstruct_user(items[sup], vals[sup], Q, b, recon_hp, p0, 0.0, stream)
+        uniq, dq, db, _, _ = ref.item_steps_user(items[qry], vals[qry], Q, b, upd_hp, p, c, stream)
+        w = len(qry)
+        total[uniq] += w * dq
+        total_b[uniq] += w * db
+        n += w
+    return Q + 1.0 * total / n, b + total_b / n
+
+
+@pytest.mark.parametrize("biases", [True, False])
+def test_one_round_equals_slow_algorithm_1(small_population, biases):
+    inter, _ = small_population
+    params = dict(n_factors=5, n_rounds=1, clients_per_round=12, reconstruction="sgd",
+                  recon_steps=4, update_steps=3, batch_size=3, learning_rate=0.5,
+                  recon_learning_rate=0.1, biases=biases, random_state=11, dtype="float64")
+    model = FedReconMF(**params).fit(inter)
+    seed = 11
+    rng = np.random.default_rng([seed, 0xC0FFEE])
+    Q0 = rng.uniform(-0.05, 0.05, (inter.n_items, 5))
+    b0 = np.zeros(inter.n_items)
+    mu = inter.values.mean() if biases else 0.0
+    clients = sample_round(seed, 0, np.arange(inter.n_users), 12).clients
+    Q1, b1 = slow_round(model.get_params(), inter, seed, 0, clients, Q0, b0, mu)
+    np.testing.assert_allclose(model.item_factors_, Q1, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(model.item_biases_, b1, rtol=1e-9, atol=1e-12)
+    assert not np.array_equal(Q1, Q0)
+
+
+def test_client_output_carries_no_local_params(small_population):
+    inter, _ = small_population
+    K, n_items = 4, inter.n_items
+    Q = np.random.default_rng(0).normal(0, 0.1, (n_items, K))
+    b = np.zeros(n_items)
+    clients = np.arange(10, dtype=np.int64)
+    cfg = kfed.client_cfg(kfed.SPLIT_TIME, 0.5, kfed.RECON_ALS, 1, 0.05, 0.1, 1e-4)
+    qs = kfed.query_sizes(inter.counts()[clients], kfed.SPLIT_TIME, 0.5)
+    offsets = np.r_[0, np.cumsum(qs)].astype(np.int64)
+    out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
+           np.empty(offsets[-1]), np.full(10, np.nan))
+    kfed.fedrecon_clients((inter.indptr, inter.items, inter.values), clients, (Q, b), cfg,
+                          sgd_hp(0.1, 0, 5, 50, 1, 3.5, True), sgd_hp(0.5, 0, 5, 50, 1, 3.5, True),
+                          np.array([1, 0], np.uint64), out)
+    # the only outputs: item ids, item-row deltas, item-bias deltas, losses
+    _, d_items, d_Q, d_b, losses = out
+    assert d_Q.shape == (offsets[-1], K) and d_b.shape == (offsets[-1],)
+    for k, u in enumerate(clients):
+        s0, e0 = inter.indptr[u], inter.indptr[u + 1]
+        n_s = e0 - s0 - qs[k]
+        query_items = set(inter.items[s0 + n_s:e0].tolist())  # time split: newest are query
+        sent = set(d_items[offsets[k]:offsets[k + 1]].tolist()) - {-1}
+        assert sent == query_items, "a client sends deltas for exactly its query items"
+    assert np.all(np.isfinite(losses))
+
+
+# ---------------------------------------------------------------- determinism and resume
+
+
+def test_identical_with_one_and_two_threads(small_population):
+    inter, _ = small_population
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            for cls, kw in ((FedReconMF, dict(reconstruction="sgd")), (FedReconMF, {}),
+                            (FedAvgMF, {})):
+                m = cls(n_factors=4, n_rounds=3, clients_per_round=50, random_state=2, **kw)
+                m.fit(inter)
+                results.append((threads, cls.__name__, m.item_factors_.copy()))
+    finally:
+        numba.set_num_threads(before)
+    half = len(results) // 2
+    for a, b in zip(results[:half], results[half:]):
+        assert np.array_equal(a[2], b[2]), a[1]
+
+
+@pytest.mark.parametrize("cls", [FedReconMF, FURLMF])
+def test_resume_equals_uninterrupted(tmp_path, small_population, cls):
+    inter, _ = small_population
+    kw = dict(n_factors=4, clients_per_round=40, random_state=3, server_optimizer="adam",
+              server_learning_rate=0.05)
+    full = cls(n_rounds=6, **kw).fit(inter)
+    ck = tmp_path / "ck.npz"
+    cls(n_rounds=3, checkpoint_path=str(ck), **kw).fit(inter)
+    resumed = cls(n_rounds=6, checkpoint_path=str(ck), **kw).fit(inter)
+    assert np.array_equal(full.item_factors_, resumed.item_factors_)
+    assert [h["loss"] for h in full.history_] == [h["loss"] for h in resumed.history_]
+    if cls is FURLMF:
+        assert np.array_equal(full.user_factors_, resumed.user_factors_)
+    # a run with other parameters refuses the checkpoint and leaves it as it was
+    before = ck.read_bytes()
+    with pytest.raises(ValueError, match="written with server_learning_rate=0.05"):
+        cls(n_rounds=6, checkpoint_path=str(ck), **{**kw, "server_learning_rate": 0.1}).fit(inter)
+    assert ck.read_bytes() == before
+
+
+# ---------------------------------------------------------------- production knobs and guards
+
+
+def test_sampling_knobs():
+    eligible = np.arange(0, 1000, 2)
+    s = sample_round(0, 5, eligible, 100)
+    assert len(s.clients) == 100 and len(set(s.clients.tolist())) == 100
+    assert set(s.clients.tolist()) <= set(eligible.tolist())
+    s2 = sample_round(0, 5, eligible, 100, oversample=0.5, dropout=0.3)
+    assert s2.n_sampled == 150 and s2.n_dropped > 0
+    assert len(s2.clients) == min(100, 150 - s2.n_dropped)
+    assert s2.n_surplus == 150 - s2.n_dropped - len(s2.clients)
+    assert np.array_equal(sample_round(0, 5, eligible, 100).clients, s.clients)
+
+
+def test_min_examples_and_dropout_in_history(small_population):
+    inter, _ = small_population
+    counts = inter.counts()
+    m = FedReconMF(n_factors=3, n_rounds=4, clients_per_round=30, min_examples=20, dropout=0.4,
+                   oversample=0.5, random_state=0).fit(inter)
+    for h in m.history_:
+        assert h["clients_used"] <= 30 and h["clients_sampled"] == 45
+        assert h["clients_dropped"] + h["clients_surplus"] + h["clients_used"] + \
+            h["clients_empty"] + h["clients_nonfinite"] == 45
+    assert sum(h["clients_dropped"] for h in m.history_) > 0
+    eligible = np.flatnonzero(counts >= 20)
+    for t in range(4):
+        assert set(sample_round(m._seed(), t, eligible, 30, oversample=0.5,
+                                dropout=0.4).clients.tolist()) <= set(eligible.tolist())
+    with pytest.raises(ValueError, match="no client has at least min_examples=100000"):
+        FedReconMF(min_examples=100_000).fit(inter)
+
+
+def test_nonfinite_client_updates_are_dropped():
+    K = 2
+    offsets = np.array([0, 2, 3, 5])
+    d_items = np.array([0, 1, 1, 0, 2])
+    d_Q = np.ones((5, K))
+    d_Q[2, 0] = np.nan  # client 1 is broken
+    d_b = np.ones(5)
+    weights = np.array([2.0, 1.0, 2.0])
+    agg = aggregate(offsets, d_items, d_Q, d_b, weights)
+    assert agg.n_nonfinite == 1 and agg.n_used == 2
+    # mean over clients 0 and 2 only (weights 2, 2): item 0 touched by both, 1 by 0, 2 by 2
+    np.testing.assert_allclose(agg.d_Q[:, 0], [1.0, 0.5, 0.5])
+    assert agg.items.tolist() == [0, 1, 2]
+    uni = aggregate(offsets, d_items, np.ones((5, K)), d_b, np.array([5.0, 1.0, 0.0]), "uniform")
+    np.testing.assert_allclose(uni.d_Q[:, 0], [0.5, 1.0])  # clients 0, 1 equally; 2 empty
+    assert uni.n_empty == 1
+
+
+def test_divergence_raises_and_names_the_knob(small_population):
+    inter, _ = small_population
+    with pytest.raises(FloatingPointError, match="lower server_learning_rate"):
+        FedReconMF(n_factors=3, n_rounds=30, server_learning_rate=1e6, learning_rate=5.0,
+                   random_state=0).fit(inter)
+
+
+# ---------------------------------------------------------------- API and behaviour
+
+
+def test_estimator_api_and_bad_params(small_population):
+    inter, _ = small_population
+    m = FedReconMF(n_rounds=2, n_factors=3)
+    assert clone(m).get_params() == m.get_params()
+    assert not hasattr(m, "item_factors_")
+    assert m.fit(inter) is m
+    for bad, match in [(dict(split="halves"), "split must be one of"),
+                       (dict(reconstruction="exact"), "reconstruction must be one of"),
+                       (dict(server_optimizer="lion"), "server_optimizer must be one of"),
+                       (dict(dropout=1.0), "dropout must be < 1"),
+                       (dict(clients_per_round=0), "clients_per_round must be >= 1")]:
+        with pytest.raises(ValueError, match=match):
+            FedReconMF(**bad).fit(inter)
+
+
+@pytest.mark.parametrize("cls,kw", [(FedReconMF, {}),
+                                    (FedReconMF, dict(reconstruction="sgd", recon_learning_rate=0.5,
+                                                      init_scale=0.2)),
+                                    (FedAvgMF, dict(init_scale=0.2, n_rounds=300))])
+def test_recovers_low_rank_population_for_unseen_users(cls, kw):
+    from fedcf.datasets import make_synthetic_ratings
+
+    inter = make_synthetic_ratings(1500, 150, 60_000, n_factors=4, noise=0.2, bias_scale=0.1,
+                                   random_state=4)
+    tr, _, te = user_split(inter, (0.8, 0.1, 0.1), random_state=0)
+    m = cls(**{"n_factors": 8, "n_rounds": 150, "clients_per_round": 50, "random_state": 0, **kw})
+    m.fit(tr)
+    res = recon_eval(m, te, n_repeats=20)
+    _, q = __import__("fedcf.eval", fromlist=["x"]).support_query_split(te, "random", 0.5, 0)
+    baseline = np.sqrt(np.mean((q.values - tr.values.mean()) ** 2))
+    assert res["rmse"] < 0.8 * baseline, (res["rmse"], baseline)
+
+
+def test_standard_eval_and_predict_for_seen_users(small_population):
+    from fedcf.eval import per_user_time_split
+
+    inter, _ = small_population
+    tr, _, te = per_user_time_split(inter)
+    m = FedReconMF(n_factors=4, n_rounds=20, clients_per_round=50, random_state=0).fit(tr)
+    res = standard_eval(m, te, n_repeats=10)
+    assert np.isfinite(res["rmse"]) and res["n_users"] > 0
+    assert {"rmse_mean", "rmse_std"} <= set(res["bootstrap"])
+    df = te.to_dataframe()
+    np.testing.assert_allclose(m.predict(df)[:5], m.predict(df.iloc[:5]))
+
+
+def test_benchmark_quick_runs_and_writes_json(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "movielens_benchmark.py"
+    spec = importlib.util.spec_from_file_location("bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "rows.json"
+    bench.main(["--dataset", "synthetic", "--quick", "--no-progress", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert len(rows) == 13
+    for r in rows:
+        assert {"name", "protocol", "rmse", "accuracy", "seconds"} <= set(r)
+
+
+def test_stateful_kernel_updates_exactly_the_sampled_user_rows(small_population):
+    """Pins the writes numba's parfor pass once dropped (see fedcf/_kernels/federated.py)."""
+    inter, _ = small_population
+    K = 3
+    rng = np.random.default_rng(0)
+    Q = rng.normal(0, 0.1, (inter.n_items, K))
+    b = np.zeros(inter.n_items)
+    P = rng.normal(0, 0.1, (inter.n_users, K))
+    c = np.zeros(inter.n_users)
+    P0 = P.copy()
+    clients = np.array([3, 10, 77], np.int64)
+    counts = inter.counts()[clients]
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
+           np.empty(offsets[-1]), np.full(3, np.nan))
+    kfed.stateful_clients((inter.indptr, inter.items, inter.values), clients, (Q, b), (P, c),
+                          sgd_hp(0.1, 0, 5, 50, 1, 3.5, True, True), np.array([0, 0], np.uint64),
+                          out)
+    changed = np.flatnonzero(np.any(P != P0, axis=1))
+    assert changed.tolist() == clients.tolist()
+    assert np.all(c[clients] != 0) and np.all(np.isfinite(out[4]))
+    # each client's user row equals the twin's joint training of that user
+    for k, u in enumerate(clients):
+        s0, e0 = inter.indptr[u], inter.indptr[u + 1]
+        _, dq, _, p, cu = ref.item_steps_user(inter.items[s0:e0], inter.values[s0:e0], Q, b,
+                                              sgd_hp(0.1, 0, 5, 50, 1, 3.5, True, True), P0[u],
+                                              0.0, ref.stream_key(0, 0, int(u)))
+        np.testing.assert_allclose(P[u], p, rtol=1e-10)
+        np.testing.assert_allclose(out[2][offsets[k]:offsets[k] + len(dq)], dq, rtol=1e-10)
