@@ -78,10 +78,9 @@ def paper_rows(inter, args):
     seed = args.seed
     fed_common = dict(n_factors=args.factors, n_rounds=args.rounds,
                       clients_per_round=args.clients, random_state=seed)
+    central = {**CENTRAL, "n_factors": args.factors, "random_state": seed}
     if args.quick:
-        central = {**CENTRAL, "n_epochs": 3}
-    else:
-        central = CENTRAL
+        central["n_epochs"] = 3
     tr_t, _va_t, te_t = per_user_time_split(inter, (0.8, 0.1, 0.1))
     tr_u, _va_u, te_u = user_split(inter, (0.8, 0.1, 0.1), random_state=seed)
     ev = dict(n_repeats=args.bootstrap, random_state=seed)
