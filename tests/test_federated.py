@@ -308,6 +308,11 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
     assert len(rows) == 13
     for r in rows:
         assert {"name", "protocol", "rmse", "accuracy", "seconds"} <= set(r)
+    rows = bench.main(["--dataset", "synthetic", "--quick", "--no-progress", "--sweep",
+                       "update-steps", "--plot-dir", str(tmp_path)])
+    assert [r["value"] for r in rows] == [1, 2, 5, 10, 50]
+    png = tmp_path / "sweep_update-steps.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_stateful_kernel_updates_exactly_the_sampled_user_rows(small_population):
