@@ -80,12 +80,13 @@ def reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb, scratc
     K = Q.shape[1]
     fit_bias = recon_hp[HP_FIT_BIAS] != 0.0
     if int(cfg[CC_RECON]) == RECON_ALS:
-        A, rhs, z, ridge, _ = scratch
+        A, rhs, ridge = scratch[0], scratch[1], scratch[3]
         ridge[0] = cfg[CC_ALS_LAM]
         ridge[1] = cfg[CC_ALS_LAM0]
         ridge[2] = recon_hp[HP_OFFSET]
         ridge[3] = 1.0 if fit_bias else 0.0
-        solve_ridge_row(s_items, s_vals, Q, b, ridge, A, rhs, z)
+        buf = np.empty((K + 2) * max(s_items.shape[0], 1), Q.dtype)
+        solve_ridge_row(s_items, s_vals, Q, b, ridge, A, rhs, buf)
         for a in range(K):
             p[a] = rhs[a]
         cb[0] = rhs[K] if fit_bias else 0.0

@@ -140,6 +140,7 @@ class _FederatedMFBase(MFEstimatorBase):
         bar = tqdm(range(start, self.n_rounds), desc=type(self).__name__, disable=not self.verbose,
                    initial=start, total=self.n_rounds, leave=False)
         last_good = (params, opt_state, start)
+        all_bad_rounds = 0  # consecutive rounds in which every reporting client was non-finite
         for t in bar:
             t0 = time.perf_counter()
             sample = sample_round(seed, t, eligible, self.clients_per_round,
@@ -161,11 +162,14 @@ class _FederatedMFBase(MFEstimatorBase):
             if not self.biases:
                 db[:] = 0.0
             opt_state, new_params = opt.step(opt_state, params, {"Q": dQ, "b": db})
-            if not all(np.isfinite(v).all() for v in new_params.values()):
+            all_bad_rounds = all_bad_rounds + 1 if (agg.n_nonfinite and not agg.n_used) else 0
+            if all_bad_rounds >= 3 or not all(np.isfinite(v).all() for v in new_params.values()):
                 if self.checkpoint_path is not None:
                     self._save_checkpoint(fingerprint, *last_good, history, local)
+                what = ("every client update was non-finite for 3 rounds in a row"
+                        if all_bad_rounds >= 3 else "global parameters became non-finite")
                 raise FloatingPointError(
-                    f"global parameters became non-finite at round {t}; lower "
+                    f"{what} at round {t}; lower "
                     f"server_learning_rate={self.server_learning_rate} or learning_rate="
                     f"{self.learning_rate}" + (f" (state of round {last_good[2]} saved to "
                                                f"{self.checkpoint_path})"
