@@ -344,3 +344,24 @@ def test_stateful_kernel_updates_exactly_the_sampled_user_rows(small_population)
                                               0.0, ref.stream_key(0, 0, int(u)))
         np.testing.assert_allclose(P[u], p, rtol=1e-10)
         np.testing.assert_allclose(out[2][offsets[k]:offsets[k] + len(dq)], dq, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_sparse_server_step_equals_dense(name):
+    rng = np.random.default_rng(0)
+    opt = make_server_optimizer(name, 0.3)
+    Q = rng.normal(size=(20, 3)).astype(np.float32)
+    rows = np.array([1, 4, 9])
+    d = rng.normal(size=(3, 3))
+    dense = np.zeros((20, 3))
+    dense[rows] = d
+    s_dense, p_dense = opt.step(opt.init({"Q": Q}), {"Q": Q}, {"Q": dense})
+    s_dense, p_dense = opt.step(s_dense, p_dense, {"Q": dense})
+    Q2 = Q.copy()
+    st = opt.init({"Q": Q2})
+    st, p_sp = opt.step_rows(st, {"Q": Q2}, rows, {"Q": d})
+    st, p_sp = opt.step_rows(st, p_sp, rows, {"Q": d})
+    np.testing.assert_allclose(p_sp["Q"], p_dense["Q"], rtol=1e-6)
+    assert st["t"] == 2
+    with pytest.raises(ValueError, match="no sparse path"):
+        make_server_optimizer("adam", 0.1).step_rows(st, {"Q": Q2}, rows, {"Q": d})

@@ -140,6 +140,7 @@ class _FederatedMFBase(MFEstimatorBase):
         bar = tqdm(range(start, self.n_rounds), desc=type(self).__name__, disable=not self.verbose,
                    initial=start, total=self.n_rounds, leave=False)
         last_good = (params, opt_state, start)
+        last_saved = start if start > 0 else None
         all_bad_rounds = 0  # consecutive rounds in which every reporting client was non-finite
         for t in bar:
             t0 = time.perf_counter()
@@ -155,25 +156,34 @@ class _FederatedMFBase(MFEstimatorBase):
             self._run_clients(data, sample.clients, (params["Q"], params["b"]), local, ids, out, mu)
             w = qs.astype(np.float64)  # weight n_i = |query set|
             agg = aggregate(*out[:4], w, weighting=self.client_weighting)
-            dQ = np.zeros((n_items, K))
-            db = np.zeros(n_items)
-            dQ[agg.items] = agg.d_Q
-            db[agg.items] = agg.d_b
-            if not self.biases:
-                db[:] = 0.0
-            opt_state, new_params = opt.step(opt_state, params, {"Q": dQ, "b": db})
+            t_server = time.perf_counter()
+            d_b = agg.d_b if self.biases else np.zeros_like(agg.d_b)
+            if opt.sparse:  # in place, O(touched rows × K) — no per-round O(n_items × K) work
+                opt_state, new_params = opt.step_rows(opt_state, params, agg.items,
+                                                      {"Q": agg.d_Q, "b": d_b})
+            else:  # momentum / Adam / Yogi move rows with zero delta too: dense by nature
+                dQ = np.zeros((n_items, K))
+                db = np.zeros(n_items)
+                dQ[agg.items] = agg.d_Q
+                db[agg.items] = d_b
+                opt_state, new_params = opt.step(opt_state, params, {"Q": dQ, "b": db})
+            t_server = time.perf_counter() - t_server
             all_bad_rounds = all_bad_rounds + 1 if (agg.n_nonfinite and not agg.n_used) else 0
-            if all_bad_rounds >= 3 or not all(np.isfinite(v).all() for v in new_params.values()):
-                if self.checkpoint_path is not None:
+            if all_bad_rounds >= 3 or not all(np.isfinite(new_params[k][agg.items]).all()
+                                              if opt.sparse else np.isfinite(new_params[k]).all()
+                                              for k in new_params):
+                kept = ""
+                if self.checkpoint_path is not None and not opt.sparse:
                     self._save_checkpoint(fingerprint, *last_good, history, local)
+                    kept = f" (state of round {last_good[2]} saved to {self.checkpoint_path})"
+                elif self.checkpoint_path is not None and last_saved is not None:
+                    # sparse steps update in place: the last periodic checkpoint is left as it is
+                    kept = f" (checkpoint of round {last_saved} kept in {self.checkpoint_path})"
                 what = ("every client update was non-finite for 3 rounds in a row"
                         if all_bad_rounds >= 3 else "global parameters became non-finite")
                 raise FloatingPointError(
-                    f"{what} at round {t}; lower "
-                    f"server_learning_rate={self.server_learning_rate} or learning_rate="
-                    f"{self.learning_rate}" + (f" (state of round {last_good[2]} saved to "
-                                               f"{self.checkpoint_path})"
-                                               if self.checkpoint_path else ""))
+                    f"{what} at round {t}; lower server_learning_rate="
+                    f"{self.server_learning_rate} or learning_rate={self.learning_rate}{kept}")
             params = new_params
             used = (w > 0) & np.isfinite(out[4])
             loss = float(np.average(out[4][used], weights=w[used])) if used.any() else float("nan")
@@ -183,7 +193,7 @@ class _FederatedMFBase(MFEstimatorBase):
                    "clients_empty": agg.n_empty, "items_updated": int(len(agg.items)),
                    "values_up": agg.values_up + self._values_up_local(agg.n_used, K),
                    "values_down": self._values_down(n_items, K, m),
-                   "seconds": time.perf_counter() - t0}
+                   "server_seconds": t_server, "seconds": time.perf_counter() - t0}
             history.append(rec)
             bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
             done = t + 1
@@ -197,6 +207,7 @@ class _FederatedMFBase(MFEstimatorBase):
             if self.checkpoint_path is not None and (done % self.checkpoint_every == 0
                                                      or done == self.n_rounds):
                 self._save_checkpoint(fingerprint, params, opt_state, done, history, local)
+                last_saved = done
         self._set_globals(params)
         self._finish_local_state(local)
         self.history_ = history

@@ -76,6 +76,34 @@ class ServerOptimizer:
         return new_state, new_params
 
 
+    @property
+    def sparse(self) -> bool:
+        """True when a zero delta leaves a row and its state unchanged (sgd, adagrad)."""
+        return self.name in ("sgd", "adagrad")
+
+    def step_rows(self, state: dict, params: dict, rows: np.ndarray, delta_rows: dict):
+        """Sparse fast path for ``sparse`` optimizers: the same result as ``step`` with a dense
+        delta that is zero outside ``rows`` (sorted, distinct), but touching only those rows.
+
+        Unlike ``step`` this updates ``params`` (and the Adagrad accumulator) **in place** and
+        returns them, so a round over a 10⁶-item catalog costs O(touched rows × K).
+        """
+        if not self.sparse:
+            raise ValueError(f"server optimizer {self.name!r} has no sparse path; use step()")
+        lr, t = self.learning_rate, state["t"] + 1
+        for k, x in params.items():
+            g = -np.asarray(delta_rows[k], dtype=np.float64)
+            if self.name == "sgd":
+                upd = lr * g
+            else:
+                a = state["a"][k][rows] + g * g
+                state["a"][k][rows] = a
+                upd = lr * g / (np.sqrt(a) + self.options["epsilon"])
+            x[rows] = (x[rows] - upd).astype(x.dtype)
+        state["t"] = t
+        return state, params
+
+
 _DEFAULTS = {
     "sgd": {},
     "momentum": {"momentum": 0.9},
