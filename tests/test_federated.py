@@ -71,40 +71,12 @@ def test_optimizer_step_is_pure():
 # ---------------------------------------------------------------- one round vs Algorithm 1
 
 
-def slow_round(model_params, inter, seed, t, clients, Q, b, mu):
-    """Algorithm 1, one round, written plainly with the NumPy twins and one stream per client."""
-    p_ = model_params
-    K = Q.shape[1]
-    recon_hp = sgd_hp(p_["recon_learning_rate"], 0.0, p_["batch_size"], p_["recon_steps"], 1, mu,
-                      p_["biases"])
-    upd_hp = sgd_hp(p_["learning_rate"], 0.0, p_["batch_size"], p_["update_steps"], 1, mu,
-                    p_["biases"], p_["joint"])
-    total = np.zeros_like(Q, dtype=np.float64)
-    total_b = np.zeros(len(b))
-    n = 0
-    for u in clients:
-        s0, e0 = inter.indptr[u], inter.indptr[u + 1]
-        items, vals = inter.items[s0:e0], inter.values[s0:e0]
-        stream = ref.Stream(ref.stream_key(seed, t, int(u)))
-        perm = np.arange(e0 - s0)
-        stream.shuffle(perm)
-        n_s = max(1, int(np.ceil(len(perm) * 0.5 - 1e-9)))
-        sup, qry = perm[:n_s], perm[n_s:]
-        p0 = np.array([(2 * stream.next_float() - 1) * p_["init_scale"] for _ in range(K)])
-        p, c = ref.sgd_reconstruct_user(items[sup], vals[sup], Q, b, recon_hp, p0, 0.0, stream)
-        uniq, dq, db, _, _ = ref.item_steps_user(items[qry], vals[qry], Q, b, upd_hp, p, c, stream)
-        w = len(qry)
-        total[uniq] += w * dq
-        total_b[uniq] += w * db
-        n += w
-    return Q + 1.0 * total / n, b + total_b / n
-
-
-@pytest.mark.parametrize("biases", [True, False])
-def test_one_round_equals_slow_algorithm_1(small_population, biases):
+@pytest.mark.parametrize("biases,recon,split", [(True, "sgd", "random"), (False, "sgd", "random"),
+                                                (True, "als", "time"), (False, "sgd", "none")])
+def test_one_round_equals_slow_algorithm_1(small_population, biases, recon, split):
     inter, _ = small_population
-    params = dict(n_factors=5, n_rounds=1, clients_per_round=12, reconstruction="sgd",
-                  recon_steps=4, update_steps=3, batch_size=3, learning_rate=0.5,
+    params = dict(n_factors=5, n_rounds=1, clients_per_round=12, reconstruction=recon,
+                  recon_steps=4, update_steps=3, batch_size=3, learning_rate=0.5, split=split,
                   recon_learning_rate=0.1, biases=biases, random_state=11, dtype="float64")
     model = FedReconMF(**params).fit(inter)
     seed = 11
@@ -113,9 +85,19 @@ def test_one_round_equals_slow_algorithm_1(small_population, biases):
     b0 = np.zeros(inter.n_items)
     mu = inter.values.mean() if biases else 0.0
     clients = sample_round(seed, 0, np.arange(inter.n_users), 12).clients
-    Q1, b1 = slow_round(model.get_params(), inter, seed, 0, clients, Q0, b0, mu)
-    np.testing.assert_allclose(model.item_factors_, Q1, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(model.item_biases_, b1, rtol=1e-9, atol=1e-12)
+    p_ = model.get_params()
+    rows, dq, db, _ = ref.fedrecon_round(
+        (inter.indptr, inter.items, inter.values), clients, Q0, b0, seed=seed, round_idx=0,
+        split=split, support_fraction=0.5, recon=recon, init_scale=0.05,
+        ridge=(0.1, model._recon_lam0()), recon_hp=sgd_hp(0.1, 0.0, 3, 4, 1, mu, biases),
+        update_hp=sgd_hp(0.5, 0.0, 3, 3, 1, mu, biases))
+    assert p_["recon_steps"] == 4 and p_["update_steps"] == 3 and p_["batch_size"] == 3
+    Q1, b1 = Q0.copy(), b0.copy()
+    Q1[rows] += dq  # server SGD, lr 1.0
+    if biases:
+        b1[rows] += db
+    np.testing.assert_allclose(model.item_factors_, Q1, rtol=1e-8, atol=1e-11)
+    np.testing.assert_allclose(model.item_biases_, b1, rtol=1e-8, atol=1e-11)
     assert not np.array_equal(Q1, Q0)
 
 
