@@ -199,3 +199,32 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out):
             for a in range(K):
                 P[u, a] = p[a]
             c[u] = cb[0]
+
+
+@njit(cache=True)
+def sum_sorted_runs(order, d_items, d_Q, d_b, scale, out_Q, out_b, out_items):
+    """Deterministic sparse reduction: Σ scale[e] · delta[e] per item, over entries ``order``
+    sorted by item (stable, so ties keep client order). Entries with scale 0 are skipped.
+
+    out_Q (≥ m, K) float64, out_b, out_items (≥ m) receive the m distinct items. Returns m.
+    """
+    K = d_Q.shape[1]
+    m = -1
+    last = -1
+    for t in range(order.shape[0]):
+        e = order[t]
+        w = scale[e]
+        if w == 0.0:
+            continue
+        j = d_items[e]
+        if j != last:
+            m += 1
+            last = j
+            out_items[m] = j
+            for a in range(K):
+                out_Q[m, a] = 0.0
+            out_b[m] = 0.0
+        for a in range(K):
+            out_Q[m, a] += w * d_Q[e, a]
+        out_b[m] += w * d_b[e]
+    return m + 1

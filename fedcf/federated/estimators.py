@@ -169,9 +169,9 @@ class _FederatedMFBase(MFEstimatorBase):
                 opt_state, new_params = opt.step(opt_state, params, {"Q": dQ, "b": db})
             t_server = time.perf_counter() - t_server
             all_bad_rounds = all_bad_rounds + 1 if (agg.n_nonfinite and not agg.n_used) else 0
-            if all_bad_rounds >= 3 or not all(np.isfinite(new_params[k][agg.items]).all()
-                                              if opt.sparse else np.isfinite(new_params[k]).all()
-                                              for k in new_params):
+            finite = (opt_state["rows_finite"] if opt.sparse
+                      else all(np.isfinite(v).all() for v in new_params.values()))
+            if all_bad_rounds >= 3 or not finite:
                 kept = ""
                 if self.checkpoint_path is not None and not opt.sparse:
                     self._save_checkpoint(fingerprint, *last_good, history, local)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._kernels.server import adagrad_rows, sgd_rows
+
 
 @dataclass(frozen=True)
 class ServerOptimizer:
@@ -87,20 +89,24 @@ class ServerOptimizer:
 
         Unlike ``step`` this updates ``params`` (and the Adagrad accumulator) **in place** and
         returns them, so a round over a 10⁶-item catalog costs O(touched rows × K).
+        ``state["rows_finite"]`` tells whether every updated value is finite.
         """
         if not self.sparse:
             raise ValueError(f"server optimizer {self.name!r} has no sparse path; use step()")
-        lr, t = self.learning_rate, state["t"] + 1
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        finite = True
         for k, x in params.items():
-            g = -np.asarray(delta_rows[k], dtype=np.float64)
+            d = np.asarray(delta_rows[k], dtype=np.float64)
+            x2, d2 = (x, d) if x.ndim == 2 else (x.reshape(-1, 1), d.reshape(-1, 1))
             if self.name == "sgd":
-                upd = lr * g
+                finite &= sgd_rows(x2, rows, d2, self.learning_rate)
             else:
-                a = state["a"][k][rows] + g * g
-                state["a"][k][rows] = a
-                upd = lr * g / (np.sqrt(a) + self.options["epsilon"])
-            x[rows] = (x[rows] - upd).astype(x.dtype)
-        state["t"] = t
+                acc = state["a"][k]
+                acc2 = acc if acc.ndim == 2 else acc.reshape(-1, 1)
+                finite &= adagrad_rows(x2, acc2, rows, d2, self.learning_rate,
+                                       self.options["epsilon"])
+        state["t"] += 1
+        state["rows_finite"] = bool(finite)
         return state, params
 
 
@@ -135,7 +141,7 @@ def state_to_arrays(state: dict, prefix: str = "opt") -> dict:
     """Flatten an optimizer state into named arrays (for checkpoints)."""
     out = {f"{prefix}.t": np.array(state["t"])}
     for slot, per in state.items():
-        if slot == "t":
+        if slot in ("t", "rows_finite"):
             continue
         for k, v in per.items():
             out[f"{prefix}.{slot}.{k}"] = v

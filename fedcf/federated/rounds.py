@@ -10,6 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .._kernels.federated import sum_sorted_runs
+from .._kernels.server import finite_clients
+
 
 @dataclass(frozen=True)
 class RoundSample:
@@ -50,14 +53,14 @@ def aggregate(offsets, d_items, d_Q, d_b, weights, weighting: str = "num_example
     """Weighted mean of the clients' sparse deltas, Σ_k w_k Δ_k / Σ_k w_k (Δ_k = 0 off its rows).
 
     Clients with a non-finite value anywhere in their delta get weight 0. The sum runs in a
-    fixed order (item, then client), so it does not depend on thread scheduling.
+    fixed order (item, then client) in a small sequential kernel, so it does not depend on
+    thread scheduling and costs O(entries × K), never O(n_items × K).
     """
     m = len(weights)
     K = d_Q.shape[1]
     lengths = np.diff(offsets)
     owner = np.repeat(np.arange(m), lengths)
-    bad_entry = ~(np.isfinite(d_Q).all(axis=1) & np.isfinite(d_b))
-    bad_client = np.bincount(owner[bad_entry], minlength=m) > 0
+    bad_client = ~finite_clients(np.asarray(offsets, np.int64), d_Q, d_b)
     w = np.asarray(weights, dtype=np.float64).copy()
     if weighting == "uniform":
         w = (w > 0).astype(np.float64)
@@ -68,15 +71,15 @@ def aggregate(offsets, d_items, d_Q, d_b, weights, weighting: str = "num_example
     if total <= 0 or not valid.any():
         return Aggregate(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), 0,
                          int(bad_client.sum()), n_empty, 0, 0.0)
-    it = d_items[valid]
-    scale = (w[owner[valid]] / total)[:, None]
-    order = np.argsort(it, kind="stable")
-    it_sorted = it[order]
-    starts = np.flatnonzero(np.r_[True, it_sorted[1:] != it_sorted[:-1]])
-    dq = np.add.reduceat(d_Q[valid][order] * scale[order], starts, axis=0)
-    db = np.add.reduceat(d_b[valid][order] * scale[order, 0], starts)
-    return Aggregate(it_sorted[starts], dq, db, int(np.sum(w > 0)), int(bad_client.sum()),
-                     n_empty, int(valid.sum()) * (K + 1), float(total))
+    scale = np.where(valid, w[owner] / total, 0.0)
+    order = np.argsort(np.where(valid, d_items, -1), kind="stable")
+    n_valid = int(valid.sum())
+    dq = np.empty((n_valid, K))
+    db = np.empty(n_valid)
+    items = np.empty(n_valid, np.int64)
+    m = sum_sorted_runs(order, d_items, d_Q, d_b, scale, dq, db, items)
+    return Aggregate(items[:m], dq[:m], db[:m], int(np.sum(w > 0)), int(bad_client.sum()),
+                     n_empty, n_valid * (K + 1), float(total))
 
 
 # ---------------------------------------------------------------------- checkpoints

@@ -1,0 +1,364 @@
+#!/usr/bin/env python
+"""Side-by-side performance benchmark: fedcf kernels against peers measured in the same run.
+
+Sections (``--sections``, default all):
+  foldin   batched reconstruction of every user (K=50) vs implicit's batched recalculate_user
+  als      one explicit ALS epoch vs one iteration of implicit's ALS (Cholesky and CG)
+  sgd      one biased-MF SGD epoch vs cornac's Cython MF
+  fedrecon paper-scale FedRecon (500 rounds x 100 clients) with SGD and ALS reconstruction,
+           1 vs 2 threads, and the same rounds as a plain per-client NumPy loop
+  scaling  round time as clients per round and the catalog grow; peak memory
+  ceiling  measured GEMM GFLOP/s and memory bandwidth; each kernel's share of the GEMM peak
+
+Every timed row reports min and median of >= 3 repeats after a warm-up call (the warm-up of
+fedcf kernels, i.e. Numba compilation or cache load, is reported as a row of its own). Ratios are
+``speedup = peer_seconds / fedcf_seconds`` (both min). Peers run with BLAS limited to one thread
+inside their own threading, as implicit recommends.
+
+Examples
+--------
+python scripts/bench.py --json bench.json
+python scripts/bench.py --quick --sections foldin,sgd
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+import warnings
+from datetime import datetime, timezone
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+from threadpoolctl import threadpool_limits
+
+from fedcf import FedReconMF
+from fedcf import _reference as ref
+from fedcf._kernels.als import ridge_cfg, ridge_solve_rows
+from fedcf._kernels.sgd import sgd_epoch, sgd_hp
+from fedcf.datasets import load_movielens, make_synthetic_ratings
+from fedcf.federated import sample_round
+
+K = 50
+ROWS: list[dict] = []
+# implicit warns about OpenBLAS threads when a model is built; its timed calls run under
+# threadpool_limits(1, "blas") below, as it recommends
+warnings.filterwarnings("ignore", message="OpenBLAS is configured", category=RuntimeWarning)
+
+
+def timed(fn, repeats):
+    """(warm-up seconds, min, median) of fn()."""
+    t0 = time.perf_counter()
+    fn()
+    warm = time.perf_counter() - t0
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return warm, min(ts), statistics.median(ts)
+
+
+def add(name, fedcf=None, peer=None, peer_name=None, flops=None, **extra):
+    row = {"name": name, "fedcf_seconds": None, "fedcf_median": None, "peer": peer_name,
+           "peer_seconds": None, "peer_median": None, "speedup": None,
+           "threads": numba.get_num_threads(), **extra}
+    if fedcf is not None:
+        row["fedcf_seconds"], row["fedcf_median"] = fedcf[1], fedcf[2]
+    if peer is not None:
+        row["peer_seconds"], row["peer_median"] = peer[1], peer[2]
+    if fedcf is not None and peer is not None:
+        row["speedup"] = peer[1] / fedcf[1]
+    if flops is not None and fedcf is not None:
+        row["gflops"] = flops / fedcf[1] / 1e9
+    ROWS.append(row)
+    sp_ = f"{row['speedup']:6.2f}x" if row["speedup"] else "      "
+    fs = f"{row['fedcf_seconds'] * 1e3:10.2f} ms" if fedcf is not None else " " * 13
+    ps = f"{row['peer_seconds'] * 1e3:10.2f} ms" if peer is not None else " " * 13
+    note = extra.get("note", "")
+    print(f"{name:<46} {fs} {ps} {sp_}  {peer_name or '':<22} {note}", flush=True)
+    return row
+
+
+def datasets(args):
+    out = {}
+    if args.quick:
+        out["synthetic-small"] = make_synthetic_ratings(300, 200, 6000, random_state=0)
+        return out
+    out["ml-100k"] = load_movielens("100k")
+    out["synthetic-1m"] = make_synthetic_ratings(6040, 3706, 1_000_209, random_state=0)
+    return out
+
+
+def implicit_model(**kw):
+    try:
+        from implicit.cpu.als import AlternatingLeastSquares
+    except ImportError:
+        return None
+    return AlternatingLeastSquares(factors=K, random_state=0, **kw)
+
+
+# ---------------------------------------------------------------------- sections
+def section_foldin(data, args):
+    for dname, inter in data.items():
+        rng = np.random.default_rng(0)
+        Q = rng.normal(0, 0.1, (inter.n_items, K)).astype(np.float32)
+        b = np.zeros(inter.n_items, np.float32)
+        P = np.zeros((inter.n_users, K), np.float32)
+        c = np.zeros(inter.n_users, np.float32)
+        cfg = ridge_cfg(0.1, 1e-6, 3.5, True)
+        f = timed(lambda: ridge_solve_rows(inter.indptr, inter.items, inter.values, Q, b, cfg,
+                                           P, c), args.repeats)
+        flops = float(np.sum(inter.counts() * (K + 1) ** 2 + (K + 1) ** 3 / 3))
+        peer = None
+        m = implicit_model(iterations=1)
+        if m is not None:
+            csr = sp.csr_matrix(inter.to_csr().astype(np.float32))
+            with threadpool_limits(1, "blas"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                m.fit(csr, show_progress=False)
+                m.item_factors = Q.copy()
+                ids = np.arange(inter.n_users)
+                peer = timed(lambda: m.recalculate_user(ids, csr), args.repeats)
+        us = f[1] / inter.n_users * 1e6
+        add(f"fold-in all users [{dname}]", f, peer, "implicit recalculate_user (Cholesky)",
+            flops, note=f"{us:.1f} us/user fedcf" + (
+                f", {peer[1] / inter.n_users * 1e6:.1f} us/user peer" if peer else ""),
+            us_per_user=us)
+
+
+def section_als(data, args):
+    for dname, inter in data.items():
+        rng = np.random.default_rng(0)
+        P = rng.normal(0, 0.1, (inter.n_users, K)).astype(np.float32)
+        Q = rng.normal(0, 0.1, (inter.n_items, K)).astype(np.float32)
+        c = np.zeros(inter.n_users, np.float32)
+        b = np.zeros(inter.n_items, np.float32)
+        i_indptr, i_users, i_vals = inter.to_item_csr()
+        cfg = ridge_cfg(0.1, 1e-6, float(inter.values.mean()), True)
+
+        def epoch():
+            ridge_solve_rows(inter.indptr, inter.items, inter.values, Q, b, cfg, P, c)
+            ridge_solve_rows(i_indptr, i_users, i_vals, P, c, cfg, Q, b)
+
+        f = timed(epoch, args.repeats)
+        flops = 2 * inter.nnz * (K + 1) ** 2 + (inter.n_users + inter.n_items) * (K + 1) ** 3 / 3
+        for use_cg in (False, True):
+            peer = None
+            csr = sp.csr_matrix(inter.to_csr().astype(np.float32))
+            if implicit_model() is not None:
+                def fit(iters, use_cg=use_cg):
+                    m = implicit_model(iterations=iters, use_cg=use_cg)
+                    m.fit(csr, show_progress=False)
+
+                with threadpool_limits(1, "blas"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    one = timed(lambda: fit(1), args.repeats)
+                    three = timed(lambda: fit(3), args.repeats)
+                # per iteration: difference of a 3- and a 1-iteration fit (drops setup costs)
+                per = tuple(max((t3 - t1) / 2, 1e-9) for t1, t3 in zip(one, three))
+                peer = per
+            add(f"ALS epoch [{dname}]", f, peer,
+                f"implicit ALS iteration ({'CG' if use_cg else 'Cholesky'})", flops)
+
+
+def section_sgd(data, args):
+    try:
+        from cornac.data import Dataset
+        from cornac.models import MF
+    except ImportError:
+        Dataset = None
+    for dname, inter in data.items():
+        rng = np.random.default_rng(0)
+        P = rng.normal(0, 0.1, (inter.n_users, K)).astype(np.float32)
+        Q = rng.normal(0, 0.1, (inter.n_items, K)).astype(np.float32)
+        c = np.zeros(inter.n_users, np.float32)
+        b = np.zeros(inter.n_items, np.float32)
+        users = inter.user_index()
+        order = rng.permutation(inter.nnz)
+        cfg = np.array([0.005, 0.02, float(inter.values.mean()), 1.0])
+        f = timed(lambda: sgd_epoch(users, inter.items, inter.values, order, (P, c), (Q, b), cfg),
+                  args.repeats)
+        peer = None
+        if Dataset is not None:
+            uir = list(zip(users.tolist(), inter.items.tolist(), inter.values.tolist()))
+            ds = Dataset.from_uir(uir, seed=0)
+
+            def fit(iters):
+                MF(k=K, max_iter=iters, learning_rate=0.005, lambda_reg=0.02, use_bias=True,
+                   early_stop=False, verbose=False, seed=0).fit(ds)
+
+            one = timed(lambda: fit(1), args.repeats)
+            eleven = timed(lambda: fit(11), args.repeats)
+            peer = tuple(max((t11 - t1) / 10, 1e-9) for t1, t11 in zip(one, eleven))
+        add(f"SGD epoch, biased MF [{dname}]", f, peer, "cornac MF (Cython)", 6.0 * inter.nnz * K)
+
+
+def fedrecon_fit(inter, recon, rounds, clients, threads):
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        m = FedReconMF(n_factors=K, n_rounds=rounds, clients_per_round=clients,
+                       reconstruction=recon, recon_learning_rate=0.5, random_state=0)
+        t0 = time.perf_counter()
+        m.fit(inter)
+        return time.perf_counter() - t0, m
+    finally:
+        numba.set_num_threads(before)
+
+
+def section_fedrecon(data, args):
+    inter = data.get("synthetic-1m") or next(iter(data.values()))
+    rounds = 20 if args.quick else 500
+    clients = 20 if args.quick else 100
+    max_threads = numba.config.NUMBA_NUM_THREADS
+    for recon in ("sgd", "als"):
+        times = {}
+        for threads in sorted({1, max_threads}):
+            runs = [fedrecon_fit(inter, recon, rounds, clients, threads) for _ in range(args.repeats)]
+            secs = [r[0] for r in runs]
+            times[threads] = (None, min(secs), statistics.median(secs))
+            updates = sum(h["clients_used"] for h in runs[0][1].history_)
+        best = times[max_threads]
+        add(f"FedRecon {rounds}x{clients} ({recon} recon) [{max_threads} threads]", best, None, None,
+            note=f"{updates / best[1]:.0f} client updates/s",
+            client_updates_per_second=updates / best[1])
+        if max_threads > 1:
+            add(f"FedRecon {rounds}x{clients} ({recon} recon): 2 threads vs 1", best, times[1],
+                f"same run, {1} thread", note="speedup = parallel efficiency x threads")
+        # the same rounds as a plain per-client NumPy loop (timed on a few rounds, scaled)
+        model = runs[0][1]
+        n_ref = 1 if args.quick else 2
+        hp_r = sgd_hp(0.5, 0.0, 5, 50, 1, model.global_mean_, True)
+        hp_u = sgd_hp(0.5, 0.0, 5, 50, 1, model.global_mean_, True)
+        Q = model.item_factors_.astype(np.float64)
+        b = model.item_biases_.astype(np.float64)
+        eligible = np.flatnonzero(inter.counts() >= 1)
+        t0 = time.perf_counter()
+        for t in range(n_ref):
+            cl = sample_round(0, t, eligible, clients).clients
+            ref.fedrecon_round((inter.indptr, inter.items, inter.values), cl, Q, b, seed=0,
+                               round_idx=t, split="random", support_fraction=0.5, recon=recon,
+                               recon_hp=hp_r, update_hp=hp_u, init_scale=0.05)
+        per_round_ref = (time.perf_counter() - t0) / n_ref
+        scaled = per_round_ref * rounds
+        add(f"FedRecon {rounds}x{clients} ({recon} recon) vs NumPy loop", best,
+            (None, scaled, scaled), "plain per-client NumPy loop",
+            note=f"NumPy: {n_ref} rounds timed, x{rounds // n_ref} scaled")
+
+
+def section_scaling(data, args):
+    n_users = 2000 if args.quick else 20_000
+    base = make_synthetic_ratings(n_users, 3706 if not args.quick else 500, n_users * 30,
+                                  random_state=1)
+    cpr = [100, 1000] if args.quick else [100, 1000, 10_000]
+    for m in cpr:
+        model = FedReconMF(n_factors=K, n_rounds=5, clients_per_round=m, random_state=0)
+        model.fit(base)
+        secs = [h["seconds"] for h in model.history_[1:]]
+        srv = [h["server_seconds"] for h in model.history_[1:]]
+        add(f"round time, {m} clients/round [{n_users} users]",
+            (None, min(secs), statistics.median(secs)), None, None,
+            note=f"server {statistics.median(srv) * 1e3:.1f} ms; "
+                 f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
+            clients_per_round=m, server_seconds=statistics.median(srv))
+    catalogs = [1000, 10_000] if args.quick else [1000, 10_000, 100_000, 1_000_000]
+    for n_items in catalogs:
+        pop = make_synthetic_ratings(2000, n_items, 2000 * 40, random_state=2)
+        for opt, lr in (("sgd", 1.0), ("adam", 0.01)):
+            model = FedReconMF(n_factors=K, n_rounds=6, clients_per_round=100, random_state=0,
+                               server_optimizer=opt, server_learning_rate=lr)
+            model.fit(pop)
+            hist = model.history_[1:]
+            client = [h["seconds"] - h["server_seconds"] for h in hist]
+            srv = [h["server_seconds"] for h in hist]
+            add(f"round, 100 clients, {n_items:,} items, {opt} server",
+                (None, min(client), statistics.median(client)), None, None,
+                note=f"clients+aggregation (shown); server step {statistics.median(srv) * 1e3:.1f} ms; "
+                     f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
+                n_items=n_items, server_optimizer=opt, server_seconds=statistics.median(srv))
+
+
+def section_ceiling(args):
+    n = 512 if args.quick else 2048
+    A = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    g = timed(lambda: A @ A, args.repeats)
+    gemm = 2 * n**3 / g[1] / 1e9
+    add(f"GEMM float32 {n}x{n} (BLAS, all threads)", g, None, None,
+        note=f"{gemm:.1f} GFLOP/s", gflops=gemm)
+    mb = 64 if args.quick else 512
+    x = np.ones(mb * 2**20 // 8)
+    y = np.empty_like(x)
+    cpy = timed(lambda: np.copyto(y, x), args.repeats)
+    bw = 2 * x.nbytes / cpy[1] / 1e9
+    add(f"memory copy {mb} MiB", cpy, None, None, note=f"{bw:.1f} GB/s (read + write)",
+        gbytes_per_second=bw)
+    for r in ROWS:
+        if r.get("gflops") and not r["name"].startswith("GEMM"):
+            r["gemm_fraction"] = r["gflops"] / gemm
+    print("\nshare of the measured GEMM peak (compute roofline; these kernels are compute bound):")
+    for r in ROWS:
+        if "gemm_fraction" in r:
+            print(f"  {r['name']:<46} {r['gflops']:7.2f} GFLOP/s = {100 * r['gemm_fraction']:5.1f} %")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--sections", default="foldin,als,sgd,fedrecon,scaling,ceiling")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+    ROWS.clear()
+    sections = set(args.sections.split(","))
+    unknown = sections - {"foldin", "als", "sgd", "fedrecon", "scaling", "ceiling"}
+    if unknown:
+        raise SystemExit(f"unknown --sections {sorted(unknown)}")
+    print(f"fedcf bench: {platform.machine()}, {os.cpu_count()} cpus, numba threads "
+          f"{numba.get_num_threads()}, K={K}, repeats={args.repeats}")
+    t0 = time.perf_counter()
+    data = datasets(args)
+    tiny = make_synthetic_ratings(50, 30, 600, random_state=0)
+    warm = time.perf_counter()
+    for recon in ("als", "sgd"):
+        FedReconMF(n_factors=4, n_rounds=1, clients_per_round=5, reconstruction=recon,
+                   random_state=0).fit(tiny)
+    warm = time.perf_counter() - warm
+    add("kernel compile / cache load (FedRecon paths)", (None, warm, warm), None, None,
+        note="one-time per install when the Numba cache is cold")
+    print(f"{'row':<46} {'fedcf':>13} {'peer':>13} {'speedup':>7}")
+    if "foldin" in sections:
+        section_foldin(data, args)
+    if "als" in sections:
+        section_als(data, args)
+    if "sgd" in sections:
+        section_sgd(data, args)
+    if "fedrecon" in sections:
+        section_fedrecon(data, args)
+    if "scaling" in sections:
+        section_scaling(data, args)
+    if "ceiling" in sections:
+        section_ceiling(args)
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    if args.json:
+        meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {platform.platform()}",
+                "python": sys.version.split()[0], "numba": numba.__version__,
+                "command": " ".join(["scripts/bench.py", *(sys.argv[1:] if argv is None else argv)])}
+        with open(args.json, "w") as fh:
+            json.dump([{**r, "meta": meta} for r in ROWS], fh, indent=2)
+        print(f"wrote {args.json}")
+    return ROWS
+
+
+if __name__ == "__main__":
+    main()
