@@ -198,12 +198,12 @@ def item_steps_rows(indptr, idx, vals, glob, local, hp, seeds):
     return d_items, d_Q, d_b
 
 
-def sgd_epoch(users, items, vals, order, user_params, item_params, cfg):
+def sgd_epoch(users, items, vals, user_params, item_params, cfg):
     P, c = (np.array(a, np.float64) for a in user_params)
     Q, b = (np.array(a, np.float64) for a in item_params)
     lr, lam, mu, fit_bias = cfg[0], cfg[1], cfg[2], cfg[3] != 0
     sse = 0.0
-    for t in order:
+    for t in range(len(users)):
         u, i = users[t], items[t]
         e = vals[t] - (mu + c[u] + b[i] + P[u] @ Q[i])
         sse += e * e

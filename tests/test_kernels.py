@@ -167,9 +167,10 @@ def test_sgd_epoch_matches_twin(dtype):
     P = rng.normal(0, 0.1, (n, Q.shape[1])).astype(dtype)
     c = np.zeros(n, dtype)
     order = rng.permutation(len(idx))
+    users, idx, vals = users[order], idx[order], vals[order]
     cfg = np.array([0.02, 0.05, 3.0, 1.0])
-    (rP, rc), (rQ, rb), rsse = ref.sgd_epoch(users, idx, vals, order, (P, c), (Q, b), cfg)
-    sse = sgd.sgd_epoch(users, idx, vals, order, (P, c), (Q, b), cfg)
+    (rP, rc), (rQ, rb), rsse = ref.sgd_epoch(users, idx, vals, (P, c), (Q, b), cfg)
+    sse = sgd.sgd_epoch(users, idx, vals, (P, c), (Q, b), cfg)
     for a, w in ((P, rP), (c, rc), (Q, rQ), (b, rb)):
         np.testing.assert_allclose(a, w, **tol(dtype))
     np.testing.assert_allclose(sse, rsse, rtol=1e-5)

@@ -242,35 +242,42 @@ def item_steps_rows(indptr, idx, vals, glob, local, hp, seeds, out):
         write_delta(work, m, Q, b, s, e - s, out)
 
 
-@njit(cache=True)
-def sgd_epoch(users, items, vals, order, user_params, item_params, cfg):
-    """One epoch of classic per-rating SGD for biased MF (Funk / Koren), in ``order``.
+@njit(cache=True, fastmath={"reassoc", "contract", "arcp"})
+def sgd_epoch(users, items, vals, user_params, item_params, cfg):
+    """One epoch of classic per-rating SGD for biased MF (Funk / Koren), in the order given.
 
+    users, items, vals : the ratings already in this epoch's (shuffled) order — gathering them
+    contiguously first keeps the pass streaming through memory instead of jumping per rating;
     user_params : (P, c);  item_params : (Q, b), updated in place;
     cfg : float64 [lr, lam, offset μ, fit_bias]. Update for e = r − r̂:
     c += lr (e − lam c);  b += lr (e − lam b);  p += lr (e q − lam p);  q += lr (e p − lam q)
     (p and q updated from their values before the step). Returns the sum of e² seen.
-    Sequential by design: the result depends only on ``order``.
+    Sequential by design: the result depends only on the order. The dot product and the two
+    axpy loops may be reassociated (SIMD); no NaN check depends on them.
     """
-    P, c = user_params
-    Q, b = item_params
+    P, c = user_params[0], user_params[1]
+    Q, b = item_params[0], item_params[1]
     lr, lam, mu, fit_bias = cfg[0], cfg[1], cfg[2], cfg[3] != 0.0
     K = Q.shape[1]
+    dec = 1.0 - lr * lam
     sse = 0.0
-    for t in order:
+    for t in range(users.shape[0]):
         u = users[t]
         i = items[t]
-        pred = mu + c[u] + b[i]
+        pu = P[u]
+        qi = Q[i]
+        dot = pu[0] - pu[0]
         for a in range(K):
-            pred += P[u, a] * Q[i, a]
-        e = vals[t] - pred
+            dot += pu[a] * qi[a]
+        e = vals[t] - (mu + c[u] + b[i] + dot)
         sse += e * e
         if fit_bias:
             c[u] += lr * (e - lam * c[u])
             b[i] += lr * (e - lam * b[i])
+        le = lr * e
         for a in range(K):
-            pu = P[u, a]
-            qi = Q[i, a]
-            P[u, a] = pu + lr * (e * qi - lam * pu)
-            Q[i, a] = qi + lr * (e * pu - lam * qi)
+            p0 = pu[a]
+            q0 = qi[a]
+            pu[a] = dec * p0 + le * q0
+            qi[a] = dec * q0 + le * p0
     return sse

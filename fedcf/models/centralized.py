@@ -121,7 +121,8 @@ class CentralizedMF(MFEstimatorBase):
             else:
                 order = rng.permutation(inter.nnz)
                 cfg = np.array([self.learning_rate, lam, mu, float(self.biases)])
-                sse = sgd_epoch(users, inter.items, inter.values, order, (P, c), (Q, b), cfg)
+                sse = sgd_epoch(users[order], inter.items[order], inter.values[order], (P, c),
+                                (Q, b), cfg)
             if not np.isfinite(sse):
                 raise FloatingPointError(
                     f"training diverged at epoch {epoch} (non-finite loss); lower learning_rate="
