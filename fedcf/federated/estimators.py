@@ -167,10 +167,10 @@ class _FederatedMFBase(MFEstimatorBase):
                 dQ[agg.items] = agg.d_Q
                 db[agg.items] = d_b
                 opt_state, new_params = opt.step(opt_state, params, {"Q": dQ, "b": db})
-            t_server = time.perf_counter() - t_server
-            all_bad_rounds = all_bad_rounds + 1 if (agg.n_nonfinite and not agg.n_used) else 0
             finite = (opt_state["rows_finite"] if opt.sparse
                       else all(np.isfinite(v).all() for v in new_params.values()))
+            t_server = time.perf_counter() - t_server
+            all_bad_rounds = all_bad_rounds + 1 if (agg.n_nonfinite and not agg.n_used) else 0
             if all_bad_rounds >= 3 or not finite:
                 kept = ""
                 if self.checkpoint_path is not None and not opt.sparse:
