@@ -25,7 +25,7 @@ def _predict_with(model, P, c, inter: Interactions) -> np.ndarray:
     """Predictions for every entry of ``inter`` with user rows (P, c) in its dense order."""
     items = model._model_items_of(inter)
     out = np.empty(inter.nnz)
-    predict_pairs(inter.user_index(), items.astype(np.int64), (P, c),
+    predict_pairs(inter.user_index(), items, (P, c),
                   (model.item_factors_, model.item_biases_), float(model.global_mean_), out)
     return model._clip(out, True)
 

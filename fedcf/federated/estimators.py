@@ -398,7 +398,7 @@ class FedReconMF(_FederatedMFBase):
                                  "reconstruct users with reconstruct()/reconstruct_users()")
             return np.zeros((0, K), self.item_factors_.dtype), np.zeros(0, self.item_factors_.dtype)
         sub = inter.subset_users(users)
-        return self._reconstruct_csr(sub.indptr, sub.items.astype(np.int64), sub.values)
+        return self._reconstruct_csr(sub.indptr, sub.items, sub.values)
 
 
 class _StatefulMF(_FederatedMFBase):

@@ -110,7 +110,9 @@ class MFEstimatorBase(BaseEstimator):
         check_is_fitted(self, self._fitted_attr)
 
     def _item_index(self, raw_items) -> np.ndarray:
-        return pd.Index(self.item_ids_).get_indexer(pd.Index(np.asarray(raw_items)))
+        """Model item ids (int32, the one index dtype the kernels are compiled for); −1 unknown."""
+        idx = pd.Index(self.item_ids_).get_indexer(pd.Index(np.asarray(raw_items)))
+        return idx.astype(np.int32)
 
     def _user_index(self, raw_users) -> np.ndarray:
         return pd.Index(self.user_ids_).get_indexer(pd.Index(np.asarray(raw_users)))
@@ -121,7 +123,7 @@ class MFEstimatorBase(BaseEstimator):
             len(inter.item_ids) == len(self.item_ids_)
             and np.array_equal(inter.item_ids, self.item_ids_)
         ):
-            return inter.items.astype(np.int64)
+            return inter.items
         return self._item_index(inter.item_ids)[inter.items]
 
     def _clip(self, pred: np.ndarray, clip: bool) -> np.ndarray:
@@ -166,10 +168,10 @@ class MFEstimatorBase(BaseEstimator):
         if not np.all(np.isfinite(ratings)):
             row = int(np.flatnonzero(~np.isfinite(ratings))[0])
             raise DataValidationError(f"ratings has a non-finite value {ratings[row]!r} at row {row}")
-        idx = self._item_index(items) if len(items) else np.zeros(0, np.int64)
+        idx = self._item_index(items) if len(items) else np.zeros(0, np.int32)
         keep = idx >= 0
         indptr = np.array([0, int(keep.sum())], dtype=np.int64)
-        P, c = self._reconstruct_csr(indptr, idx[keep].astype(np.int64), ratings[keep])
+        P, c = self._reconstruct_csr(indptr, idx[keep], ratings[keep])
         return LocalParams(P[0].copy(), float(c[0]))
 
     def predict(self, X, *, clip: bool = True, user_col: str = "user", item_col: str = "item"):
@@ -183,7 +185,7 @@ class MFEstimatorBase(BaseEstimator):
         self._check_fitted()
         raw_u, raw_i = _as_pairs(X, user_col, item_col)
         users = self._user_index(raw_u).astype(np.int64)
-        items = self._item_index(raw_i).astype(np.int64)
+        items = self._item_index(raw_i)
         known = np.unique(users[users >= 0])
         P_known, c_known = self._user_params(known)
         # compact user table: row k holds user known[k]
@@ -198,7 +200,7 @@ class MFEstimatorBase(BaseEstimator):
     def predict_local(self, local: LocalParams, items, *, clip: bool = True) -> np.ndarray:
         """Predicted ratings of a reconstructed user on raw items (unknown items: μ + c_u)."""
         self._check_fitted()
-        idx = self._item_index(np.atleast_1d(np.asarray(items))).astype(np.int64)
+        idx = self._item_index(np.atleast_1d(np.asarray(items)))
         out = np.empty(len(idx))
         predict_pairs(np.zeros(len(idx), np.int64), idx,
                       (local.factors[None, :].astype(self.item_factors_.dtype),
