@@ -17,9 +17,21 @@ from .movielens import (
     parse_ratings,
     read_recbole_wheel,
 )
+from .open_bandit import (
+    CAMPAIGNS,
+    POLICIES,
+    context_free_action_probs,
+    fetch_open_bandit,
+    load_open_bandit,
+)
 from .synthetic import SyntheticTruth, heavy_tailed_counts, make_synthetic_ratings
 
 __all__ = [
+    "CAMPAIGNS",
+    "POLICIES",
+    "context_free_action_probs",
+    "fetch_open_bandit",
+    "load_open_bandit",
     "VARIANTS",
     "DataUnavailableError",
     "DataValidationError",

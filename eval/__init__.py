@@ -28,3 +28,15 @@ __all__ = [
 from .protocols import bootstrap, random_embedding_eval, recon_eval, standard_eval  # noqa: E402
 
 __all__ += ["bootstrap", "random_embedding_eval", "recon_eval", "standard_eval"]
+
+from .offline import (  # noqa: E402
+    ESTIMATORS,
+    PositionActionRewardModel,
+    estimate_ctr,
+    off_policy_check,
+    relative_errors,
+    validate_log,
+)
+
+__all__ += ["ESTIMATORS", "PositionActionRewardModel", "estimate_ctr", "off_policy_check",
+            "relative_errors", "validate_log"]
