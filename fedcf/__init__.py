@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 from .federated import FedAvgMF, FedReconMF, FURLMF  # noqa: E402
-from .models import CentralizedMF, GlobalParams, LocalParams  # noqa: E402
+from .models import CentralizedMF, GlobalParams, ImplicitMF, LocalParams  # noqa: E402
 
-__all__ = ["CentralizedMF", "FURLMF", "FedAvgMF", "FedReconMF", "GlobalParams", "LocalParams",
+__all__ = ["CentralizedMF", "FURLMF", "ImplicitMF", "FedAvgMF", "FedReconMF", "GlobalParams", "LocalParams",
            "__version__"]

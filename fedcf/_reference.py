@@ -259,3 +259,20 @@ def fedrecon_round(data, clients, Q, b, *, seed, round_idx, split, support_fract
     n_total = max(sum(weights), 1)
     rows = np.flatnonzero(touched)
     return rows, total[rows] / n_total, total_b[rows] / n_total, np.array(weights, float)
+
+
+# ---------------------------------------------------------------------- implicit feedback
+def implicit_solve_rows(indptr, idx, vals, fixed, alpha, lam):
+    """Dense Hu-Koren-Volinsky solve per row: the full n_items-sized weighted least squares."""
+    Y = fixed.astype(np.float64)
+    n_items, K = Y.shape
+    out = np.zeros((len(indptr) - 1, K))
+    for r in range(len(indptr) - 1):
+        s, e = indptr[r], indptr[r + 1]
+        c = np.ones(n_items)
+        p = np.zeros(n_items)
+        np.add.at(c, idx[s:e], alpha * np.asarray(vals[s:e], np.float64))
+        p[idx[s:e]] = 1.0
+        A = (Y * c[:, None]).T @ Y + lam * np.eye(K)
+        out[r] = np.linalg.solve(A, (Y * c[:, None]).T @ p)
+    return out

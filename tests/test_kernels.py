@@ -213,3 +213,13 @@ def test_results_identical_with_one_and_two_threads():
         numba.set_num_threads(before)
     for a, b_ in zip(*results):
         assert np.array_equal(a, b_)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_implicit_solve_matches_dense_twin(dtype):
+    _, indptr, idx, vals, Q, _ = make_problem(21, n_rows=30, n_cols=25, K=5, dtype=dtype)
+    gram = Q.astype(np.float64).T @ Q.astype(np.float64)
+    out = np.full((len(indptr) - 1, 5), 7, dtype)
+    als.implicit_solve_rows(indptr, idx, vals, Q, gram, np.array([2.0, 0.3]), out)
+    want = ref.implicit_solve_rows(indptr, idx, vals, Q, 2.0, 0.3)
+    np.testing.assert_allclose(out, want, **tol(dtype))

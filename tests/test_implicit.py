@@ -1,0 +1,67 @@
+"""Implicit-feedback matrix factorization: anchored against the `implicit` library."""
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from fedcf import ImplicitMF
+from fedcf.datasets import Interactions, make_synthetic_ratings
+from fedcf.eval import random_split, ranking_metrics
+
+
+@pytest.fixture(scope="module")
+def clicks():
+    r = make_synthetic_ratings(800, 300, 30_000, n_factors=6, noise=0.3, random_state=5)
+    keep = r.values >= 4  # "liked" items become clicks
+    pos = r.take(keep)
+    inter = Interactions(pos.indptr, pos.items, np.ones(pos.nnz), pos.timestamps, pos.user_ids,
+                         pos.item_ids)
+    return random_split(inter, (0.8, 0.2), random_state=0)
+
+
+def p_at_10(user_f, item_f, train, test):
+    return ranking_metrics(lambda u: user_f[u].astype(float) @ item_f.T.astype(float), train,
+                           test, k=10, with_auc=False)["precision"]
+
+
+def test_matches_implicit_library_precision(clicks):
+    implicit_als = pytest.importorskip("implicit.cpu.als")
+    from threadpoolctl import threadpool_limits
+
+    train, test = clicks
+    ours = ImplicitMF(16, regularization=0.05, alpha=1.0, n_epochs=10, random_state=0).fit(train)
+    with threadpool_limits(1, "blas"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = implicit_als.AlternatingLeastSquares(factors=16, regularization=0.05, alpha=2.0,
+                                                      iterations=10, use_cg=False,
+                                                      random_state=0)
+        theirs.fit(sp.csr_matrix(train.to_csr()), show_progress=False)
+    a = p_at_10(ours.user_factors_, ours.item_factors_, train, test)
+    b = p_at_10(theirs.user_factors, theirs.item_factors, train, test)
+    pop = np.bincount(train.items, minlength=train.n_items).astype(float)
+    c = ranking_metrics(lambda u: np.tile(pop, (len(u), 1)), train, test, k=10,
+                        with_auc=False)["precision"]
+    assert abs(a - b) < 0.02, (a, b)
+    assert a > 1.2 * c, (a, c)
+
+
+def test_fold_in_equals_training_solve_and_recommend(clicks):
+    train, _ = clicks
+    m = ImplicitMF(8, regularization=0.1, n_epochs=5, random_state=0).fit(train)
+    P, _ = m.reconstruct_users(train)
+    # after the last sweep the items moved, so refold users against the final items: the
+    # fold-in is exactly one more user half-step
+    from fedcf._kernels.als import implicit_solve_rows
+    from fedcf.models import item_gram
+
+    want = np.zeros_like(m.user_factors_)
+    implicit_solve_rows(train.indptr, train.items, train.values, m.item_factors_,
+                        item_gram(m.item_factors_), np.array([1.0, 0.1]), want)
+    np.testing.assert_allclose(P, want, rtol=1e-5, atol=1e-6)
+    s, e = train.indptr[0], train.indptr[1]
+    rec = m.recommend(items=train.item_ids[train.items[s:e]], n=5)
+    assert len(rec) == 5 and not set(rec["item"]) & set(train.item_ids[train.items[s:e]])
+    with pytest.raises(ValueError, match="strengths must be >= 0"):
+        ImplicitMF().fit(Interactions.from_arrays([1, 2], [1, 2], [1.0, -1.0]))
