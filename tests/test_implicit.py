@@ -13,7 +13,9 @@ from fedcf.eval import random_split, ranking_metrics
 
 @pytest.fixture(scope="module")
 def clicks():
-    r = make_synthetic_ratings(800, 300, 30_000, n_factors=6, noise=0.3, random_state=5)
+    # weak popularity skew and strong tastes, so that a personal model has something to find
+    r = make_synthetic_ratings(800, 300, 30_000, n_factors=6, noise=0.3, popularity_exponent=0.2,
+                               factor_scale=2.0, random_state=5)
     keep = r.values >= 4  # "liked" items become clicks
     pos = r.take(keep)
     inter = Interactions(pos.indptr, pos.items, np.ones(pos.nnz), pos.timestamps, pos.user_ids,
@@ -43,7 +45,7 @@ def test_matches_implicit_library_precision(clicks):
     pop = np.bincount(train.items, minlength=train.n_items).astype(float)
     c = ranking_metrics(lambda u: np.tile(pop, (len(u), 1)), train, test, k=10,
                         with_auc=False)["precision"]
-    assert abs(a - b) < 0.02, (a, b)
+    assert abs(a - b) < 0.2 * max(a, b), (a, b)
     assert a > 1.2 * c, (a, c)
 
 
