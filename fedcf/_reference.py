@@ -276,3 +276,47 @@ def implicit_solve_rows(indptr, idx, vals, fixed, alpha, lam):
         A = (Y * c[:, None]).T @ Y + lam * np.eye(K)
         out[r] = np.linalg.solve(A, (Y * c[:, None]).T @ p)
     return out
+
+
+def fedrecon_implicit_client(items, vals, Q, cfg, hp, seed, n_items):
+    """Twin of one client of ``fedrecon_implicit_clients``: returns (uniq items, ΔQ rows, loss)."""
+    split = int(cfg[0])
+    frac, alpha, lam_r, m_neg, nu = cfg[1], cfg[2], cfg[3], int(cfg[4]), cfg[5]
+    lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
+    stream = Stream(seed)
+    n = len(items)
+    perm = np.arange(n)
+    if split == 1:
+        stream.shuffle(perm)
+    if split == 0:
+        n_s, q_start = n, 0
+    else:
+        n_s = min(max(int(np.ceil(n * frac - 1e-9)), 1 if n else 0), n)
+        q_start = n_s
+    sup = perm[:n_s]
+    qry = perm[q_start:]
+    p = implicit_solve_rows(np.array([0, n_s]), items[sup], vals[sup], Q, alpha, lam_r)[0]
+    batches = []
+    for b in _batches(len(qry), bs, max_steps, epochs, stream):
+        batches.append(b)
+    visits = np.concatenate(batches) if batches else np.zeros(0, int)
+    negs = np.array([stream.next_below(n_items) for _ in range(m_neg * len(visits))], dtype=int)
+    q_items = items[qry]
+    uniq = np.unique(np.concatenate([q_items, negs]))
+    Ql = Q[uniq].astype(np.float64)
+    row = {j: r for r, j in enumerate(uniq)}
+    c_all = 1.0 + alpha * vals[qry]
+    loss = float(np.mean(c_all * (1 - Q[q_items].astype(np.float64) @ p) ** 2)) if len(qry) else 0.0
+    t0 = 0
+    for b in batches:
+        B = len(b)
+        G = np.zeros_like(Ql)
+        for t, qi in enumerate(b):
+            r = row[q_items[qi]]
+            G[r] += -2.0 * c_all[qi] * (1 - p @ Ql[r]) / B * p + 2.0 * l2 * Ql[r] / B
+            for h in range(m_neg):
+                rn = row[negs[(t0 + t) * m_neg + h]]
+                G[rn] += 2.0 * nu * (p @ Ql[rn]) / (B * m_neg) * p
+        Ql -= lr * G
+        t0 += B
+    return uniq, Ql - Q[uniq], loss

@@ -67,3 +67,57 @@ def test_fold_in_equals_training_solve_and_recommend(clicks):
     assert len(rec) == 5 and not set(rec["item"]) & set(train.item_ids[train.items[s:e]])
     with pytest.raises(ValueError, match="strengths must be >= 0"):
         ImplicitMF().fit(Interactions.from_arrays([1, 2], [1, 2], [1.0, -1.0]))
+
+
+@pytest.mark.parametrize("split,neg", [(0, 3), (1, 2), (2, 0)])
+def test_implicit_client_kernel_matches_twin(clicks, split, neg):
+    from fedcf import _reference as ref
+    from fedcf._kernels import federated as kfed
+    from fedcf._kernels.sgd import sgd_hp
+    from fedcf.models import item_gram
+
+    train, _ = clicks
+    rng = np.random.default_rng(0)
+    K = 4
+    Q = rng.normal(0, 0.3, (train.n_items, K))
+    cfg = np.array([split, 0.5, 1.5, 0.05, neg, 0.7])
+    hp = sgd_hp(0.2, 0.01, 3, 4, 2, 0.0, False)
+    clients = np.array([0, 5, 17, 40], np.int64)
+    counts = train.counts()[clients]
+    slots = kfed.implicit_slots(counts, cfg, hp)
+    offsets = np.r_[0, np.cumsum(slots)].astype(np.int64)
+    out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
+           np.full(4, np.nan))
+    kfed.fedrecon_implicit_clients((train.indptr, train.items, train.values), clients,
+                                   (Q, item_gram(Q)), cfg, hp, np.array([9, 3], np.uint64),
+                                   train.n_items, out)
+    for k, u in enumerate(clients):
+        s0, e0 = train.indptr[u], train.indptr[u + 1]
+        uniq, dq, loss = ref.fedrecon_implicit_client(
+            train.items[s0:e0], train.values[s0:e0], Q, cfg, hp, ref.stream_key(9, 3, int(u)),
+            train.n_items)
+        sl = slice(offsets[k], offsets[k] + len(uniq))
+        assert out[1][sl].tolist() == uniq.tolist()
+        assert np.all(out[1][offsets[k] + len(uniq):offsets[k + 1]] == -1)
+        np.testing.assert_allclose(out[2][sl], dq, rtol=1e-9, atol=1e-12)
+        assert out[3][k] == pytest.approx(loss)
+
+
+def test_fedrecon_implicit_learns_for_unseen_users(clicks):
+    from fedcf import FedReconImplicitMF
+    from fedcf.eval import support_query_split, user_split
+
+    train, _ = clicks
+    tr_u, _, te_u = user_split(train, (0.8, 0.1, 0.1), random_state=0)
+    m = FedReconImplicitMF(16, n_rounds=150, clients_per_round=50, random_state=0).fit(tr_u)
+    losses = [h["loss"] for h in m.history_]
+    assert np.all(np.isfinite(losses))
+    assert np.mean(losses[-20:]) < 0.6 * np.mean(losses[:5])
+    sup, qry = support_query_split(te_u, "random", 0.5, random_state=0)
+    P, _ = m.reconstruct_users(sup)
+    ours = ranking_metrics(lambda u: P[u].astype(float) @ m.item_factors_.T.astype(float), sup,
+                           qry, k=10, with_auc=False)["precision"]
+    rng = np.random.default_rng(0)
+    rand = ranking_metrics(lambda u: rng.random((len(u), tr_u.n_items)), sup, qry, k=10,
+                           with_auc=False)["precision"]
+    assert ours > 2 * rand, (ours, rand)

@@ -18,14 +18,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .als import solve_ridge_row
-from .rng import next_float, shuffle_inplace, stream_key
+from .als import solve_implicit_row, solve_ridge_row
+from .rng import next_below, next_float, shuffle_inplace, stream_key
 from .sgd import (
     HP_FIT_BIAS,
     HP_OFFSET,
     item_steps_user,
     item_work,
     sgd_reconstruct_user,
+    unique_rows,
     write_delta,
 )
 
@@ -40,6 +41,14 @@ INIT_ZEROS, INIT_UNIFORM = 0, 1
 def client_cfg(split, support_fraction, recon, init, init_scale, als_lam, als_lam0):
     return np.array([split, support_fraction, recon, init, init_scale, als_lam, als_lam0],
                     dtype=np.float64)
+
+
+@njit(cache=True)
+def store(arr, k, value):
+    """arr[k] = value. Inside a prange body, numba 0.68.1's parfor pass dropped some plain stores
+    of values computed in the loop (module docstring); a store inside a called function is kept.
+    """
+    arr[k] = value
 
 
 @njit(cache=True)
@@ -228,3 +237,168 @@ def sum_sorted_runs(order, d_items, d_Q, d_b, scale, out_Q, out_b, out_items):
             out_Q[m, a] += w * d_Q[e, a]
         out_b[m] += w * d_b[e]
     return m + 1
+
+
+# ---------------------------------------------------------------------- implicit feedback
+# implicit client cfg layout (float64)
+IC_SPLIT, IC_SUPPORT_FRAC, IC_ALPHA, IC_LAM, IC_NEG, IC_NEG_WEIGHT = range(6)
+
+
+@njit(cache=True)
+def processed_examples(n, bs, max_steps, epochs):
+    """How many examples k_u mini-batch steps visit (batches of bs, ≤ max_steps, ≤ epochs)."""
+    if n == 0 or max_steps <= 0:
+        return 0
+    per_epoch = (n + bs - 1) // bs
+    full_epochs = min(epochs, max_steps // per_epoch)
+    seen = full_epochs * n
+    left_steps = max_steps - full_epochs * per_epoch
+    if full_epochs < epochs and left_steps > 0:
+        seen += min(n, left_steps * bs)
+    return seen
+
+
+@njit(cache=True)
+def implicit_slots(counts, cfg, hp):
+    """Output slots per client: its query positives plus every sampled negative."""
+    out = np.empty(counts.shape[0], np.int64)
+    split, frac = int(cfg[IC_SPLIT]), cfg[IC_SUPPORT_FRAC]
+    for k in range(counts.shape[0]):
+        n = counts[k]
+        n_q = n if split == SPLIT_NONE else n - n_support(n, split, frac)
+        seen = processed_examples(n_q, int(hp[2]), int(hp[3]), int(hp[4]))
+        out[k] = n_q + int(cfg[IC_NEG]) * seen
+    return out
+
+
+@njit(cache=True, parallel=True)
+def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
+    """FedRecon ClientUpdate for implicit feedback (weighted-ALS reconstruction, sampled negatives).
+
+    data : (indptr, items, strengths) user-grouped CSR;  glob : (Q (n_items, K), gram = QᵀQ (K, K)
+    float64, broadcast by the server);  cfg : float64 [split, support fraction, alpha, recon λ,
+    negatives per positive m, negative weight ν];  hp : ``sgd_hp`` of the update (lr, L2, batch,
+    k_u, epochs);  out : (offsets from ``implicit_slots``, d_items, d_Q, losses).
+
+    The client's local loss on a batch of B query positives and the B·m items drawn uniformly
+    from the catalog (weak negatives) is
+        (1/B) Σ_pos (1 + alpha·r)(1 − p·q_i)² + ν (1/(B·m)) Σ_neg (p·q_j)² + L2,
+    an unbiased mini-batch estimate of mean-over-positives + ν·mean-over-catalog. p is
+    reconstructed exactly (``solve_implicit_row``) from the support set and frozen.
+    """
+    indptr, items, values = data[0], data[1], data[2]
+    Q, gram = glob[0], glob[1]
+    offsets, d_items, d_Q, losses = out[0], out[1], out[2], out[3]
+    K = Q.shape[1]
+    alpha, lam_r = cfg[IC_ALPHA], cfg[IC_LAM]
+    m_neg, nu = int(cfg[IC_NEG]), cfg[IC_NEG_WEIGHT]
+    lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
+    for k in prange(clients.shape[0]):
+        u = clients[k]
+        s0, e0 = indptr[u], indptr[u + 1]
+        n = e0 - s0
+        state = np.array([stream_key(ids[0], ids[1], u)])
+        perm = np.empty(max(n, 1), np.int64)
+        split = int(cfg[IC_SPLIT])
+        for t in range(n):
+            perm[t] = t
+        if split == SPLIT_RANDOM:
+            shuffle_inplace(perm[:n], state)
+        n_s = n_support(n, split, cfg[IC_SUPPORT_FRAC])
+        q_start = 0 if split == SPLIT_NONE else n_s
+        n_q = n - q_start
+        s_items = np.empty(n_s, items.dtype)
+        s_vals = np.empty(n_s)
+        for t in range(n_s):
+            s_items[t] = items[s0 + perm[t]]
+            s_vals[t] = values[s0 + perm[t]]
+        A = np.empty((K, K))
+        p = np.empty(K)
+        buf = np.empty((K + 1) * max(n_s, 1), Q.dtype)
+        solve_implicit_row(s_items, s_vals, Q, gram, alpha, lam_r, A, p, buf)
+        # the visit order of the query positives, then the negatives drawn for each visit
+        seen = processed_examples(n_q, bs, max_steps, epochs)
+        visit = np.empty(max(seen, 1), np.int64)
+        batch_end = np.empty(max(seen, 1), np.int64)
+        pos_order = np.empty(max(n_q, 1), np.int64)
+        v = 0
+        steps = 0
+        for _ in range(epochs):
+            if steps >= max_steps or n_q == 0:
+                break
+            for t in range(n_q):
+                pos_order[t] = q_start + t
+            shuffle_inplace(pos_order[:n_q], state)
+            for start in range(0, n_q, bs):
+                if steps >= max_steps:
+                    break
+                for t in range(start, min(n_q, start + bs)):
+                    visit[v] = pos_order[t]
+                    v += 1
+                batch_end[steps] = v
+                steps += 1
+        n_neg = m_neg * seen
+        all_items = np.empty(n_q + n_neg, np.int64)
+        for t in range(n_q):
+            all_items[t] = items[s0 + perm[q_start + t]]
+        for t in range(n_neg):
+            all_items[n_q + t] = next_below(state, n_items)
+        uniq = np.empty(max(n_q + n_neg, 1), np.int64)
+        loc = np.empty(max(n_q + n_neg, 1), np.int64)
+        mrows = unique_rows(all_items, uniq, loc)
+        Ql = np.empty((max(mrows, 1), K))
+        G = np.zeros((max(mrows, 1), K))
+        for r in range(mrows):
+            for a in range(K):
+                Ql[r, a] = Q[uniq[r], a]
+        # query loss before the update (positives only, confidence-weighted)
+        tot = 0.0
+        for t in range(n_q):
+            j = all_items[t]
+            dot = 0.0
+            for a in range(K):
+                dot += p[a] * Q[j, a]
+            c = 1.0 + alpha * values[s0 + perm[q_start + t]]
+            tot += c * (1.0 - dot) * (1.0 - dot)
+        store(losses, k, tot / n_q if n_q > 0 else 0.0)  # see ``store``
+        # k_u steps: step b covers visits [batch_end[b-1], batch_end[b]) and their negatives
+        v = 0
+        for b_ in range(steps):
+            end = batch_end[b_]
+            B = end - v
+            for t in range(v, end):
+                r = loc[visit[t] - q_start]
+                c = 1.0 + alpha * values[s0 + perm[visit[t]]]
+                dot = 0.0
+                for a in range(K):
+                    dot += p[a] * Ql[r, a]
+                g = -2.0 * c * (1.0 - dot) / B
+                for a in range(K):
+                    G[r, a] += g * p[a] + 2.0 * l2 * Ql[r, a] / B
+                for h in range(m_neg):
+                    rn = loc[n_q + t * m_neg + h]
+                    dn = 0.0
+                    for a in range(K):
+                        dn += p[a] * Ql[rn, a]
+                    gn = 2.0 * nu * dn / (B * m_neg)
+                    for a in range(K):
+                        G[rn, a] += gn * p[a]
+            for t in range(v, end):
+                rows_touched = 1 + m_neg
+                for h in range(rows_touched):
+                    r = loc[visit[t] - q_start] if h == 0 else loc[n_q + t * m_neg + h - 1]
+                    for a in range(K):
+                        Ql[r, a] -= lr * G[r, a]
+                        G[r, a] = 0.0
+            v = end
+        base = offsets[k]
+        for t in range(offsets[k + 1] - base):
+            if t < mrows:
+                j = uniq[t]
+                d_items[base + t] = j
+                for a in range(K):
+                    d_Q[base + t, a] = Ql[t, a] - Q[j, a]
+            else:
+                d_items[base + t] = -1
+                for a in range(K):
+                    d_Q[base + t, a] = 0.0

@@ -1,8 +1,8 @@
 """Federated algorithms: Federated Reconstruction, FedAvg (server-side users), FURL (stateful)."""
 
-from .estimators import FedAvgMF, FedReconMF, FURLMF
+from .estimators import FedAvgMF, FedReconImplicitMF, FedReconMF, FURLMF
 from .optimizers import OPTIMIZERS, ServerOptimizer, make_server_optimizer
 from .rounds import Aggregate, RoundSample, aggregate, sample_round
 
-__all__ = ["OPTIMIZERS", "Aggregate", "FURLMF", "FedAvgMF", "FedReconMF", "RoundSample",
+__all__ = ["OPTIMIZERS", "Aggregate", "FURLMF", "FedAvgMF", "FedReconImplicitMF", "FedReconMF", "RoundSample",
            "ServerOptimizer", "aggregate", "make_server_optimizer", "sample_round"]

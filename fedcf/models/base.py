@@ -127,7 +127,7 @@ class MFEstimatorBase(BaseEstimator):
         return self._item_index(inter.item_ids)[inter.items]
 
     def _clip(self, pred: np.ndarray, clip: bool) -> np.ndarray:
-        if clip and self.rating_scale_ is not None:
+        if clip and getattr(self, "rating_scale_", None) is not None:
             np.clip(pred, *self.rating_scale_, out=pred)
         return pred
 
