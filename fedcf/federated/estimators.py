@@ -105,8 +105,11 @@ class _FederatedMFBase(MFEstimatorBase):
         pass
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, y=None, *, callback=None, **data_kwargs):
+    def fit(self, X, y=None, *, callback=None, availability=None, **data_kwargs):
         """Train with federated rounds on a DataFrame / Interactions / sparse matrix.
+
+        ``availability(round) -> dense user ids`` optionally says which clients are reachable in
+        a round (e.g. charging and on Wi-Fi); sampling then draws only from those.
 
         Each user is one client. ``callback(model, round)`` is called every ``eval_every``
         rounds with the model's fitted attributes set to the current global parameters; a dict
@@ -153,7 +156,9 @@ class _FederatedMFBase(MFEstimatorBase):
         all_bad_rounds = 0  # consecutive rounds in which every reporting client was non-finite
         for t in bar:
             t0 = time.perf_counter()
-            sample = sample_round(seed, t, eligible, self.clients_per_round,
+            pool = eligible if availability is None else np.intersect1d(
+                eligible, np.asarray(availability(t), dtype=np.int64), assume_unique=False)
+            sample = sample_round(seed, t, pool, self.clients_per_round,
                                   oversample=self.oversample, dropout=self.dropout)
             qs = self._query_sizes(counts[sample.clients])
             slots = self._slots(counts[sample.clients], qs)
@@ -589,9 +594,10 @@ class FedReconImplicitMF(_FederatedMFBase):
                                   self._update_hp(0.0, False), ids, Q.shape[0],
                                   (offsets, d_items, d_Q, losses))
 
-    def fit(self, X, y=None, *, callback=None, **data_kwargs):
+    def fit(self, X, y=None, *, callback=None, availability=None, **data_kwargs):
         """Fit on implicit interactions (Interactions, DataFrame with user/item[/rating as
-        strength], or a sparse matrix); strengths must be >= 0."""
+        strength], or a sparse matrix); strengths must be >= 0. ``callback`` and
+        ``availability`` as in FedReconMF.fit."""
         if isinstance(X, pd.DataFrame) and "rating" not in X.columns:
             data_kwargs.setdefault("rating_col", None)
         inter = Interactions.coerce(X, **data_kwargs)
@@ -599,7 +605,7 @@ class FedReconImplicitMF(_FederatedMFBase):
             row = int(np.flatnonzero(inter.values < 0)[0])
             raise ValueError(f"implicit feedback strengths must be >= 0; entry {row} has "
                              f"{inter.values[row]}")
-        super().fit(inter, callback=callback)
+        super().fit(inter, callback=callback, availability=availability)
         self.rating_scale_ = None
         return self
 

@@ -1,0 +1,281 @@
+#!/usr/bin/env python
+"""Expression-recommendation CTR rehearsal: simulate a population, train FedRecon on implicit
+shares the deployment's way, measure online CTR and lift, evaluate off-policy estimators against
+simulated truth, and check them on the real Open Bandit logs.
+
+Steps
+-----
+1. Population (``--users``, ``--items`` spread over GIF / sticker / emoji-kitchen types), shares
+   over a training period; users split 80/10/10 (train / validation / held-out test).
+2. FedReconImplicitMF trained with per-round client availability, oversampling, dropouts and
+   support = query; CTR of the held-out users' slates tracked every ``--eval-every`` rounds.
+   Centralized weighted ALS (ImplicitMF) on the same train users as the server-side baseline.
+3. Online CTR test on held-out users (reconstructed from their own shares): FedRecon,
+   popularity, random, centralized; lift over popularity with a paired bootstrap interval;
+   AUC of each model's score against clicks on uniformly logged impressions.
+4. Off-policy evaluation: logs of a uniform, an ε-greedy and a softmax logging policy at several
+   sizes; each estimator's estimate of FedRecon's CTR vs its exact simulated CTR.
+5. The Open Bandit sample (real logs): BTS's CTR estimated from the uniform-random log.
+
+Example: python scripts/ctr_simulation.py --json ctr.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+from sklearn.linear_model import LogisticRegression
+
+from fedcf import FedReconImplicitMF, ImplicitMF
+from fedcf.datasets import CAMPAIGNS, load_open_bandit
+from fedcf.eval import estimate_ctr, off_policy_check, user_split
+from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log, slate_target_probs, top_k
+from fedcf.eval.simulation import make_expression_population
+
+
+def scores_for(model, inter):
+    P, _ = model.reconstruct_users(inter)
+    return P.astype(np.float64) @ model.item_factors_.T.astype(np.float64)
+
+
+def types_for(n_items):
+    sizes = np.array([0.53, 0.39, 0.08]) * n_items
+    sizes = np.maximum(1, np.round(sizes)).astype(int)
+    return {"gif": int(sizes[0]), "sticker": int(sizes[1]), "emoji_kitchen": int(sizes[2])}
+
+
+def reward_model(log, score_fn, log_pop, slate_size):
+    """Logistic regression on [model score, log popularity, position one-hot] → P(click)."""
+    def feats(users, actions, positions):
+        s = score_fn(users, actions)
+        onehot = np.eye(slate_size)[positions]
+        return np.column_stack([s, log_pop[actions], onehot])
+
+    X = feats(log["context"].to_numpy(), log["action"].to_numpy(), log["position"].to_numpy())
+    y = log["reward"].to_numpy()
+    if y.min() == y.max():
+        const = float(y.mean())
+        return lambda u, a, k: np.full(len(u), const)
+    lr = LogisticRegression(C=1.0, max_iter=500).fit(X, y)
+    return lambda u, a, k: lr.predict_proba(feats(u, a, k))[:, 1]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--users", type=int, default=50_000)
+    ap.add_argument("--items", type=int, default=3800)
+    ap.add_argument("--factors", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--clients", type=int, default=200, help="clients per round")
+    ap.add_argument("--slate", type=int, default=5, help="slate size shown to a user")
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--log-sizes", default="1000,10000,100000,300000")
+    ap.add_argument("--bootstrap", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-obd", action="store_true", help="skip the Open Bandit real-log check")
+    ap.add_argument("--plot-dir", default="figures")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+    t_all = time.perf_counter()
+    rng = np.random.default_rng(args.seed)
+
+    # 1. population ---------------------------------------------------------------------------
+    pop = make_expression_population(args.users, types_for(args.items),
+                                     position_bias=np.linspace(1.0, 0.3, args.slate),
+                                     random_state=args.seed)
+    shares = pop.shares(random_state=args.seed + 1)
+    train, _val, test = user_split(shares, (0.8, 0.1, 0.1), random_state=args.seed)
+    counts = shares.counts()
+    print(f"population: {pop.n_users:,} users, {pop.n_items:,} items {dict(zip(pop.type_names, np.bincount(pop.item_type)))}, "
+          f"{shares.nnz:,} (user, item) share pairs; users with <= 2 shares: "
+          f"{np.mean(counts <= 2):.0%}; max {counts.max()}")
+    test_users = test.user_ids  # population ids of the held-out users
+    eval_users = test_users[: min(len(test_users), 2000)]
+    eval_rows = np.arange(len(eval_users))
+    train_pos = {u: k for k, u in enumerate(train.user_ids)}
+
+    # 2. training -------------------------------------------------------------------------------
+    curve = []
+
+    def track(model, done):
+        S = scores_for(model, test.subset_users(eval_rows))
+        slates = top_k(S, args.slate)
+        pos = np.broadcast_to(np.arange(args.slate), slates.shape)
+        ctr = float(pop.click_probability(eval_users, slates, pos).mean())
+        curve.append({"round": done, "ctr_expected": ctr})
+        return {"ctr_expected": ctr}
+
+    def available(t):
+        ids = pop.available(t)
+        idx = np.array([train_pos[u] for u in ids if u in train_pos], dtype=np.int64)
+        return idx
+
+    fed = FedReconImplicitMF(args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
+                             oversample=0.3, dropout=0.1, split="none", min_examples=1,
+                             eval_every=args.eval_every, random_state=args.seed)
+    t0 = time.perf_counter()
+    fed.fit(train, callback=track, availability=available)
+    fed_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    central = ImplicitMF(args.factors, regularization=0.05, alpha=1.0, n_epochs=10,
+                         random_state=args.seed).fit(train)
+    central_s = time.perf_counter() - t0
+    hist = fed.history_
+    print(f"FedRecon: {args.rounds} rounds x {args.clients} clients in {fed_s:.1f} s; "
+          f"mean clients used {np.mean([h['clients_used'] for h in hist]):.0f}, dropped "
+          f"{np.mean([h['clients_dropped'] for h in hist]):.1f}, surplus "
+          f"{np.mean([h['clients_surplus'] for h in hist]):.1f} per round; "
+          f"centralized ALS {central_s:.1f} s")
+
+    # 3. online CTR ----------------------------------------------------------------------------
+    S_fed = scores_for(fed, test)
+    S_cen = scores_for(central, test)
+    share_count = np.bincount(train.items, weights=train.values, minlength=train.n_items)
+    k = args.slate
+    slates = {"fedrecon": top_k(S_fed, k), "centralized": top_k(S_cen, k),
+              "popularity": np.tile(np.argsort(-share_count, kind="stable")[:k], (len(test_users), 1)),
+              "random": rng.integers(0, pop.n_items, size=(len(test_users), k))}
+    table, lifts = online_ctr_test(pop, slates, test_users, n_bootstrap=args.bootstrap,
+                                   random_state=args.seed)
+    uni = simulate_log(pop, test_users, 200_000, policy="uniform", slate_size=k,
+                       random_state=args.seed + 2)
+    row_of = {u: r for r, u in enumerate(test_users)}
+    rows = np.array([row_of[u] for u in uni["context"]])
+    auc = {"fedrecon": click_auc(S_fed[rows, uni["action"]], uni["reward"]),
+           "centralized": click_auc(S_cen[rows, uni["action"]], uni["reward"]),
+           "popularity": click_auc(np.log1p(share_count[uni["action"]]), uni["reward"]),
+           "random": click_auc(rng.random(len(uni)), uni["reward"])}
+    table["auc"] = pd.Series(auc)
+    print("\nonline CTR on held-out users (10 sessions each):")
+    print(table.round(5).to_string())
+    print("\nlift over popularity (paired bootstrap over users):")
+    print(lifts.round(4).to_string())
+
+    # 4. off-policy estimators vs simulated truth ------------------------------------------------
+    target = slates["fedrecon"]
+    truth_fed = float(table.loc["fedrecon", "ctr_expected"])
+    log_pop = np.log1p(share_count)
+    offline_rows = []
+    sizes = [int(x) for x in args.log_sizes.split(",")]
+    for policy in ("uniform", "epsilon", "softmax"):
+        for n in sizes:
+            log = simulate_log(pop, test_users, n, policy=policy, slate_size=k,
+                               scores=share_count if policy == "epsilon" else log_pop,
+                               epsilon=0.3, random_state=args.seed + 10 + n)
+            rows = np.array([row_of[u] for u in log["context"]])
+            pe = slate_target_probs(log, target, row_of)
+            rm = reward_model(log, lambda u, a: S_fed[np.array([row_of[x] for x in u]), a],
+                              log_pop, k)
+            u_arr, a_arr, k_arr = (log["context"].to_numpy(), log["action"].to_numpy(),
+                                   log["position"].to_numpy())
+            q_logged = rm(u_arr, a_arr, k_arr)
+            q_target = rm(u_arr, target[rows, k_arr], k_arr)
+            est = estimate_ctr(log["reward"].to_numpy(), log["propensity"].to_numpy(), pe,
+                               q_logged=q_logged, q_target=q_target, n_bootstrap=args.bootstrap,
+                               random_state=args.seed)
+            # the truth for the logged (user, position) mix: the target's expected CTR there
+            truth = float(pop.click_probability(u_arr, target[rows, k_arr], k_arr).mean())
+            for name, r in est.iterrows():
+                offline_rows.append({"logging_policy": policy, "n": n, "estimator": name,
+                                     "estimate": r["estimate"], "low": r["low"],
+                                     "high": r["high"], "std": r["std"], "truth": truth,
+                                     "relative_error": abs(r["estimate"] - truth) / truth})
+    offline = pd.DataFrame(offline_rows)
+    print(f"\noff-policy estimates of FedRecon's CTR (exact online CTR {truth_fed:.5f}); "
+          "relative error by log size:")
+    print(offline.pivot_table(index=["logging_policy", "estimator"], columns="n",
+                              values="relative_error").round(3).to_string())
+
+    # 5. real logs -----------------------------------------------------------------------------
+    obd_rows = []
+    if not args.no_obd:
+        for camp in CAMPAIGNS:
+            res = off_policy_check(load_open_bandit("random", camp), load_open_bandit("bts", camp),
+                                   n_bootstrap=args.bootstrap, random_state=args.seed)
+            for name, r in res["estimates"].iterrows():
+                obd_rows.append({"campaign": camp, "estimator": name, "estimate": r["estimate"],
+                                 "low": r["low"], "high": r["high"], "truth": res["truth"],
+                                 "truth_low": res["truth_low"], "truth_high": res["truth_high"],
+                                 "relative_error": r["relative_error"]})
+        obd = pd.DataFrame(obd_rows)
+        print("\nOpen Bandit: BTS CTR estimated from the uniform-random log (relative error):")
+        print(obd.pivot_table(index="estimator", columns="campaign",
+                              values="relative_error").round(3).to_string())
+        print("BTS on-policy CTR:", {c: round(obd[obd.campaign == c].truth.iloc[0], 5)
+                                     for c in CAMPAIGNS})
+
+    # plots ------------------------------------------------------------------------------------
+    if not args.no_plots:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        os.makedirs(args.plot_dir, exist_ok=True)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([c["round"] for c in curve], [c["ctr_expected"] for c in curve], marker="o",
+                label="FedRecon (held-out users)")
+        for name in ("popularity", "centralized"):
+            ax.axhline(table.loc[name, "ctr_expected"], ls="--", lw=1, label=name)
+        ax.set_xlabel("round")
+        ax.set_ylabel("expected CTR of the top-%d slate" % k)
+        ax.set_title("CTR by round (simulated expression population)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.plot_dir, "ctr_by_round.png"), dpi=120)
+        plt.close(fig)
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
+        for ax, policy in zip(axes, ("uniform", "epsilon", "softmax")):
+            sub = offline[offline.logging_policy == policy]
+            for j, name in enumerate(sub.estimator.unique()):
+                e = sub[sub.estimator == name]
+                x = np.array(e["n"], float) * (1 + 0.06 * (j - 2))
+                ax.errorbar(x, e["estimate"], yerr=[e["estimate"] - e["low"],
+                                                    e["high"] - e["estimate"]],
+                            marker="o", capsize=2, label=name, lw=1)
+            ax.plot(sub["n"], sub["truth"], "k--", lw=1, label="truth")
+            ax.set_xscale("log")
+            ax.set_title(f"logging policy: {policy}")
+            ax.set_xlabel("logged impressions")
+        axes[0].set_ylabel("estimated CTR of FedRecon's slates")
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.plot_dir, "estimators_vs_truth.png"), dpi=120)
+        plt.close(fig)
+        print(f"\nwrote {args.plot_dir}/ctr_by_round.png and {args.plot_dir}/estimators_vs_truth.png")
+
+    total = time.perf_counter() - t_all
+    print(f"total {total:.1f} s")
+    fed_lift = lifts.loc["fedrecon"]
+    result = {
+        "ctr": {p: table.loc[p].to_dict() for p in table.index},
+        "lift": float(fed_lift["lift"]), "lift_low": float(fed_lift["lift_low"]),
+        "lift_high": float(fed_lift["lift_high"]), "lift_expected": float(fed_lift["lift_expected"]),
+        "lifts": lifts.reset_index().to_dict(orient="records"),
+        "ctr_by_round": curve, "offline": offline_rows, "open_bandit": obd_rows,
+        "seconds": total,
+        "meta": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+                 "command": " ".join(["scripts/ctr_simulation.py",
+                                      *(sys.argv[1:] if argv is None else argv)])},
+    }
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2, default=float)
+        print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
