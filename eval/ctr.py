@@ -57,8 +57,10 @@ def online_ctr_test(pop: ExpressionPopulation, slates: dict, users: np.ndarray, 
             if name == baseline:
                 continue
             ratio = clicks[name][boot].mean(axis=1) / np.maximum(cb, 1e-12)
+            base_ctr = clicks[baseline].mean()  # lift is undefined (NaN) when it drew no click
             lifts.append({"policy": name, "baseline": baseline,
-                          "lift": float(clicks[name].mean() / clicks[baseline].mean() - 1),
+                          "lift": float(clicks[name].mean() / base_ctr - 1) if base_ctr > 0
+                          else float("nan"),
                           "lift_low": float(np.quantile(ratio, alpha / 2) - 1),
                           "lift_high": float(np.quantile(ratio, 1 - alpha / 2) - 1),
                           "lift_expected": float(expected[name].mean()

@@ -320,3 +320,35 @@ def fedrecon_implicit_client(items, vals, Q, cfg, hp, seed, n_items):
         Ql -= lr * G
         t0 += B
     return uniq, Ql - Q[uniq], loss
+
+
+def fedrecon_implicit_full_client(items, vals, Q, cfg, hp, seed, n_items):
+    """Dense twin of one client of ``fedrecon_implicit_full_clients``: every catalog row is
+    updated explicitly at every step. Returns the dense ΔQ (n_items, K) and the loss."""
+    split = int(cfg[0])
+    frac, alpha, lam_r, nu = cfg[1], cfg[2], cfg[3], cfg[5]
+    lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
+    stream = Stream(seed)
+    n = len(items)
+    perm = np.arange(n)
+    if split == 1:
+        stream.shuffle(perm)
+    if split == 0:
+        n_s, q_start = n, 0
+    else:
+        n_s = min(max(int(np.ceil(n * frac - 1e-9)), 1 if n else 0), n)
+        q_start = n_s
+    sup, qry = perm[:n_s], perm[q_start:]
+    p = implicit_solve_rows(np.array([0, n_s]), items[sup], vals[sup], Q, alpha, lam_r)[0]
+    Qd = Q.astype(np.float64).copy()
+    q_items = items[qry]
+    c_all = 1.0 + alpha * vals[qry]
+    loss = float(np.mean(c_all * (1 - Qd[q_items] @ p) ** 2)) if len(qry) else 0.0
+    eta = lr * 2.0 * nu / n_items
+    for b in _batches(len(qry), bs, max_steps, epochs, stream):
+        G = np.zeros_like(Qd)
+        for t in b:
+            j = q_items[t]
+            G[j] += -2.0 * c_all[t] * (1 - p @ Qd[j]) / len(b) * p + 2.0 * l2 * Qd[j] / len(b)
+        Qd = Qd - lr * G - eta * np.outer(Qd @ p, p)
+    return Qd - Q, loss

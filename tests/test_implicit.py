@@ -121,3 +121,48 @@ def test_fedrecon_implicit_learns_for_unseen_users(clicks):
     rand = ranking_metrics(lambda u: rng.random((len(u), tr_u.n_items)), sup, qry, k=10,
                            with_auc=False)["precision"]
     assert ours > 2 * rand, (ours, rand)
+
+
+def test_full_negative_client_equals_dense_explicit_steps(clicks):
+    """The closed-form (rank-1) full-catalog client equals stepping every catalog row."""
+    from fedcf import _reference as ref
+    from fedcf._kernels import federated as kfed
+    from fedcf._kernels.sgd import sgd_hp
+    from fedcf.models import item_gram
+
+    train, _ = clicks
+    rng = np.random.default_rng(1)
+    K = 4
+    Q = rng.normal(0, 0.3, (train.n_items, K))
+    cfg = np.array([1, 0.5, 1.5, 0.05, 0, 3.0])
+    hp = sgd_hp(0.5, 0.01, 3, 5, 2, 0.0, False)
+    clients = np.array([2, 9, 30], np.int64)
+    qs = kfed.query_sizes(train.counts()[clients], 1, 0.5)
+    offsets = np.r_[0, np.cumsum(qs)].astype(np.int64)
+    W = np.zeros((3, K, K))
+    out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
+           np.full(3, np.nan), W)
+    kfed.fedrecon_implicit_full_clients((train.indptr, train.items, train.values), clients,
+                                        (Q, item_gram(Q)), cfg, hp, np.array([4, 1], np.uint64),
+                                        train.n_items, out)
+    for k, u in enumerate(clients):
+        s0, e0 = train.indptr[u], train.indptr[u + 1]
+        dense, loss = ref.fedrecon_implicit_full_client(
+            train.items[s0:e0], train.values[s0:e0], Q, cfg, hp, ref.stream_key(4, 1, int(u)),
+            train.n_items)
+        rebuilt = -(Q @ W[k])  # the server's rank-1 part, for every row
+        rows = out[1][offsets[k]:offsets[k + 1]]
+        rows = rows[rows >= 0]
+        rebuilt[rows] += out[2][offsets[k]:offsets[k] + len(rows)]
+        np.testing.assert_allclose(rebuilt, dense, rtol=1e-7, atol=1e-10)
+        assert out[3][k] == pytest.approx(loss)
+
+
+def test_full_negatives_estimator_trains(clicks):
+    from fedcf import FedReconImplicitMF
+
+    train, _ = clicks
+    m = FedReconImplicitMF(8, n_rounds=30, clients_per_round=40, full_negatives=True,
+                           random_state=0).fit(train)
+    assert np.all(np.isfinite(m.item_factors_))
+    assert m.history_[-1]["loss"] < m.history_[0]["loss"]

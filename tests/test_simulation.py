@@ -91,6 +91,7 @@ def test_ctr_simulation_script_tiny(tmp_path):
     res = json.loads(out.read_text())
     assert {"lift", "lift_low", "lift_high", "ctr", "offline", "ctr_by_round"} <= set(res)
     assert res["lift_low"] <= res["lift"] <= res["lift_high"]
-    assert {"fedrecon", "popularity", "random", "centralized"} <= set(res["ctr"])
+    assert {"fedrecon", "fedrecon_full_negatives", "popularity", "random",
+            "centralized"} <= set(res["ctr"])
     assert len(res["offline"]) == 3 * 2 * 5 and len(res["ctr_by_round"]) == 2
     assert (tmp_path / "ctr_by_round.png").exists() and (tmp_path / "estimators_vs_truth.png").exists()

@@ -402,3 +402,127 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
                 d_items[base + t] = -1
                 for a in range(K):
                     d_Q[base + t, a] = 0.0
+
+
+@njit(cache=True)
+def write_outer(W, k, p, scale):
+    """W[k] = scale · p pᵀ (through a call, see ``store``)."""
+    K = p.shape[0]
+    for a in range(K):
+        for c in range(K):
+            W[k, a, c] = scale * p[a] * p[c]
+
+
+@njit(cache=True, parallel=True)
+def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, out):
+    """Like ``fedrecon_implicit_clients`` but with the exact full-catalog negative term.
+
+    Local loss per step: (1/B) Σ_pos c (1 − p·q_i)² + ν · (1/n_items) Σ_all j (p·q_j)² + L2.
+    With p frozen, S steps of the negative term map every row q_j ↦ (I − η p pᵀ)^S q_j,
+    η = lr·2ν/n_items, i.e. q_j − (γ/‖p‖²)(p·q_j) p with γ = 1 − (1 − η‖p‖²)^S. So a client
+    uploads (a) for its positive rows the exact delta minus that rank-1 part, and (b) the K×K
+    matrix W = (γ/‖p‖²) p pᵀ; the server adds −Q · Σ_u w_u W_u / Σ w to the mean delta, which
+    equals averaging the dense n_items × K deltas exactly. (W reveals p up to sign: deploy it
+    under secure aggregation.)
+
+    out : (offsets (query sizes), d_items, d_Q, losses, W (m, K, K) float64).
+    """
+    indptr, items, values = data[0], data[1], data[2]
+    Q, gram = glob[0], glob[1]
+    offsets, d_items, d_Q, losses, Wm = out[0], out[1], out[2], out[3], out[4]
+    K = Q.shape[1]
+    alpha, lam_r, nu = cfg[IC_ALPHA], cfg[IC_LAM], cfg[IC_NEG_WEIGHT]
+    lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
+    eta = lr * 2.0 * nu / n_items
+    for k in prange(clients.shape[0]):
+        u = clients[k]
+        s0, e0 = indptr[u], indptr[u + 1]
+        n = e0 - s0
+        state = np.array([stream_key(ids[0], ids[1], u)])
+        perm = np.empty(max(n, 1), np.int64)
+        split = int(cfg[IC_SPLIT])
+        for t in range(n):
+            perm[t] = t
+        if split == SPLIT_RANDOM:
+            shuffle_inplace(perm[:n], state)
+        n_s = n_support(n, split, cfg[IC_SUPPORT_FRAC])
+        q_start = 0 if split == SPLIT_NONE else n_s
+        n_q = n - q_start
+        s_items = np.empty(n_s, items.dtype)
+        s_vals = np.empty(n_s)
+        for t in range(n_s):
+            s_items[t] = items[s0 + perm[t]]
+            s_vals[t] = values[s0 + perm[t]]
+        A = np.empty((K, K))
+        p = np.empty(K)
+        buf = np.empty((K + 1) * max(n_s, 1), Q.dtype)
+        solve_implicit_row(s_items, s_vals, Q, gram, alpha, lam_r, A, p, buf)
+        q_items = np.empty(max(n_q, 1), np.int64)
+        for t in range(n_q):
+            q_items[t] = items[s0 + perm[q_start + t]]
+        uniq = np.empty(max(n_q, 1), np.int64)
+        loc = np.empty(max(n_q, 1), np.int64)
+        m = unique_rows(q_items[:n_q], uniq, loc)
+        Ql = np.empty((max(m, 1), K))
+        G = np.zeros((max(m, 1), K))
+        for r in range(m):
+            for a in range(K):
+                Ql[r, a] = Q[uniq[r], a]
+        tot = 0.0
+        for t in range(n_q):
+            dot = 0.0
+            for a in range(K):
+                dot += p[a] * Ql[loc[t], a]
+            c = 1.0 + alpha * values[s0 + perm[q_start + t]]
+            tot += c * (1.0 - dot) * (1.0 - dot)
+        store(losses, k, tot / n_q if n_q > 0 else 0.0)
+        order = np.empty(max(n_q, 1), np.int64)
+        steps = 0
+        for _ in range(epochs):
+            if steps >= max_steps or n_q == 0:
+                break
+            for t in range(n_q):
+                order[t] = t
+            shuffle_inplace(order[:n_q], state)
+            for start in range(0, n_q, bs):
+                if steps >= max_steps:
+                    break
+                end = min(n_q, start + bs)
+                B = end - start
+                for t in range(start, end):
+                    r = loc[order[t]]
+                    c = 1.0 + alpha * values[s0 + perm[q_start + order[t]]]
+                    dot = 0.0
+                    for a in range(K):
+                        dot += p[a] * Ql[r, a]
+                    g = -2.0 * c * (1.0 - dot) / B
+                    for a in range(K):
+                        G[r, a] += g * p[a] + 2.0 * l2 * Ql[r, a] / B
+                for r in range(m):  # every positive row also feels the negative term
+                    dot = 0.0
+                    for a in range(K):
+                        dot += p[a] * Ql[r, a]
+                    for a in range(K):
+                        Ql[r, a] -= lr * G[r, a] + eta * dot * p[a]
+                        G[r, a] = 0.0
+                steps += 1
+        pp = 0.0
+        for a in range(K):
+            pp += p[a] * p[a]
+        gamma = 1.0 - (1.0 - eta * pp) ** steps if pp > 0 else 0.0
+        scale = gamma / pp if pp > 0 else 0.0
+        write_outer(Wm, k, p, scale)
+        base = offsets[k]
+        for t in range(offsets[k + 1] - base):
+            if t < m:
+                j = uniq[t]
+                d_items[base + t] = j
+                dot = 0.0
+                for a in range(K):
+                    dot += p[a] * Q[j, a]
+                for a in range(K):  # exact delta minus the rank-1 part the server applies
+                    d_Q[base + t, a] = (Ql[t, a] - Q[j, a]) + scale * dot * p[a]
+            else:
+                d_items[base + t] = -1
+                for a in range(K):
+                    d_Q[base + t, a] = 0.0

@@ -47,6 +47,7 @@ class Aggregate:
     n_empty: int  # clients with nothing to contribute (empty query set)
     values_up: int  # numbers sent up by the used clients (item ids not counted)
     total_weight: float
+    client_weights: np.ndarray | None = None  # effective weight per client (0 = not used)
 
 
 def aggregate(offsets, d_items, d_Q, d_b, weights, weighting: str = "num_examples") -> Aggregate:
@@ -70,7 +71,7 @@ def aggregate(offsets, d_items, d_Q, d_b, weights, weighting: str = "num_example
     valid = (d_items >= 0) & (w[owner] > 0)
     if total <= 0 or not valid.any():
         return Aggregate(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), 0,
-                         int(bad_client.sum()), n_empty, 0, 0.0)
+                         int(bad_client.sum()), n_empty, 0, 0.0, w)
     scale = np.where(valid, w[owner] / total, 0.0)
     order = np.argsort(np.where(valid, d_items, -1), kind="stable")
     n_valid = int(valid.sum())
@@ -79,7 +80,7 @@ def aggregate(offsets, d_items, d_Q, d_b, weights, weighting: str = "num_example
     items = np.empty(n_valid, np.int64)
     m = sum_sorted_runs(order, d_items, d_Q, d_b, scale, dq, db, items)
     return Aggregate(items[:m], dq[:m], db[:m], int(np.sum(w > 0)), int(bad_client.sum()),
-                     n_empty, n_valid * (K + 1), float(total))
+                     n_empty, n_valid * (K + 1), float(total), w)
 
 
 # ---------------------------------------------------------------------- checkpoints
