@@ -2,8 +2,17 @@
 
 __version__ = "0.1.0"
 
-from .federated import FedAvgMF, FedReconImplicitMF, FedReconMF, FURLMF  # noqa: E402
+from .federated import FURLMF, FedAvgMF, FedReconImplicitMF, FedReconMF  # noqa: E402
 from .models import CentralizedMF, GlobalParams, ImplicitMF, LocalParams  # noqa: E402
 
-__all__ = ["CentralizedMF", "FURLMF", "ImplicitMF", "FedAvgMF", "FedReconImplicitMF", "FedReconMF", "GlobalParams", "LocalParams",
-           "__version__"]
+__all__ = [
+    "CentralizedMF",
+    "FURLMF",
+    "FedAvgMF",
+    "FedReconImplicitMF",
+    "FedReconMF",
+    "GlobalParams",
+    "ImplicitMF",
+    "LocalParams",
+    "__version__",
+]

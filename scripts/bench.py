@@ -37,13 +37,13 @@ from datetime import datetime, timezone
 import numba
 import numpy as np
 import scipy.sparse as sp
+from fedcf.datasets import load_movielens, make_synthetic_ratings
 from threadpoolctl import threadpool_limits
 
 from fedcf import FedReconMF
 from fedcf import _reference as ref
 from fedcf._kernels.als import ridge_cfg, ridge_solve_rows
 from fedcf._kernels.sgd import sgd_epoch, sgd_hp
-from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.federated import sample_round
 
 K = 50

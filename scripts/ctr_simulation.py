@@ -32,13 +32,13 @@ from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
-from sklearn.linear_model import LogisticRegression
-
-from fedcf import FedReconImplicitMF, ImplicitMF
 from fedcf.datasets import CAMPAIGNS, load_open_bandit
 from fedcf.eval import estimate_ctr, off_policy_check, user_split
 from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log, slate_target_probs, top_k
 from fedcf.eval.simulation import make_expression_population
+from sklearn.linear_model import LogisticRegression
+
+from fedcf import FedReconImplicitMF, ImplicitMF
 
 
 def scores_for(model, inter):
@@ -97,7 +97,8 @@ def main(argv=None):
     shares = pop.shares(random_state=args.seed + 1)
     train, _val, test = user_split(shares, (0.8, 0.1, 0.1), random_state=args.seed)
     counts = shares.counts()
-    print(f"population: {pop.n_users:,} users, {pop.n_items:,} items {dict(zip(pop.type_names, np.bincount(pop.item_type)))}, "
+    per_type = {t: int(n) for t, n in zip(pop.type_names, np.bincount(pop.item_type))}
+    print(f"population: {pop.n_users:,} users, {pop.n_items:,} items {per_type}, "
           f"{shares.nnz:,} (user, item) share pairs; users with <= 2 shares: "
           f"{np.mean(counts <= 2):.0%}; max {counts.max()}")
     test_users = test.user_ids  # population ids of the held-out users
@@ -238,7 +239,7 @@ def main(argv=None):
         for name in ("popularity", "centralized"):
             ax.axhline(table.loc[name, "ctr_expected"], ls="--", lw=1, label=name)
         ax.set_xlabel("round")
-        ax.set_ylabel("expected CTR of the top-%d slate" % k)
+        ax.set_ylabel(f"expected CTR of the top-{k} slate")
         ax.set_title("CTR by round (simulated expression population)")
         ax.legend()
         fig.tight_layout()

@@ -19,10 +19,10 @@ import time
 from datetime import datetime, timezone
 
 import numba
-
-from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
+
+from fedcf import FedReconMF
 
 
 def main(argv=None):

@@ -26,11 +26,11 @@ from datetime import datetime, timezone
 
 import numpy as np
 import scipy.sparse as sp
+from fedcf.datasets import Interactions, load_movielens, load_ratings_file
+from fedcf.eval import random_split, ranking_metrics, support_query_split, user_split
 from threadpoolctl import threadpool_limits
 
 from fedcf import FedReconImplicitMF, ImplicitMF
-from fedcf.datasets import Interactions, load_movielens, load_ratings_file
-from fedcf.eval import random_split, ranking_metrics, support_query_split, user_split
 
 METRICS = ("precision", "recall", "ndcg", "map", "hit_rate", "auc")
 

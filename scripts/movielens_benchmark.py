@@ -29,9 +29,6 @@ import time
 from datetime import datetime, timezone
 
 import numpy as np
-from tqdm.auto import tqdm
-
-from fedcf import CentralizedMF, FedAvgMF, FedReconMF
 from fedcf.datasets import VARIANTS, load_movielens, load_ratings_file, make_synthetic_ratings
 from fedcf.eval import (
     per_user_time_split,
@@ -42,6 +39,9 @@ from fedcf.eval import (
     standard_eval,
     user_split,
 )
+from tqdm.auto import tqdm
+
+from fedcf import CentralizedMF, FedAvgMF, FedReconMF
 
 CENTRAL = dict(solver="als", regularization=0.1, n_epochs=15)
 # the paper's FedRecon configuration (App. C.1): plain p·q model, k_r = k_u <= 50 steps of batch 5,

@@ -1,7 +1,5 @@
-import numpy as np
 import pandas as pd
 import pytest
-
 from fedcf.datasets import make_synthetic_ratings
 
 

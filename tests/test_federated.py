@@ -6,13 +6,13 @@ import json
 import numba
 import numpy as np
 import pytest
+from fedcf.eval import recon_eval, standard_eval, user_split
 from sklearn.base import clone
 
-from fedcf import FedAvgMF, FedReconMF, FURLMF
+from fedcf import FURLMF, FedAvgMF, FedReconMF
 from fedcf import _reference as ref
 from fedcf._kernels import federated as kfed
 from fedcf._kernels.sgd import sgd_hp
-from fedcf.eval import recon_eval, standard_eval, user_split
 from fedcf.federated import aggregate, make_server_optimizer, sample_round
 
 # ---------------------------------------------------------------- server optimizers

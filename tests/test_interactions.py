@@ -2,7 +2,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
-
 from fedcf.datasets import DataValidationError, Interactions
 
 
@@ -67,7 +66,8 @@ def test_missing_id(tiny_df):
 def test_duplicates_error_last_mean(tiny_df):
     dup = pd.concat([tiny_df, pd.DataFrame({"user": ["a"], "item": [10], "rating": [2.0],
                                             "timestamp": [7]})], ignore_index=True)
-    with pytest.raises(DataValidationError, match=r"duplicate \(user, item\) pair \('a', 10\) at rows 0 and 6"):
+    with pytest.raises(DataValidationError,
+                       match=r"duplicate \(user, item\) pair \('a', 10\) at rows 0 and 6"):
         Interactions.from_dataframe(dup)
     last = Interactions.from_dataframe(dup, duplicates="last").to_dataframe()
     assert last.query("user == 'a' and item == 10")["rating"].tolist() == [2.0]
@@ -87,7 +87,8 @@ def test_empty_and_mismatched():
 
 
 def test_catalog_refuses_strangers():
-    with pytest.raises(DataValidationError, match=r"'item' has id 99 at row 1 that is not in the given catalog"):
+    with pytest.raises(DataValidationError,
+                       match=r"'item' has id 99 at row 1 that is not in the given catalog"):
         Interactions.from_arrays([1, 1], [5, 99], item_catalog=[5, 6, 7])
     inter = Interactions.from_arrays([1, 1], [5, 7], item_catalog=[5, 6, 7])
     assert inter.n_items == 3 and list(inter.items) == [0, 2]

@@ -1,9 +1,7 @@
-import io
 import zipfile
 
 import numpy as np
 import pytest
-
 from fedcf.datasets import (
     DataUnavailableError,
     DataValidationError,

@@ -101,8 +101,9 @@ def reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb, scratc
         cb[0] = rhs[K] if fit_bias else 0.0
     else:
         scale = cfg[CC_INIT_SCALE]
+        uniform = int(cfg[CC_INIT]) == INIT_UNIFORM
         for a in range(K):
-            p[a] = (2.0 * next_float(state) - 1.0) * scale if int(cfg[CC_INIT]) == INIT_UNIFORM else 0.0
+            p[a] = (2.0 * next_float(state) - 1.0) * scale if uniform else 0.0
         cb[0] = 0.0
         order = scratch[4]
         sgd_reconstruct_user(s_items, s_vals, Q, b, recon_hp, p, cb, state, order)
@@ -271,6 +272,37 @@ def implicit_slots(counts, cfg, hp):
     return out
 
 
+@njit(cache=True)
+def implicit_client_start(data, u, Q, gram, cfg, state):
+    """Split client u's data and reconstruct p from its support set by the weighted-ALS solve.
+
+    Returns (perm, q_start, n_q, p): the client's example order (support first), where its
+    query starts, the query size, and p (float64, K). Consumes the stream only for a random split.
+    """
+    indptr, items, values = data[0], data[1], data[2]
+    s0, e0 = indptr[u], indptr[u + 1]
+    n = e0 - s0
+    K = Q.shape[1]
+    perm = np.empty(max(n, 1), np.int64)
+    split = int(cfg[IC_SPLIT])
+    for t in range(n):
+        perm[t] = t
+    if split == SPLIT_RANDOM:
+        shuffle_inplace(perm[:n], state)
+    n_s = n_support(n, split, cfg[IC_SUPPORT_FRAC])
+    q_start = 0 if split == SPLIT_NONE else n_s
+    s_items = np.empty(n_s, items.dtype)
+    s_vals = np.empty(n_s)
+    for t in range(n_s):
+        s_items[t] = items[s0 + perm[t]]
+        s_vals[t] = values[s0 + perm[t]]
+    A = np.empty((K, K))
+    p = np.empty(K)
+    buf = np.empty((K + 1) * max(n_s, 1), Q.dtype)
+    solve_implicit_row(s_items, s_vals, Q, gram, cfg[IC_ALPHA], cfg[IC_LAM], A, p, buf)
+    return perm, q_start, n - q_start, p
+
+
 @njit(cache=True, parallel=True)
 def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
     """FedRecon ClientUpdate for implicit feedback (weighted-ALS reconstruction, sampled negatives).
@@ -290,32 +322,14 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
     Q, gram = glob[0], glob[1]
     offsets, d_items, d_Q, losses = out[0], out[1], out[2], out[3]
     K = Q.shape[1]
-    alpha, lam_r = cfg[IC_ALPHA], cfg[IC_LAM]
+    alpha = cfg[IC_ALPHA]
     m_neg, nu = int(cfg[IC_NEG]), cfg[IC_NEG_WEIGHT]
     lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
     for k in prange(clients.shape[0]):
         u = clients[k]
-        s0, e0 = indptr[u], indptr[u + 1]
-        n = e0 - s0
+        s0 = indptr[u]
         state = np.array([stream_key(ids[0], ids[1], u)])
-        perm = np.empty(max(n, 1), np.int64)
-        split = int(cfg[IC_SPLIT])
-        for t in range(n):
-            perm[t] = t
-        if split == SPLIT_RANDOM:
-            shuffle_inplace(perm[:n], state)
-        n_s = n_support(n, split, cfg[IC_SUPPORT_FRAC])
-        q_start = 0 if split == SPLIT_NONE else n_s
-        n_q = n - q_start
-        s_items = np.empty(n_s, items.dtype)
-        s_vals = np.empty(n_s)
-        for t in range(n_s):
-            s_items[t] = items[s0 + perm[t]]
-            s_vals[t] = values[s0 + perm[t]]
-        A = np.empty((K, K))
-        p = np.empty(K)
-        buf = np.empty((K + 1) * max(n_s, 1), Q.dtype)
-        solve_implicit_row(s_items, s_vals, Q, gram, alpha, lam_r, A, p, buf)
+        perm, q_start, n_q, p = implicit_client_start(data, u, Q, gram, cfg, state)
         # the visit order of the query positives, then the negatives drawn for each visit
         seen = processed_examples(n_q, bs, max_steps, epochs)
         visit = np.empty(max(seen, 1), np.int64)
@@ -431,32 +445,14 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
     Q, gram = glob[0], glob[1]
     offsets, d_items, d_Q, losses, Wm = out[0], out[1], out[2], out[3], out[4]
     K = Q.shape[1]
-    alpha, lam_r, nu = cfg[IC_ALPHA], cfg[IC_LAM], cfg[IC_NEG_WEIGHT]
+    alpha, nu = cfg[IC_ALPHA], cfg[IC_NEG_WEIGHT]
     lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
     eta = lr * 2.0 * nu / n_items
     for k in prange(clients.shape[0]):
         u = clients[k]
-        s0, e0 = indptr[u], indptr[u + 1]
-        n = e0 - s0
+        s0 = indptr[u]
         state = np.array([stream_key(ids[0], ids[1], u)])
-        perm = np.empty(max(n, 1), np.int64)
-        split = int(cfg[IC_SPLIT])
-        for t in range(n):
-            perm[t] = t
-        if split == SPLIT_RANDOM:
-            shuffle_inplace(perm[:n], state)
-        n_s = n_support(n, split, cfg[IC_SUPPORT_FRAC])
-        q_start = 0 if split == SPLIT_NONE else n_s
-        n_q = n - q_start
-        s_items = np.empty(n_s, items.dtype)
-        s_vals = np.empty(n_s)
-        for t in range(n_s):
-            s_items[t] = items[s0 + perm[t]]
-            s_vals[t] = values[s0 + perm[t]]
-        A = np.empty((K, K))
-        p = np.empty(K)
-        buf = np.empty((K + 1) * max(n_s, 1), Q.dtype)
-        solve_implicit_row(s_items, s_vals, Q, gram, alpha, lam_r, A, p, buf)
+        perm, q_start, n_q, p = implicit_client_start(data, u, Q, gram, cfg, state)
         q_items = np.empty(max(n_q, 1), np.int64)
         for t in range(n_q):
             q_items[t] = items[s0 + perm[q_start + t]]

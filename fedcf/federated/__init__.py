@@ -1,6 +1,6 @@
 """Federated algorithms: Federated Reconstruction, FedAvg (server-side users), FURL (stateful)."""
 
-from .estimators import FedAvgMF, FedReconImplicitMF, FedReconMF, FURLMF
+from .estimators import FURLMF, FedAvgMF, FedReconImplicitMF, FedReconMF
 from .optimizers import OPTIMIZERS, ServerOptimizer, make_server_optimizer
 from .rounds import Aggregate, RoundSample, aggregate, sample_round
 

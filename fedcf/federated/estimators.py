@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import pandas as pd
 from sklearn.utils import check_random_state
 from tqdm.auto import tqdm
 
+from .._kernels.als import implicit_solve_rows
 from .._kernels.federated import (
     INIT_UNIFORM,
     INIT_ZEROS,
@@ -30,13 +30,12 @@ from .._kernels.federated import (
     query_sizes,
     stateful_clients,
 )
-from .._kernels.als import implicit_solve_rows
 from .._kernels.rng import stream_key
 from .._kernels.sgd import sgd_hp, sgd_reconstruct_rows
 from .._validation import check_choice, check_dtype, check_float, check_int
 from ..datasets import Interactions
 from ..models.base import MFEstimatorBase
-from ..models.implicit_mf import item_gram
+from ..models.implicit_mf import coerce_implicit, item_gram
 from .optimizers import OPTIMIZERS, make_server_optimizer, state_from_arrays, state_to_arrays
 from .rounds import aggregate, load_checkpoint, sample_round, save_checkpoint
 
@@ -633,13 +632,7 @@ class FedReconImplicitMF(_FederatedMFBase):
         """Fit on implicit interactions (Interactions, DataFrame with user/item[/rating as
         strength], or a sparse matrix); strengths must be >= 0. ``callback`` and
         ``availability`` as in FedReconMF.fit."""
-        if isinstance(X, pd.DataFrame) and "rating" not in X.columns:
-            data_kwargs.setdefault("rating_col", None)
-        inter = Interactions.coerce(X, **data_kwargs)
-        if np.any(inter.values < 0):
-            row = int(np.flatnonzero(inter.values < 0)[0])
-            raise ValueError(f"implicit feedback strengths must be >= 0; entry {row} has "
-                             f"{inter.values[row]}")
+        inter = coerce_implicit(X, **data_kwargs)
         super().fit(inter, callback=callback, availability=availability)
         self.rating_scale_ = None
         return self

@@ -15,6 +15,19 @@ from ..datasets import Interactions
 from .base import MFEstimatorBase
 
 
+def coerce_implicit(X, **data_kwargs) -> Interactions:
+    """Implicit interactions from any supported input: a DataFrame without a ``rating`` column
+    means strength 1 per row; strengths must be >= 0 (the first negative one is named)."""
+    if isinstance(X, pd.DataFrame) and "rating" not in X.columns:
+        data_kwargs.setdefault("rating_col", None)
+    inter = Interactions.coerce(X, **data_kwargs)
+    if np.any(inter.values < 0):
+        row = int(np.flatnonzero(inter.values < 0)[0])
+        raise ValueError(f"implicit feedback strengths must be >= 0; entry {row} has "
+                         f"{inter.values[row]}")
+    return inter
+
+
 def item_gram(Q: np.ndarray) -> np.ndarray:
     """YᵀY in float64 — what a server would broadcast with the item matrix (K² numbers)."""
     Q64 = Q.astype(np.float64, copy=False)
@@ -71,13 +84,7 @@ class ImplicitMF(MFEstimatorBase):
         check_int("n_epochs", self.n_epochs, low=0)
         check_float("init_scale", self.init_scale, low=0.0)
         dtype = check_dtype(self.dtype)
-        if isinstance(X, pd.DataFrame) and "rating" not in X.columns:
-            data_kwargs.setdefault("rating_col", None)
-        inter = Interactions.coerce(X, **data_kwargs)
-        if np.any(inter.values < 0):
-            row = int(np.flatnonzero(inter.values < 0)[0])
-            raise ValueError(f"implicit feedback strengths must be >= 0; entry {row} has "
-                             f"{inter.values[row]}")
+        inter = coerce_implicit(X, **data_kwargs)
         rng = check_random_state(self.random_state)
         K = self.n_factors
         P = (rng.standard_normal((inter.n_users, K)) * self.init_scale).astype(dtype)
