@@ -18,6 +18,8 @@ Steps
 5. The Open Bandit sample (real logs): BTS's CTR estimated from the uniform-random log.
 
 Example: python scripts/ctr_simulation.py --json ctr.json
+Scale of the simulator alone: python scripts/ctr_simulation.py --population-only --users 1000000
+--items 38000 --json population.json
 """
 
 from __future__ import annotations
@@ -68,6 +70,32 @@ def reward_model(log, score_fn, log_pop, slate_size):
     return lambda u, a, k: lr.predict_proba(feats(u, a, k))[:, 1]
 
 
+def population_only(args):
+    """Time the simulator alone (population + shares) at the requested size."""
+    import resource
+
+    t0 = time.perf_counter()
+    pop = make_expression_population(args.users, types_for(args.items), random_state=args.seed)
+    t_pop = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    shares = pop.shares(random_state=args.seed + 1)
+    t_sh = time.perf_counter() - t0
+    counts = shares.counts()
+    res = {"users": pop.n_users, "items": pop.n_items, "share_pairs": int(shares.nnz),
+           "population_seconds": t_pop, "shares_seconds": t_sh,
+           "share_at_most_2": float(np.mean(counts <= 2)), "max_shares": int(counts.max()),
+           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "meta": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}}
+    print(f"{pop.n_users:,} users x {pop.n_items:,} items: population {t_pop:.1f} s, "
+          f"{shares.nnz:,} share pairs in {t_sh:.1f} s; users with <= 2 shares "
+          f"{res['share_at_most_2']:.0%}; peak RSS {res['peak_rss_mib']:.0f} MiB")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=2)
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -85,10 +113,14 @@ def main(argv=None):
     ap.add_argument("--no-obd", action="store_true", help="skip the Open Bandit real-log check")
     ap.add_argument("--plot-dir", default="figures")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--population-only", action="store_true",
+                    help="only build the population and its shares, report time and memory")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     t_all = time.perf_counter()
     rng = np.random.default_rng(args.seed)
+    if args.population_only:
+        return population_only(args)
 
     # 1. population ---------------------------------------------------------------------------
     pop = make_expression_population(args.users, types_for(args.items),

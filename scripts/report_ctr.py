@@ -3,7 +3,8 @@
 
 python scripts/implicit_benchmark.py --json implicit.json
 python scripts/ctr_simulation.py --json ctr.json
-python scripts/report_ctr.py --ctr ctr.json --implicit implicit.json --out eval/CTR.md
+python scripts/ctr_simulation.py --population-only --users 1000000 --items 38000 --json population.json
+python scripts/report_ctr.py --ctr ctr.json --implicit implicit.json --population population.json
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ctr", required=True)
     ap.add_argument("--implicit", required=True)
+    ap.add_argument("--population", help="JSON of ctr_simulation.py --population-only (scale)")
     ap.add_argument("--out", default="eval/CTR.md")
     args = ap.parse_args(argv)
     with open(args.ctr) as fh:
@@ -171,6 +173,16 @@ def main(argv=None):
     with open(args.implicit) as fh:
         impl = json.load(fh)
     text = build(ctr, impl)
+    if args.population:
+        with open(args.population) as fh:
+            pop = json.load(fh)
+        text += ("\n## Simulator scale\n\n```\npython scripts/ctr_simulation.py --population-only "
+                 f"--users {pop['users']} --items {pop['items']} --json population.json\n```\n\n"
+                 f"{pop['users']:,} users × {pop['items']:,} items: population in "
+                 f"{pop['population_seconds']:.1f} s, {pop['share_pairs']:,} (user, item) share "
+                 f"pairs in {pop['shares_seconds']:.1f} s, peak RSS {pop['peak_rss_mib']:.0f} MiB "
+                 f"({pop['meta']['date'][:10]}, same machine); {pop['share_at_most_2']:.0%} of "
+                 f"users have at most two shares, the most active {pop['max_shares']:,}.\n")
     with open(args.out, "w") as fh:
         fh.write(text)
     print(f"wrote {args.out}")

@@ -94,3 +94,17 @@ def test_ctr_simulation_script_tiny(tmp_path):
             "centralized"} <= set(res["ctr"])
     assert len(res["offline"]) == 3 * 2 * 5 and len(res["ctr_by_round"]) == 2
     assert (tmp_path / "ctr_by_round.png").exists() and (tmp_path / "estimators_vs_truth.png").exists()
+
+
+def test_population_only_mode(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ctr_simulation.py"
+    spec = importlib.util.spec_from_file_location("ctr_sim_pop", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.main(["--population-only", "--users", "5000", "--items", "400", "--json",
+                    str(tmp_path / "p.json")])
+    assert res["users"] == 5000 and res["items"] == 400 and res["share_pairs"] > 5000
+    assert json.loads((tmp_path / "p.json").read_text())["share_pairs"] == res["share_pairs"]
