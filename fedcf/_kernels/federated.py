@@ -212,32 +212,49 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out):
 
 
 @njit(cache=True)
+def _sum_run(order, lo, hi, d_Q, d_b, scale, out_Q, out_b, m):
+    K = d_Q.shape[1]
+    for a in range(K):
+        out_Q[m, a] = 0.0
+    out_b[m] = 0.0
+    for t in range(lo, hi):
+        e = order[t]
+        w = scale[e]
+        for a in range(K):
+            out_Q[m, a] += w * d_Q[e, a]
+        out_b[m] += w * d_b[e]
+
+
+@njit(cache=True, parallel=True)
 def sum_sorted_runs(order, d_items, d_Q, d_b, scale, out_Q, out_b, out_items):
     """Deterministic sparse reduction: Σ scale[e] · delta[e] per item, over entries ``order``
     sorted by item (stable, so ties keep client order). Entries with scale 0 are skipped.
 
     out_Q (≥ m, K) float64, out_b, out_items (≥ m) receive the m distinct items. Returns m.
+    Each item's sum is one thread's sequential loop in that fixed order, so the result does not
+    depend on the thread count.
     """
-    K = d_Q.shape[1]
-    m = -1
+    n = order.shape[0]
+    keep = np.empty(n, np.int64)
+    nk = 0
+    for t in range(n):
+        if scale[order[t]] != 0.0:
+            keep[nk] = order[t]
+            nk += 1
+    starts = np.empty(nk + 1, np.int64)
+    m = 0
     last = -1
-    for t in range(order.shape[0]):
-        e = order[t]
-        w = scale[e]
-        if w == 0.0:
-            continue
-        j = d_items[e]
+    for t in range(nk):
+        j = d_items[keep[t]]
         if j != last:
+            starts[m] = t
+            out_items[m] = j
             m += 1
             last = j
-            out_items[m] = j
-            for a in range(K):
-                out_Q[m, a] = 0.0
-            out_b[m] = 0.0
-        for a in range(K):
-            out_Q[m, a] += w * d_Q[e, a]
-        out_b[m] += w * d_b[e]
-    return m + 1
+    starts[m] = nk
+    for r in prange(m):
+        _sum_run(keep, starts[r], starts[r + 1], d_Q, d_b, scale, out_Q, out_b, r)
+    return m
 
 
 # ---------------------------------------------------------------------- implicit feedback

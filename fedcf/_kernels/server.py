@@ -1,61 +1,73 @@
 """Server-side row kernels: the non-finite guard over client deltas and sparse row updates.
 
-Sequential on purpose (deterministic, and each call is a fraction of a millisecond).
+Parallel over independent clients / rows (each result is computed by one thread in a fixed
+order, so nothing depends on the thread count); flags are written through ``store``.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
+
+from .federated import store
 
 
 @njit(cache=True)
+def _client_finite(d_Q, d_b, lo, hi):
+    K = d_Q.shape[1]
+    for e in range(lo, hi):
+        if not np.isfinite(d_b[e]):
+            return False
+        for a in range(K):
+            if not np.isfinite(d_Q[e, a]):
+                return False
+    return True
+
+
+@njit(cache=True, parallel=True)
 def finite_clients(offsets, d_Q, d_b):
     """ok[k] = every value in client k's slots [offsets[k], offsets[k+1]) is finite."""
     m = offsets.shape[0] - 1
-    K = d_Q.shape[1]
     ok = np.ones(m, np.bool_)
-    for k in range(m):
-        for e in range(offsets[k], offsets[k + 1]):
-            if not np.isfinite(d_b[e]):
-                ok[k] = False
-                break
-            bad = False
-            for a in range(K):
-                if not np.isfinite(d_Q[e, a]):
-                    bad = True
-                    break
-            if bad:
-                ok[k] = False
-                break
+    for k in prange(m):
+        store(ok, k, _client_finite(d_Q, d_b, offsets[k], offsets[k + 1]))
     return ok
 
 
 @njit(cache=True)
+def _sgd_row(x, r, delta, t, lr):
+    ok = True
+    for a in range(x.shape[1]):
+        x[r, a] = x[r, a] + lr * delta[t, a]
+        ok = ok and np.isfinite(x[r, a])
+    return ok
+
+
+@njit(cache=True, parallel=True)
 def sgd_rows(x, rows, delta, lr):
-    """x[rows] += lr · delta (x: (n, K) or (n, 1) view); returns True if the rows stay finite."""
-    K = x.shape[1]
-    ok = True
-    for t in range(rows.shape[0]):
-        r = rows[t]
-        for a in range(K):
-            v = x[r, a] + lr * delta[t, a]
-            x[r, a] = v
-            ok = ok and np.isfinite(x[r, a])
-    return ok
+    """x[rows] += lr · delta (x: (n, K) or (n, 1) view); returns True if the rows stay finite.
+    ``rows`` must be distinct (they are: the aggregate's sorted unique items)."""
+    ok = np.ones(rows.shape[0], np.bool_)
+    for t in prange(rows.shape[0]):
+        store(ok, t, _sgd_row(x, rows[t], delta, t, lr))
+    return ok.all()
 
 
 @njit(cache=True)
-def adagrad_rows(x, acc, rows, delta, lr, eps):
-    """Adagrad on the given rows with g = −delta: acc += g²; x −= lr g / (√acc + eps)."""
-    K = x.shape[1]
+def _adagrad_row(x, acc, r, delta, t, lr, eps):
     ok = True
-    for t in range(rows.shape[0]):
-        r = rows[t]
-        for a in range(K):
-            g = -delta[t, a]
-            acc[r, a] += g * g
-            v = x[r, a] - lr * g / (np.sqrt(acc[r, a]) + eps)
-            x[r, a] = v
-            ok = ok and np.isfinite(x[r, a])
+    for a in range(x.shape[1]):
+        g = -delta[t, a]
+        acc[r, a] += g * g
+        x[r, a] = x[r, a] - lr * g / (np.sqrt(acc[r, a]) + eps)
+        ok = ok and np.isfinite(x[r, a])
     return ok
+
+
+@njit(cache=True, parallel=True)
+def adagrad_rows(x, acc, rows, delta, lr, eps):
+    """Adagrad on the given (distinct) rows with g = −delta: acc += g²; x −= lr g / (√acc + eps)."""
+    ok = np.ones(rows.shape[0], np.bool_)
+    for t in prange(rows.shape[0]):
+        store(ok, t, _adagrad_row(x, acc, rows[t], delta, t, lr, eps))
+    return ok.all()
