@@ -278,11 +278,10 @@ def implicit_solve_rows(indptr, idx, vals, fixed, alpha, lam):
     return out
 
 
-def fedrecon_implicit_client(items, vals, Q, cfg, hp, seed, n_items):
-    """Twin of one client of ``fedrecon_implicit_clients``: returns (uniq items, ΔQ rows, loss)."""
-    split = int(cfg[0])
-    frac, alpha, lam_r, m_neg, nu = cfg[1], cfg[2], cfg[3], int(cfg[4]), cfg[5]
-    lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
+def _implicit_start(items, vals, Q, cfg, seed):
+    """Shared start of the implicit clients: split, then the exact weighted-ALS reconstruction.
+    Returns (stream, query positions, p)."""
+    split, frac, alpha, lam_r = int(cfg[0]), cfg[1], cfg[2], cfg[3]
     stream = Stream(seed)
     n = len(items)
     perm = np.arange(n)
@@ -294,8 +293,15 @@ def fedrecon_implicit_client(items, vals, Q, cfg, hp, seed, n_items):
         n_s = min(max(int(np.ceil(n * frac - 1e-9)), 1 if n else 0), n)
         q_start = n_s
     sup = perm[:n_s]
-    qry = perm[q_start:]
     p = implicit_solve_rows(np.array([0, n_s]), items[sup], vals[sup], Q, alpha, lam_r)[0]
+    return stream, perm[q_start:], p
+
+
+def fedrecon_implicit_client(items, vals, Q, cfg, hp, seed, n_items):
+    """Twin of one client of ``fedrecon_implicit_clients``: returns (uniq items, ΔQ rows, loss)."""
+    alpha, m_neg, nu = cfg[2], int(cfg[4]), cfg[5]
+    lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
+    stream, qry, p = _implicit_start(items, vals, Q, cfg, seed)
     batches = []
     for b in _batches(len(qry), bs, max_steps, epochs, stream):
         batches.append(b)
@@ -325,21 +331,9 @@ def fedrecon_implicit_client(items, vals, Q, cfg, hp, seed, n_items):
 def fedrecon_implicit_full_client(items, vals, Q, cfg, hp, seed, n_items):
     """Dense twin of one client of ``fedrecon_implicit_full_clients``: every catalog row is
     updated explicitly at every step. Returns the dense ΔQ (n_items, K) and the loss."""
-    split = int(cfg[0])
-    frac, alpha, lam_r, nu = cfg[1], cfg[2], cfg[3], cfg[5]
+    alpha, nu = cfg[2], cfg[5]
     lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
-    stream = Stream(seed)
-    n = len(items)
-    perm = np.arange(n)
-    if split == 1:
-        stream.shuffle(perm)
-    if split == 0:
-        n_s, q_start = n, 0
-    else:
-        n_s = min(max(int(np.ceil(n * frac - 1e-9)), 1 if n else 0), n)
-        q_start = n_s
-    sup, qry = perm[:n_s], perm[q_start:]
-    p = implicit_solve_rows(np.array([0, n_s]), items[sup], vals[sup], Q, alpha, lam_r)[0]
+    stream, qry, p = _implicit_start(items, vals, Q, cfg, seed)
     Qd = Q.astype(np.float64).copy()
     q_items = items[qry]
     c_all = 1.0 + alpha * vals[qry]
