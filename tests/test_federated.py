@@ -351,3 +351,13 @@ def test_sparse_server_step_equals_dense(name):
     assert st["t"] == 2
     with pytest.raises(ValueError, match="no sparse path"):
         make_server_optimizer("adam", 0.1).step_rows(st, {"Q": Q2}, rows, {"Q": d})
+
+
+def test_diverging_sgd_reconstruction_warns_clearly(small_population):
+    inter, _ = small_population
+    m = FedReconMF(n_factors=3, n_rounds=3, clients_per_round=20, reconstruction="sgd",
+                   random_state=0).fit(inter)
+    m.recon_learning_rate = 1e6  # as if a user set a wild value after fitting
+    with pytest.warns(RuntimeWarning, match=r"SGD reconstruction diverged for \d+ of 400 users"):
+        P, _ = m.reconstruct_users(inter)
+    assert np.isnan(P).any()

@@ -8,6 +8,7 @@ deterministic weighted mean of the sparse global deltas → server optimizer ste
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 from sklearn.utils import check_random_state
@@ -409,6 +410,15 @@ class FedReconMF(_FederatedMFBase):
         sgd_reconstruct_rows(indptr, items, values, (self.item_factors_, self.item_biases_),
                              self._recon_hp(float(self.global_mean_)), seeds, P, c)
         dt = self.item_factors_.dtype
+        bad = ~(np.isfinite(P).all(axis=1) & np.isfinite(c)) | \
+            (np.abs(P).max(axis=1, initial=0.0) > np.finfo(dt).max)
+        if bad.any():
+            warnings.warn(f"SGD reconstruction diverged for {int(bad.sum())} of {n} users "
+                          f"(recon_learning_rate={self.recon_learning_rate}); their local "
+                          "parameters are NaN — lower recon_learning_rate or use "
+                          "reconstruction='als'", RuntimeWarning, stacklevel=3)
+            P[bad] = np.nan
+            c[bad] = np.nan
         return P.astype(dt), c.astype(dt)
 
     def _user_params(self, users):
