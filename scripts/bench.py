@@ -105,6 +105,14 @@ def implicit_model(**kw):
     return AlternatingLeastSquares(factors=K, random_state=0, **kw)
 
 
+def random_model(inter):
+    """Seeded float32 factors (std 0.1) and zero biases for timing a kernel on ``inter``."""
+    rng = np.random.default_rng(0)
+    P = rng.normal(0, 0.1, (inter.n_users, K)).astype(np.float32)
+    Q = rng.normal(0, 0.1, (inter.n_items, K)).astype(np.float32)
+    return rng, P, np.zeros(inter.n_users, np.float32), Q, np.zeros(inter.n_items, np.float32)
+
+
 # ---------------------------------------------------------------------- sections
 def section_foldin(data, args):
     for dname, inter in data.items():
@@ -136,11 +144,7 @@ def section_foldin(data, args):
 
 def section_als(data, args):
     for dname, inter in data.items():
-        rng = np.random.default_rng(0)
-        P = rng.normal(0, 0.1, (inter.n_users, K)).astype(np.float32)
-        Q = rng.normal(0, 0.1, (inter.n_items, K)).astype(np.float32)
-        c = np.zeros(inter.n_users, np.float32)
-        b = np.zeros(inter.n_items, np.float32)
+        rng, P, c, Q, b = random_model(inter)
         i_indptr, i_users, i_vals = inter.to_item_csr()
         cfg = ridge_cfg(0.1, 1e-6, float(inter.values.mean()), True)
 
@@ -176,11 +180,7 @@ def section_sgd(data, args):
     except ImportError:
         Dataset = None
     for dname, inter in data.items():
-        rng = np.random.default_rng(0)
-        P = rng.normal(0, 0.1, (inter.n_users, K)).astype(np.float32)
-        Q = rng.normal(0, 0.1, (inter.n_items, K)).astype(np.float32)
-        c = np.zeros(inter.n_users, np.float32)
-        b = np.zeros(inter.n_items, np.float32)
+        rng, P, c, Q, b = random_model(inter)
         users = inter.user_index()
         order = rng.permutation(inter.nnz)
         cfg = np.array([0.005, 0.02, float(inter.values.mean()), 1.0])

@@ -1,3 +1,6 @@
+import importlib.util
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from fedcf.datasets import make_synthetic_ratings
@@ -19,3 +22,12 @@ def tiny_df():
         "timestamp": [3, 1, 2, 2, 1, 9],
     })
 
+
+
+def load_script(name):
+    """Import scripts/<name>.py as a module (the scripts are not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"fedcf_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

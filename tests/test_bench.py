@@ -1,16 +1,8 @@
 """scripts/bench.py --quick produces every row and valid JSON (no timing assertions)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-
-def load_script(name):
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_script
 
 
 def test_bench_quick_produces_every_row(tmp_path):

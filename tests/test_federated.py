@@ -277,13 +277,9 @@ def test_standard_eval_and_predict_for_seen_users(small_population):
 
 
 def test_benchmark_quick_runs_and_writes_json(tmp_path):
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "movielens_benchmark.py"
-    spec = importlib.util.spec_from_file_location("bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("movielens_benchmark")
     out = tmp_path / "rows.json"
     bench.main(["--dataset", "synthetic", "--quick", "--no-progress", "--json", str(out)])
     rows = json.loads(out.read_text())

@@ -76,13 +76,9 @@ def test_online_test_ranks_policies_by_true_ctr(pop):
 
 
 def test_ctr_simulation_script_tiny(tmp_path):
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "ctr_simulation.py"
-    spec = importlib.util.spec_from_file_location("ctr_sim", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("ctr_simulation")
     out = tmp_path / "ctr.json"
     mod.main(["--users", "3000", "--items", "300", "--rounds", "20", "--clients", "50",
               "--eval-every", "10", "--log-sizes", "2000,5000", "--bootstrap", "20", "--no-obd",
@@ -97,13 +93,9 @@ def test_ctr_simulation_script_tiny(tmp_path):
 
 
 def test_population_only_mode(tmp_path):
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "ctr_simulation.py"
-    spec = importlib.util.spec_from_file_location("ctr_sim_pop", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("ctr_simulation")
     res = mod.main(["--population-only", "--users", "5000", "--items", "400", "--json",
                     str(tmp_path / "p.json")])
     assert res["users"] == 5000 and res["items"] == 400 and res["share_pairs"] > 5000
