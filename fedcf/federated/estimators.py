@@ -421,18 +421,6 @@ class FedReconMF(_FederatedMFBase):
             c[bad] = np.nan
         return P.astype(dt), c.astype(dt)
 
-    def _user_params(self, users):
-        """Seen users have no stored parameters: reconstruct them from their fit data."""
-        inter = getattr(self, "interactions_", None)
-        if inter is None or len(users) == 0:
-            K = self.item_factors_.shape[1]
-            if len(users):
-                raise ValueError("this model was loaded from disk and holds no user data; "
-                                 "reconstruct users with reconstruct()/reconstruct_users()")
-            return np.zeros((0, K), self.item_factors_.dtype), np.zeros(0, self.item_factors_.dtype)
-        sub = inter.subset_users(users)
-        return self._reconstruct_csr(sub.indptr, sub.items, sub.values)
-
 
 class _StatefulMF(_FederatedMFBase):
     """FedPer-style training: each user's row is trained jointly with the item rows it touches
@@ -493,8 +481,6 @@ class _StatefulMF(_FederatedMFBase):
     def _finish_local_state(self, local):
         self.user_factors_, self.user_biases_ = local
 
-    def _user_params(self, users):
-        return self.user_factors_[users], self.user_biases_[users]
 
 
 class FedAvgMF(_StatefulMF):
@@ -654,10 +640,3 @@ class FedReconImplicitMF(_FederatedMFBase):
                             item_gram(self.item_factors_),
                             np.array([float(self.alpha), float(self.recon_regularization)]), P)
         return P, np.zeros(n, P.dtype)
-
-    def _user_params(self, users):
-        inter = getattr(self, "interactions_", None)
-        if inter is None:
-            raise ValueError("this model holds no user data; use reconstruct()/reconstruct_users()")
-        sub = inter.subset_users(users)
-        return self._reconstruct_csr(sub.indptr, sub.items, sub.values)

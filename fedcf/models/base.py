@@ -76,8 +76,8 @@ class MFEstimatorBase(BaseEstimator):
     """Base of CentralizedMF, FedReconMF, FedAvgMF, FURLMF (not used directly).
 
     Subclasses set in ``fit``: ``item_ids_``, ``user_ids_``, ``item_factors_``, ``item_biases_``,
-    ``global_mean_``, ``rating_scale_`` and ``history_``, and implement ``_user_params(users)``
-    (factors and biases of dense users seen in fit) and ``_reconstruct_csr``.
+    ``global_mean_``, ``rating_scale_``, ``history_`` (and ``user_factors_`` / ``user_biases_``
+    when they keep user rows), and may override ``_reconstruct_csr``.
     """
 
     _fitted_attr = "item_factors_"
@@ -85,8 +85,34 @@ class MFEstimatorBase(BaseEstimator):
     _recon_lam_attr = "regularization"
 
     # ------------------------------------------------------------------ subclass hooks
-    def _user_params(self, users: np.ndarray):  # pragma: no cover - abstract
-        raise NotImplementedError
+    def _user_params(self, users: np.ndarray):
+        """Local parameters of dense users seen in fit.
+
+        Models that keep user rows (centralized, FedAvg/FURL, or loaded with them) return those;
+        FedRecon keeps none, so its seen users are reconstructed from their fit data, the same
+        way a device would.
+        """
+        if getattr(self, "user_factors_", None) is not None:
+            return self.user_factors_[users], self.user_biases_[users]
+        dt = self.item_factors_.dtype
+        if len(users) == 0:
+            return np.zeros((0, self.item_factors_.shape[1]), dt), np.zeros(0, dt)
+        inter = getattr(self, "interactions_", None)
+        if inter is None:
+            raise ValueError("this model was loaded from disk and holds no user data; "
+                             "reconstruct users with reconstruct()/reconstruct_users()")
+        sub = inter.subset_users(users)
+        return self._reconstruct_csr(sub.indptr, sub.items, sub.values)
+
+    def _set_fitted(self, inter, *, P, c, Q, b, mu, rating_scale, history):
+        """Set the fitted attributes shared by the centralized estimators."""
+        self.user_factors_, self.user_biases_ = P, c
+        self.item_factors_, self.item_biases_ = Q, b
+        self.global_mean_ = mu
+        self.rating_scale_ = rating_scale
+        self.user_ids_, self.item_ids_ = inter.user_ids, inter.item_ids
+        self.interactions_ = inter
+        self.history_ = history
 
     def _reconstruct_csr(self, indptr, items, values):
         """Local params of every row of a CSR over *model* item ids: exact ridge solve."""

@@ -130,13 +130,6 @@ class CentralizedMF(MFEstimatorBase):
                 )
             history.append({"epoch": epoch, "train_rmse": float(np.sqrt(sse / inter.nnz)),
                             "seconds": time.perf_counter() - t0})
-        self.user_factors_, self.user_biases_ = P, c
-        self.item_factors_, self.item_biases_ = Q, b
-        self.global_mean_ = mu
-        self.user_ids_, self.item_ids_ = inter.user_ids, inter.item_ids
-        self.interactions_ = inter
-        self.history_ = history
+        self._set_fitted(inter, P=P, c=c, Q=Q, b=b, mu=mu, rating_scale=self.rating_scale_,
+                         history=history)
         return self
-
-    def _user_params(self, users):
-        return self.user_factors_[users], self.user_biases_[users]

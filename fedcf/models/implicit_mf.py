@@ -101,18 +101,10 @@ class ImplicitMF(MFEstimatorBase):
                 raise FloatingPointError(f"non-finite factors at epoch {epoch}; raise "
                                          f"regularization={self.regularization}")
             history.append({"epoch": epoch, "seconds": time.perf_counter() - t0})
-        self.user_factors_, self.item_factors_ = P, Q
-        self.user_biases_ = np.zeros(inter.n_users, dtype)
-        self.item_biases_ = np.zeros(inter.n_items, dtype)
-        self.global_mean_ = 0.0
-        self.rating_scale_ = None
-        self.user_ids_, self.item_ids_ = inter.user_ids, inter.item_ids
-        self.interactions_ = inter
-        self.history_ = history
+        self._set_fitted(inter, P=P, c=np.zeros(inter.n_users, dtype), Q=Q,
+                         b=np.zeros(inter.n_items, dtype), mu=0.0, rating_scale=None,
+                         history=history)
         return self
-
-    def _user_params(self, users):
-        return self.user_factors_[users], self.user_biases_[users]
 
     def _reconstruct_csr(self, indptr, items, values):
         """Fold-in: the exact weighted-ALS solve of each row against the frozen items."""
