@@ -10,12 +10,9 @@ from .movielens import (
     DataUnavailableError,
     clear_cache,
     data_home,
-    detect_format,
     fetch_movielens,
     load_movielens,
     load_ratings_file,
-    parse_ratings,
-    read_recbole_wheel,
 )
 from .open_bandit import (
     CAMPAIGNS,
@@ -39,12 +36,9 @@ __all__ = [
     "SyntheticTruth",
     "clear_cache",
     "data_home",
-    "detect_format",
     "fetch_movielens",
     "heavy_tailed_counts",
     "load_movielens",
     "load_ratings_file",
     "make_synthetic_ratings",
-    "parse_ratings",
-    "read_recbole_wheel",
 ]

@@ -43,13 +43,37 @@ def check_ids(values, column: str) -> np.ndarray:
         row = _first_bad(missing)
         raise DataValidationError(f"column {column!r} has a missing id at row {row}")
     if arr.dtype.kind == "f":
-        # float ids such as 3.0 come from CSV readers; keep them only when integral
+        # float ids such as 3.0 come from CSV readers; keep them only when integral and exact
         if not np.all(np.isfinite(arr)):
             row = _first_bad(~np.isfinite(arr))
             raise DataValidationError(f"column {column!r} has non-finite id {show(arr[row])} at row {row}")
         if np.all(arr == np.round(arr)):
+            big = np.abs(arr) > 2**53
+            if np.any(big):
+                row = _first_bad(big)
+                raise DataValidationError(
+                    f"column {column!r} has float id {show(arr[row])} at row {row}, beyond 2**53 "
+                    "where floats cannot tell neighbouring integers apart (two users could merge); "
+                    "pass the ids as int or str")
             arr = arr.astype(np.int64)
+    elif arr.dtype == object:
+        ints = np.array([isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in arr])
+        if ints.all():
+            arr = integer_ids(arr)
     return arr
+
+
+def integer_ids(values) -> np.ndarray:
+    """Ids as int64 when every one is an integer that fits, as uint64 when they are non-negative
+    and fit there, else as str (never wrapped or rounded: 20-digit ids stay distinct)."""
+    raw = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+    if raw.dtype.kind in "iu":
+        return raw
+    as_int = pd.to_numeric(pd.Series(raw, copy=False), errors="coerce")
+    if as_int.isna().any() or as_int.dtype.kind not in "iu":
+        return raw.astype(str) if raw.dtype == object and all(isinstance(x, str) for x in raw) \
+            else raw
+    return as_int.to_numpy()
 
 
 def check_numeric(values, column: str, what: str = "value") -> np.ndarray:

@@ -65,6 +65,36 @@ class Interactions:
     user_ids: np.ndarray
     item_ids: np.ndarray
 
+    def __post_init__(self):
+        """Check a hand-built instance (the kernels trust these invariants: an item index past
+        the catalog would read out of bounds)."""
+        indptr, items = np.asarray(self.indptr), np.asarray(self.items)
+        n_users, n_items = len(self.user_ids), len(self.item_ids)
+        if indptr.ndim != 1 or len(indptr) != n_users + 1 or indptr.dtype.kind not in "iu":
+            raise DataValidationError(f"Interactions.indptr must be an integer array of n_users + 1 "
+                                      f"= {n_users + 1} entries, got {indptr.dtype} {indptr.shape}")
+        nnz = int(indptr[-1]) if len(indptr) else 0
+        if indptr[0] != 0 or np.any(np.diff(indptr) < 0):
+            raise DataValidationError("Interactions.indptr must start at 0 and never decrease")
+        for name in ("items", "values", "timestamps"):
+            a = getattr(self, name)
+            if a is not None and (np.ndim(a) != 1 or len(a) != nnz):
+                raise DataValidationError(f"Interactions.{name} must have indptr[-1] = {nnz} "
+                                          f"entries, got shape {np.shape(a)}")
+        if items.dtype.kind not in "iu" or (nnz and (items.min() < 0 or items.max() >= n_items)):
+            bad = items[(items < 0) | (items >= n_items)][0] if items.dtype.kind in "iu" else items.dtype
+            raise DataValidationError(f"Interactions.items must be integer indices in [0, {n_items}) "
+                                      f"(the item_ids catalog); found {bad}")
+        if not np.isfinite(self.values).all():
+            row = int(np.flatnonzero(~np.isfinite(self.values))[0])
+            raise DataValidationError(f"Interactions.values has a non-finite value at entry {row}")
+        if self.items.dtype != np.int32 and n_items < 2**31:
+            object.__setattr__(self, "items", np.ascontiguousarray(items, dtype=np.int32))
+        if indptr.dtype != np.int64:
+            object.__setattr__(self, "indptr", indptr.astype(np.int64))
+        if self.values.dtype != np.float64:
+            object.__setattr__(self, "values", np.asarray(self.values, dtype=np.float64))
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_arrays(
@@ -196,21 +226,23 @@ class Interactions:
         )
 
     @classmethod
-    def from_sparse(cls, matrix, *, rating_scale=None) -> Interactions:
-        """Build from a scipy sparse (users × items) matrix; explicit zeros are kept as entries."""
+    def from_sparse(cls, matrix, *, rating_scale=None, duplicates: str = "error") -> Interactions:
+        """Build from a scipy sparse (users × items) matrix; explicit zeros are kept as entries.
+
+        A COO matrix may hold the same (row, column) twice: like the DataFrame path this is
+        refused (naming the pair) unless ``duplicates="last"`` or ``"mean"`` says what to do —
+        it is never silently summed.
+        """
         if not sp.issparse(matrix):
             raise TypeError(f"expected a scipy sparse matrix, got {type(matrix).__name__}")
-        csr = sp.csr_array(matrix)
-        csr.sum_duplicates()
-        if csr.nnz == 0:
+        n_users, n_items = matrix.shape
+        coo = sp.coo_array(matrix)
+        if coo.nnz == 0:
             raise DataValidationError("no interactions: the sparse matrix has no stored entries")
-        vals = check_numeric(csr.data, "data", "rating")
-        check_scale(vals, rating_scale, "data")
-        n_users, n_items = csr.shape
-        u = np.repeat(np.arange(n_users), np.diff(csr.indptr))
-        return cls._from_dense(
-            u, csr.indices.astype(np.int64), vals, None, np.arange(n_users), np.arange(n_items), n_users
-        )
+        return cls.from_arrays(coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data,
+                               rating_scale=rating_scale, duplicates=duplicates,
+                               user_catalog=np.arange(n_users), item_catalog=np.arange(n_items),
+                               names=("row", "column", "data", "timestamp"))
 
     @classmethod
     def coerce(cls, X, **kwargs) -> Interactions:
@@ -220,7 +252,11 @@ class Interactions:
         if isinstance(X, pd.DataFrame):
             return cls.from_dataframe(X, **kwargs)
         if sp.issparse(X):
-            return cls.from_sparse(X, **{k: v for k, v in kwargs.items() if k == "rating_scale"})
+            bad = [k for k in kwargs if k not in ("rating_scale", "duplicates")]
+            if bad:
+                raise TypeError(f"{bad[0]!r} does not apply to a sparse matrix input (it takes "
+                                "rating_scale and duplicates)")
+            return cls.from_sparse(X, **kwargs)
         raise TypeError(
             "expected an Interactions, a pandas DataFrame with user/item/rating columns, or a "
             f"scipy sparse user × item matrix; got {type(X).__name__}"
@@ -306,10 +342,6 @@ class Interactions:
             user_ids=self.user_ids[users],
             item_ids=self.item_ids,
         )
-
-    def user_position(self, raw_ids) -> np.ndarray:
-        """Dense ids of raw user ids; -1 for ids not present."""
-        return pd.Index(self.user_ids).get_indexer(pd.Index(np.atleast_1d(np.asarray(raw_ids))))
 
     def __repr__(self) -> str:
         ts = "with" if self.timestamps is not None else "without"

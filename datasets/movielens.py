@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ._validation import DataValidationError
+from ._files import atomic_write
+from ._validation import DataValidationError, integer_ids
 from .interactions import Interactions
 
 RECBOLE_WHEEL = "recbole==1.2.1"
@@ -112,7 +113,14 @@ def parse_ratings(data: bytes | str | os.PathLike, name: str | None = None) -> p
     buf = io.StringIO(text)
     try:
         if fmt == "u.data":
-            df = pd.read_csv(buf, sep="\t", header=None, names=_COLUMNS, dtype=str)
+            df = pd.read_csv(buf, sep="\t", header=None, dtype=str)
+            if df.shape[1] != 4:
+                fix = ("remove the extra columns" if df.shape[1] > 4 else "some fields are missing")
+                raise DataValidationError(
+                    f"{name}: expected 4 tab-separated fields per line (user, item, rating, "
+                    f"timestamp), found {df.shape[1]}: {fix}, or load the file with pandas and "
+                    "pass a DataFrame")
+            df.columns = _COLUMNS
         elif fmt == "ratings.dat":
             # '::' is a multi-char separator: split in Python-free vectorized form
             lines = pd.Series(text.splitlines())
@@ -149,9 +157,7 @@ def parse_ratings(data: bytes | str | os.PathLike, name: str | None = None) -> p
         row = int(np.flatnonzero(bad)[0]) if bad.any() else 0
         raise DataValidationError(f"{name}: data row {row} has missing fields (format {fmt})")
     for col in ("user", "item"):
-        as_int = pd.to_numeric(df[col], errors="coerce")
-        if not as_int.isna().any():
-            df[col] = as_int.to_numpy(np.int64)
+        df[col] = integer_ids(df[col])
     return _finish(df, name)
 
 
@@ -172,16 +178,7 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 def read_recbole_wheel(wheel: str | os.PathLike, verify: bool = True) -> bytes:

@@ -21,8 +21,9 @@ under the target at that row's position and context, Σ_a π_e(a | x, k) q̂(x, 
 
 Estimators of the target's CTR (mean reward per impression), with w = π_e / π_0:
 
-- replay  : Σ r·1[π_e > 0] w / Σ 1[π_e > 0] w   (Li et al. 2011; for deterministic targets it is
-            the mean reward on the rows where the log agrees with the target)
+- replay  : Σ π_e r / Σ π_e   (Li et al. 2011: the plain mean reward over the logged rows whose
+            action the target would have taken — no propensity weighting; for a stochastic
+            target each row counts with the target's probability of its action)
 - ips     : mean(w r)
 - snips   : Σ w r / Σ w
 - dm      : mean(q_target)
@@ -113,10 +114,11 @@ def _arrays(n, reward, propensity, target_probs, q_logged=None, q_target=None):
             row = int(np.flatnonzero(~np.isfinite(a))[0])
             raise ValueError(f"{k} has a non-finite value {show(a[row])} at row {row}")
         out[k] = a
-    if np.any(out["propensity"] <= 0):
-        row = int(np.flatnonzero(out["propensity"] <= 0)[0])
-        raise ValueError(f"propensity is {show(out['propensity'][row])} at row {row}; validate the log "
-                         "with validate_log(..., zero_propensity='drop') first")
+    bad = (out["propensity"] <= 0) | (out["propensity"] > 1)
+    if np.any(bad):
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"propensity is {show(out['propensity'][row])} at row {row}, outside (0, 1]; "
+                         "validate the log with validate_log(..., zero_propensity='drop') first")
     if np.any((out["target_probs"] < 0) | (out["target_probs"] > 1)):
         row = int(np.flatnonzero((out["target_probs"] < 0) | (out["target_probs"] > 1))[0])
         raise ValueError(f"target_probs[{row}] = {show(out['target_probs'][row])} is not a probability")
@@ -134,9 +136,8 @@ def _point(name, a, idx=None):
         s = w.sum()
         return float(np.sum(w * r) / s) if s > 0 else float("nan")
     if name == "replay":
-        m = pe > 0
-        s = w[m].sum()
-        return float(np.sum(w[m] * r[m]) / s) if s > 0 else float("nan")
+        s = pe.sum()
+        return float(np.sum(pe * r) / s) if s > 0 else float("nan")
     qt = a["q_target"] if idx is None else a["q_target"][idx]
     if name == "dm":
         return float(np.mean(qt))
@@ -154,6 +155,13 @@ def estimate_ctr(reward, propensity, target_probs, *, q_logged=None, q_target=No
     reward model predictions are given.
     """
     n = len(np.asarray(reward))
+    if n == 0:
+        raise ValueError("estimate_ctr needs at least one logged row")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1) (0.05 gives a 95 % interval), got {alpha!r}")
+    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, (int, np.integer)) \
+            or n_bootstrap < 0:
+        raise ValueError(f"n_bootstrap must be an integer >= 0, got {n_bootstrap!r}")
     a = _arrays(n, reward, propensity, target_probs, q_logged, q_target)
     unknown = set(estimators) - set(ESTIMATORS)
     if unknown:

@@ -14,20 +14,12 @@ users, pool their ratings, compute the metrics; report mean and std over repeats
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
+from sklearn.utils.validation import check_is_fitted
 
-from .._kernels.predict import predict_pairs
 from ..datasets import Interactions
 from .metrics import per_user_rating_metrics, rating_metrics, round_to_scale
 from .splits import support_query_split
-
-
-def _predict_with(model, P, c, inter: Interactions) -> np.ndarray:
-    """Predictions for every entry of ``inter`` with user rows (P, c) in its dense order."""
-    items = model._model_items_of(inter)
-    out = np.empty(inter.nnz)
-    predict_pairs(inter.user_index(), items, (P, c),
-                  (model.item_factors_, model.item_biases_), float(model.global_mean_), out)
-    return model._clip(out, True)
 
 
 def bootstrap(users, y_true, y_pred, rating_scale=None, *, n_repeats=200, clients=50,
@@ -69,20 +61,15 @@ def standard_eval(model, test: Interactions, *, n_repeats: int = 200, random_sta
 
     ``test`` must use the fit data's user map (e.g. a part of ``per_user_time_split``).
     """
-    model._check_fitted()
-    df_users = test.user_ids[test.user_index()]
-    users = model._user_index(test.user_ids)
+    check_is_fitted(model, "item_factors_")
+    users = pd.Index(model.user_ids_).get_indexer(pd.Index(test.user_ids))
     if np.any(users < 0):
         bad = test.user_ids[users < 0][0]
         raise ValueError(f"standard_eval is for users seen in fit; user {bad!r} was not — use "
                          "recon_eval for unseen users")
-    has = np.flatnonzero(test.counts() > 0)
-    P, c = model._user_params(users[has])
-    P_full = np.zeros((test.n_users, P.shape[1]), P.dtype)
-    c_full = np.zeros(test.n_users, c.dtype)
-    P_full[has], c_full[has] = P, c
-    pred = _predict_with(model, P_full, c_full, test)
-    return _report(model, df_users, test.values, pred, n_repeats, random_state)
+    pred = model.predict(test)
+    return _report(model, test.user_ids[test.user_index()], test.values, pred, n_repeats,
+                   random_state)
 
 
 def recon_eval(model, users: Interactions, *, split: str = "random", support_fraction: float = 0.5,
@@ -93,10 +80,9 @@ def recon_eval(model, users: Interactions, *, split: str = "random", support_fra
     reconstruction="sgd"). Users with an empty query part add nothing; query items the model
     never saw are scored with the documented fallback (no item term).
     """
-    model._check_fitted()
     support, query = support_query_split(users, split, support_fraction, random_state)
     P, c = model.reconstruct_users(support)
-    pred = _predict_with(model, P, c, query)
+    pred = model.predict_entries(query, P, c)
     return _report(model, query.user_ids[query.user_index()], query.values, pred, n_repeats,
                    random_state)
 
@@ -107,12 +93,12 @@ def random_embedding_eval(model, users: Interactions, *, scale: float = 0.1,
 
     Scored on the same query part as ``recon_eval`` with the same ``random_state``.
     """
-    model._check_fitted()
+    check_is_fitted(model, "item_factors_")
     _, query = support_query_split(users, "random", 0.5, random_state)
     rng = np.random.default_rng(random_state)
     K = model.item_factors_.shape[1]
     P = (rng.standard_normal((query.n_users, K)) * scale).astype(model.item_factors_.dtype)
     c = np.zeros(query.n_users, model.item_factors_.dtype)
-    pred = _predict_with(model, P, c, query)
+    pred = model.predict_entries(query, P, c)
     return _report(model, query.user_ids[query.user_index()], query.values, pred, n_repeats,
                    random_state)

@@ -2,8 +2,9 @@
 
 __version__ = "0.1.0"
 
+from . import _numba_cache  # noqa: E402,F401  (before any kernel is compiled or loaded)
 from .federated import FURLMF, FedAvgMF, FedReconImplicitMF, FedReconMF  # noqa: E402
-from .models import CentralizedMF, GlobalParams, ImplicitMF, LocalParams  # noqa: E402
+from .models import CentralizedMF, ImplicitMF, LocalParams  # noqa: E402
 
 __all__ = [
     "CentralizedMF",
@@ -11,7 +12,6 @@ __all__ = [
     "FedAvgMF",
     "FedReconImplicitMF",
     "FedReconMF",
-    "GlobalParams",
     "ImplicitMF",
     "LocalParams",
     "__version__",

@@ -8,6 +8,36 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._kernels.layout import (
+    CFG_FIT_BIAS,
+    CFG_LAM,
+    CFG_LAM0,
+    CFG_OFFSET,
+    HP_BATCH,
+    HP_EPOCHS,
+    HP_FIT_BIAS,
+    HP_JOINT,
+    HP_LAM,
+    HP_LR,
+    HP_OFFSET,
+    HP_STEPS,
+    IC_ALPHA,
+    IC_LAM,
+    IC_NEG,
+    IC_NEG_WEIGHT,
+    IC_SPLIT,
+    IC_SUPPORT_FRAC,
+    INIT_UNIFORM,
+    RI_INIT,
+    RI_SCALE,
+    SE_FIT_BIAS,
+    SE_LAM,
+    SE_LR,
+    SE_OFFSET,
+    SPLIT_NONE,
+    SPLIT_RANDOM,
+)
+
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -86,7 +116,8 @@ def ridge_solve_row(idx, vals, fixed, fixed_bias, lam, lam0, offset, fit_bias):
 
 
 def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg):
-    lam, lam0, offset, fit_bias = cfg[0], cfg[1], cfg[2], cfg[3] != 0
+    lam, lam0, offset = cfg[CFG_LAM], cfg[CFG_LAM0], cfg[CFG_OFFSET]
+    fit_bias = cfg[CFG_FIT_BIAS] != 0
     n = len(indptr) - 1
     out = np.zeros((n, fixed.shape[1]))
     out_bias = np.zeros(n)
@@ -105,8 +136,8 @@ def ridge_objective(idx, vals, fixed, fixed_bias, p, c, lam, lam0, offset):
 
 # ---------------------------------------------------------------------- gradient steps
 def _hp(hp):
-    return (float(hp[0]), float(hp[1]), int(hp[2]), int(hp[3]), int(hp[4]), float(hp[5]),
-            hp[6] != 0, hp[7] != 0)
+    return (float(hp[HP_LR]), float(hp[HP_LAM]), int(hp[HP_BATCH]), int(hp[HP_STEPS]),
+            int(hp[HP_EPOCHS]), float(hp[HP_OFFSET]), hp[HP_FIT_BIAS] != 0, hp[HP_JOINT] != 0)
 
 
 def _batches(n, bs, max_steps, epochs, stream):
@@ -140,17 +171,25 @@ def sgd_reconstruct_user(items, vals, Q, b, hp, p, c, seed):
     return p, c
 
 
-def sgd_reconstruct_rows(indptr, idx, vals, glob, hp, seeds, init, init_bias):
+def init_local(K, init_cfg, stream):
+    """Twin of the kernels' ``init_local``: zeros, or uniform ±scale drawn from the stream."""
+    if int(init_cfg[RI_INIT]) == INIT_UNIFORM:
+        return np.array([(2 * stream.next_float() - 1) * init_cfg[RI_SCALE] for _ in range(K)])
+    return np.zeros(K)
+
+
+def sgd_reconstruct_rows(indptr, idx, vals, glob, hp, init, keys):
+    """Returns (P, c): each row starts from ``init_local`` on its own stream keys[r]."""
     Q, b = glob
-    out = np.array(init, np.float64)
-    out_bias = np.array(init_bias, np.float64)
-    for r in range(len(indptr) - 1):
+    n = len(indptr) - 1
+    P, c = np.zeros((n, Q.shape[1])), np.zeros(n)
+    for r in range(n):
         s, e = indptr[r], indptr[r + 1]
-        out[r], cb = sgd_reconstruct_user(idx[s:e], vals[s:e], Q, b, hp, out[r], out_bias[r],
-                                          int(seeds[r]))
-        if hp[6] != 0:
-            out_bias[r] = cb
-    return out, out_bias
+        stream = Stream(int(keys[r]))
+        p0 = init_local(Q.shape[1], init, stream)
+        P[r], cb = sgd_reconstruct_user(idx[s:e], vals[s:e], Q, b, hp, p0, 0.0, stream)
+        c[r] = cb if hp[HP_FIT_BIAS] != 0 else 0.0
+    return P, c
 
 
 def item_steps_user(items, vals, Q, b, hp, p, c, seed):
@@ -201,7 +240,7 @@ def item_steps_rows(indptr, idx, vals, glob, local, hp, seeds):
 def sgd_epoch(users, items, vals, user_params, item_params, cfg):
     P, c = (np.array(a, np.float64) for a in user_params)
     Q, b = (np.array(a, np.float64) for a in item_params)
-    lr, lam, mu, fit_bias = cfg[0], cfg[1], cfg[2], cfg[3] != 0
+    lr, lam, mu, fit_bias = cfg[SE_LR], cfg[SE_LAM], cfg[SE_OFFSET], cfg[SE_FIT_BIAS] != 0
     sse = 0.0
     for t in range(len(users)):
         u, i = users[t], items[t]
@@ -227,7 +266,7 @@ def fedrecon_round(data, clients, Q, b, *, seed, round_idx, split, support_fract
     """
     indptr, items_all, values_all = data
     K = Q.shape[1]
-    mu, fit_bias = float(update_hp[5]), update_hp[6] != 0
+    mu, fit_bias = float(update_hp[HP_OFFSET]), update_hp[HP_FIT_BIAS] != 0
     total = np.zeros((Q.shape[0], K))
     total_b = np.zeros(Q.shape[0])
     touched = np.zeros(Q.shape[0], bool)
@@ -248,7 +287,7 @@ def fedrecon_round(data, clients, Q, b, *, seed, round_idx, split, support_fract
         if recon == "als":
             p, c = ridge_solve_row(items[sup], vals[sup], Q, b, ridge[0], ridge[1], mu, fit_bias)
         else:
-            p0 = np.array([(2 * stream.next_float() - 1) * init_scale for _ in range(K)])
+            p0 = init_local(K, np.array([INIT_UNIFORM, init_scale]), stream)
             p, c = sgd_reconstruct_user(items[sup], vals[sup], Q, b, recon_hp, p0, 0.0, stream)
         uniq, dq, db, _, _ = item_steps_user(items[qry], vals[qry], Q, b, update_hp, p, c, stream)
         w = len(qry)
@@ -281,13 +320,14 @@ def implicit_solve_rows(indptr, idx, vals, fixed, alpha, lam):
 def _implicit_start(items, vals, Q, cfg, seed):
     """Shared start of the implicit clients: split, then the exact weighted-ALS reconstruction.
     Returns (stream, query positions, p)."""
-    split, frac, alpha, lam_r = int(cfg[0]), cfg[1], cfg[2], cfg[3]
+    split, frac = int(cfg[IC_SPLIT]), cfg[IC_SUPPORT_FRAC]
+    alpha, lam_r = cfg[IC_ALPHA], cfg[IC_LAM]
     stream = Stream(seed)
     n = len(items)
     perm = np.arange(n)
-    if split == 1:
+    if split == SPLIT_RANDOM:
         stream.shuffle(perm)
-    if split == 0:
+    if split == SPLIT_NONE:
         n_s, q_start = n, 0
     else:
         n_s = min(max(int(np.ceil(n * frac - 1e-9)), 1 if n else 0), n)
@@ -299,8 +339,8 @@ def _implicit_start(items, vals, Q, cfg, seed):
 
 def fedrecon_implicit_client(items, vals, Q, cfg, hp, seed, n_items):
     """Twin of one client of ``fedrecon_implicit_clients``: returns (uniq items, ΔQ rows, loss)."""
-    alpha, m_neg, nu = cfg[2], int(cfg[4]), cfg[5]
-    lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
+    alpha, m_neg, nu = cfg[IC_ALPHA], int(cfg[IC_NEG]), cfg[IC_NEG_WEIGHT]
+    lr, l2, bs, max_steps, epochs, *_ = _hp(hp)
     stream, qry, p = _implicit_start(items, vals, Q, cfg, seed)
     batches = []
     for b in _batches(len(qry), bs, max_steps, epochs, stream):
@@ -331,8 +371,8 @@ def fedrecon_implicit_client(items, vals, Q, cfg, hp, seed, n_items):
 def fedrecon_implicit_full_client(items, vals, Q, cfg, hp, seed, n_items):
     """Dense twin of one client of ``fedrecon_implicit_full_clients``: every catalog row is
     updated explicitly at every step. Returns the dense ΔQ (n_items, K) and the loss."""
-    alpha, nu = cfg[2], cfg[5]
-    lr, l2, bs, max_steps, epochs = hp[0], hp[1], int(hp[2]), int(hp[3]), int(hp[4])
+    alpha, nu = cfg[IC_ALPHA], cfg[IC_NEG_WEIGHT]
+    lr, l2, bs, max_steps, epochs, *_ = _hp(hp)
     stream, qry, p = _implicit_start(items, vals, Q, cfg, seed)
     Qd = Q.astype(np.float64).copy()
     q_items = items[qry]

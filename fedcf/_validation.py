@@ -39,7 +39,10 @@ def check_choice(name: str, value, choices) -> str:
 
 
 def check_dtype(value) -> np.dtype:
-    dt = np.dtype(value)
+    try:
+        dt = np.dtype(value)
+    except TypeError as exc:
+        raise ValueError(f"dtype must be float32 or float64, got {value!r}") from exc
     if dt not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {value!r}")
     return dt
@@ -48,6 +51,8 @@ def check_dtype(value) -> np.dtype:
 def check_rating_scale(value):
     if value is None:
         return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise ValueError(f"rating_scale must be a pair (low, high) or None, got {value!r}")
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError) as exc:
@@ -55,3 +60,79 @@ def check_rating_scale(value):
     if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
         raise ValueError(f"rating_scale must be (low, high) with finite low < high, got {value!r}")
     return lo, hi
+
+
+# ---------------------------------------------------------------------- declared parameter rules
+# Estimators declare ``_parameter_constraints = {name: rule}`` once (subclasses extend their
+# parent's dict); ``check_params`` applies every rule. A rule is a callable (name, value) that
+# raises naming the parameter, or returns the cleaned value.
+def Int(low=None, high=None):
+    return lambda name, v: check_int(name, v, low=low, high=high)
+
+
+def Real(low=None, high=None, low_open=False, high_open=False):
+    def rule(name, v):
+        x = check_float(name, v, low=low, high=high, low_open=low_open)
+        if high_open and high is not None and x >= high:
+            raise ValueError(f"{name} must be < {high}, got {x}")
+        return x
+    return rule
+
+
+def Options(*choices):
+    return lambda name, v: check_choice(name, v, set(choices))
+
+
+def Bool():
+    def rule(name, v):
+        if not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {v!r} ({type(v).__name__})")
+        return bool(v)
+    return rule
+
+
+def Dtype():
+    return lambda name, v: check_dtype(v)
+
+
+def RatingScale():
+    return lambda name, v: check_rating_scale(v)
+
+
+def NoneOr(rule):
+    return lambda name, v: None if v is None else rule(name, v)
+
+
+def RandomState():
+    def rule(name, v):
+        if v is None or isinstance(v, np.random.RandomState):
+            return v
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must be None, an int or a numpy RandomState, got {v!r}")
+        if not 0 <= v < 2**63:
+            raise ValueError(f"{name} must be in [0, 2**63), got {v}")
+        return int(v)
+    return rule
+
+
+def Path():
+    import os
+
+    def rule(name, v):
+        if not isinstance(v, (str, os.PathLike)) or str(v) == "":
+            raise TypeError(f"{name} must be a file path (str or os.PathLike), got {v!r}")
+        return v
+    return rule
+
+
+def Dict():
+    def rule(name, v):
+        if not isinstance(v, dict):
+            raise TypeError(f"{name} must be a dict, got {type(v).__name__}")
+        return v
+    return rule
+
+
+def check_params(est) -> dict:
+    """Apply ``est._parameter_constraints``; returns {name: cleaned value}."""
+    return {name: rule(name, getattr(est, name)) for name, rule in est._parameter_constraints.items()}

@@ -42,9 +42,10 @@ from threadpoolctl import threadpool_limits
 
 from fedcf import FedReconMF
 from fedcf import _reference as ref
-from fedcf._kernels.als import ridge_cfg, ridge_solve_rows
-from fedcf._kernels.sgd import sgd_epoch, sgd_hp
-from fedcf.federated import sample_round
+from fedcf._kernels.als import ridge_solve_rows
+from fedcf._kernels.layout import ridge_cfg, sgd_hp
+from fedcf._kernels.sgd import sgd_epoch
+from fedcf.federated import Selector
 
 K = 50
 ROWS: list[dict] = []
@@ -244,7 +245,7 @@ def section_fedrecon(data, args):
         eligible = np.flatnonzero(inter.counts() >= 1)
         t0 = time.perf_counter()
         for t in range(n_ref):
-            cl = sample_round(0, t, eligible, clients).clients
+            cl = Selector(0, eligible, clients)(t).clients
             ref.fedrecon_round((inter.indptr, inter.items, inter.values), cl, Q, b, seed=0,
                                round_idx=t, split="random", support_fraction=0.5, recon=recon,
                                recon_hp=hp_r, update_hp=hp_u, init_scale=0.05)

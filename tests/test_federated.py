@@ -11,9 +11,25 @@ from sklearn.base import clone
 
 from fedcf import FURLMF, FedAvgMF, FedReconMF
 from fedcf import _reference as ref
-from fedcf._kernels import federated as kfed
-from fedcf._kernels.sgd import sgd_hp
-from fedcf.federated import aggregate, make_server_optimizer, sample_round
+from fedcf._kernels import clients as kcl
+from fedcf._kernels.layout import SPLIT_TIME, client_cfg, sgd_hp
+from fedcf.federated import (
+    ClientOutputs,
+    RoundHyperparams,
+    Selector,
+    WeightedMean,
+    make_server_optimizer,
+)
+
+
+def sample_round(seed, t, eligible, m, oversample=0.0, dropout=0.0):
+    return Selector(seed, np.asarray(eligible), m, oversample, dropout)(t)
+
+
+def aggregate(offsets, d_items, d_Q, d_b, weights, weighting="num_examples"):
+    out = ClientOutputs(np.asarray(offsets, np.int64), np.asarray(d_items, np.int64), d_Q, d_b,
+                        np.asarray(weights, float), np.zeros(len(weights)))
+    return WeightedMean()(out, RoundHyperparams(1.0, {}, 1.0 if weighting == "num_examples" else 0.0))
 
 # ---------------------------------------------------------------- server optimizers
 
@@ -107,12 +123,12 @@ def test_client_output_carries_no_local_params(small_population):
     Q = np.random.default_rng(0).normal(0, 0.1, (n_items, K))
     b = np.zeros(n_items)
     clients = np.arange(10, dtype=np.int64)
-    cfg = kfed.client_cfg(kfed.SPLIT_TIME, 0.5, kfed.RECON_ALS, 1, 0.05, 0.1, 1e-4)
-    qs = kfed.query_sizes(inter.counts()[clients], kfed.SPLIT_TIME, 0.5)
+    cfg = client_cfg("time", 0.5, "als", "uniform", 0.05, 0.1, 1e-4)
+    qs = kcl.query_sizes(inter.counts()[clients], SPLIT_TIME, 0.5)
     offsets = np.r_[0, np.cumsum(qs)].astype(np.int64)
     out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
            np.empty(offsets[-1]), np.full(10, np.nan))
-    kfed.fedrecon_clients((inter.indptr, inter.items, inter.values), clients, (Q, b), cfg,
+    kcl.fedrecon_clients((inter.indptr, inter.items, inter.values), clients, (Q, b), cfg,
                           sgd_hp(0.1, 0, 5, 50, 1, 3.5, True), sgd_hp(0.5, 0, 5, 50, 1, 3.5, True),
                           np.array([1, 0], np.uint64), out)
     # the only outputs: item ids, item-row deltas, item-bias deltas, losses
@@ -211,7 +227,7 @@ def test_nonfinite_client_updates_are_dropped():
     d_b = np.ones(5)
     weights = np.array([2.0, 1.0, 2.0])
     agg = aggregate(offsets, d_items, d_Q, d_b, weights)
-    assert agg.n_nonfinite == 1 and agg.n_used == 2
+    assert agg.nonfinite.sum() == 1 and agg.n_used == 2
     # mean over clients 0 and 2 only (weights 2, 2): item 0 touched by both, 1 by 0, 2 by 2
     np.testing.assert_allclose(agg.d_Q[:, 0], [1.0, 0.5, 0.5])
     assert agg.items.tolist() == [0, 1, 2]
@@ -298,7 +314,7 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
 
 
 def test_stateful_kernel_updates_exactly_the_sampled_user_rows(small_population):
-    """Pins the writes numba's parfor pass once dropped (see fedcf/_kernels/federated.py)."""
+    """Pins the writes numba's parfor pass once dropped (see fedcf/_kernels/util.py)."""
     inter, _ = small_population
     K = 3
     rng = np.random.default_rng(0)
@@ -312,7 +328,7 @@ def test_stateful_kernel_updates_exactly_the_sampled_user_rows(small_population)
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
            np.empty(offsets[-1]), np.full(3, np.nan))
-    kfed.stateful_clients((inter.indptr, inter.items, inter.values), clients, (Q, b), (P, c),
+    kcl.stateful_clients((inter.indptr, inter.items, inter.values), clients, (Q, b), (P, c),
                           sgd_hp(0.1, 0, 5, 50, 1, 3.5, True, True), np.array([0, 0], np.uint64),
                           out)
     changed = np.flatnonzero(np.any(P != P0, axis=1))

@@ -56,7 +56,7 @@ def test_fold_in_equals_training_solve_and_recommend(clicks):
     # after the last sweep the items moved, so refold users against the final items: the
     # fold-in is exactly one more user half-step
     from fedcf._kernels.als import implicit_solve_rows
-    from fedcf.models import item_gram
+    from fedcf.models.implicit_mf import item_gram
 
     want = np.zeros_like(m.user_factors_)
     implicit_solve_rows(train.indptr, train.items, train.values, m.item_factors_,
@@ -72,9 +72,9 @@ def test_fold_in_equals_training_solve_and_recommend(clicks):
 @pytest.mark.parametrize("split,neg", [(0, 3), (1, 2), (2, 0)])
 def test_implicit_client_kernel_matches_twin(clicks, split, neg):
     from fedcf import _reference as ref
-    from fedcf._kernels import federated as kfed
-    from fedcf._kernels.sgd import sgd_hp
-    from fedcf.models import item_gram
+    from fedcf._kernels import implicit_clients as kfed
+    from fedcf._kernels.layout import sgd_hp
+    from fedcf.models.implicit_mf import item_gram
 
     train, _ = clicks
     rng = np.random.default_rng(0)
@@ -127,9 +127,10 @@ def test_fedrecon_implicit_learns_for_unseen_users(clicks):
 def test_full_negative_client_equals_dense_explicit_steps(clicks):
     """The closed-form (rank-1) full-catalog client equals stepping every catalog row."""
     from fedcf import _reference as ref
-    from fedcf._kernels import federated as kfed
-    from fedcf._kernels.sgd import sgd_hp
-    from fedcf.models import item_gram
+    from fedcf._kernels import clients as kcl
+    from fedcf._kernels import implicit_clients as kfed
+    from fedcf._kernels.layout import sgd_hp
+    from fedcf.models.implicit_mf import item_gram
 
     train, _ = clicks
     rng = np.random.default_rng(1)
@@ -138,7 +139,7 @@ def test_full_negative_client_equals_dense_explicit_steps(clicks):
     cfg = np.array([1, 0.5, 1.5, 0.05, 0, 3.0])
     hp = sgd_hp(0.5, 0.01, 3, 5, 2, 0.0, False)
     clients = np.array([2, 9, 30], np.int64)
-    qs = kfed.query_sizes(train.counts()[clients], 1, 0.5)
+    qs = kcl.query_sizes(train.counts()[clients], 1, 0.5)
     offsets = np.r_[0, np.cumsum(qs)].astype(np.int64)
     W = np.zeros((3, K, K))
     out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcf import _reference as ref
-from fedcf._kernels import als, predict, sgd
+from fedcf._kernels import als, layout, predict, sgd
 from fedcf._kernels import rng as krng
 
 
@@ -58,7 +58,7 @@ def test_stream_matches_python_twin():
 @pytest.mark.parametrize("fit_bias", [True, False])
 def test_ridge_rows_match_twin(dtype, fit_bias):
     _, indptr, idx, vals, Q, b = make_problem(0, dtype=dtype, dupes=True)
-    cfg = als.ridge_cfg(0.1, 0.01, 3.2, fit_bias)
+    cfg = layout.ridge_cfg(0.1, 0.01, 3.2, fit_bias)
     out = np.full((len(indptr) - 1, Q.shape[1]), 9, dtype)
     ob = np.full(len(indptr) - 1, 9, dtype)
     als.ridge_solve_rows(indptr, idx, vals, Q, b, cfg, out, ob)
@@ -75,11 +75,11 @@ def test_ridge_one_rating_and_singular_systems():
     indptr = np.array([0, 1], np.int64)
     out, ob = np.zeros((1, 2)), np.zeros(1)
     als.ridge_solve_rows(indptr, np.array([0], np.int32), np.array([4.0]), Q, b,
-                         als.ridge_cfg(0.5, 0.0, 0.0, False), out, ob)
+                         layout.ridge_cfg(0.5, 0.0, 0.0, False), out, ob)
     # minimise (4 - p0)^2 + 0.5 (p0^2 + p1^2) -> p0 = 4 / 1.5
     np.testing.assert_allclose(out[0], [4 / 1.5, 0.0])
     als.ridge_solve_rows(indptr, np.array([0], np.int32), np.array([4.0]), Q, b,
-                         als.ridge_cfg(0.0, 0.0, 0.0, False), out, ob)
+                         layout.ridge_cfg(0.0, 0.0, 0.0, False), out, ob)
     assert np.isnan(out[0]).all(), "a singular system must give NaN, not garbage"
 
 
@@ -87,7 +87,7 @@ def test_ridge_one_rating_and_singular_systems():
 @given(seed=st.integers(0, 10_000), lam=st.floats(0.001, 2.0), lam0=st.floats(0.0, 1.0))
 def test_reconstruction_never_increases_local_objective(seed, lam, lam0):
     rng, indptr, idx, vals, Q, b = make_problem(seed, n_rows=6, K=3, dtype=np.float64, dupes=True)
-    cfg = als.ridge_cfg(lam, lam0, 3.0, True)
+    cfg = layout.ridge_cfg(lam, lam0, 3.0, True)
     out, ob = np.zeros((6, 3)), np.zeros(6)
     als.ridge_solve_rows(indptr, idx, vals, Q, b, cfg, out, ob)
     for r in range(6):
@@ -108,13 +108,12 @@ def test_reconstruction_never_increases_local_objective(seed, lam, lam0):
 def test_sgd_reconstruction_matches_twin(dtype, seed, bs, steps, epochs, lam, fit_bias):
     rng, indptr, idx, vals, Q, b = make_problem(seed, dtype=dtype, dupes=True)
     n = len(indptr) - 1
-    hp = sgd.sgd_hp(0.1, lam, bs, steps, epochs, 3.0, fit_bias)
-    init = rng.uniform(-0.05, 0.05, (n, Q.shape[1])).astype(dtype)
-    init_b = np.zeros(n, dtype)
-    out, ob = init.copy(), init_b.copy()
+    hp = layout.sgd_hp(0.1, lam, bs, steps, epochs, 3.0, fit_bias)
+    init = layout.recon_init_cfg("uniform" if seed % 2 else "zeros", 0.05)
+    out, ob = np.full((n, Q.shape[1]), 9.0, dtype), np.full(n, 9.0, dtype)
     seeds = seeds_for(n, seed)
-    sgd.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), hp, seeds, out, ob)
-    want, want_b = ref.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), hp, seeds, init, init_b)
+    sgd.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), hp, init, seeds, (out, ob))
+    want, want_b = ref.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), hp, init, seeds)
     np.testing.assert_allclose(out, want, **tol(dtype))
     np.testing.assert_allclose(ob, want_b, **tol(dtype))
 
@@ -129,7 +128,7 @@ def test_item_steps_match_twin(dtype, seed, bs, steps, epochs, joint, fit_bias):
     P = rng.normal(0, 0.3, (n, K)).astype(dtype)
     c = rng.normal(0, 0.1, n).astype(dtype)
     P0, c0, Q0, b0 = P.copy(), c.copy(), Q.copy(), b.copy()
-    hp = sgd.sgd_hp(0.5, 0.01, bs, steps, epochs, 3.0, fit_bias, joint)
+    hp = layout.sgd_hp(0.5, 0.01, bs, steps, epochs, 3.0, fit_bias, joint)
     seeds = seeds_for(n, seed)
     nnz = indptr[-1]
     out = (np.empty(nnz, np.int64), np.empty((nnz, K), dtype), np.empty(nnz, dtype))
@@ -151,7 +150,7 @@ def test_item_steps_with_duplicate_items_accumulate():
     indptr = np.array([0, 2], np.int64)
     idx = np.array([0, 0], np.int32)
     vals = np.array([1.5, 2.5])
-    hp = sgd.sgd_hp(0.1, 0.0, 2, 1, 1, 0.0, False)
+    hp = layout.sgd_hp(0.1, 0.0, 2, 1, 1, 0.0, False)
     out = (np.empty(2, np.int64), np.empty((2, 1)), np.empty(2))
     sgd.item_steps_rows(indptr, idx, vals, (Q, b), (P, c), hp, seeds_for(1), out)
     # grad = mean(-2 e p) = -(1.0 + 2.0) ; step = 0.1 * 3.0 / 1
@@ -168,7 +167,7 @@ def test_sgd_epoch_matches_twin(dtype):
     c = np.zeros(n, dtype)
     order = rng.permutation(len(idx))
     users, idx, vals = users[order], idx[order], vals[order]
-    cfg = np.array([0.02, 0.05, 3.0, 1.0])
+    cfg = layout.sgd_epoch_cfg(0.02, 0.05, 3.0, True)
     (rP, rc), (rQ, rb), rsse = ref.sgd_epoch(users, idx, vals, (P, c), (Q, b), cfg)
     sse = sgd.sgd_epoch(users, idx, vals, (P, c), (Q, b), cfg)
     for a, w in ((P, rP), (c, rc), (Q, rQ), (b, rb)):
@@ -201,13 +200,13 @@ def test_results_identical_with_one_and_two_threads():
         for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(threads)
             o1, b1 = np.zeros((n, K), np.float32), np.zeros(n, np.float32)
-            als.ridge_solve_rows(indptr, idx, vals, Q, b, als.ridge_cfg(0.1, 0.0, 3.0, True), o1, b1)
+            als.ridge_solve_rows(indptr, idx, vals, Q, b, layout.ridge_cfg(0.1, 0.0, 3.0, True), o1, b1)
             o2, b2 = P.copy(), c.copy()
-            sgd.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), sgd.sgd_hp(0.1, 0, 3, 5, 1, 3, True),
-                                     seeds_for(n), o2, b2)
+            sgd.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), layout.sgd_hp(0.1, 0, 3, 5, 1, 3, True),
+                                     layout.recon_init_cfg("uniform", 0.05), seeds_for(n), (o2, b2))
             out = (np.empty(nnz, np.int64), np.empty((nnz, K), np.float32), np.empty(nnz, np.float32))
             sgd.item_steps_rows(indptr, idx, vals, (Q, b), (P, c),
-                                sgd.sgd_hp(0.5, 0, 3, 5, 1, 3, True), seeds_for(n), out)
+                                layout.sgd_hp(0.5, 0, 3, 5, 1, 3, True), seeds_for(n), out)
             results.append((o1, b1, o2, b2, *out))
     finally:
         numba.set_num_threads(before)

@@ -17,13 +17,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-# cfg layout shared by the kernels here (float64 array)
-CFG_LAM, CFG_LAM0, CFG_OFFSET, CFG_FIT_BIAS = 0, 1, 2, 3
+from .layout import CFG_FIT_BIAS, CFG_LAM, CFG_LAM0, CFG_OFFSET, IA_ALPHA, IA_LAM
+
 ROWS_PER_CHUNK = 32
-
-
-def ridge_cfg(lam: float, lam0: float, offset: float, fit_bias: bool) -> np.ndarray:
-    return np.array([lam, lam0, offset, 1.0 if fit_bias else 0.0], dtype=np.float64)
 
 
 # Leaf arithmetic may be reassociated (SIMD); "nnan"/"ninf" stay off so NaN checks hold.
@@ -152,7 +148,7 @@ def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
     ----------
     indptr : int64 (n_rows + 1,);  idx : int (nnz,) columns into ``fixed``;  vals : float (nnz,)
     fixed : float (n_fixed, K) frozen factors;  fixed_bias : float (n_fixed,) frozen biases
-    cfg : float64 (4,) = [lam, lam0, offset, fit_bias]  (see ``ridge_cfg``)
+    cfg : ``layout.ridge_cfg`` = [lam, lam0, offset, fit_bias]
     out : float (n_rows, K) — overwritten with the solved factors
     out_bias : float (n_rows,) — overwritten with the solved biases (zeros when fit_bias is 0)
 
@@ -225,7 +221,7 @@ def implicit_solve_rows(indptr, idx, vals, fixed, gram, cfg, out):
     is overwritten. One implicit-ALS half-step (users given items, or items given users)."""
     n_rows = indptr.shape[0] - 1
     K = fixed.shape[1]
-    alpha, lam = cfg[0], cfg[1]
+    alpha, lam = cfg[IA_ALPHA], cfg[IA_LAM]
     n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
     for ch in prange(n_chunks):
         A = np.empty((K, K))

@@ -61,3 +61,12 @@ def shuffle_inplace(arr, state):
         tmp = arr[i]
         arr[i] = arr[j]
         arr[j] = tmp
+
+
+@njit(cache=True)
+def stream_keys(seed, a, keys):
+    """stream_key(seed, a, keys[r]) for every r (e.g. every user's inference stream)."""
+    out = np.empty(keys.shape[0], np.uint64)
+    for r in range(keys.shape[0]):
+        out[r] = stream_key(seed, a, keys[r])
+    return out

@@ -1,4 +1,5 @@
-"""Server-side row kernels: the non-finite guard over client deltas and sparse row updates.
+"""Server-side kernels: the non-finite guard over client deltas, the deterministic sparse
+reduction of client deltas, and sparse row updates of the server optimizers.
 
 Parallel over independent clients / rows (each result is computed by one thread in a fixed
 order, so nothing depends on the thread count); flags are written through ``store``.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .federated import store
+from .util import store
 
 
 @njit(cache=True)
@@ -71,3 +72,49 @@ def adagrad_rows(x, acc, rows, delta, lr, eps):
     for t in prange(rows.shape[0]):
         store(ok, t, _adagrad_row(x, acc, rows[t], delta, t, lr, eps))
     return ok.all()
+
+
+@njit(cache=True)
+def _sum_run(order, lo, hi, d_Q, d_b, scale, out_Q, out_b, m):
+    K = d_Q.shape[1]
+    for a in range(K):
+        out_Q[m, a] = 0.0
+    out_b[m] = 0.0
+    for t in range(lo, hi):
+        e = order[t]
+        w = scale[e]
+        for a in range(K):
+            out_Q[m, a] += w * d_Q[e, a]
+        out_b[m] += w * d_b[e]
+
+
+@njit(cache=True, parallel=True)
+def sum_sorted_runs(order, d_items, d_Q, d_b, scale, out_Q, out_b, out_items):
+    """Deterministic sparse reduction: Σ scale[e] · delta[e] per item, over entries ``order``
+    sorted by item (stable, so ties keep client order). Entries with scale 0 are skipped.
+
+    out_Q (≥ m, K) float64, out_b, out_items (≥ m) receive the m distinct items. Returns m.
+    Each item's sum is one thread's sequential loop in that fixed order, so the result does not
+    depend on the thread count.
+    """
+    n = order.shape[0]
+    keep = np.empty(n, np.int64)
+    nk = 0
+    for t in range(n):
+        if scale[order[t]] != 0.0:
+            keep[nk] = order[t]
+            nk += 1
+    starts = np.empty(nk + 1, np.int64)
+    m = 0
+    last = -1
+    for t in range(nk):
+        j = d_items[keep[t]]
+        if j != last:
+            starts[m] = t
+            out_items[m] = j
+            m += 1
+            last = j
+    starts[m] = nk
+    for r in prange(m):
+        _sum_run(keep, starts[r], starts[r + 1], d_Q, d_b, scale, out_Q, out_b, r)
+    return m

@@ -1,8 +1,21 @@
-"""Federated algorithms: Federated Reconstruction, FedAvg (server-side users), FURL (stateful)."""
+"""Federated algorithms: Federated Reconstruction, FedAvg (server-side users), FURL (stateful),
+and the phases a round is composed of (to replace one: a custom executor or aggregator)."""
 
-from .estimators import FURLMF, FedAvgMF, FedReconImplicitMF, FedReconMF
-from .optimizers import OPTIMIZERS, ServerOptimizer, make_server_optimizer
-from .rounds import Aggregate, RoundSample, aggregate, sample_round
+from .fedrecon import FedReconMF
+from .implicit import FedReconImplicitMF
+from .optimizers import OPTIMIZERS, make_server_optimizer
+from .phases import (
+    ClientOutputs,
+    Cohort,
+    GlobalDelta,
+    LocalExecutor,
+    RoundHyperparams,
+    Selector,
+    WeightedMean,
+    server_update,
+)
+from .stateful import FURLMF, FedAvgMF
 
-__all__ = ["OPTIMIZERS", "Aggregate", "FURLMF", "FedAvgMF", "FedReconImplicitMF", "FedReconMF", "RoundSample",
-           "ServerOptimizer", "aggregate", "make_server_optimizer", "sample_round"]
+__all__ = ["FURLMF", "OPTIMIZERS", "ClientOutputs", "Cohort", "FedAvgMF", "FedReconImplicitMF",
+           "FedReconMF", "GlobalDelta", "LocalExecutor", "RoundHyperparams", "Selector",
+           "WeightedMean", "make_server_optimizer", "server_update"]

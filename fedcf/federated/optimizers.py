@@ -44,8 +44,11 @@ class ServerOptimizer:
             state["v"] = {k: np.full(v.shape, v0) for k, v in params.items()}
         return state
 
-    def step(self, state: dict, params: dict, delta: dict):
-        o, lr = self.options, self.learning_rate
+    def step(self, state: dict, params: dict, delta: dict, *, learning_rate=None, options=None):
+        """One step; ``learning_rate`` / ``options`` override this optimizer's for this step
+        (a round's ``RoundHyperparams``)."""
+        o = {**self.options, **(options or {})}
+        lr = self.learning_rate if learning_rate is None else float(learning_rate)
         t = state["t"] + 1
         new_state: dict = {"t": t}
         new_params = {}
@@ -83,7 +86,8 @@ class ServerOptimizer:
         """True when a zero delta leaves a row and its state unchanged (sgd, adagrad)."""
         return self.name in ("sgd", "adagrad")
 
-    def step_rows(self, state: dict, params: dict, rows: np.ndarray, delta_rows: dict):
+    def step_rows(self, state: dict, params: dict, rows: np.ndarray, delta_rows: dict, *,
+                  learning_rate=None):
         """Sparse fast path for ``sparse`` optimizers: the same result as ``step`` with a dense
         delta that is zero outside ``rows`` (sorted, distinct), but touching only those rows.
 
@@ -94,17 +98,17 @@ class ServerOptimizer:
         if not self.sparse:
             raise ValueError(f"server optimizer {self.name!r} has no sparse path; use step()")
         rows = np.ascontiguousarray(rows, dtype=np.int64)
+        lr = self.learning_rate if learning_rate is None else float(learning_rate)
         finite = True
         for k, x in params.items():
             d = np.asarray(delta_rows[k], dtype=np.float64)
             x2, d2 = (x, d) if x.ndim == 2 else (x.reshape(-1, 1), d.reshape(-1, 1))
             if self.name == "sgd":
-                finite &= sgd_rows(x2, rows, d2, self.learning_rate)
+                finite &= sgd_rows(x2, rows, d2, lr)
             else:
                 acc = state["a"][k]
                 acc2 = acc if acc.ndim == 2 else acc.reshape(-1, 1)
-                finite &= adagrad_rows(x2, acc2, rows, d2, self.learning_rate,
-                                       self.options["epsilon"])
+                finite &= adagrad_rows(x2, acc2, rows, d2, lr, self.options["epsilon"])
         state["t"] += 1
         state["rows_finite"] = bool(finite)
         return state, params
@@ -126,15 +130,31 @@ def make_server_optimizer(name: str, learning_rate: float, options: dict | None 
     """Build a server optimizer; unknown names or options raise, naming them."""
     if name not in _DEFAULTS:
         raise ValueError(f"server_optimizer must be one of {list(OPTIMIZERS)}, got {name!r}")
-    if not (np.isfinite(learning_rate) and learning_rate > 0):
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float, np.number)) \
+            or not (np.isfinite(learning_rate) and learning_rate > 0):
         raise ValueError(f"server_learning_rate must be a positive number, got {learning_rate!r}")
     opts = dict(_DEFAULTS[name])
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"server_optimizer_options must be a dict or None, got "
+                        f"{type(options).__name__}")
     for k, v in (options or {}).items():
         if k not in opts:
             raise ValueError(f"server optimizer {name!r} has no option {k!r}; "
                              f"it takes {sorted(opts) or 'none'}")
+        lo, hi, open_hi = _OPTION_RANGES[k]
+        ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+        if not ok or not np.isfinite(v) or v < lo or (v >= hi if open_hi else v > hi):
+            raise ValueError(f"server_optimizer_options[{k!r}] must be a number in "
+                             f"[{lo}, {hi}{')' if open_hi else ']'}, got {v!r}")
         opts[k] = float(v)
     return ServerOptimizer(name, float(learning_rate), opts)
+
+
+# (low, high, high is excluded): momentum or beta of 1 never forgets and Adam's bias correction
+# 1/(1 − β₁ᵗ) divides by zero; epsilon must keep the step finite
+_OPTION_RANGES = {"momentum": (0.0, 1.0, True), "beta1": (0.0, 1.0, True),
+                  "beta2": (0.0, 1.0, True), "epsilon": (1e-12, np.inf, False),
+                  "initial_accumulator": (0.0, np.inf, False)}
 
 
 def state_to_arrays(state: dict, prefix: str = "opt") -> dict:

@@ -1,8 +1,7 @@
-"""Parameter containers and centralized matrix-factorization baselines."""
+"""Centralized matrix-factorization baselines and the user-side parameter container."""
 
-from .base import GlobalParams, LocalParams, MFEstimatorBase
+from .base import LocalParams
 from .centralized import CentralizedMF
-from .implicit_mf import ImplicitMF, item_gram
+from .implicit_mf import ImplicitMF
 
-__all__ = ["CentralizedMF", "GlobalParams", "ImplicitMF", "LocalParams", "MFEstimatorBase",
-           "item_gram"]
+__all__ = ["CentralizedMF", "ImplicitMF", "LocalParams"]

@@ -3,7 +3,9 @@ from ratings, recommendation, and versioned save/load (.npz + JSON, no pickle)."
 
 from __future__ import annotations
 
-import json
+import functools
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,11 +14,60 @@ import pandas as pd
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from .._kernels.als import ridge_cfg, ridge_solve_rows
+from .._io import atomic_savez, load_npz
+from .._kernels.als import ridge_solve_rows
+from .._kernels.layout import ridge_cfg
 from .._kernels.predict import predict_pairs
+from .._validation import check_params
 from ..datasets import DataValidationError, Interactions
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_META = "metadata"
+
+
+def atomic_fit(fit):
+    """Decorator: a ``fit`` that raises leaves the estimator exactly as it was before the call
+    (its previously fitted attributes restored, no half-replaced state)."""
+
+    @functools.wraps(fit)
+    def wrapper(self, *args, **kwargs):
+        before = {k: v for k, v in vars(self).items() if k.endswith("_")}
+        try:
+            return fit(self, *args, **kwargs)
+        except BaseException:
+            for k in [k for k in vars(self) if k.endswith("_")]:
+                delattr(self, k)
+            for k, v in before.items():
+                setattr(self, k, v)
+            raise
+
+    return wrapper
+
+
+def user_keys(raw_ids) -> np.ndarray:
+    """A uint64 key per raw user id: the seed of that user's random stream at inference, so a
+    user's SGD reconstruction depends on who they are, not on their row in a call."""
+    return pd.util.hash_array(np.asarray(raw_ids, dtype=object)).astype(np.uint64)
+
+
+def content_key(items: np.ndarray, ratings: np.ndarray) -> np.uint64:
+    """A uint64 key for an anonymous user from their history (same history, same stream)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.ascontiguousarray(items, np.int64).tobytes())
+    h.update(np.ascontiguousarray(ratings, np.float64).tobytes())
+    return np.frombuffer(h.digest(), np.uint64)[0]
+
+
+def check_memory(nbytes: float, what: str) -> None:
+    """Refuse up front, with the figure, a fit whose arrays would not fit in this machine's RAM."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return
+    if nbytes > 0.8 * total:
+        raise MemoryError(f"{what} needs about {nbytes / 2**30:.1f} GiB, more than this machine's "
+                          f"{total / 2**30:.1f} GiB of RAM allows; lower n_factors (or the sizes "
+                          "that scale it)")
 
 
 @dataclass(frozen=True)
@@ -25,15 +76,6 @@ class LocalParams:
 
     factors: np.ndarray  # (K,)
     bias: float
-
-
-@dataclass(frozen=True)
-class GlobalParams:
-    """The aggregated part of the model."""
-
-    item_factors: np.ndarray  # (n_items, K)
-    item_biases: np.ndarray  # (n_items,)
-    global_mean: float
 
 
 def _ids_to_array(ids: np.ndarray, what: str) -> np.ndarray:
@@ -73,16 +115,22 @@ def _as_pairs(X, user_col: str, item_col: str):
 
 
 class MFEstimatorBase(BaseEstimator):
-    """Base of CentralizedMF, FedReconMF, FedAvgMF, FURLMF (not used directly).
+    """Base of every fedcf estimator (not used directly).
 
-    Subclasses set in ``fit``: ``item_ids_``, ``user_ids_``, ``item_factors_``, ``item_biases_``,
+    Subclasses declare ``_parameter_constraints`` ({name: rule}, see ``fedcf._validation``) and
+    set in ``fit``: ``item_ids_``, ``user_ids_``, ``item_factors_``, ``item_biases_``,
     ``global_mean_``, ``rating_scale_``, ``history_`` (and ``user_factors_`` / ``user_biases_``
-    when they keep user rows), and may override ``_reconstruct_csr``.
+    when they keep user rows); they may override ``_reconstruct_csr``.
     """
 
+    _parameter_constraints: dict = {}
     _fitted_attr = "item_factors_"
     # name of the ridge regularization used for reconstruction; subclasses may override
     _recon_lam_attr = "regularization"
+
+    def _check_params(self) -> dict:
+        """Every declared parameter rule (named errors); returns the cleaned values."""
+        return check_params(self)
 
     # ------------------------------------------------------------------ subclass hooks
     def _user_params(self, users: np.ndarray):
@@ -100,9 +148,10 @@ class MFEstimatorBase(BaseEstimator):
         inter = getattr(self, "interactions_", None)
         if inter is None:
             raise ValueError("this model was loaded from disk and holds no user data; "
-                             "reconstruct users with reconstruct()/reconstruct_users()")
+                             "reconstruct users with reconstruct(items, ratings) or "
+                             "reconstruct_users(interactions)")
         sub = inter.subset_users(users)
-        return self._reconstruct_csr(sub.indptr, sub.items, sub.values)
+        return self._reconstruct_csr(sub.indptr, sub.items, sub.values, user_keys(sub.user_ids))
 
     def _set_fitted(self, inter, *, P, c, Q, b, mu, rating_scale, history):
         """Set the fitted attributes shared by the centralized estimators."""
@@ -114,8 +163,9 @@ class MFEstimatorBase(BaseEstimator):
         self.interactions_ = inter
         self.history_ = history
 
-    def _reconstruct_csr(self, indptr, items, values):
-        """Local params of every row of a CSR over *model* item ids: exact ridge solve."""
+    def _reconstruct_csr(self, indptr, items, values, keys):
+        """Local params of every row of a CSR over *model* item ids: exact ridge solve.
+        ``keys`` (uint64 per row) seed rows' random streams where reconstruction is random."""
         K = self.item_factors_.shape[1]
         n = len(indptr) - 1
         P = np.zeros((n, K), dtype=self.item_factors_.dtype)
@@ -158,24 +208,23 @@ class MFEstimatorBase(BaseEstimator):
         return pred
 
     # ------------------------------------------------------------------ public API
-    @property
-    def global_params_(self) -> GlobalParams:
-        self._check_fitted()
-        return GlobalParams(self.item_factors_, self.item_biases_, float(self.global_mean_))
-
     def reconstruct_users(self, inter: Interactions):
         """Reconstruct every user of ``inter`` from their own entries, against frozen items.
 
         Items unknown to the model are ignored. Returns (factors (n_users, K), biases (n_users,)),
-        rows in ``inter``'s dense user order. Nothing is stored on the estimator.
+        rows in ``inter``'s dense user order. A user's result depends only on their own entries
+        and raw id, never on the other users in the call. Nothing is stored on the estimator.
         """
         self._check_fitted()
+        if not isinstance(inter, Interactions):
+            raise TypeError(f"reconstruct_users takes an Interactions, got {type(inter).__name__}")
         model_items = self._model_items_of(inter)
         keep = model_items >= 0
         if not keep.all():
             inter = inter.take(keep)
             model_items = model_items[keep]
-        return self._reconstruct_csr(inter.indptr, model_items, inter.values)
+        return self._reconstruct_csr(inter.indptr, model_items.astype(np.int32), inter.values,
+                                     user_keys(inter.user_ids))
 
     def reconstruct(self, items, ratings=None) -> LocalParams:
         """A new user's local parameters from their ratings (raw item ids), by reconstruction.
@@ -185,19 +234,16 @@ class MFEstimatorBase(BaseEstimator):
         """
         self._check_fitted()
         items = np.atleast_1d(np.asarray(items))
-        ratings = np.ones(len(items)) if ratings is None else np.atleast_1d(
-            np.asarray(ratings, dtype=np.float64))
-        if len(items) != len(ratings):
+        ratings = np.ones(len(items)) if ratings is None else _as_ratings(ratings)
+        if items.ndim != 1 or len(items) != len(ratings):
             raise DataValidationError(
                 f"mismatched lengths: items has {len(items)} entries but ratings has {len(ratings)}"
             )
-        if not np.all(np.isfinite(ratings)):
-            row = int(np.flatnonzero(~np.isfinite(ratings))[0])
-            raise DataValidationError(f"ratings has a non-finite value {ratings[row]!r} at row {row}")
         idx = self._item_index(items) if len(items) else np.zeros(0, np.int32)
         keep = idx >= 0
         indptr = np.array([0, int(keep.sum())], dtype=np.int64)
-        P, c = self._reconstruct_csr(indptr, idx[keep], ratings[keep])
+        key = np.array([content_key(idx[keep], ratings[keep])], np.uint64)
+        P, c = self._reconstruct_csr(indptr, idx[keep], ratings[keep], key)
         return LocalParams(P[0].copy(), float(c[0]))
 
     def predict(self, X, *, clip: bool = True, user_col: str = "user", item_col: str = "item"):
@@ -224,15 +270,45 @@ class MFEstimatorBase(BaseEstimator):
         return self._clip(out, clip)
 
     def predict_local(self, local: LocalParams, items, *, clip: bool = True) -> np.ndarray:
-        """Predicted ratings of a reconstructed user on raw items (unknown items: μ + c_u)."""
+        """Predicted ratings of a reconstructed user (``reconstruct``'s result) on raw items
+        (unknown items: μ + c_u)."""
         self._check_fitted()
+        P, c = self._check_local(local)
         idx = self._item_index(np.atleast_1d(np.asarray(items)))
         out = np.empty(len(idx))
-        predict_pairs(np.zeros(len(idx), np.int64), idx,
-                      (local.factors[None, :].astype(self.item_factors_.dtype),
-                       np.array([local.bias], dtype=self.item_factors_.dtype)),
+        predict_pairs(np.zeros(len(idx), np.int64), idx, (P, c),
                       (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
         return self._clip(out, clip)
+
+    def predict_entries(self, inter: Interactions, factors, biases, *, clip: bool = True):
+        """Predictions for every entry of ``inter`` with user rows (factors (n_users, K),
+        biases (n_users,)) in ``inter``'s dense user order — e.g. users reconstructed by
+        ``reconstruct_users`` on a support set, scored on the query set. Items unknown to the
+        model get the documented fallback (no item term)."""
+        self._check_fitted()
+        K = self.item_factors_.shape[1]
+        P = np.asarray(factors)
+        c = np.asarray(biases)
+        if P.shape != (inter.n_users, K) or c.shape != (inter.n_users,):
+            raise ValueError(f"factors must have shape ({inter.n_users}, {K}) and biases "
+                             f"({inter.n_users},) for these interactions; got {P.shape} and "
+                             f"{c.shape}")
+        out = np.empty(inter.nnz)
+        predict_pairs(inter.user_index(), self._model_items_of(inter).astype(np.int32),
+                      (P.astype(self.item_factors_.dtype), c.astype(self.item_factors_.dtype)),
+                      (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
+        return self._clip(out, clip)
+
+    def _check_local(self, local):
+        if not isinstance(local, LocalParams):
+            raise TypeError(f"expected LocalParams (from reconstruct), got {type(local).__name__}")
+        K = self.item_factors_.shape[1]
+        f = np.asarray(local.factors, dtype=np.float64)
+        if f.shape != (K,) or not np.isfinite(f).all() or not np.isfinite(local.bias):
+            raise ValueError(f"LocalParams.factors must be {K} finite numbers for this model "
+                             f"(n_factors={K}), got shape {f.shape}")
+        dt = self.item_factors_.dtype
+        return f[None, :].astype(dt), np.array([local.bias], dtype=dt)
 
     def score_all_items(self, factors: np.ndarray, biases: np.ndarray) -> np.ndarray:
         """(n_users, n_items) scores for the given user factors and biases (BLAS matmul)."""
@@ -252,13 +328,15 @@ class MFEstimatorBase(BaseEstimator):
         self._check_fitted()
         if (user is None) == (items is None):
             raise ValueError("pass either items (with optional ratings) for a new user, or user=")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"n must be a non-negative integer, got {n!r}")
         if user is not None:
             u = self._user_index([user])[0]
             if u < 0:
                 raise KeyError(f"user {user!r} was not seen in fit; pass their items= to reconstruct")
             P, c = self._user_params(np.array([u]))
             local = LocalParams(P[0], float(c[0]))
-            seen = self._seen_items(u)
+            seen = self._seen_items(u) if filter_seen else None
         else:
             local = self.reconstruct(items, ratings)
             idx = self._item_index(np.atleast_1d(np.asarray(items)))
@@ -266,31 +344,37 @@ class MFEstimatorBase(BaseEstimator):
         scores = self.score_all_items(local.factors[None, :], np.array([local.bias]))[0]
         if filter_seen and len(seen):
             scores[seen] = -np.inf
-        n = min(int(n), int(np.isfinite(scores).sum()))
-        top = np.argpartition(-scores, n - 1)[:n] if n > 0 else np.zeros(0, np.int64)
-        top = top[np.argsort(-scores[top], kind="stable")]
+        top = top_k(scores, n)
         return pd.DataFrame({"item": self.item_ids_[top], "score": scores[top]})
 
     def _seen_items(self, u: int) -> np.ndarray:
         inter = getattr(self, "interactions_", None)
-        if inter is None:
-            return np.zeros(0, np.int64)
-        return inter.items[inter.indptr[u]:inter.indptr[u + 1]]
+        if inter is not None:
+            return inter.items[inter.indptr[u]:inter.indptr[u + 1]]
+        seen = getattr(self, "seen_indptr_", None)
+        if seen is None:
+            raise ValueError("this model was saved without its users' histories, so it cannot "
+                             "filter their seen items; pass filter_seen=False, or items= to "
+                             "recommend for a history you hold")
+        return self.seen_items_[seen[u]:seen[u + 1]]
 
     # ------------------------------------------------------------------ persistence
     _saved_arrays: tuple[str, ...] = ("item_factors_", "item_biases_")
 
     def save(self, path) -> Path:
-        """Write a single versioned ``.npz`` (arrays + JSON metadata); no pickle is involved."""
+        """Write one versioned ``.npz`` (arrays + JSON metadata, no pickle), atomically: a reader
+        sees the old file or the new one, never a part. ``.npz`` is appended to a path that does
+        not end in it. Models that keep user rows also keep each user's seen items (for
+        ``recommend(user=..., filter_seen=True)``); FedRecon models keep no user data at all."""
         self._check_fitted()
         path = Path(path)
         if path.suffix != ".npz":
-            path = path.with_suffix(".npz")
+            path = path.with_name(path.name + ".npz")
         params = self.get_params(deep=False)
         meta = {
             "format_version": FORMAT_VERSION,
             "class": type(self).__name__,
-            "params": {k: (str(v) if isinstance(v, (np.dtype, type)) else v)
+            "params": {k: (str(v) if isinstance(v, (np.dtype, type, os.PathLike)) else v)
                        for k, v in params.items()},
             "global_mean": float(self.global_mean_),
             "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
@@ -299,38 +383,74 @@ class MFEstimatorBase(BaseEstimator):
         arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None}
         arrays["user_ids"] = _ids_to_array(self.user_ids_, "user")
         arrays["item_ids"] = _ids_to_array(self.item_ids_, "item")
-        arrays["metadata"] = np.array(json.dumps(meta, default=_json_default))
-        tmp = path.with_name(path.name + ".part.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
-        return path
+        if "user_factors_" in arrays:
+            inter = getattr(self, "interactions_", None)
+            if inter is not None:
+                arrays["seen_indptr"], arrays["seen_items"] = inter.indptr, inter.items
+            elif getattr(self, "seen_indptr_", None) is not None:
+                arrays["seen_indptr"], arrays["seen_items"] = self.seen_indptr_, self.seen_items_
+        return atomic_savez(path, arrays, meta, meta_key=_META)
 
     @classmethod
     def load(cls, path):
-        """Load a model written by ``save`` (refuses another class or a newer format)."""
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(str(z["metadata"]))
-            arrays = {k: z[k] for k in z.files if k != "metadata"}
+        """Load a model written by ``save`` (refuses another class, a newer format, or a file
+        that is not a complete fedcf model, naming the path)."""
+        arrays, meta = load_npz(path, meta_key=_META, what="model")
+        where = f"model file {str(path)!r}"
         if meta.get("format_version", 0) > FORMAT_VERSION:
-            raise ValueError(f"{path}: format_version {meta['format_version']} is newer than this "
-                             f"fedcf understands ({FORMAT_VERSION})")
-        if meta["class"] != cls.__name__:
-            raise ValueError(f"{path} holds a {meta['class']}, not a {cls.__name__}")
+            raise ValueError(f"{where}: format_version {meta['format_version']} is newer than this "
+                             f"fedcf understands ({FORMAT_VERSION}); upgrade fedcf")
+        if meta.get("class") != cls.__name__:
+            raise ValueError(f"{where} holds a {meta.get('class')}, not a {cls.__name__}; load it "
+                             f"with fedcf.{meta.get('class')}.load")
         model = cls(**meta["params"])
+        missing = [a for a in ("item_factors_", "item_biases_", "user_ids", "item_ids")
+                   if a not in arrays]
+        if missing:
+            raise ValueError(f"{where} lacks array {missing[0]!r}: damaged or not a fedcf model")
         for name in cls._saved_arrays:
             if name in arrays:
                 setattr(model, name, arrays[name])
         model.user_ids_ = arrays["user_ids"]
         model.item_ids_ = arrays["item_ids"]
+        if "seen_indptr" in arrays:
+            model.seen_indptr_, model.seen_items_ = arrays["seen_indptr"], arrays["seen_items"]
         model.global_mean_ = meta["global_mean"]
         model.rating_scale_ = None if meta["rating_scale"] is None else tuple(meta["rating_scale"])
         model.history_ = meta["history"]
+        model._check_loaded(where)
         return model
 
+    def _check_loaded(self, where: str):
+        Q, b = self.item_factors_, self.item_biases_
+        n_items = len(self.item_ids_)
+        ok = Q.ndim == 2 and Q.shape[0] == n_items and b.shape == (n_items,)
+        P = getattr(self, "user_factors_", None)
+        if P is not None:
+            ok = ok and P.shape == (len(self.user_ids_), Q.shape[1]) and \
+                self.user_biases_.shape == (len(self.user_ids_),)
+        if not ok or Q.shape[1] != self.n_factors or Q.dtype.kind != "f":
+            raise ValueError(f"{where}: array shapes do not match (item factors {Q.shape}, "
+                             f"{n_items} item ids, n_factors={self.n_factors}): damaged or edited")
 
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
+
+def top_k(scores: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the n best finite scores, best first (ties: lower index first)."""
+    n = min(int(n), int(np.isfinite(scores).sum()))
+    if n <= 0:
+        return np.zeros(0, np.int64)
+    top = np.argpartition(-scores, n - 1)[:n]
+    return top[np.lexsort((top, -scores[top]))]
+
+
+def _as_ratings(ratings) -> np.ndarray:
+    try:
+        r = np.atleast_1d(np.asarray(ratings, dtype=np.float64))
+    except (TypeError, ValueError) as exc:
+        raise DataValidationError(f"ratings must be numbers, got {ratings!r}") from exc
+    if r.ndim != 1:
+        raise DataValidationError(f"ratings must be one-dimensional, got shape {r.shape}")
+    if not np.all(np.isfinite(r)):
+        row = int(np.flatnonzero(~np.isfinite(r))[0])
+        raise DataValidationError(f"ratings has a non-finite value {r[row]!r} at row {row}")
+    return r

@@ -8,18 +8,13 @@ import numpy as np
 from sklearn.utils import check_random_state
 from tqdm.auto import tqdm
 
-from .._kernels.als import ridge_cfg, ridge_solve_rows
+from .._kernels.als import ridge_solve_rows
+from .._kernels.layout import ridge_cfg, sgd_epoch_cfg
 from .._kernels.predict import predict_pairs
 from .._kernels.sgd import sgd_epoch
-from .._validation import (
-    check_choice,
-    check_dtype,
-    check_float,
-    check_int,
-    check_rating_scale,
-)
+from .._validation import Bool, Dtype, Int, Options, RandomState, RatingScale, Real
 from ..datasets import Interactions
-from .base import MFEstimatorBase
+from .base import MFEstimatorBase, atomic_fit, check_memory
 
 
 class CentralizedMF(MFEstimatorBase):
@@ -41,7 +36,8 @@ class CentralizedMF(MFEstimatorBase):
     learning_rate : float
         SGD step size (solver="sgd").
     init_scale : float
-        Standard deviation of the normal initialization of the factors.
+        Standard deviation of the normal initialization of the factors (> 0: with 0 every
+        factor stays 0).
     rating_scale : (low, high) or None
         For clipping predictions; None takes the min and max of the training ratings.
     dtype : {"float32", "float64"}
@@ -58,6 +54,13 @@ class CentralizedMF(MFEstimatorBase):
     """
 
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
+    _parameter_constraints = {
+        "n_factors": Int(1), "solver": Options("als", "sgd"), "biases": Bool(),
+        "regularization": Real(0.0), "n_epochs": Int(0, 10**7),
+        "learning_rate": Real(0.0, low_open=True), "init_scale": Real(0.0, low_open=True),
+        "rating_scale": RatingScale(), "dtype": Dtype(), "random_state": RandomState(),
+        "verbose": Bool(),
+    }
 
     def __init__(self, n_factors=50, *, solver="als", biases=True, regularization=0.05,
                  n_epochs=15, learning_rate=0.01, init_scale=0.1, rating_scale=None,
@@ -74,28 +77,25 @@ class CentralizedMF(MFEstimatorBase):
         self.random_state = random_state
         self.verbose = verbose
 
-    def _validate_params(self):
-        check_int("n_factors", self.n_factors, low=1)
-        check_choice("solver", self.solver, {"als", "sgd"})
-        check_float("regularization", self.regularization, low=0.0)
-        check_int("n_epochs", self.n_epochs, low=0)
-        check_float("learning_rate", self.learning_rate, low=0.0, low_open=True)
-        check_float("init_scale", self.init_scale, low=0.0)
-        check_rating_scale(self.rating_scale)
-        return check_dtype(self.dtype)
-
+    @atomic_fit
     def fit(self, X, y=None, **data_kwargs):
         """Fit on a DataFrame (user, item, rating[, timestamp]), Interactions or sparse matrix.
 
         ``data_kwargs`` go to ``Interactions.from_dataframe`` (column names, duplicates=...).
+        A fit that raises leaves the estimator as it was.
         """
-        dtype = self._validate_params()
+        dtype = self._check_params()["dtype"]
         inter = Interactions.coerce(X, **data_kwargs)
+        K = self.n_factors
+        itemsize = np.dtype(dtype).itemsize
+        check_memory((inter.n_users + inter.n_items) * K * (itemsize + 8)
+                     + 2 * (K + 2) ** 2 * 8 * 32 + inter.nnz * (K + 2) * itemsize,
+                     f"CentralizedMF with n_factors={K}")
         rng = check_random_state(self.random_state)
         K = self.n_factors
         n_users, n_items = inter.n_users, inter.n_items
-        scale = check_rating_scale(self.rating_scale)
-        self.rating_scale_ = scale or (float(inter.values.min()), float(inter.values.max()))
+        scale = self._check_params()["rating_scale"]
+        rating_scale = scale or (float(inter.values.min()), float(inter.values.max()))
         mu = float(inter.values.mean()) if self.biases else 0.0
         P = (rng.standard_normal((n_users, K)) * self.init_scale).astype(dtype)
         Q = (rng.standard_normal((n_items, K)) * self.init_scale).astype(dtype)
@@ -120,7 +120,7 @@ class CentralizedMF(MFEstimatorBase):
                 sse = float(np.sum((inter.values - pred) ** 2))
             else:
                 order = rng.permutation(inter.nnz)
-                cfg = np.array([self.learning_rate, lam, mu, float(self.biases)])
+                cfg = sgd_epoch_cfg(self.learning_rate, lam, mu, self.biases)
                 sse = sgd_epoch(users[order], inter.items[order], inter.values[order], (P, c),
                                 (Q, b), cfg)
             if not np.isfinite(sse):
@@ -130,6 +130,6 @@ class CentralizedMF(MFEstimatorBase):
                 )
             history.append({"epoch": epoch, "train_rmse": float(np.sqrt(sse / inter.nnz)),
                             "seconds": time.perf_counter() - t0})
-        self._set_fitted(inter, P=P, c=c, Q=Q, b=b, mu=mu, rating_scale=self.rating_scale_,
+        self._set_fitted(inter, P=P, c=c, Q=Q, b=b, mu=mu, rating_scale=rating_scale,
                          history=history)
         return self

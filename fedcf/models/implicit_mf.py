@@ -10,9 +10,10 @@ from sklearn.utils import check_random_state
 from tqdm.auto import tqdm
 
 from .._kernels.als import implicit_solve_rows
-from .._validation import check_dtype, check_float, check_int
+from .._kernels.layout import implicit_als_cfg
+from .._validation import Bool, Dtype, Int, RandomState, Real
 from ..datasets import Interactions
-from .base import MFEstimatorBase
+from .base import MFEstimatorBase, atomic_fit, check_memory
 
 
 def coerce_implicit(X, **data_kwargs) -> Interactions:
@@ -62,6 +63,11 @@ class ImplicitMF(MFEstimatorBase):
     """
 
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
+    _parameter_constraints = {
+        "n_factors": Int(1), "regularization": Real(0.0, low_open=True), "alpha": Real(0.0),
+        "n_epochs": Int(0, 10**7), "init_scale": Real(0.0, low_open=True), "dtype": Dtype(),
+        "random_state": RandomState(), "verbose": Bool(),
+    }
 
     def __init__(self, n_factors=50, *, regularization=0.01, alpha=1.0, n_epochs=15,
                  init_scale=0.01, dtype="float32", random_state=None, verbose=False):
@@ -76,21 +82,21 @@ class ImplicitMF(MFEstimatorBase):
 
     biases = False  # the model has no bias terms (read by the shared machinery)
 
+    @atomic_fit
     def fit(self, X, y=None, **data_kwargs):
-        """Fit on Interactions, a DataFrame (user, item[, rating as strength]) or a sparse matrix."""
-        check_int("n_factors", self.n_factors, low=1)
-        check_float("regularization", self.regularization, low=0.0)
-        check_float("alpha", self.alpha, low=0.0)
-        check_int("n_epochs", self.n_epochs, low=0)
-        check_float("init_scale", self.init_scale, low=0.0)
-        dtype = check_dtype(self.dtype)
+        """Fit on Interactions, a DataFrame (user, item[, rating as strength]) or a sparse matrix.
+        A fit that raises leaves the estimator as it was."""
+        dtype = self._check_params()["dtype"]
         inter = coerce_implicit(X, **data_kwargs)
+        check_memory((inter.n_users + inter.n_items) * self.n_factors * 16
+                     + 2 * (self.n_factors + 1) ** 2 * 8 * 32, f"ImplicitMF with n_factors="
+                     f"{self.n_factors}")
         rng = check_random_state(self.random_state)
         K = self.n_factors
         P = (rng.standard_normal((inter.n_users, K)) * self.init_scale).astype(dtype)
         Q = (rng.standard_normal((inter.n_items, K)) * self.init_scale).astype(dtype)
         i_indptr, i_users, i_vals = inter.to_item_csr()
-        cfg = np.array([float(self.alpha), float(self.regularization)])
+        cfg = implicit_als_cfg(self.alpha, self.regularization)
         history = []
         for epoch in tqdm(range(self.n_epochs), desc="ImplicitMF", disable=not self.verbose,
                           leave=False):
@@ -106,11 +112,14 @@ class ImplicitMF(MFEstimatorBase):
                          history=history)
         return self
 
-    def _reconstruct_csr(self, indptr, items, values):
+    def _reconstruct_csr(self, indptr, items, values, keys):
         """Fold-in: the exact weighted-ALS solve of each row against the frozen items."""
-        n, K = len(indptr) - 1, self.item_factors_.shape[1]
-        P = np.zeros((n, K), self.item_factors_.dtype)
-        implicit_solve_rows(indptr, items, values, self.item_factors_,
-                            item_gram(self.item_factors_),
-                            np.array([float(self.alpha), float(self.regularization)]), P)
-        return P, np.zeros(n, P.dtype)
+        return implicit_fold_in(self.item_factors_, indptr, items, values, self.alpha,
+                                self.regularization)
+
+
+def implicit_fold_in(Q, indptr, items, values, alpha, lam):
+    """(P, zero biases) of every CSR row by the exact weighted-ALS solve against frozen Q."""
+    P = np.zeros((len(indptr) - 1, Q.shape[1]), Q.dtype)
+    implicit_solve_rows(indptr, items, values, Q, item_gram(Q), implicit_als_cfg(alpha, lam), P)
+    return P, np.zeros(len(P), P.dtype)

@@ -1,0 +1,28 @@
+"""Atomic file writes (the one implementation; fedcf's model and checkpoint saves use it too)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write(path, write) -> Path:
+    """Call ``write(fh)`` on a new, uniquely named temporary file beside ``path``, flush it to
+    disk and rename it over ``path``: readers see the old file or the whole new one, two writers
+    never share a temporary file, and the temporary file is removed if anything fails (also on
+    KeyboardInterrupt)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,237 @@
+"""Client work of one round for implicit feedback (Hu, Koren & Volinsky confidence weighting).
+
+A client reconstructs p exactly by weighted ALS against the global Q and the broadcast Gram QᵀQ,
+then takes k_u mini-batch steps on item rows with p frozen. Output slots as in ``clients.py``
+(no bias deltas: the implicit model has none). Tuple members are read by index (see util.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .als import solve_implicit_row
+from .clients import n_support, split_client
+from .layout import (
+    HP_BATCH,
+    HP_EPOCHS,
+    HP_LAM,
+    HP_LR,
+    HP_STEPS,
+    IC_ALPHA,
+    IC_LAM,
+    IC_NEG,
+    IC_NEG_WEIGHT,
+    IC_SPLIT,
+    IC_SUPPORT_FRAC,
+    SPLIT_NONE,
+)
+from .rng import next_below, stream_key
+from .sgd import write_rows
+from .util import (
+    gather_entries,
+    minibatch_schedule,
+    processed_examples,
+    store,
+    unique_rows,
+    write_outer,
+)
+
+
+@njit(cache=True)
+def implicit_slots(counts, cfg, hp):
+    """Output slots per client: its query positives plus every sampled negative."""
+    out = np.empty(counts.shape[0], np.int64)
+    split, frac = int(cfg[IC_SPLIT]), cfg[IC_SUPPORT_FRAC]
+    for k in range(counts.shape[0]):
+        n = counts[k]
+        n_q = n if split == SPLIT_NONE else n - n_support(n, split, frac)
+        seen = processed_examples(n_q, int(hp[HP_BATCH]), int(hp[HP_STEPS]), int(hp[HP_EPOCHS]))
+        out[k] = n_q + int(cfg[IC_NEG]) * seen
+    return out
+
+
+@njit(cache=True)
+def implicit_client_start(data, u, Q, gram, cfg, state):
+    """Split client u's data and reconstruct p from its support set by the weighted-ALS solve.
+
+    Returns (q_items, q_vals, p): the query set and p (float64, K). Consumes the stream only for
+    a random split.
+    """
+    indptr, items, values = data[0], data[1], data[2]
+    s0 = indptr[u]
+    n = indptr[u + 1] - s0
+    K = Q.shape[1]
+    perm, n_s, q_start = split_client(n, int(cfg[IC_SPLIT]), cfg[IC_SUPPORT_FRAC], state)
+    s_items, s_vals = gather_entries(items, values, s0, perm, 0, n_s)
+    A = np.empty((K, K))
+    p = np.empty(K)
+    buf = np.empty((K + 1) * max(n_s, 1), Q.dtype)
+    solve_implicit_row(s_items, s_vals, Q, gram, cfg[IC_ALPHA], cfg[IC_LAM], A, p, buf)
+    q_items, q_vals = gather_entries(items, values, s0, perm, q_start, n)
+    return q_items, q_vals, p
+
+
+@njit(cache=True)
+def confidence_loss(q_items, q_vals, Q, alpha, p):
+    """Σ_pos (1 + α r)(1 − p·q_i)² / n over the query positives (0 when empty)."""
+    n_q = q_items.shape[0]
+    tot = 0.0
+    for t in range(n_q):
+        dot = 0.0
+        for a in range(Q.shape[1]):
+            dot += p[a] * Q[q_items[t], a]
+        tot += (1.0 + alpha * q_vals[t]) * (1.0 - dot) * (1.0 - dot)
+    return tot / n_q if n_q > 0 else 0.0
+
+
+@njit(cache=True)
+def local_rows(Q, uniq, m):
+    """Private float64 copies of rows uniq[:m] of Q, and a zeroed gradient of the same shape."""
+    K = Q.shape[1]
+    Ql = np.empty((max(m, 1), K))
+    for r in range(m):
+        for a in range(K):
+            Ql[r, a] = Q[uniq[r], a]
+    return Ql, np.zeros((max(m, 1), K))
+
+
+@njit(cache=True, parallel=True)
+def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
+    """FedRecon ClientUpdate for implicit feedback (weighted-ALS reconstruction, sampled negatives).
+
+    data : (indptr, items, strengths) user-grouped CSR;  glob : (Q (n_items, K), gram = QᵀQ (K, K)
+    float64, broadcast by the server);  cfg : ``layout.implicit_cfg``;  hp : ``layout.sgd_hp`` of
+    the update (lr, L2, batch, k_u, epochs);  out : (offsets from ``implicit_slots``, d_items, d_Q,
+    losses).
+
+    The client's local loss on a batch of B query positives and the B·m items drawn uniformly
+    from the catalog (weak negatives) is
+        (1/B) Σ_pos (1 + alpha·r)(1 − p·q_i)² + ν (1/(B·m)) Σ_neg (p·q_j)² + L2,
+    an unbiased mini-batch estimate of mean-over-positives + ν·mean-over-catalog. p is
+    reconstructed exactly (``solve_implicit_row``) from the support set and frozen.
+    """
+    Q, gram = glob[0], glob[1]
+    offsets, d_items, d_Q, losses = out[0], out[1], out[2], out[3]
+    K = Q.shape[1]
+    alpha = cfg[IC_ALPHA]
+    m_neg, nu = int(cfg[IC_NEG]), cfg[IC_NEG_WEIGHT]
+    lr, l2 = hp[HP_LR], hp[HP_LAM]
+    for k in prange(clients.shape[0]):
+        u = clients[k]
+        state = np.array([stream_key(ids[0], ids[1], u)])
+        q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
+        n_q = q_items.shape[0]
+        # the visit order of the query positives, then the negatives drawn for each visit
+        visit, ends, steps = minibatch_schedule(n_q, int(hp[HP_BATCH]), int(hp[HP_STEPS]),
+                                                int(hp[HP_EPOCHS]), state)
+        n_neg = m_neg * (ends[steps - 1] if steps > 0 else 0)
+        all_items = np.empty(n_q + n_neg, np.int64)
+        for t in range(n_q):
+            all_items[t] = q_items[t]
+        for t in range(n_neg):
+            all_items[n_q + t] = next_below(state, n_items)
+        uniq = np.empty(max(n_q + n_neg, 1), np.int64)
+        loc = np.empty(max(n_q + n_neg, 1), np.int64)
+        mrows = unique_rows(all_items, uniq, loc)
+        Ql, G = local_rows(Q, uniq, mrows)
+        store(losses, k, confidence_loss(q_items, q_vals, Q, alpha, p))  # see util.store
+        # k_u steps: step s covers visits [ends[s-1], ends[s]) and their negatives
+        v = 0
+        for s in range(steps):
+            end = ends[s]
+            B = end - v
+            for t in range(v, end):
+                r = loc[visit[t]]
+                c = 1.0 + alpha * q_vals[visit[t]]
+                dot = 0.0
+                for a in range(K):
+                    dot += p[a] * Ql[r, a]
+                g = -2.0 * c * (1.0 - dot) / B
+                for a in range(K):
+                    G[r, a] += g * p[a] + 2.0 * l2 * Ql[r, a] / B
+                for h in range(m_neg):
+                    rn = loc[n_q + t * m_neg + h]
+                    dn = 0.0
+                    for a in range(K):
+                        dn += p[a] * Ql[rn, a]
+                    gn = 2.0 * nu * dn / (B * m_neg)
+                    for a in range(K):
+                        G[rn, a] += gn * p[a]
+            for t in range(v, end):
+                for h in range(1 + m_neg):
+                    r = loc[visit[t]] if h == 0 else loc[n_q + t * m_neg + h - 1]
+                    for a in range(K):
+                        Ql[r, a] -= lr * G[r, a]
+                        G[r, a] = 0.0
+            v = end
+        write_rows(uniq, mrows, Ql, Q, offsets[k], offsets[k + 1] - offsets[k], d_items, d_Q)
+
+
+@njit(cache=True, parallel=True)
+def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, out):
+    """Like ``fedrecon_implicit_clients`` but with the exact full-catalog negative term.
+
+    Local loss per step: (1/B) Σ_pos c (1 − p·q_i)² + ν · (1/n_items) Σ_all j (p·q_j)² + L2.
+    With p frozen, S steps of the negative term map every row q_j ↦ (I − η p pᵀ)^S q_j,
+    η = lr·2ν/n_items, i.e. q_j − (γ/‖p‖²)(p·q_j) p with γ = 1 − (1 − η‖p‖²)^S. So a client
+    uploads (a) for its positive rows the exact delta minus that rank-1 part, and (b) the K×K
+    matrix W = (γ/‖p‖²) p pᵀ; the server adds −Q · Σ_u w_u W_u / Σ w to the mean delta, which
+    equals averaging the dense n_items × K deltas exactly. (W reveals p up to sign: deploy it
+    under secure aggregation.)
+
+    out : (offsets (query sizes), d_items, d_Q, losses, W (m, K, K) float64).
+    """
+    Q, gram = glob[0], glob[1]
+    offsets, d_items, d_Q, losses, Wm = out[0], out[1], out[2], out[3], out[4]
+    K = Q.shape[1]
+    alpha, nu = cfg[IC_ALPHA], cfg[IC_NEG_WEIGHT]
+    lr, l2 = hp[HP_LR], hp[HP_LAM]
+    eta = lr * 2.0 * nu / n_items
+    for k in prange(clients.shape[0]):
+        u = clients[k]
+        state = np.array([stream_key(ids[0], ids[1], u)])
+        q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
+        n_q = q_items.shape[0]
+        uniq = np.empty(max(n_q, 1), np.int64)
+        loc = np.empty(max(n_q, 1), np.int64)
+        m = unique_rows(q_items, uniq, loc)
+        Ql, G = local_rows(Q, uniq, m)
+        store(losses, k, confidence_loss(q_items, q_vals, Q, alpha, p))
+        visit, ends, steps = minibatch_schedule(n_q, int(hp[HP_BATCH]), int(hp[HP_STEPS]),
+                                                int(hp[HP_EPOCHS]), state)
+        start = 0
+        for s in range(steps):
+            end = ends[s]
+            B = end - start
+            for t in range(start, end):
+                r = loc[visit[t]]
+                c = 1.0 + alpha * q_vals[visit[t]]
+                dot = 0.0
+                for a in range(K):
+                    dot += p[a] * Ql[r, a]
+                g = -2.0 * c * (1.0 - dot) / B
+                for a in range(K):
+                    G[r, a] += g * p[a] + 2.0 * l2 * Ql[r, a] / B
+            for r in range(m):  # every positive row also feels the negative term
+                dot = 0.0
+                for a in range(K):
+                    dot += p[a] * Ql[r, a]
+                for a in range(K):
+                    Ql[r, a] -= lr * G[r, a] + eta * dot * p[a]
+                    G[r, a] = 0.0
+            start = end
+        pp = 0.0
+        for a in range(K):
+            pp += p[a] * p[a]
+        gamma = 1.0 - (1.0 - eta * pp) ** steps if pp > 0 else 0.0
+        scale = gamma / pp if pp > 0 else 0.0
+        write_outer(Wm, k, p, scale)
+        base = offsets[k]
+        write_rows(uniq, m, Ql, Q, base, offsets[k + 1] - base, d_items, d_Q)
+        for r in range(m):  # exact delta minus the rank-1 part the server applies, rounded once
+            dot = 0.0
+            for a in range(K):
+                dot += p[a] * Q[uniq[r], a]
+            for a in range(K):
+                d_Q[base + r, a] = (Ql[r, a] - Q[uniq[r], a]) + scale * dot * p[a]

@@ -1,0 +1,105 @@
+"""Small Numba helpers shared by the client and server kernels (leaf functions, no prange).
+
+Numba note: with numba 0.68.1, some plain stores inside a ``prange`` body into arrays unpacked
+from a tuple argument were lost, and a store of an integer-derived value was dropped by the parfor
+pass even with indexed access. Kernels therefore take tuple members by index and write such values
+through ``store`` (a store inside a called function is kept). tests/test_kernels.py pins the
+affected outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .rng import shuffle_inplace
+
+
+@njit(cache=True)
+def store(arr, k, value):
+    """arr[k] = value, through a call (see the module docstring)."""
+    arr[k] = value
+
+
+@njit(cache=True)
+def write_outer(W, k, p, scale):
+    """W[k] = scale · p pᵀ (through a call, see ``store``)."""
+    K = p.shape[0]
+    for a in range(K):
+        for c in range(K):
+            W[k, a, c] = scale * p[a] * p[c]
+
+
+@njit(cache=True)
+def processed_examples(n, bs, max_steps, epochs):
+    """How many example visits ``minibatch_schedule`` makes (batches of bs, ≤ max_steps, ≤ epochs)."""
+    if n == 0 or max_steps <= 0:
+        return 0
+    per_epoch = (n + bs - 1) // bs
+    full_epochs = min(epochs, max_steps // per_epoch, (2**62) // max(n, 1))
+    seen = full_epochs * n
+    left_steps = max_steps - full_epochs * per_epoch
+    if full_epochs < epochs and left_steps > 0:
+        seen += min(n, left_steps * bs)
+    return seen
+
+
+@njit(cache=True)
+def minibatch_schedule(n, bs, max_steps, epochs, state):
+    """The visit order of k mini-batch steps over n examples: each epoch walks a fresh shuffle of
+    0..n-1 (drawn from ``state``) in batches of ``bs``; stop after ``max_steps`` batches or
+    ``epochs`` passes, whichever comes first (the TFF recipe "one epoch, at most 50 steps").
+
+    Returns (visit, ends, steps): batch s covers visit[ends[s-1]:ends[s]] (ends[-1] = 0).
+    An epoch that would start after the last step draws no shuffle.
+    """
+    seen = processed_examples(n, bs, max_steps, epochs)
+    visit = np.empty(max(seen, 1), np.int64)
+    ends = np.empty(max(seen, 1), np.int64)  # every step visits at least one example
+    order = np.empty(max(n, 1), np.int64)
+    v = 0
+    steps = 0
+    for _ in range(epochs):
+        if steps >= max_steps or n == 0:
+            break
+        for t in range(n):
+            order[t] = t
+        shuffle_inplace(order[:n], state)
+        for start in range(0, n, bs):
+            if steps >= max_steps:
+                break
+            for t in range(start, min(n, start + bs)):
+                visit[v] = order[t]
+                v += 1
+            ends[steps] = v
+            steps += 1
+    return visit, ends, steps
+
+
+@njit(cache=True)
+def gather_entries(items, values, s0, perm, lo, hi):
+    """(items, values) of a client's examples perm[lo:hi], its data starting at row s0."""
+    n = hi - lo
+    out_items = np.empty(n, items.dtype)
+    out_vals = np.empty(n)
+    for t in range(n):
+        out_items[t] = items[s0 + perm[lo + t]]
+        out_vals[t] = values[s0 + perm[lo + t]]
+    return out_items, out_vals
+
+
+@njit(cache=True)
+def unique_rows(items, uniq, loc):
+    """Dedupe one user's items: uniq[:m] sorted unique ids, loc[t] = row of items[t]. Returns m."""
+    n = items.shape[0]
+    if n == 0:
+        return 0
+    srt = np.argsort(items, kind="mergesort")
+    m = 0
+    for t in range(n):
+        j = items[srt[t]]
+        if m == 0 or uniq[m - 1] != j:
+            uniq[m] = j
+            m += 1
+        loc[srt[t]] = m - 1
+    return m

@@ -1,0 +1,244 @@
+"""What every federated estimator shares: parameters, and ``fit`` as a short loop over the
+phases of a round (phases.py, loop.py)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import pandas as pd
+from sklearn.utils import check_random_state
+from tqdm.auto import tqdm
+
+from .._kernels.als import ridge_solve_rows
+from .._kernels.layout import ridge_cfg, sgd_hp
+from .._validation import (
+    Bool,
+    Dict,
+    Dtype,
+    Int,
+    NoneOr,
+    Options,
+    Path,
+    RandomState,
+    Real,
+)
+from ..datasets import Interactions
+from ..datasets._validation import show
+from ..models.base import MFEstimatorBase, atomic_fit, check_memory
+from .checkpoint import RESUME_FREE, data_fingerprint
+from .loop import Run
+from .optimizers import OPTIMIZERS, make_server_optimizer
+from .phases import LocalExecutor, RoundHyperparams, Selector, WeightedMean
+
+_WEIGHT_EXPONENT = {"num_examples": 1.0, "uniform": 0.0}
+
+FEDERATED_CONSTRAINTS = {
+    "n_factors": Int(1), "n_rounds": Int(0), "clients_per_round": Int(1),
+    "server_optimizer": Options(*OPTIMIZERS), "server_learning_rate": Real(0.0, low_open=True),
+    "server_optimizer_options": NoneOr(Dict()), "learning_rate": Real(0.0, low_open=True),
+    "batch_size": Int(1, 10**9), "update_steps": Int(0, 10**9), "update_epochs": Int(1, 10**6),
+    "regularization": Real(0.0), "client_weighting": Options(*_WEIGHT_EXPONENT),
+    "min_examples": Int(0), "oversample": Real(0.0, 100.0),
+    "dropout": Real(0.0, 1.0, high_open=True), "init_scale": Real(0.0, low_open=True),
+    "eval_every": Int(0), "checkpoint_path": NoneOr(Path()), "checkpoint_every": Int(1),
+    "dtype": Dtype(), "random_state": RandomState(), "verbose": Bool(),
+}
+
+
+class FederatedMFBase(MFEstimatorBase):
+    """Round loop and parameters shared by the federated estimators (not used directly).
+
+    Subclasses provide ``_client_program(inter, mu)`` (lays out and runs the client kernel) and
+    may override the local-state and communication hooks below.
+    """
+
+    _parameter_constraints = FEDERATED_CONSTRAINTS
+    biases = True
+    rating_scale = None
+
+    # ------------------------------------------------------------------ hooks
+    def _init_local_state(self, inter, rng, dtype):
+        return None
+
+    def _finish_local_state(self, local):
+        pass
+
+    def _values_down(self, n_items, K, n_clients):
+        """Numbers broadcast to the clients of a round: the whole global model to each."""
+        return n_clients * (n_items * (K + 1) + 1)
+
+    def _values_up_local(self, n_used, K):
+        return 0
+
+    def _coerce(self, X, **data_kwargs) -> Interactions:
+        return Interactions.coerce(X, **data_kwargs)
+
+    def _usable_loss(self, inter) -> float:
+        """A mean query loss above this means the model is no longer usable: 10⁴ × the loss of
+        predicting zero for every example."""
+        return 1e4 * max(float(np.mean(inter.values ** 2)), 1e-6)
+
+    def _blame(self, stage: str) -> str:
+        """Which parameter to change when ``stage`` of a round produced non-finite values."""
+        if stage == "client update":
+            return f"lower learning_rate={self.learning_rate} (the client step size)"
+        opts = f" or check server_optimizer_options={self.server_optimizer_options}" \
+            if self.server_optimizer_options else ""
+        return (f"lower server_learning_rate={self.server_learning_rate} (server optimizer "
+                f"{self.server_optimizer!r}){opts}")
+
+    def _diagnose(self, run, out, cohort) -> str | None:
+        """Which stage made this round's mean query loss explode, from the worst client: its
+        exact ridge reconstruction on the current global model (host side, a simulation-only
+        diagnosis). If that fits far better than the kernel's, the reconstruction diverged; if
+        the client step is unstable for that embedding (η_u · 2(‖p‖² + 1) > 2, the curvature
+        of the per-example loss in an item row), the client update; else the server step."""
+        losses = np.where(np.isfinite(out.losses), out.losses, np.inf)
+        k = int(np.argmax(losses))
+        sub = run.inter.subset_users(cohort.clients[k:k + 1])
+        Q, b = run.params["Q"], run.params["b"]
+        mu = float(run.inter.values.mean()) if self.biases else 0.0
+        P, c = np.zeros((1, Q.shape[1]), Q.dtype), np.zeros(1, Q.dtype)
+        ridge_solve_rows(sub.indptr, sub.items, sub.values, Q, b,
+                         ridge_cfg(0.1, 1e-6, mu, self.biases), P, c)
+        pred = mu + b[sub.items] + c[0] + Q[sub.items].astype(np.float64) @ P[0]
+        exact = float(np.mean((sub.values - pred) ** 2))
+        if self._recon_can_diverge() and np.isfinite(exact) and exact < 1e-2 * losses[k]:
+            return "reconstruction"
+        if self.learning_rate * 2 * (float(P[0] @ P[0]) + float(self.biases)) > 2:
+            return "client update"
+        return "server step"
+
+    def _recon_can_diverge(self) -> bool:
+        """True when reconstruction takes gradient steps (an exact solve cannot diverge)."""
+        return False
+
+    def _update_hp(self, mu, joint):
+        return sgd_hp(self.learning_rate, self.regularization, self.batch_size, self.update_steps,
+                      self.update_epochs, mu, self.biases, joint)
+
+    def _check_combinations(self):
+        """Rules that involve several parameters (subclasses extend)."""
+
+    def _seed(self) -> int:
+        rs = self.random_state
+        if isinstance(rs, numbers.Integral) and not isinstance(rs, bool):
+            return int(rs) & 0x7FFFFFFFFFFFFFFF
+        return int(check_random_state(rs).randint(0, 2**31 - 1))
+
+    # ------------------------------------------------------------------ fit
+    @atomic_fit
+    def fit(self, X, y=None, *, callback=None, availability=None, **data_kwargs):
+        """Train with federated rounds on a DataFrame / Interactions / sparse matrix.
+
+        Each user is one client. ``availability(round)`` optionally says which clients are
+        reachable in a round (e.g. charging and on Wi-Fi): it returns a 1-D array-like of *raw*
+        user ids of the training data; sampling then draws only from those. ``callback(model,
+        round)`` is called every ``eval_every`` rounds with the model's fitted attributes set to
+        the current global parameters; a dict it returns is stored in that round's ``history_``
+        entry. With ``checkpoint_path`` the state is saved atomically every ``checkpoint_every``
+        rounds and at the end, and a later ``fit`` with the same parameters and data resumes
+        from it (same result as one run). A fit that raises leaves the estimator as it was.
+        """
+        self._check_params()
+        self._check_combinations()
+        inter = self._coerce(X, **data_kwargs)
+        run = self._start(inter, availability)
+        bar = tqdm(range(run.start, self.n_rounds), desc=type(self).__name__,
+                   disable=not self.verbose, initial=run.start, total=self.n_rounds, leave=False)
+        for t in bar:
+            rec = run.round(t, callback)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        run.finisher.warn_dropped()
+        self._set_globals(run.params)
+        self._finish_local_state(run.local)
+        self.history_ = run.history
+        return self
+
+    def _start(self, inter, availability) -> Run:
+        """Initial global parameters (or a checkpoint's), and the phases of this run."""
+        dtype, K, seed = np.dtype(self.dtype), self.n_factors, self._seed()
+        self._check_memory(inter, dtype)
+        rng = np.random.default_rng([seed, 0xC0FFEE])
+        Q = rng.uniform(-self.init_scale, self.init_scale, (inter.n_items, K)).astype(dtype)
+        params = {"Q": Q, "b": np.zeros(inter.n_items, dtype)}
+        local = self._init_local_state(inter, rng, dtype)
+        mu = float(inter.values.mean()) if self.biases else 0.0
+        counts = inter.counts()
+        eligible = np.flatnonzero(counts >= max(self.min_examples, 1))
+        if len(eligible) == 0:
+            raise ValueError(f"no client has at least min_examples={self.min_examples} examples "
+                             f"(the largest has {int(counts.max()) if len(counts) else 0}); "
+                             "lower min_examples")
+        data = (inter.indptr, inter.items, inter.values)
+        run = Run(self, inter, seed=seed, params=params,
+                  opt=make_server_optimizer(self.server_optimizer, self.server_learning_rate,
+                                            self.server_optimizer_options),
+                  local=local,
+                  select=Selector(seed, eligible, self.clients_per_round, self.oversample,
+                                  self.dropout, _availability(availability, inter)),
+                  executor=LocalExecutor(self._client_program(inter, mu), data, local),
+                  aggregator=WeightedMean(), hyperparams=self._round_hyperparams(),
+                  fingerprint=data_fingerprint(inter, seed),
+                  run_params={k: v for k, v in self.get_params(deep=False).items()
+                              if k not in RESUME_FREE},
+                  usable_loss=self._usable_loss(inter))
+        if self.checkpoint_path is not None:
+            run.resume(self.checkpoint_path)
+        self.rating_scale_ = self._check_params().get("rating_scale") or (
+            float(inter.values.min()), float(inter.values.max()))
+        self.global_mean_ = mu
+        self.user_ids_, self.item_ids_ = inter.user_ids, inter.item_ids
+        self.interactions_ = inter
+        return run
+
+    def _round_hyperparams(self) -> RoundHyperparams:
+        opt = make_server_optimizer(self.server_optimizer, self.server_learning_rate,
+                                    self.server_optimizer_options)
+        return RoundHyperparams(opt.learning_rate, dict(opt.options),
+                                _WEIGHT_EXPONENT[self.client_weighting])
+
+    def _check_memory(self, inter, dtype):
+        K, m = self.n_factors, min(self.clients_per_round, inter.n_users)
+        largest = np.sort(inter.counts())[::-1][:int(np.ceil(m * (1 + self.oversample)))]
+        slots = float(largest.sum()) * (1 + getattr(self, "negatives", 0))
+        check_memory(inter.n_items * (K + 1) * (dtype.itemsize + 6 * 8)  # params, state, dense step
+                     + slots * (K + 2) * (dtype.itemsize + 8)  # uploads and their reduction
+                     + 2 * ((K + 2) ** 2 * 8 + float(largest[:1].sum()) * (K + 2) * 24)
+                     + (inter.n_users * K * dtype.itemsize if self._keeps_user_rows else 0),
+                     f"{type(self).__name__} with n_factors={K}")
+
+    _keeps_user_rows = False
+
+    def _set_globals(self, params):
+        self.item_factors_ = params["Q"]
+        self.item_biases_ = params["b"]
+
+
+def _availability(availability, inter):
+    """Wrap ``availability(round) -> raw user ids`` into a function returning sorted dense ids;
+    anything else (a boolean mask, unknown ids, a non-1-D result) is refused, naming it."""
+    if availability is None:
+        return None
+    if not callable(availability):
+        raise TypeError(f"availability must be a function round -> raw user ids, got "
+                        f"{type(availability).__name__}")
+    index = pd.Index(inter.user_ids)
+
+    def dense(round_idx):
+        raw = np.asarray(availability(round_idx))
+        if raw.ndim != 1:
+            raise ValueError(f"availability({round_idx}) must return a 1-D array of raw user ids, "
+                             f"got shape {raw.shape}")
+        if raw.dtype == bool:
+            raise TypeError(f"availability({round_idx}) returned a boolean mask; return the raw "
+                            "ids of the reachable users instead (e.g. user_ids[mask])")
+        ids = index.get_indexer(pd.Index(raw))
+        if np.any(ids < 0):
+            bad = show(raw[ids < 0][0])
+            raise ValueError(f"availability({round_idx}) returned user id {bad}, which is not a "
+                             "user of the training data")
+        return np.unique(ids).astype(np.int64)
+
+    return dense

@@ -1,0 +1,220 @@
+"""Federated Reconstruction for explicit ratings (Singhal et al. 2021, Algorithm 1)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._kernels.clients import fedrecon_clients, query_sizes
+from .._kernels.layout import SPLITS, client_cfg, recon_init_cfg, sgd_hp
+from .._kernels.rng import stream_keys
+from .._kernels.sgd import sgd_reconstruct_rows
+from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
+from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
+
+
+@dataclass(frozen=True)
+class FedReconProgram:
+    """Client work of FedReconMF: split, reconstruct (p, c), k_u steps on the touched item rows."""
+
+    cfg: np.ndarray  # layout.client_cfg
+    recon_hp: np.ndarray  # layout.sgd_hp of reconstruction
+    update_hp: np.ndarray  # layout.sgd_hp of the update
+
+    def layout(self, counts):
+        """(weights = query sizes, output slots) per client."""
+        q = query_sizes(counts.astype(np.int64), int(self.cfg[0]), float(self.cfg[1]))
+        return q, q
+
+    def run(self, data, clients, params, local, ids, out):
+        fedrecon_clients(data, clients, (params["Q"], params["b"]), self.cfg, self.recon_hp,
+                         self.update_hp, ids, out)
+        return None
+
+
+class FedReconMF(FederatedMFBase):
+    """Federated Reconstruction for biased matrix factorization (Singhal et al. 2021, Alg. 1).
+
+    Global: item factors Q, item biases b (and the global mean μ). Local: the user's factors p and
+    bias c — reconstructed on the device from its support set each round, frozen while
+    ``update_steps`` mini-batch steps update the rows of (Q, b) its query set touches, then
+    discarded. Only the sparse delta of (Q, b) and the query size leave a client.
+
+    Parameters
+    ----------
+    n_factors : int, default 50
+        K, the embedding dimension.
+    biases : bool, default True
+        Fit μ, item and user biases; False gives the paper's plain p·q model.
+    n_rounds : int, default 500
+    clients_per_round : int, default 100
+    server_optimizer : {"sgd", "momentum", "adagrad", "adam", "yogi"}, default "sgd"
+    server_learning_rate : float, default 1.0
+    server_optimizer_options : dict or None
+        E.g. {"momentum": 0.9}, {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-7}.
+    learning_rate : float, default 0.5
+        Client step size η_u of the update steps.
+    batch_size : int, default 5
+    update_steps, update_epochs : int, default 50, 1
+        k_u: at most this many mini-batch steps and passes over the query set.
+    regularization : float, default 0
+        L2 weight of the client update.
+    client_weighting : {"num_examples", "uniform"}
+        Weight of a client in the mean: its query size, or 1.
+    min_examples : int, default 1
+        Clients with fewer examples are never sampled.
+    oversample, dropout : float, default 0
+        Invite ceil(m·(1 + oversample)) clients; each fails to report with prob. ``dropout``.
+    init_scale : float, default 0.05
+        Item factors start uniform in ±init_scale (> 0); also SGD reconstruction's start.
+    rating_scale : (low, high) or None
+        For clipping predictions; None takes the training ratings' range.
+    split : {"random", "time", "none"}, default "random"
+        Support/query split of each client's data; "none" reuses all data for both (NO SPLIT).
+    support_fraction : float in (0, 1), default 0.5
+        Share of a client's data in the support set (1 is allowed only with split="none").
+    reconstruction : {"als", "sgd"}, default "als"
+        "als": exact ridge solve (the optimum of the local problem); "sgd": ``recon_steps``
+        mini-batch steps at ``recon_learning_rate`` from ``recon_init`` (the paper's R).
+    recon_steps, recon_epochs : int, default 50, 1
+    recon_learning_rate : float, default 0.1
+    recon_init : {"uniform", "zeros"}, default "uniform"
+    recon_regularization : float or None
+        Ridge λ per rating for reconstruction; None means 0.1 for "als" and 0 for "sgd".
+    joint : bool, default False
+        Also update the local parameters during the client update (JOINT TRAINING ablation).
+    eval_every : int, default 0
+        Call ``fit``'s callback every this many rounds (0: never).
+    checkpoint_path : str, os.PathLike or None
+    checkpoint_every : int, default 50
+    dtype : {"float32", "float64"}, default "float32"
+    random_state : int, RandomState or None
+    verbose : bool, default False
+
+    Attributes
+    ----------
+    item_factors_ : ndarray (n_items, K)
+    item_biases_ : ndarray (n_items,)
+    global_mean_ : float
+    rating_scale_ : (float, float)
+    user_ids_, item_ids_ : ndarray of the raw ids
+    interactions_ : Interactions
+        The training data, held by this simulation object only to evaluate seen users (the
+        server of a deployment never has it; ``save`` does not write it).
+    history_ : list of dict
+        One record per round: loss, clients sampled/used/dropped/non-finite, items updated,
+        numbers sent up and down, seconds.
+    """
+
+    _recon_lam_attr = "recon_regularization"
+    _parameter_constraints = {
+        **FEDERATED_CONSTRAINTS, "biases": Bool(), "rating_scale": RatingScale(),
+        "split": Options(*SPLITS), "support_fraction": Real(0.0, 1.0, low_open=True),
+        "reconstruction": Options("als", "sgd"), "recon_steps": Int(0, 10**9),
+        "recon_epochs": Int(1, 10**6), "recon_learning_rate": Real(0.0, low_open=True),
+        "recon_init": Options("uniform", "zeros"), "recon_regularization": NoneOr(Real(0.0)),
+        "joint": Bool(),
+    }
+
+    def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
+                 server_optimizer="sgd", server_learning_rate=1.0, server_optimizer_options=None,
+                 learning_rate=0.5, batch_size=5, update_steps=50, update_epochs=1,
+                 regularization=0.0, client_weighting="num_examples", min_examples=1,
+                 oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None, split="random",
+                 support_fraction=0.5, reconstruction="als", recon_steps=50, recon_epochs=1,
+                 recon_learning_rate=0.1, recon_init="uniform", recon_regularization=None,
+                 joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
+                 dtype="float32", random_state=None, verbose=False):
+        self.n_factors = n_factors
+        self.biases = biases
+        self.n_rounds = n_rounds
+        self.clients_per_round = clients_per_round
+        self.server_optimizer = server_optimizer
+        self.server_learning_rate = server_learning_rate
+        self.server_optimizer_options = server_optimizer_options
+        self.learning_rate = learning_rate
+        self.batch_size = batch_size
+        self.update_steps = update_steps
+        self.update_epochs = update_epochs
+        self.regularization = regularization
+        self.client_weighting = client_weighting
+        self.min_examples = min_examples
+        self.oversample = oversample
+        self.dropout = dropout
+        self.init_scale = init_scale
+        self.rating_scale = rating_scale
+        self.split = split
+        self.support_fraction = support_fraction
+        self.reconstruction = reconstruction
+        self.recon_steps = recon_steps
+        self.recon_epochs = recon_epochs
+        self.recon_learning_rate = recon_learning_rate
+        self.recon_init = recon_init
+        self.recon_regularization = recon_regularization
+        self.joint = joint
+        self.eval_every = eval_every
+        self.checkpoint_path = checkpoint_path
+        self.checkpoint_every = checkpoint_every
+        self.dtype = dtype
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _check_combinations(self):
+        if self.split != "none" and self.support_fraction >= 1.0:
+            raise ValueError(f"support_fraction={self.support_fraction} with split={self.split!r} "
+                             "leaves every query set empty, so nothing would be trained; use a "
+                             "fraction below 1, or split='none' to reuse all data for both")
+
+    def _recon_lam(self) -> float:
+        if self.recon_regularization is not None:
+            return float(self.recon_regularization)
+        return 0.1 if self.reconstruction == "als" else 0.0
+
+    def _recon_hp(self, mu):
+        return sgd_hp(self.recon_learning_rate, self._recon_lam(), self.batch_size, self.recon_steps,
+                      self.recon_epochs, mu, self.biases)
+
+    def _client_program(self, inter, mu):
+        cfg = client_cfg(self.split, self.support_fraction, self.reconstruction, self.recon_init,
+                         self.init_scale, self._recon_lam(), self._recon_lam0())
+        return FedReconProgram(cfg, self._recon_hp(mu), self._update_hp(mu, self.joint))
+
+    def _recon_can_diverge(self) -> bool:
+        return self.reconstruction == "sgd"
+
+    def _blame(self, stage: str) -> str:
+        if stage == "reconstruction" and self.reconstruction == "sgd":
+            return (f"lower recon_learning_rate={self.recon_learning_rate} (the SGD "
+                    "reconstruction step size), or use reconstruction='als'")
+        return super()._blame(stage)
+
+    def _reconstruct_csr(self, indptr, items, values, keys):
+        if self.reconstruction == "als":
+            return super()._reconstruct_csr(indptr, items, values, keys)
+        n, K = len(indptr) - 1, self.item_factors_.shape[1]
+        dt = self.item_factors_.dtype
+        P, c = np.empty((n, K)), np.empty(n)
+        sgd_reconstruct_rows(indptr, items, values, (self.item_factors_, self.item_biases_),
+                             self._recon_hp(float(self.global_mean_)),
+                             recon_init_cfg(self.recon_init, self.init_scale),
+                             _inference_keys(self._seed(), keys), (P, c))
+        bad = ~(np.isfinite(P).all(axis=1) & np.isfinite(c)) | \
+            (np.abs(P).max(axis=1, initial=0.0) > np.finfo(dt).max)
+        if bad.any():
+            warnings.warn(f"SGD reconstruction diverged for {int(bad.sum())} of {n} users "
+                          f"(recon_learning_rate={self.recon_learning_rate}); their local "
+                          "parameters are NaN — lower recon_learning_rate or use "
+                          "reconstruction='als'", RuntimeWarning, stacklevel=3)
+            P[bad] = np.nan
+            c[bad] = np.nan
+        return P.astype(dt), c.astype(dt)
+
+
+_EVAL_STREAM = np.uint64(2**40 + 17)  # distinguishes inference streams from training rounds
+
+
+def _inference_keys(seed: int, keys: np.ndarray) -> np.ndarray:
+    """Stream seed of each user at inference: a mix of the model's seed and the user's key."""
+    return stream_keys(np.uint64(seed), _EVAL_STREAM, np.ascontiguousarray(keys, np.uint64))

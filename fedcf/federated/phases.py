@@ -1,0 +1,198 @@
+"""The phases of one federated round (DESIGN §10), each replaceable on its own:
+
+    select(round)                       → Cohort
+    executor.run(cohort, params, ids)   → ClientOutputs     (the only thing clients send up)
+    aggregator(outputs, hp)             → GlobalDelta
+    server_update(opt, state, params, delta, hp)   → new params (sparse in place where possible)
+    finish (RoundFinisher)              → guard, history, callback, checkpoint
+
+Round-level hyperparameters that a hyper-learner may change between rounds live in one
+``RoundHyperparams`` object, read by the aggregator and the server update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._kernels.server import finite_clients, sum_sorted_runs
+
+
+@dataclass(frozen=True)
+class RoundHyperparams:
+    """What a round reads that may change between rounds.
+
+    server_learning_rate : η_s of the server optimizer.
+    server_options : the server optimizer's options (momentum, beta1, ...), see optimizers.py.
+    weight_exponent : client weight w_i = n_i ** weight_exponent for a client with n_i > 0 query
+        examples (1: by examples, 0: uniform); clients with n_i = 0 weigh 0.
+    """
+
+    server_learning_rate: float
+    server_options: dict = field(default_factory=dict)
+    weight_exponent: float = 1.0
+
+
+# ---------------------------------------------------------------------- 1. select
+@dataclass(frozen=True)
+class Cohort:
+    clients: np.ndarray  # dense ids of the clients whose reports are used, in report order
+    n_sampled: int  # invited this round (after oversampling)
+    n_dropped: int  # invited but never reported
+    n_surplus: int  # reported after the first m and were ignored
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Who takes part in a round: invite ceil(m·(1+oversample)) clients, without replacement, from
+    the eligible ones (at least ``min_examples`` examples) that ``availability`` says are
+    reachable; each fails to report with probability ``dropout``; of those that report, the
+    first m to finish (random finishing times) are used. Depends only on (seed, round)."""
+
+    seed: int
+    eligible: np.ndarray  # sorted dense ids
+    clients_per_round: int
+    oversample: float = 0.0
+    dropout: float = 0.0
+    availability: object = None  # callable(round) -> sorted dense ids, or None
+
+    def __call__(self, round_idx: int) -> Cohort:
+        pool = self.eligible
+        if self.availability is not None:
+            pool = np.intersect1d(pool, self.availability(round_idx), assume_unique=True)
+        rng = np.random.default_rng([int(self.seed), int(round_idx), 0x5EED])
+        n_invite = min(len(pool), int(np.ceil(self.clients_per_round * (1.0 + self.oversample))))
+        invited = rng.choice(pool, size=n_invite, replace=False) if n_invite else pool[:0]
+        reported = invited[rng.random(n_invite) >= self.dropout] if self.dropout > 0 else invited
+        finish = rng.exponential(size=len(reported))
+        used = reported[np.argsort(finish, kind="stable")][:self.clients_per_round]
+        return Cohort(used.astype(np.int64), n_invite, n_invite - len(reported),
+                      len(reported) - len(used))
+
+
+# ---------------------------------------------------------------------- 2. client work
+@dataclass(frozen=True)
+class ClientOutputs:
+    """What a round's clients send to the server, and nothing else.
+
+    Client k's sparse delta sits in slots [offsets[k], offsets[k+1]) of ``items`` (item −1 =
+    padding), ``d_Q`` and ``d_b``. ``weights`` are the query sizes n_k, ``losses`` the query loss
+    before the update. ``rank_terms`` (m, K, K) carries the full-catalog negative map of
+    FedReconImplicitMF(full_negatives=True) — it reveals p up to sign, so that option is for
+    deployments under secure aggregation. No field holds a user embedding, a user bias or any
+    other local parameter.
+    """
+
+    offsets: np.ndarray
+    items: np.ndarray
+    d_Q: np.ndarray
+    d_b: np.ndarray
+    weights: np.ndarray
+    losses: np.ndarray
+    rank_terms: np.ndarray | None = None
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.weights)
+
+
+class LocalExecutor:
+    """Runs a cohort's client work in this process: one Numba call, ``prange`` over clients.
+
+    ``program`` (see fedrecon.py, stateful.py, implicit.py) lays out the output slots and calls
+    its kernel; ``data`` is the population's user-grouped CSR; ``local_state`` the stateful
+    baselines' per-user rows (None for Federated Reconstruction).
+    """
+
+    def __init__(self, program, data, local_state=None):
+        self.program, self.data, self.local_state = program, data, local_state
+        self.counts = np.diff(data[0])
+
+    def run(self, cohort: Cohort, params: dict, ids: np.ndarray) -> ClientOutputs:
+        clients = cohort.clients
+        weights, slots = self.program.layout(self.counts[clients])
+        offsets = np.zeros(len(clients) + 1, np.int64)
+        np.cumsum(slots, out=offsets[1:])
+        total, K = int(offsets[-1]), params["Q"].shape[1]
+        dt = params["Q"].dtype
+        out = (offsets, np.empty(total, np.int64), np.empty((total, K), dt), np.empty(total, dt),
+               np.full(len(clients), np.nan))
+        rank_terms = self.program.run(self.data, clients, params, self.local_state, ids, out)
+        return ClientOutputs(offsets, out[1], out[2], out[3], weights.astype(np.float64), out[4],
+                             rank_terms)
+
+
+# ---------------------------------------------------------------------- 3. aggregate
+@dataclass(frozen=True)
+class GlobalDelta:
+    """One round's aggregated update: mean row deltas on ``items`` (sorted, distinct), plus an
+    optional dense rank map M (K, K) applied as −Q·M (full-catalog implicit negatives)."""
+
+    items: np.ndarray
+    d_Q: np.ndarray  # (len(items), K) float64
+    d_b: np.ndarray
+    rank_map: np.ndarray | None
+    client_weights: np.ndarray  # effective weight per client (0 = left out)
+    nonfinite: np.ndarray  # bool per client: its upload had a non-finite value
+    n_empty: int  # clients with nothing to contribute (empty query set)
+    values_up: int  # numbers sent up by the used clients (item ids not counted)
+
+    @property
+    def n_used(self) -> int:
+        return int(np.sum(self.client_weights > 0))
+
+
+class WeightedMean:
+    """Σ_k w_k Δ_k / Σ_k w_k over clients whose upload is finite (Δ_k = 0 off its rows).
+
+    The sum runs in a fixed order (item, then client) in a small kernel, so it does not depend on
+    thread scheduling and costs O(entries × K), never O(n_items × K).
+    """
+
+    def __call__(self, out: ClientOutputs, hp: RoundHyperparams) -> GlobalDelta:
+        K = out.d_Q.shape[1]
+        bad = ~finite_clients(out.offsets, out.d_Q, out.d_b)
+        if out.rank_terms is not None:
+            bad |= ~np.isfinite(out.rank_terms).all(axis=(1, 2))
+        w = np.where(out.weights > 0, out.weights ** hp.weight_exponent, 0.0)
+        n_empty = int(np.sum((w == 0) & ~bad))
+        w[bad] = 0.0
+        total = w.sum()
+        owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+        valid = (out.items >= 0) & (w[owner] > 0)
+        if total <= 0 or not valid.any():
+            return GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), None, w, bad,
+                               n_empty, 0)
+        scale = np.where(valid, w[owner] / total, 0.0)
+        order = np.argsort(np.where(valid, out.items, -1), kind="stable")
+        n_valid = int(valid.sum())
+        dq, db, items = np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64)
+        m = sum_sorted_runs(order, out.items, out.d_Q, out.d_b, scale, dq, db, items)
+        rank_map = None
+        values_up = n_valid * (K + 1)
+        if out.rank_terms is not None:
+            rank_map = np.tensordot(w, out.rank_terms, axes=1) / total
+            values_up += int(np.sum(w > 0)) * K * K
+        return GlobalDelta(items[:m], dq[:m], db[:m], rank_map, w, bad, n_empty, values_up)
+
+
+# ---------------------------------------------------------------------- 4. server update
+def server_update(opt, state: dict, params: dict, delta: GlobalDelta, hp: RoundHyperparams):
+    """Apply the server optimizer to the antigradient −Δ̄. SGD/Adagrad with a sparse delta update
+    the touched rows in place (O(rows × K)); momentum, Adam, Yogi and a dense rank map move every
+    row and go through the dense path. Returns (state, params, finite)."""
+    Q = params["Q"]
+    if opt.sparse and delta.rank_map is None:
+        state, params = opt.step_rows(state, params, delta.items, {"Q": delta.d_Q, "b": delta.d_b},
+                                      learning_rate=hp.server_learning_rate)
+        return state, params, state.pop("rows_finite")
+    dQ = np.zeros(Q.shape)
+    db = np.zeros(Q.shape[0])
+    dQ[delta.items] = delta.d_Q
+    db[delta.items] = delta.d_b
+    if delta.rank_map is not None:
+        dQ -= Q.astype(np.float64) @ delta.rank_map
+    state, params = opt.step(state, params, {"Q": dQ, "b": db},
+                             learning_rate=hp.server_learning_rate, options=hp.server_options)
+    return state, params, all(bool(np.isfinite(v).all()) for v in params.values())

@@ -1,0 +1,141 @@
+"""Stateful baselines: FedAvgMF (user rows kept on the server) and FURLMF (kept on the device)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._kernels.clients import stateful_clients
+from .._validation import Bool, RatingScale, Real
+from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
+
+_PARAMS_DOC = """
+    Parameters
+    ----------
+    n_factors : int, default 50
+    biases : bool, default True
+    n_rounds : int, default 500
+    clients_per_round : int, default 100
+    server_optimizer : {"sgd", "momentum", "adagrad", "adam", "yogi"}, default "sgd"
+    server_learning_rate : float, default 1.0
+    server_optimizer_options : dict or None
+    learning_rate : float, default 0.1
+        Client step size of the joint user + item steps (the paper's 0.5 diverges here).
+    batch_size : int, default 5
+    update_steps, update_epochs : int, default 50, 1
+    regularization : float, default 0
+    client_weighting : {"num_examples", "uniform"}
+    min_examples : int, default 1
+    oversample, dropout : float, default 0
+    init_scale : float, default 0.05
+        Item and user rows start uniform in ±init_scale (> 0).
+    rating_scale : (low, high) or None
+    recon_regularization : float, default 0.1
+        Ridge λ of the exact reconstruction that serves users unseen in fit.
+    eval_every, checkpoint_path, checkpoint_every, dtype, random_state, verbose
+        As in FedReconMF.
+
+    Attributes
+    ----------
+    item_factors_, item_biases_, global_mean_, rating_scale_, user_ids_, item_ids_, history_
+        As in FedReconMF.
+    user_factors_, user_biases_ : ndarray (n_users, K), (n_users,)
+        The per-user rows trained across rounds ({where}).
+"""
+
+
+@dataclass(frozen=True)
+class StatefulProgram:
+    """Client work of FedAvg/FURL: joint steps on the client's own row and the item rows."""
+
+    update_hp: np.ndarray
+
+    def layout(self, counts):
+        q = counts.astype(np.int64)
+        return q, q
+
+    def run(self, data, clients, params, local, ids, out):
+        stateful_clients(data, clients, (params["Q"], params["b"]), local, self.update_hp, ids, out)
+        return None
+
+
+class _StatefulMF(FederatedMFBase):
+    """FedPer-style training: each user's row is trained jointly with the item rows it touches
+    and kept between rounds. A client whose update turns non-finite keeps its old user row and
+    its item delta is dropped."""
+
+    _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
+    _recon_lam_attr = "recon_regularization"
+    _keeps_user_rows = True
+    _parameter_constraints = {**FEDERATED_CONSTRAINTS, "biases": Bool(),
+                              "rating_scale": RatingScale(), "recon_regularization": Real(0.0)}
+
+    def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
+                 server_optimizer="sgd", server_learning_rate=1.0, server_optimizer_options=None,
+                 learning_rate=0.1, batch_size=5, update_steps=50, update_epochs=1,
+                 regularization=0.0, client_weighting="num_examples", min_examples=1,
+                 oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None,
+                 recon_regularization=0.1, eval_every=0, checkpoint_path=None,
+                 checkpoint_every=50, dtype="float32", random_state=None, verbose=False):
+        self.n_factors = n_factors
+        self.biases = biases
+        self.n_rounds = n_rounds
+        self.clients_per_round = clients_per_round
+        self.server_optimizer = server_optimizer
+        self.server_learning_rate = server_learning_rate
+        self.server_optimizer_options = server_optimizer_options
+        self.learning_rate = learning_rate
+        self.batch_size = batch_size
+        self.update_steps = update_steps
+        self.update_epochs = update_epochs
+        self.regularization = regularization
+        self.client_weighting = client_weighting
+        self.min_examples = min_examples
+        self.oversample = oversample
+        self.dropout = dropout
+        self.init_scale = init_scale
+        self.rating_scale = rating_scale
+        self.recon_regularization = recon_regularization
+        self.eval_every = eval_every
+        self.checkpoint_path = checkpoint_path
+        self.checkpoint_every = checkpoint_every
+        self.dtype = dtype
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _init_local_state(self, inter, rng, dtype):
+        P = rng.uniform(-self.init_scale, self.init_scale, (inter.n_users, self.n_factors))
+        return P.astype(dtype), np.zeros(inter.n_users, dtype)
+
+    def _client_program(self, inter, mu):
+        return StatefulProgram(self._update_hp(mu, True))
+
+    def _finish_local_state(self, local):
+        self.user_factors_, self.user_biases_ = local
+
+
+class FedAvgMF(_StatefulMF):
+    __doc__ = """FedAvg for MF with user embeddings stored on the server.
+
+    A sampled client downloads the global item rows *and its own user row*, trains both jointly
+    for ``update_steps`` mini-batch steps on all its data, and uploads the item delta and its new
+    user row; only that row changes on the server. As the paper notes, this equals the stateful
+    FedPer approach in result — and exposes every user's embedding to the server. Unseen users are
+    served by reconstruction (exact ridge solve, ``recon_regularization``).
+    """ + _PARAMS_DOC.replace("{where}", "stored by the server")
+
+    def _values_down(self, n_items, K, n_clients):
+        return n_clients * (n_items * (K + 1) + 1 + (K + 1))
+
+    def _values_up_local(self, n_used, K):
+        return n_used * (K + 1)
+
+
+class FURLMF(_StatefulMF):
+    __doc__ = """FURL (Bui et al. 2019): private user embeddings kept on each device across rounds
+    (stateful), trained jointly with the federated item parameters; only the item delta is
+    uploaded. The training arithmetic equals FedAvgMF's (split personalization ≡ FedPer for MF);
+    the difference is where the user rows live and what is communicated. Unseen users fall back
+    to reconstruction.
+    """ + _PARAMS_DOC.replace("{where}", "held by the simulated devices")

@@ -1,0 +1,272 @@
+"""Regression tests for the defects a hostile-input pass found (issue: "The round as composable
+phases, and every defect a hostile user found"). Each failed before the fix."""
+
+import multiprocessing as mp
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
+from fedcf.datasets.movielens import parse_ratings
+from fedcf.eval import estimate_ctr
+
+from fedcf import CentralizedMF, FedReconMF
+
+FAST = dict(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def pop():
+    return make_synthetic_ratings(200, 50, 4000, n_factors=3, random_state=2)
+
+
+@pytest.fixture(scope="module")
+def sgd_model(pop):
+    return FedReconMF(reconstruction="sgd", recon_steps=8, **FAST).fit(pop)
+
+
+# ---------------------------------------------------------------- inference independent of the call
+def test_sgd_reconstruction_does_not_depend_on_other_users(pop, sgd_model):
+    a = pop.subset_users(np.arange(5))
+    both = pop.subset_users(np.r_[np.arange(100, 150), np.arange(5)])
+    Pa, ca = sgd_model.reconstruct_users(a)
+    Pb, cb = sgd_model.reconstruct_users(both)
+    np.testing.assert_array_equal(Pa, Pb[50:])
+    np.testing.assert_array_equal(ca, cb[50:])
+    df = pop.to_dataframe()
+    one = df[df.user == 3]
+    many = pd.concat([df[df.user.isin(range(100, 160))], one])
+    np.testing.assert_array_equal(sgd_model.predict(one), sgd_model.predict(many)[-len(one):])
+
+
+# ---------------------------------------------------------------- offline estimators
+def test_replay_is_the_plain_mean_over_matching_rows_not_snips():
+    reward = np.array([1.0, 0.0, 1.0, 0.0, 1.0])
+    propensity = np.array([0.9, 0.1, 0.5, 0.2, 0.05])  # non-uniform
+    target = np.array([1.0, 1.0, 0.0, 1.0, 1.0])  # deterministic: agrees on rows 0, 1, 3, 4
+    est = estimate_ctr(reward, propensity, target, estimators=("replay", "snips"), n_bootstrap=0)
+    assert est.loc["replay", "estimate"] == pytest.approx(np.mean([1.0, 0.0, 0.0, 1.0]))
+    w = target / propensity
+    assert est.loc["snips", "estimate"] == pytest.approx(np.sum(w * reward) / w.sum())
+    assert est.loc["replay", "estimate"] != pytest.approx(est.loc["snips", "estimate"])
+
+
+def test_estimate_ctr_refuses_bad_alpha_and_propensity():
+    r, p, t = np.ones(3), np.full(3, 0.5), np.ones(3)
+    for alpha in (2, 0, 1.0, -0.1, True):
+        with pytest.raises(ValueError, match="alpha must be in"):
+            estimate_ctr(r, p, t, alpha=alpha)
+    with pytest.raises(ValueError, match=r"propensity is 5\.0 at row 1, outside \(0, 1\]"):
+        estimate_ctr(r, np.array([0.5, 5.0, 0.5]), t)
+    with pytest.raises(ValueError, match="n_bootstrap"):
+        estimate_ctr(r, p, t, n_bootstrap=-1)
+
+
+# ---------------------------------------------------------------- files
+def test_save_names_with_dots_do_not_collide(pop, tmp_path):
+    m = CentralizedMF(n_factors=2, n_epochs=1, random_state=0).fit(pop)
+    a, b = m.save(tmp_path / "model_lr0.1"), m.save(tmp_path / "model_lr0.5")
+    assert a != b and a.name == "model_lr0.1.npz" and b.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_lr0.1.npz", "model_lr0.5.npz"]
+
+
+def _save_many(args):
+    path, seed = args
+    from fedcf.datasets import make_synthetic_ratings as mk
+
+    from fedcf import CentralizedMF as C
+
+    m = C(n_factors=2, n_epochs=1, random_state=seed).fit(mk(50, 20, 500, random_state=seed))
+    for _ in range(15):
+        m.save(path)
+
+
+def test_concurrent_saves_leave_a_whole_file(tmp_path):
+    path = tmp_path / "shared.npz"
+    with mp.get_context("spawn").Pool(2) as pool:
+        pool.map(_save_many, [(path, 1), (path, 2)])
+    m = CentralizedMF.load(path)
+    assert m.item_factors_.shape[1] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["shared.npz"]  # no temporary files left
+
+
+def test_interrupted_save_keeps_the_old_file_and_no_leftovers(pop, tmp_path, monkeypatch):
+    m = CentralizedMF(n_factors=2, n_epochs=1, random_state=0).fit(pop)
+    path = m.save(tmp_path / "m.npz")
+    before = path.read_bytes()
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        m.save(path)
+    with pytest.raises(KeyboardInterrupt):
+        FedReconMF(checkpoint_path=tmp_path / "ck.npz", **FAST).fit(pop)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.npz"]
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage, not a zip", "truncated"])
+def test_bad_model_and_checkpoint_files_name_the_path(pop, tmp_path, content):
+    good = CentralizedMF(n_factors=2, n_epochs=1, random_state=0).fit(pop).save(tmp_path / "g")
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(good.read_bytes()[:300] if content == "truncated" else content)
+    with pytest.raises(ValueError, match="bad.npz.*not a readable fedcf model"):
+        CentralizedMF.load(bad)
+    with pytest.raises(ValueError, match="bad.npz.*not a readable fedcf checkpoint"):
+        FedReconMF(checkpoint_path=bad, **FAST).fit(pop)
+    assert bad.exists()  # left untouched
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        CentralizedMF.load(tmp_path / "missing.npz")
+
+
+def test_checkpoint_must_belong_to_this_run(pop, tmp_path):
+    ck = tmp_path / "ck.npz"
+    FedReconMF(checkpoint_path=ck, **FAST).fit(pop)
+    df = pop.to_dataframe()
+    swapped = df.copy()  # same counts, same rating sum: two ratings of one user swap items
+    u0 = swapped.index[swapped.user == swapped.user.iloc[0]]
+    swapped.loc[u0[:2], "rating"] = swapped.loc[u0[:2], "rating"].to_numpy()[::-1]
+    if swapped.rating.equals(df.rating):
+        swapped.loc[u0[0], "rating"] = swapped.loc[u0[0], "rating"] % 5 + 1
+        swapped.loc[u0[1], "rating"] += df.loc[u0[0], "rating"] - swapped.loc[u0[0], "rating"]
+    with pytest.raises(ValueError, match="written for other data"):
+        FedReconMF(checkpoint_path=ck, **{**FAST, "n_rounds": 5}).fit(swapped)
+    # a tampered K (arrays edited to another shape) is refused, not returned silently
+    with np.load(ck) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["Q"] = arrays["Q"][:, :2]
+    np.savez(ck, **arrays)
+    with pytest.raises(ValueError, match="array 'Q' is .* expected"):
+        FedReconMF(checkpoint_path=ck, **{**FAST, "n_rounds": 5}).fit(pop)
+
+
+def test_recommend_after_load_filters_seen_items_or_refuses(pop, tmp_path):
+    m = CentralizedMF(n_factors=2, n_epochs=2, random_state=0).fit(pop)
+    m2 = CentralizedMF.load(m.save(tmp_path / "c"))
+    seen = set(pop.item_ids[pop.items[pop.indptr[0]:pop.indptr[1]]])
+    rec = m2.recommend(user=pop.user_ids[0], n=50)
+    assert not set(rec.item) & seen
+    pd.testing.assert_frame_equal(rec, m.recommend(user=pop.user_ids[0], n=50))
+    del m2.seen_indptr_
+    with pytest.raises(ValueError, match="filter_seen=False"):
+        m2.recommend(user=pop.user_ids[0])
+
+
+# ---------------------------------------------------------------- data
+def test_u_data_with_an_extra_column_is_refused(tmp_path):
+    p = tmp_path / "u.data"
+    p.write_text("1\t10\t4\t100\t9\n2\t10\t5\t70\t9\n")
+    with pytest.raises(DataValidationError, match="found 5: remove the extra columns"):
+        parse_ratings(p)
+
+
+def test_twenty_digit_ids_stay_distinct(tmp_path):
+    big = [12345678901234567890, 12345678901234567891]
+    inter = Interactions.from_arrays(np.array(big, dtype=object), [1, 1], [3.0, 4.0])
+    assert inter.n_users == 2 and set(inter.user_ids.tolist()) == set(big)
+    p = tmp_path / "u.data"
+    p.write_text(f"{big[0]}\t1\t3\t1\n{big[1]}\t1\t4\t2\n")
+    df = parse_ratings(p)
+    assert df.user.nunique() == 2 and (df.user.astype(str) == [str(b) for b in big]).all()
+    with pytest.raises(DataValidationError, match="beyond 2\\*\\*53"):
+        Interactions.from_arrays(np.array([2.0**60, 2.0**60 + 4096]), [1, 1], [3.0, 4.0])
+
+
+def test_coo_duplicates_are_refused_not_summed():
+    coo = sp.coo_matrix(([5.0, 4.0, 3.0], ([0, 0, 1], [2, 2, 0])), shape=(2, 3))
+    with pytest.raises(DataValidationError, match=r"duplicate \(row, column\) pair \(0, 2\)"):
+        Interactions.from_sparse(coo)
+    inter = Interactions.from_sparse(coo, duplicates="mean")
+    assert inter.values[inter.indptr[0]] == 4.5
+
+
+def test_hand_built_interactions_are_checked():
+    ok = dict(indptr=np.array([0, 2]), items=np.array([0, 1]), values=np.array([1.0, 2.0]),
+              timestamps=None, user_ids=np.array(["a"]), item_ids=np.array([10, 20]))
+    Interactions(**ok)
+    with pytest.raises(DataValidationError, match=r"indices in \[0, 2\).*found 7"):
+        Interactions(**{**ok, "items": np.array([0, 7])})
+    with pytest.raises(DataValidationError, match="indptr"):
+        Interactions(**{**ok, "indptr": np.array([0, 3])})
+    with pytest.raises(DataValidationError, match="non-finite"):
+        Interactions(**{**ok, "values": np.array([1.0, np.nan])})
+
+
+# ---------------------------------------------------------------- parameters
+@pytest.mark.parametrize("bad,match", [
+    (dict(support_fraction=1.0), "leaves every query set empty"),
+    (dict(init_scale=0.0), "init_scale must be > 0"),
+    (dict(rating_scale=(5, 1)), "rating_scale must be"),
+    (dict(rating_scale="abc"), "rating_scale must be a pair"),
+    (dict(server_optimizer="adam", server_optimizer_options={"beta1": 1.0}),
+     r"server_optimizer_options\['beta1'\] must be a number in \[0.0, 1.0\)"),
+    (dict(server_optimizer_options=[1]), "server_optimizer_options must be a dict"),
+    (dict(biases="yes"), "biases must be True or False"),
+    (dict(dtype="int8"), "dtype must be float32 or float64"),
+    (dict(random_state=-1), "random_state must be in"),
+    (dict(learning_rate=float("nan")), "learning_rate must be finite"),
+    (dict(update_steps=10**12), "update_steps must be <="),
+])
+def test_bad_parameters_are_named(pop, bad, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        FedReconMF(**{**FAST, **bad}).fit(pop)
+
+
+@pytest.mark.parametrize("K", [10**5, 10**6])
+def test_huge_n_factors_is_refused_up_front_with_the_figure(pop, K):
+    for est in (FedReconMF(n_factors=K, n_rounds=1), CentralizedMF(n_factors=K)):
+        with pytest.raises(MemoryError, match=r"n_factors=\d+ needs about [\d.]+ GiB"):
+            est.fit(pop)
+
+
+def test_availability_takes_raw_ids_and_refuses_the_rest(pop):
+    df = pop.to_dataframe()
+    df["user"] = "user" + df["user"].astype(str)
+    reachable = np.array(["user1", "user2", "user3", "user5"])
+    m = FedReconMF(**{**FAST, "n_rounds": 2}).fit(df, availability=lambda t: reachable)
+    assert all(h["clients_used"] <= 4 for h in m.history_)
+    assert m.history_[0]["clients_used"] > 0
+    with pytest.raises(TypeError, match="boolean mask"):
+        FedReconMF(**FAST).fit(df, availability=lambda t: np.ones(pop.n_users, bool))
+    with pytest.raises(ValueError, match="user id 'ghost'"):
+        FedReconMF(**FAST).fit(df, availability=lambda t: np.array(["user1", "ghost"]))
+
+
+def test_predict_local_with_wrong_length_is_refused(pop):
+    from fedcf import LocalParams
+
+    m = CentralizedMF(n_factors=3, n_epochs=1, random_state=0).fit(pop)
+    with pytest.raises(ValueError, match="must be 3 finite numbers"):
+        m.predict_local(LocalParams(np.ones(7), 0.0), [1, 2])
+
+
+# ---------------------------------------------------------------- divergence
+def test_partial_divergence_warns_with_counts_and_blames_the_client_step(pop):
+    df = pop.to_dataframe()
+    wild = df.user.isin(range(0, 200, 10))  # a few clients whose ratings overflow float32 steps
+    df.loc[wild, "rating"] = df.loc[wild, "rating"] * 1e30
+    with pytest.warns(RuntimeWarning, match=r"\d+ client uploads in \d+ rounds were non-finite.*"
+                                            r"learning_rate="):
+        m = FedReconMF(**{**FAST, "n_rounds": 6, "clients_per_round": 100,
+                          "biases": False, "rating_scale": (0, 5e30)}).fit(df)
+    assert sum(h["clients_nonfinite"] for h in m.history_) > 0
+    assert np.isfinite(m.item_factors_).all()
+
+
+def test_wide_rating_scale_stops_and_names_the_parameter(pop):
+    df = pop.to_dataframe()
+    df["rating"] = df["rating"] * 200.0  # ratings on a 0-1000 scale, default settings
+    with pytest.raises(FloatingPointError, match=r"training diverged at round \d+.*lower "
+                                                 r"learning_rate=0.5 \(the client step size\)"):
+        FedReconMF(n_factors=3, n_rounds=50, clients_per_round=50, random_state=0).fit(df)
+    with pytest.raises(FloatingPointError, match="lower learning_rate=8.0"):
+        FedReconMF(learning_rate=8.0, batch_size=1, **{**FAST, "n_rounds": 20}).fit(pop)
+
+
+def test_diverging_sgd_reconstruction_blames_recon_learning_rate(pop):
+    with pytest.raises(FloatingPointError, match="recon_learning_rate=1000000.0"):
+        FedReconMF(reconstruction="sgd", recon_learning_rate=1e6, **{**FAST, "n_rounds": 6}
+                   ).fit(pop)
