@@ -136,7 +136,6 @@ def main(argv=None):
     test_users = test.user_ids  # population ids of the held-out users
     eval_users = test_users[: min(len(test_users), 2000)]
     eval_rows = np.arange(len(eval_users))
-    train_pos = {u: k for k, u in enumerate(train.user_ids)}
 
     # 2. training -------------------------------------------------------------------------------
     curve = []
@@ -149,10 +148,9 @@ def main(argv=None):
         curve.append({"round": done, "ctr_expected": ctr})
         return {"ctr_expected": ctr}
 
-    def available(t):
+    def available(t):  # raw ids of the training users reachable in round t
         ids = pop.available(t)
-        idx = np.array([train_pos[u] for u in ids if u in train_pos], dtype=np.int64)
-        return idx
+        return ids[np.isin(ids, train.user_ids)]
 
     fed = FedReconImplicitMF(args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
                              oversample=0.3, dropout=0.1, split="none", min_examples=1,

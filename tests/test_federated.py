@@ -238,8 +238,10 @@ def test_nonfinite_client_updates_are_dropped():
 
 def test_divergence_raises_and_names_the_knob(small_population):
     inter, _ = small_population
-    with pytest.raises(FloatingPointError, match="lower server_learning_rate"):
-        FedReconMF(n_factors=3, n_rounds=30, server_learning_rate=1e6, learning_rate=5.0,
+    with pytest.raises(FloatingPointError, match="lower server_learning_rate=1000000.0"):
+        FedReconMF(n_factors=3, n_rounds=30, server_learning_rate=1e6, random_state=0).fit(inter)
+    with pytest.raises(FloatingPointError, match="lower learning_rate=5.0"):
+        FedReconMF(n_factors=3, n_rounds=30, learning_rate=5.0, batch_size=1,
                    random_state=0).fit(inter)
 
 

@@ -110,6 +110,21 @@ class FederatedMFBase(MFEstimatorBase):
             return "client update"
         return "server step"
 
+    def _server_is_wild(self, Q) -> bool:
+        """The server step alone amplifies the mean client delta more than tenfold (SGD:
+        η_s, momentum: η_s / (1 − β)), or an adaptive optimizer moves each coordinate by η_s,
+        more than ten times the size of the item rows: a divergence is then the server's."""
+        opts = make_server_optimizer(self.server_optimizer, self.server_learning_rate,
+                                     self.server_optimizer_options).options
+        lr = float(self.server_learning_rate)
+        if self.server_optimizer == "sgd":
+            return lr > 10
+        if self.server_optimizer == "momentum":
+            return lr / (1 - opts["momentum"]) > 10
+        finite = np.isfinite(Q)
+        scale = float(np.abs(Q[finite]).max()) if finite.any() else 0.0
+        return lr > 10 * max(scale, self.init_scale)
+
     def _recon_can_diverge(self) -> bool:
         """True when reconstruction takes gradient steps (an exact solve cannot diverge)."""
         return False

@@ -59,6 +59,8 @@ class RoundFinisher:
 
     def stop(self, t: int, what: str):
         stage = self.first_problem[1] if self.first_problem else "server step"
+        if self.run.est._server_is_wild(self.run.params["Q"]):
+            stage = "server step"
         dropped = (f" ({self.n_nonfinite} client uploads in {self.bad_rounds} rounds were "
                    "non-finite before)") if self.n_nonfinite else ""
         raise FloatingPointError(f"training diverged at round {t}: {what}{dropped}; "
