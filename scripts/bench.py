@@ -24,15 +24,12 @@ python scripts/bench.py --quick --sections foldin,sgd
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
 import statistics
-import sys
 import time
 import warnings
-from datetime import datetime, timezone
 
 import numba
 import numpy as np
@@ -45,6 +42,7 @@ from fedcf import _reference as ref
 from fedcf._kernels.als import ridge_solve_rows
 from fedcf._kernels.layout import ridge_cfg, sgd_hp
 from fedcf._kernels.sgd import sgd_epoch
+from fedcf._provenance import run_meta, write_json
 from fedcf.federated import Selector
 
 K = 50
@@ -352,12 +350,8 @@ def main(argv=None):
         section_ceiling(args)
     print(f"total {time.perf_counter() - t0:.1f} s")
     if args.json:
-        meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {platform.platform()}",
-                "python": sys.version.split()[0], "numba": numba.__version__,
-                "command": " ".join(["scripts/bench.py", *(sys.argv[1:] if argv is None else argv)])}
-        with open(args.json, "w") as fh:
-            json.dump([{**r, "meta": meta} for r in ROWS], fh, indent=2)
+        meta = run_meta("bench.py", argv, packages=("implicit", "cornac"))
+        write_json(args.json, [{**r, "meta": meta} for r in ROWS])
         print(f"wrote {args.json}")
     return ROWS
 

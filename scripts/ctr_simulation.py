@@ -25,12 +25,8 @@ Scale of the simulator alone: python scripts/ctr_simulation.py --population-only
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import sys
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
@@ -41,6 +37,7 @@ from fedcf.eval.simulation import make_expression_population
 from sklearn.linear_model import LogisticRegression
 
 from fedcf import FedReconImplicitMF, ImplicitMF
+from fedcf._provenance import run_meta, write_json
 
 
 def scores_for(model, inter):
@@ -70,7 +67,7 @@ def reward_model(log, score_fn, log_pop, slate_size):
     return lambda u, a, k: lr.predict_proba(feats(u, a, k))[:, 1]
 
 
-def population_only(args):
+def population_only(args, argv=None):
     """Time the simulator alone (population + shares) at the requested size."""
     import resource
 
@@ -85,14 +82,12 @@ def population_only(args):
            "population_seconds": t_pop, "shares_seconds": t_sh,
            "share_at_most_2": float(np.mean(counts <= 2)), "max_shares": int(counts.max()),
            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           "meta": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}}
+           "meta": run_meta("ctr_simulation.py", argv)}
     print(f"{pop.n_users:,} users x {pop.n_items:,} items: population {t_pop:.1f} s, "
           f"{shares.nnz:,} share pairs in {t_sh:.1f} s; users with <= 2 shares "
           f"{res['share_at_most_2']:.0%}; peak RSS {res['peak_rss_mib']:.0f} MiB")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=2)
+        write_json(args.json, res)
     return res
 
 
@@ -120,7 +115,7 @@ def main(argv=None):
     t_all = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     if args.population_only:
-        return population_only(args)
+        return population_only(args, argv)
 
     # 1. population ---------------------------------------------------------------------------
     pop = make_expression_population(args.users, types_for(args.items),
@@ -133,6 +128,13 @@ def main(argv=None):
     print(f"population: {pop.n_users:,} users, {pop.n_items:,} items {per_type}, "
           f"{shares.nnz:,} (user, item) share pairs; users with <= 2 shares: "
           f"{np.mean(counts <= 2):.0%}; max {counts.max()}")
+    setup = {"users": pop.n_users, "items": pop.n_items, "items_per_type": per_type,
+             "share_pairs": int(shares.nnz), "share_at_most_2": float(np.mean(counts <= 2)),
+             "max_shares": int(counts.max()), "mean_availability": float(pop.availability.mean()),
+             "factors": args.factors, "rounds": args.rounds, "clients": args.clients,
+             "slate": args.slate, "oversample": 0.3, "dropout": 0.1, "auc_impressions": 200_000,
+             "epsilon": 0.3, "test_users": int(test.n_users),
+             "position_bias": [float(x) for x in np.linspace(1.0, 0.3, args.slate)]}
     test_users = test.user_ids  # population ids of the held-out users
     eval_users = test_users[: min(len(test_users), 2000)]
     eval_rows = np.arange(len(eval_users))
@@ -153,7 +155,8 @@ def main(argv=None):
         return ids[np.isin(ids, train.user_ids)]
 
     fed = FedReconImplicitMF(args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
-                             oversample=0.3, dropout=0.1, split="none", min_examples=1,
+                             oversample=setup["oversample"], dropout=setup["dropout"],
+                             split="none", min_examples=1,
                              eval_every=args.eval_every, random_state=args.seed)
     t0 = time.perf_counter()
     fed.fit(train, callback=track, availability=available)
@@ -187,7 +190,7 @@ def main(argv=None):
               "random": rng.integers(0, pop.n_items, size=(len(test_users), k))}
     table, lifts = online_ctr_test(pop, slates, test_users, n_bootstrap=args.bootstrap,
                                    random_state=args.seed)
-    uni = simulate_log(pop, test_users, 200_000, policy="uniform", slate_size=k,
+    uni = simulate_log(pop, test_users, setup["auc_impressions"], policy="uniform", slate_size=k,
                        random_state=args.seed + 2)
     row_of = {u: r for r, u in enumerate(test_users)}
     rows = np.array([row_of[u] for u in uni["context"]])
@@ -212,7 +215,7 @@ def main(argv=None):
         for n in sizes:
             log = simulate_log(pop, test_users, n, policy=policy, slate_size=k,
                                scores=share_count if policy == "epsilon" else log_pop,
-                               epsilon=0.3, random_state=args.seed + 10 + n)
+                               epsilon=setup["epsilon"], random_state=args.seed + 10 + n)
             rows = np.array([row_of[u] for u in log["context"]])
             pe = slate_target_probs(log, target, row_of)
             rm = reward_model(log, lambda u, a: S_fed[np.array([row_of[x] for x in u]), a],
@@ -238,11 +241,16 @@ def main(argv=None):
                               values="relative_error").round(3).to_string())
 
     # 5. real logs -----------------------------------------------------------------------------
-    obd_rows = []
+    obd_rows, obd_facts = [], {}
     if not args.no_obd:
         for camp in CAMPAIGNS:
-            res = off_policy_check(load_open_bandit("random", camp), load_open_bandit("bts", camp),
-                                   n_bootstrap=args.bootstrap, random_state=args.seed)
+            rnd, bts = load_open_bandit("random", camp), load_open_bandit("bts", camp)
+            res = off_policy_check(rnd, bts, n_bootstrap=args.bootstrap, random_state=args.seed)
+            obd_facts[camp] = {"items": int(rnd["action"].nunique()), "rows": int(len(rnd)),
+                               "clicks_random": int(rnd["reward"].sum()),
+                               "clicks_bts": int(bts["reward"].sum()),
+                               "min_bts_propensity": float(bts["propensity"].min()),
+                               "uniform_propensity": float(rnd["propensity"].iloc[0])}
             for name, r in res["estimates"].iterrows():
                 obd_rows.append({"campaign": camp, "estimator": name, "estimate": r["estimate"],
                                  "low": r["low"], "high": r["high"], "truth": res["truth"],
@@ -304,15 +312,13 @@ def main(argv=None):
         "lift_high": float(fed_lift["lift_high"]), "lift_expected": float(fed_lift["lift_expected"]),
         "lifts": lifts.reset_index().to_dict(orient="records"),
         "ctr_by_round": curve, "offline": offline_rows, "open_bandit": obd_rows,
+        "open_bandit_facts": obd_facts,
         "seconds": total,
-        "meta": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-                 "command": " ".join(["scripts/ctr_simulation.py",
-                                      *(sys.argv[1:] if argv is None else argv)])},
+        "setup": setup, "seconds_fedrecon": fed_s,
+        "meta": run_meta("ctr_simulation.py", argv, packages=("scikit-learn",)),
     }
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2, default=float)
+        write_json(args.json, result)
         print(f"wrote {args.json}")
     return result
 

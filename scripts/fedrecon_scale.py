@@ -12,17 +12,14 @@ Example: python scripts/fedrecon_scale.py --json scale.json
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
-from datetime import datetime, timezone
 
 import numba
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
 
 from fedcf import FedReconMF
+from fedcf._provenance import run_meta, write_json
 
 
 def main(argv=None):
@@ -71,11 +68,9 @@ def main(argv=None):
               f"{r['client_updates_per_second']:9.0f} client updates/s  "
               f"ReconEval RMSE {r['recon_eval_rmse']:.4f}  ({r['threads']} threads)")
     if args.json:
-        meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-                "compile_seconds": compile_s}
-        with open(args.json, "w") as fh:
-            json.dump([{**r, "meta": meta} for r in rows], fh, indent=2)
+        meta = {**run_meta("fedrecon_scale.py", argv), "compile_seconds": compile_s,
+                "data": repr(inter), "train_users": train.n_users}
+        write_json(args.json, [{**r, "meta": meta} for r in rows])
     return rows
 
 

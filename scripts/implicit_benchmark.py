@@ -16,13 +16,9 @@ Example: python scripts/implicit_benchmark.py --json implicit.json
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import sys
 import time
 import warnings
-from datetime import datetime, timezone
 
 import numpy as np
 import scipy.sparse as sp
@@ -31,6 +27,7 @@ from fedcf.eval import random_split, ranking_metrics, support_query_split, user_
 from threadpoolctl import threadpool_limits
 
 from fedcf import FedReconImplicitMF, ImplicitMF
+from fedcf._provenance import run_meta, write_json
 
 METRICS = ("precision", "recall", "ndcg", "map", "hit_rate", "auc")
 
@@ -131,12 +128,8 @@ def main(argv=None):
     rows.append(report("popularity", "unseen",
                        ranking_metrics(lambda u: np.tile(popu, (len(u), 1)), sup, qry), 0.0))
     if args.json:
-        meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-                "command": " ".join(["scripts/implicit_benchmark.py",
-                                     *(sys.argv[1:] if argv is None else argv)])}
-        with open(args.json, "w") as fh:
-            json.dump([{**r, "meta": meta} for r in rows], fh, indent=2)
+        meta = run_meta("implicit_benchmark.py", argv, packages=("implicit",))
+        write_json(args.json, [{**r, "meta": meta} for r in rows])
         print(f"wrote {args.json}")
     return rows
 

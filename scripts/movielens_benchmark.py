@@ -23,10 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import sys
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 from fedcf.datasets import VARIANTS, load_movielens, load_ratings_file, make_synthetic_ratings
@@ -42,6 +39,7 @@ from fedcf.eval import (
 from tqdm.auto import tqdm
 
 from fedcf import CentralizedMF, FedAvgMF, FedReconMF
+from fedcf._provenance import run_meta, write_json
 
 CENTRAL = dict(solver="als", regularization=0.1, n_epochs=15)
 # the paper's FedRecon configuration (App. C.1): plain p·q model, k_r = k_u <= 50 steps of batch 5,
@@ -129,7 +127,9 @@ def paper_rows(inter, args):
         else:
             res = random_embedding_eval(model, te_u, **ev)
         rows.append(row(name, "paper-" + split, res, time.perf_counter() - t0,
-                        model=cls.__name__, params=params))
+                        model=cls.__name__, params=params,
+                        n_train_users=(tr_t if split == "standard" else tr_u).n_users,
+                        bootstrap_repeats=args.bootstrap))
     if args.tune:
         rows.extend(grid_rows)
     return rows
@@ -301,13 +301,9 @@ def main(argv=None):
               f"{r['seconds']:8.2f}")
     print(f"total {time.perf_counter() - t_start:.1f} s")
     if args.json:
-        meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {platform.platform()}",
-                "python": sys.version.split()[0], "numpy": np.__version__,
-                "command": " ".join(["scripts/movielens_benchmark.py",
-                                     *(sys.argv[1:] if argv is None else argv)])}
-        with open(args.json, "w") as fh:
-            json.dump([{**r, "meta": meta} for r in rows], fh, indent=2, default=str)
+        meta = {**run_meta("movielens_benchmark.py", argv),
+                "total_seconds": time.perf_counter() - t_start, "dataset": repr(inter)}
+        write_json(args.json, [{**r, "meta": meta} for r in rows])
         print(f"wrote {args.json}")
     return rows
 

@@ -1,0 +1,43 @@
+"""Where a measured figure came from: the ``meta`` block every script writes into its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+
+from .datasets._files import atomic_write
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def run_meta(script: str, argv=None, packages=()) -> dict:
+    """Date, machine, versions (python, numpy, numba, fedcf and ``packages``) and the command."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    versions = {p: _version(p) for p in ("numpy", "numba", "fedcf", *packages)}
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {platform.platform()}",
+            "python": sys.version.split()[0], "numpy": versions["numpy"], "versions": versions,
+            "command": " ".join([f"scripts/{script}", *args])}
+
+
+def write_json(path, obj) -> None:
+    """Write a result JSON atomically (a crash never leaves half a file)."""
+    text = json.dumps(obj, indent=2, default=_default) + "\n"
+    atomic_write(path, lambda fh: fh.write(text.encode()))
+
+
+def _default(o):
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)

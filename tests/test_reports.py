@@ -1,0 +1,45 @@
+"""Documents are generated from committed JSON, and the main job keeps its digits."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_documents_regenerate_exactly_from_committed_json():
+    report = load_script("report")
+    for path, text in report.documents().items():
+        assert path.read_text() == text, f"{path.name} is stale: run python scripts/report.py"
+
+
+def test_documents_have_no_unfilled_placeholders_and_templates_no_typed_results():
+    for name in ("RESULTS", "CTR", "PERFORMANCE"):
+        assert "{{" not in (ROOT / "eval" / f"{name}.md").read_text()
+    # measured figures come from JSON: a template has no decimal number outside code blocks
+    for tpl in (ROOT / "eval" / "templates").glob("*.md"):
+        prose = re.sub(r"```.*?```", "", tpl.read_text(), flags=re.S)
+        assert not re.findall(r"(?<![\w.=])\d+\.\d+(?![\w.])", prose), tpl.name
+
+
+def test_render_refuses_a_placeholder_without_value():
+    report = load_script("report")
+    with pytest.raises(KeyError, match="no value"):
+        report.render("a {{missing}} b", {})
+
+
+@pytest.mark.network
+def test_main_job_keeps_every_printed_digit(tmp_path):
+    """The paper-protocol table of the main job, pinned to the committed JSON at the precision
+    it prints (4 decimals)."""
+    committed = json.loads((ROOT / "eval" / "results" / "movielens_paper.json").read_text())
+    rows = load_script("movielens_benchmark").main(["--json", str(tmp_path / "r.json"),
+                                                    "--no-progress"])
+    assert [r["name"] for r in rows] == [r["name"] for r in committed]
+    for new, old in zip(rows, committed):
+        for key in ("rmse", "mae", "accuracy", "rmse_boot_std", "accuracy_boot_std"):
+            assert f"{new[key]:.4f}" == f"{old[key]:.4f}", (new["name"], key)
