@@ -270,3 +270,29 @@ def test_diverging_sgd_reconstruction_blames_recon_learning_rate(pop):
     with pytest.raises(FloatingPointError, match="recon_learning_rate=1000000.0"):
         FedReconMF(reconstruction="sgd", recon_learning_rate=1e6, **{**FAST, "n_rounds": 6}
                    ).fit(pop)
+
+
+# ---------------------------------------------------------------- more hostile calls
+@pytest.mark.parametrize("call,err,match", [
+    (lambda m, df: FedReconMF(**FAST).fit(df, df.rating), TypeError, "y must be None"),
+    (lambda m, df: CentralizedMF(n_factors=2).fit(df, df.rating), TypeError, "y must be None"),
+    (lambda m, df: FedReconMF(**{**FAST, "eval_every": 1}).fit(df, callback=5), TypeError,
+     "callback must be a function"),
+    (lambda m, df: m.save("/"), IsADirectoryError, "it is a folder"),
+    (lambda m, df: m.recommend(items=[1], n=-1), ValueError, "n must be a non-negative integer"),
+    (lambda m, df: m.reconstruct([1, 2], ["a", "b"]), DataValidationError, "ratings must be numbers"),
+    (lambda m, df: m.reconstruct([1, 2], [3.0, float("inf")]), DataValidationError, "non-finite"),
+    (lambda m, df: m.predict(np.zeros((3, 3))), ValueError, r"\(n, 2\) array"),
+    (lambda m, df: CentralizedMF(n_factors=2, n_epochs=1).fit(df.assign(rating=df.rating * 1e300)),
+     FloatingPointError, "rescale them"),
+    (lambda m, df: FedReconMF(**FAST).fit([[1, 2, 3]]), TypeError, "expected an Interactions"),
+])
+def test_more_hostile_calls_are_named(pop, call, err, match):
+    m = FedReconMF(**FAST).fit(pop)
+    with pytest.raises(err, match=match):
+        call(m, pop.to_dataframe())
+
+
+def test_round_with_nobody_reachable_is_recorded_not_fatal(pop):
+    m = FedReconMF(**FAST).fit(pop, availability=lambda t: np.array([], dtype=int))
+    assert all(h["clients_used"] == 0 and np.isnan(h["loss"]) for h in m.history_)

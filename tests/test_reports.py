@@ -5,7 +5,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]

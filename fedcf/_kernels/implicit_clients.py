@@ -96,6 +96,19 @@ def local_rows(Q, uniq, m):
     return Ql, np.zeros((max(m, 1), K))
 
 
+@njit(cache=True)
+def positive_grad(r, strength, alpha, l2, B, p, Ql, G):
+    """G[r] += ∂/∂q_r of (1/B)(1 + α·strength)(1 − p·q_r)² + L2, for one positive visit."""
+    K = p.shape[0]
+    c = 1.0 + alpha * strength
+    dot = 0.0
+    for a in range(K):
+        dot += p[a] * Ql[r, a]
+    g = -2.0 * c * (1.0 - dot) / B
+    for a in range(K):
+        G[r, a] += g * p[a] + 2.0 * l2 * Ql[r, a] / B
+
+
 @njit(cache=True, parallel=True)
 def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
     """FedRecon ClientUpdate for implicit feedback (weighted-ALS reconstruction, sampled negatives).
@@ -142,14 +155,7 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
             end = ends[s]
             B = end - v
             for t in range(v, end):
-                r = loc[visit[t]]
-                c = 1.0 + alpha * q_vals[visit[t]]
-                dot = 0.0
-                for a in range(K):
-                    dot += p[a] * Ql[r, a]
-                g = -2.0 * c * (1.0 - dot) / B
-                for a in range(K):
-                    G[r, a] += g * p[a] + 2.0 * l2 * Ql[r, a] / B
+                positive_grad(loc[visit[t]], q_vals[visit[t]], alpha, l2, B, p, Ql, G)
                 for h in range(m_neg):
                     rn = loc[n_q + t * m_neg + h]
                     dn = 0.0
@@ -205,14 +211,7 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
             end = ends[s]
             B = end - start
             for t in range(start, end):
-                r = loc[visit[t]]
-                c = 1.0 + alpha * q_vals[visit[t]]
-                dot = 0.0
-                for a in range(K):
-                    dot += p[a] * Ql[r, a]
-                g = -2.0 * c * (1.0 - dot) / B
-                for a in range(K):
-                    G[r, a] += g * p[a] + 2.0 * l2 * Ql[r, a] / B
+                positive_grad(loc[visit[t]], q_vals[visit[t]], alpha, l2, B, p, Ql, G)
             for r in range(m):  # every positive row also feels the negative term
                 dot = 0.0
                 for a in range(K):

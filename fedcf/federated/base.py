@@ -25,7 +25,7 @@ from .._validation import (
 )
 from ..datasets import Interactions
 from ..datasets._validation import show
-from ..models.base import MFEstimatorBase, atomic_fit, check_memory
+from ..models.base import MFEstimatorBase, atomic_fit, check_fit_args, check_memory
 from .checkpoint import RESUME_FREE, data_fingerprint
 from .loop import Run
 from .optimizers import OPTIMIZERS, make_server_optimizer
@@ -156,6 +156,7 @@ class FederatedMFBase(MFEstimatorBase):
         rounds and at the end, and a later ``fit`` with the same parameters and data resumes
         from it (same result as one run). A fit that raises leaves the estimator as it was.
         """
+        check_fit_args(y, callback)
         self._check_params()
         self._check_combinations()
         inter = self._coerce(X, **data_kwargs)
@@ -193,8 +194,8 @@ class FederatedMFBase(MFEstimatorBase):
                   local=local,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
                                   self.dropout, _availability(availability, inter)),
-                  executor=LocalExecutor(self._client_program(inter, mu), data, local),
-                  aggregator=WeightedMean(), hyperparams=self._round_hyperparams(),
+                  executor=self._make_executor(self._client_program(inter, mu), data, local),
+                  aggregator=self._make_aggregator(), hyperparams=self._round_hyperparams(),
                   fingerprint=data_fingerprint(inter, seed),
                   run_params={k: v for k, v in self.get_params(deep=False).items()
                               if k not in RESUME_FREE},
@@ -207,6 +208,14 @@ class FederatedMFBase(MFEstimatorBase):
         self.user_ids_, self.item_ids_ = inter.user_ids, inter.item_ids
         self.interactions_ = inter
         return run
+
+    def _make_executor(self, program, data, local):
+        """Phase 2 (client work); another executor (e.g. on a cluster) replaces only this."""
+        return LocalExecutor(program, data, local)
+
+    def _make_aggregator(self):
+        """Phase 3 (aggregate); DP, secure or robust aggregators replace only this."""
+        return WeightedMean()
 
     def _round_hyperparams(self) -> RoundHyperparams:
         opt = make_server_optimizer(self.server_optimizer, self.server_learning_rate,

@@ -161,7 +161,7 @@ class FedReconImplicitMF(FederatedMFBase):
         """Fit on implicit interactions (Interactions, DataFrame with user/item[/rating as
         strength], or a sparse matrix); strengths must be >= 0. ``callback`` and
         ``availability`` as in FedReconMF.fit."""
-        super().fit(X, callback=callback, availability=availability, **data_kwargs)
+        super().fit(X, y, callback=callback, availability=availability, **data_kwargs)
         self.rating_scale_ = None
         return self
 

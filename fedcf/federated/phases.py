@@ -96,6 +96,19 @@ class ClientOutputs:
     def n_clients(self) -> int:
         return len(self.weights)
 
+    @classmethod
+    def concat(cls, parts) -> ClientOutputs:
+        """The outputs of consecutive groups of a cohort, as one batch (in the given order)."""
+        parts = list(parts)
+        sizes = [int(p.offsets[-1]) for p in parts]
+        starts = np.cumsum([0] + sizes[:-1])
+        offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, starts)])
+        ranks = [p.rank_terms for p in parts]
+        return cls(offsets.astype(np.int64), *(np.concatenate([getattr(p, f) for p in parts])
+                                               for f in ("items", "d_Q", "d_b", "weights",
+                                                         "losses")),
+                   None if ranks[0] is None else np.concatenate(ranks))
+
 
 class LocalExecutor:
     """Runs a cohort's client work in this process: one Numba call, ``prange`` over clients.

@@ -44,6 +44,17 @@ def atomic_fit(fit):
     return wrapper
 
 
+def check_fit_args(y, callback=None) -> None:
+    """Arguments of ``fit`` other than the data: y is not used (ratings come from X's rating
+    column), a callback must be callable."""
+    if y is not None:
+        raise TypeError("fit takes the ratings inside X (a 'rating' column, the values of a sparse "
+                        "matrix, or Interactions.values); y must be None")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function (model, round) -> dict or None, got "
+                        f"{type(callback).__name__}")
+
+
 def user_keys(raw_ids) -> np.ndarray:
     """A uint64 key per raw user id: the seed of that user's random stream at inference, so a
     user's SGD reconstruction depends on who they are, not on their row in a call."""
@@ -304,9 +315,11 @@ class MFEstimatorBase(BaseEstimator):
             raise TypeError(f"expected LocalParams (from reconstruct), got {type(local).__name__}")
         K = self.item_factors_.shape[1]
         f = np.asarray(local.factors, dtype=np.float64)
-        if f.shape != (K,) or not np.isfinite(f).all() or not np.isfinite(local.bias):
+        if f.shape != (K,) or not np.isfinite(f).all():
             raise ValueError(f"LocalParams.factors must be {K} finite numbers for this model "
                              f"(n_factors={K}), got shape {f.shape}")
+        if not np.isfinite(local.bias):
+            raise ValueError(f"LocalParams.bias must be a finite number, got {local.bias!r}")
         dt = self.item_factors_.dtype
         return f[None, :].astype(dt), np.array([local.bias], dtype=dt)
 
@@ -368,6 +381,9 @@ class MFEstimatorBase(BaseEstimator):
         ``recommend(user=..., filter_seen=True)``); FedRecon models keep no user data at all."""
         self._check_fitted()
         path = Path(path)
+        if path.is_dir() or str(path).endswith(os.sep):
+            raise IsADirectoryError(f"cannot save the model to {str(path)!r}: it is a folder; pass "
+                                    "a file name such as folder/model.npz")
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
         params = self.get_params(deep=False)

@@ -14,7 +14,7 @@ from .._kernels.predict import predict_pairs
 from .._kernels.sgd import sgd_epoch
 from .._validation import Bool, Dtype, Int, Options, RandomState, RatingScale, Real
 from ..datasets import Interactions
-from .base import MFEstimatorBase, atomic_fit, check_memory
+from .base import MFEstimatorBase, atomic_fit, check_fit_args, check_memory
 
 
 class CentralizedMF(MFEstimatorBase):
@@ -84,6 +84,7 @@ class CentralizedMF(MFEstimatorBase):
         ``data_kwargs`` go to ``Interactions.from_dataframe`` (column names, duplicates=...).
         A fit that raises leaves the estimator as it was.
         """
+        check_fit_args(y)
         dtype = self._check_params()["dtype"]
         inter = Interactions.coerce(X, **data_kwargs)
         K = self.n_factors
@@ -124,10 +125,13 @@ class CentralizedMF(MFEstimatorBase):
                 sse = sgd_epoch(users[order], inter.items[order], inter.values[order], (P, c),
                                 (Q, b), cfg)
             if not np.isfinite(sse):
+                big = float(np.abs(inter.values).max())
+                hint = (f"the ratings (largest |r| = {big:.3g}) overflow {np.dtype(dtype).name} "
+                        "arithmetic: rescale them" if big > 1e15 else
+                        f"lower learning_rate={self.learning_rate}" if self.solver == "sgd" else
+                        f"raise regularization={self.regularization}")
                 raise FloatingPointError(
-                    f"training diverged at epoch {epoch} (non-finite loss); lower learning_rate="
-                    f"{self.learning_rate} or raise regularization={self.regularization}"
-                )
+                    f"training diverged at epoch {epoch} (non-finite loss); {hint}")
             history.append({"epoch": epoch, "train_rmse": float(np.sqrt(sse / inter.nnz)),
                             "seconds": time.perf_counter() - t0})
         self._set_fitted(inter, P=P, c=c, Q=Q, b=b, mu=mu, rating_scale=rating_scale,

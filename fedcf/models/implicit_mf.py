@@ -13,7 +13,7 @@ from .._kernels.als import implicit_solve_rows
 from .._kernels.layout import implicit_als_cfg
 from .._validation import Bool, Dtype, Int, RandomState, Real
 from ..datasets import Interactions
-from .base import MFEstimatorBase, atomic_fit, check_memory
+from .base import MFEstimatorBase, atomic_fit, check_fit_args, check_memory
 
 
 def coerce_implicit(X, **data_kwargs) -> Interactions:
@@ -86,6 +86,7 @@ class ImplicitMF(MFEstimatorBase):
     def fit(self, X, y=None, **data_kwargs):
         """Fit on Interactions, a DataFrame (user, item[, rating as strength]) or a sparse matrix.
         A fit that raises leaves the estimator as it was."""
+        check_fit_args(y)
         dtype = self._check_params()["dtype"]
         inter = coerce_implicit(X, **data_kwargs)
         check_memory((inter.n_users + inter.n_items) * self.n_factors * 16

@@ -1,0 +1,97 @@
+"""The round as phases: what crosses from clients to the server, and phases replaced one at a
+time without touching the others."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from fedcf.datasets import make_synthetic_ratings
+
+from fedcf import FedReconImplicitMF, FedReconMF
+from fedcf.federated import ClientOutputs, LocalExecutor, RoundHyperparams, WeightedMean
+
+FAST = dict(n_factors=3, n_rounds=4, clients_per_round=40, random_state=3)
+
+
+@pytest.fixture(scope="module")
+def pop():
+    return make_synthetic_ratings(200, 50, 4000, n_factors=3, random_state=5)
+
+
+def test_client_outputs_have_no_field_for_local_parameters():
+    names = {f.name for f in dataclasses.fields(ClientOutputs)}
+    assert names == {"offsets", "items", "d_Q", "d_b", "weights", "losses", "rank_terms"}
+    assert not names & {"P", "p", "c", "user_factors", "user_biases", "local"}
+
+
+class ShardedExecutor(LocalExecutor):
+    """Runs a cohort as several groups and joins their outputs, like a cluster of shards."""
+
+    def __init__(self, *a, shards=3, **k):
+        super().__init__(*a, **k)
+        self.shards, self.calls = shards, 0
+
+    def run(self, cohort, params, ids):
+        self.calls += 1
+        parts = [super(ShardedExecutor, self).run(dataclasses.replace(cohort, clients=c), params,
+                                                  ids)
+                 for c in np.array_split(cohort.clients, self.shards)]
+        return ClientOutputs.concat(parts)
+
+
+class Sharded(FedReconMF):
+    def _make_executor(self, program, data, local):
+        self.executor_ = ShardedExecutor(program, data, local)
+        return self.executor_
+
+
+class ShardedImplicit(FedReconImplicitMF):
+    def _make_executor(self, program, data, local):
+        return ShardedExecutor(program, data, local)
+
+
+@pytest.mark.parametrize("cls,base,kw", [(Sharded, FedReconMF, {}),
+                                         (Sharded, FedReconMF, {"reconstruction": "sgd"}),
+                                         (ShardedImplicit, FedReconImplicitMF,
+                                          {"full_negatives": True})])
+def test_replacing_the_executor_changes_nothing_else(pop, cls, base, kw):
+    ref = base(**FAST, **kw).fit(pop)
+    m = cls(**FAST, **kw).fit(pop)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    assert [h["loss"] for h in m.history_] == [h["loss"] for h in ref.history_]
+
+
+class Recording(WeightedMean):
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, out, hp):
+        self.seen.append((out.n_clients, hp))
+        return super().__call__(out, hp)
+
+
+def test_replacing_the_aggregator_and_reading_hyperparameters_from_one_place(pop):
+    rec = Recording()
+
+    class WithRecorder(FedReconMF):
+        def _make_aggregator(self):
+            return rec
+
+    m = WithRecorder(**FAST, server_learning_rate=0.7, client_weighting="uniform").fit(pop)
+    ref = FedReconMF(**FAST, server_learning_rate=0.7, client_weighting="uniform").fit(pop)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    assert len(rec.seen) == FAST["n_rounds"]
+    hp = rec.seen[0][1]
+    assert isinstance(hp, RoundHyperparams)
+    assert (hp.server_learning_rate, hp.weight_exponent) == (0.7, 0.0)
+
+
+def test_weight_exponent_interpolates_between_uniform_and_by_examples():
+    offsets = np.array([0, 1, 2])
+    out = ClientOutputs(offsets, np.array([0, 0]), np.array([[1.0], [3.0]]), np.zeros(2),
+                        np.array([1.0, 4.0]), np.zeros(2))
+    agg = WeightedMean()
+    mean = {a: agg(out, RoundHyperparams(1.0, {}, a)).d_Q[0, 0] for a in (0.0, 0.5, 1.0)}
+    assert mean[0.0] == pytest.approx(2.0)  # (1 + 3) / 2
+    assert mean[1.0] == pytest.approx((1 + 12) / 5)
+    assert mean[0.5] == pytest.approx((1 + 3 * 2) / 3)
