@@ -21,7 +21,7 @@ from .open_bandit import (
     fetch_open_bandit,
     load_open_bandit,
 )
-from .synthetic import SyntheticTruth, heavy_tailed_counts, make_synthetic_ratings
+from .synthetic import SyntheticTruth, make_synthetic_ratings
 
 __all__ = [
     "CAMPAIGNS",
@@ -37,7 +37,6 @@ __all__ = [
     "clear_cache",
     "data_home",
     "fetch_movielens",
-    "heavy_tailed_counts",
     "load_movielens",
     "load_ratings_file",
     "make_synthetic_ratings",

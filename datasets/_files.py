@@ -7,6 +7,12 @@ import tempfile
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path, write) -> Path:
     """Call ``write(fh)`` on a new, uniquely named temporary file beside ``path``, flush it to
     disk and rename it over ``path``: readers see the old file or the whole new one, two writers
@@ -20,6 +26,7 @@ def atomic_write(path, write) -> Path:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a saved file is not
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -21,12 +21,22 @@ def _version(pkg: str) -> str | None:
 
 def run_meta(script: str, argv=None, packages=()) -> dict:
     """Date, machine, versions (python, numpy, numba, fedcf and ``packages``) and the command."""
-    args = sys.argv[1:] if argv is None else list(argv)
+    args = [_relative(a) for a in (sys.argv[1:] if argv is None else list(argv))]
     versions = {p: _version(p) for p in ("numpy", "numba", "fedcf", *packages)}
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {platform.platform()}",
             "python": sys.version.split()[0], "numpy": versions["numpy"], "versions": versions,
             "command": " ".join([f"scripts/{script}", *args])}
+
+
+def _relative(arg):
+    """An absolute path inside the checkout the script runs from, shown relative to it (so the
+    recorded command can be rerun from any clone)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0] or ".")))
+    a = str(arg)
+    if os.path.isabs(a) and a.startswith(root + os.sep):
+        return os.path.relpath(a, root)
+    return a
 
 
 def write_json(path, obj) -> None:

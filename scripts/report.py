@@ -128,9 +128,8 @@ def results_values(paper, cold, tuned, sweeps, scale, random_rows) -> dict:
                if key == "server-optimizer" else (lambda r: str(r["value"])))
         v[f"table_sweep_{key.split('-')[0] if key != 'server-optimizer' else 'opt'}"] = \
             sweep_table(rows, names[key], fmt)
-    v["sweep_provenance"] = provenance(sweeps["recon-steps"][0]["meta"],
-                                       "sweep_recon-steps.json") + " The other two sweeps: " + \
-        ", ".join(f"{s[0]['meta']['date'][:10]}" for k, s in sweeps.items() if k != "recon-steps")
+    v["sweep_provenance"] = " ".join(provenance(s[0]["meta"], f"sweep_{k}.json")
+                                     for k, s in sweeps.items())
     sm = scale[0]["meta"]
     v.update(scale_provenance=provenance(sm, "scale.json"),
              scale_data=f"Synthetic population {sm['data']} ({sm['train_users']} train users)",

@@ -3,6 +3,7 @@ cached), then the editable install. A Numba cache written into site-packages use
 `pip uninstall` and shadow the editable install as an empty namespace package."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -39,7 +40,10 @@ def test_install_run_uninstall_then_editable_import(tmp_path):
         env.pop(k, None)
     work = tmp_path / "elsewhere"
     work.mkdir()
-    _run([py, "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], env, work)
+    src = tmp_path / "src"  # a copy: building in place would leave build/ in the checkout
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info",
+                                                             "__pycache__", ".pytest_cache"))
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", str(src)], env, work)
     job = ("import numpy as np, fedcf; from fedcf._kernels.rng import stream_keys; "
            "stream_keys(np.uint64(1), np.uint64(2), np.arange(3, dtype=np.uint64)); "
            "print(fedcf.__file__)")
