@@ -29,6 +29,7 @@ from .protocols import bootstrap, random_embedding_eval, recon_eval, standard_ev
 
 __all__ += ["bootstrap", "random_embedding_eval", "recon_eval", "standard_eval"]
 
+from .._topk import top_k  # noqa: E402
 from .offline import (  # noqa: E402
     ESTIMATORS,
     PositionActionRewardModel,
@@ -37,6 +38,8 @@ from .offline import (  # noqa: E402
     relative_errors,
     validate_log,
 )
+
+__all__ += ["top_k"]
 
 __all__ += ["ESTIMATORS", "PositionActionRewardModel", "estimate_ctr", "off_policy_check",
             "relative_errors", "validate_log"]

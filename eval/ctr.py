@@ -10,14 +10,6 @@ from scipy.stats import rankdata
 from .simulation import ExpressionPopulation
 
 
-def top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k best items per row, best first (ties broken by item id)."""
-    k = min(k, scores.shape[1])
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, axis=1)
-
-
 def online_ctr_test(pop: ExpressionPopulation, slates: dict, users: np.ndarray, *,
                     baseline: str = "popularity", sessions: int = 10, n_bootstrap: int = 1000,
                     alpha: float = 0.05, random_state=0) -> tuple[pd.DataFrame, pd.DataFrame]:

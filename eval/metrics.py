@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 
+from .._topk import top_k
 from ..datasets import Interactions
 
 
@@ -112,9 +113,7 @@ def ranking_metrics(score_fn, seen: Interactions | None, relevant: Interactions,
             rel[r_idx, s.indices] = False
         n_rel = rel.sum(axis=1)
         kk = min(k, scores.shape[1])
-        top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
-        top_scores = np.take_along_axis(scores, top, axis=1)
-        top = np.take_along_axis(top, np.argsort(-top_scores, axis=1, kind="stable"), axis=1)
+        top = top_k(scores, kk)
         top_scores = np.take_along_axis(scores, top, axis=1)
         hits = np.take_along_axis(rel, top, axis=1) & np.isfinite(top_scores)
         n_hit = hits.sum(axis=1)

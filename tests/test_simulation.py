@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 import pytest
-from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log, slate_target_probs, top_k
+from fedcf.eval import top_k
+from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log, slate_target_probs
 from fedcf.eval.simulation import make_expression_population
 from scipy.stats import spearmanr
 

@@ -84,3 +84,12 @@ def test_ranking_metrics_by_hand():
     # AUC over unseen items {1,2,3,4}: positives 1 (rank top), 4 (bottom) vs negatives 2, 3 -> 0.5
     assert m["auc"] == pytest.approx(0.5)
     assert m["n_users"] == 1
+
+
+def test_top_k_one_implementation_for_rows_and_vectors():
+    from fedcf.eval import top_k
+
+    s = np.array([[0.1, 0.9, 0.9, -np.inf, 0.5], [3.0, 2.0, 1.0, 0.0, -1.0]])
+    assert top_k(s, 3).tolist() == [[1, 2, 4], [0, 1, 2]]  # equal scores keep index order
+    assert top_k(s[0], 2).tolist() == [1, 2]
+    assert top_k(s, 0).shape == (2, 0) and top_k(s, 99).shape == (2, 5)

@@ -18,6 +18,7 @@ from .._io import atomic_savez, load_npz
 from .._kernels.als import ridge_solve_rows
 from .._kernels.layout import ridge_cfg
 from .._kernels.predict import predict_pairs
+from .._topk import top_k
 from .._validation import check_params
 from ..datasets import DataValidationError, Interactions
 
@@ -357,7 +358,7 @@ class MFEstimatorBase(BaseEstimator):
         scores = self.score_all_items(local.factors[None, :], np.array([local.bias]))[0]
         if filter_seen and len(seen):
             scores[seen] = -np.inf
-        top = top_k(scores, n)
+        top = top_k(scores, min(int(n), int(np.isfinite(scores).sum())))
         return pd.DataFrame({"item": self.item_ids_[top], "score": scores[top]})
 
     def _seen_items(self, u: int) -> np.ndarray:
@@ -448,15 +449,6 @@ class MFEstimatorBase(BaseEstimator):
         if not ok or Q.shape[1] != self.n_factors or Q.dtype.kind != "f":
             raise ValueError(f"{where}: array shapes do not match (item factors {Q.shape}, "
                              f"{n_items} item ids, n_factors={self.n_factors}): damaged or edited")
-
-
-def top_k(scores: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the n best finite scores, best first (ties: lower index first)."""
-    n = min(int(n), int(np.isfinite(scores).sum()))
-    if n <= 0:
-        return np.zeros(0, np.int64)
-    top = np.argpartition(-scores, n - 1)[:n]
-    return top[np.lexsort((top, -scores[top]))]
 
 
 def _as_ratings(ratings) -> np.ndarray:
