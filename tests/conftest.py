@@ -5,6 +5,8 @@ import pandas as pd
 import pytest
 from fedcf.datasets import DataUnavailableError, make_synthetic_ratings
 
+pytest_plugins = ["pytester"]
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):

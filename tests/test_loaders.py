@@ -1,4 +1,5 @@
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,3 +135,24 @@ def test_synthetic_population_is_heavy_tailed_and_seeded():
     assert np.all(np.diff(a.timestamps)[np.diff(a.user_index()) == 0] >= 0)
     with pytest.raises(ValueError, match="n_users must be a positive integer"):
         make_synthetic_ratings(0, 10, 5)
+
+
+def test_network_tests_skip_when_no_source_is_reachable(pytester):
+    """A test marked ``network`` whose data fetch finds no source is skipped, not failed."""
+    conftest = (Path(__file__).parent / "conftest.py").read_text()
+    pytester.makeconftest(conftest)
+    pytester.makeini("[pytest]\nmarkers =\n    network: needs a registry\n")
+    pytester.makepyfile("""
+        import pytest
+        from fedcf.datasets import DataUnavailableError
+
+        @pytest.mark.network
+        def test_offline():
+            raise DataUnavailableError("no route to any source")
+
+        @pytest.mark.network
+        def test_real_failure_still_fails():
+            assert False
+    """)
+    res = pytester.runpytest_inprocess("-q")
+    res.assert_outcomes(skipped=1, failed=1)
