@@ -386,3 +386,25 @@ def fedrecon_implicit_full_client(items, vals, Q, cfg, hp, seed, n_items):
             G[j] += -2.0 * c_all[t] * (1 - p @ Qd[j]) / len(b) * p + 2.0 * l2 * Qd[j] / len(b)
         Qd = Qd - lr * G - eta * np.outer(Qd @ p, p)
     return Qd - Q, loss
+
+
+# ---------------------------------------------------------------------- robust aggregation
+def robust_rows(items, d_Q, d_b, cover, beta, median):
+    """Twin of ``robust_sorted_runs``: per item (sorted), over entries with cover > 0, the
+    coordinate-wise median or β-trimmed mean of [d_Q | d_b], times the item's Σ cover."""
+    keep = cover > 0
+    out_items = np.unique(items[keep])
+    X = np.hstack([d_Q, d_b[:, None]]).astype(np.float64)
+    rows = []
+    for j in out_items:
+        sel = keep & (items == j)
+        v = np.sort(X[sel], axis=0)
+        n = len(v)
+        if median:
+            stat = np.median(v, axis=0)
+        else:
+            t = int(np.floor(beta * n))
+            stat = v[t:n - t].mean(axis=0)
+        rows.append(cover[sel].sum() * stat)
+    R = np.array(rows).reshape(len(out_items), X.shape[1])
+    return out_items, R[:, :-1], R[:, -1]

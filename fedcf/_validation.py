@@ -133,6 +133,18 @@ def Dict():
     return rule
 
 
+def Aggregator():
+    def rule(name, v):
+        from .federated.phases import WeightedMean
+
+        if not isinstance(v, WeightedMean):
+            raise TypeError(f"{name} must be None or an aggregator from fedcf.federated "
+                            "(WeightedMean, NormClippedMean, DPGaussianMean, TrimmedMean, "
+                            f"CoordinateMedian), got {v!r}")
+        return v
+    return rule
+
+
 def check_params(est) -> dict:
     """Apply ``est._parameter_constraints``; returns {name: cleaned value}."""
     return {name: rule(name, getattr(est, name)) for name, rule in est._parameter_constraints.items()}

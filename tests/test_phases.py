@@ -65,9 +65,9 @@ class Recording(WeightedMean):
     def __init__(self):
         self.seen = []
 
-    def __call__(self, out, hp):
-        self.seen.append((out.n_clients, hp))
-        return super().__call__(out, hp)
+    def __call__(self, out, hp, round_idx=0):
+        self.seen.append((out.n_clients, hp, round_idx))
+        return super().__call__(out, hp, round_idx)
 
 
 def test_replacing_the_aggregator_and_reading_hyperparameters_from_one_place(pop):
@@ -80,7 +80,7 @@ def test_replacing_the_aggregator_and_reading_hyperparameters_from_one_place(pop
     m = WithRecorder(**FAST, server_learning_rate=0.7, client_weighting="uniform").fit(pop)
     ref = FedReconMF(**FAST, server_learning_rate=0.7, client_weighting="uniform").fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
-    assert len(rec.seen) == FAST["n_rounds"]
+    assert [r for _, _, r in rec.seen] == list(range(FAST["n_rounds"]))
     hp = rec.seen[0][1]
     assert isinstance(hp, RoundHyperparams)
     assert (hp.server_learning_rate, hp.weight_exponent) == (0.7, 0.0)

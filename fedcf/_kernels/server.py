@@ -118,3 +118,64 @@ def sum_sorted_runs(order, d_items, d_Q, d_b, scale, out_Q, out_b, out_items):
     for r in prange(m):
         _sum_run(keep, starts[r], starts[r + 1], d_Q, d_b, scale, out_Q, out_b, r)
     return m
+
+
+@njit(cache=True)
+def _robust_run(keep, lo, hi, d_Q, d_b, cover, beta, use_median, out_Q, out_b, r):
+    n = hi - lo
+    K = d_Q.shape[1]
+    col = np.empty(n)
+    frac = 0.0
+    for t in range(lo, hi):
+        frac += cover[keep[t]]
+    trim = int(np.floor(beta * n))
+    for a in range(K + 1):
+        for t in range(n):
+            e = keep[lo + t]
+            col[t] = d_Q[e, a] if a < K else d_b[e]
+        col.sort()
+        if use_median:
+            v = col[n // 2] if n % 2 == 1 else 0.5 * (col[n // 2 - 1] + col[n // 2])
+        else:
+            v = 0.0
+            for t in range(trim, n - trim):
+                v += col[t]
+            v /= n - 2 * trim
+        if a < K:
+            out_Q[r, a] = frac * v
+        else:
+            out_b[r] = frac * v
+
+
+@njit(cache=True, parallel=True)
+def robust_sorted_runs(order, d_items, d_Q, d_b, cover, beta, use_median, out):
+    """Per item, over the clients that touched it: the coordinate-wise median (``use_median``)
+    or β-trimmed mean of their deltas, times the share of the cohort's weight that touched it
+    (Σ cover over the run), so that for identical clients it equals the weighted mean.
+
+    order : entries sorted by item (entries with cover 0 are skipped); out : (out_Q (≥ m, K),
+    out_b, out_items) receive the m distinct items; returns m. One thread per item, fixed order.
+    """
+    out_Q, out_b, out_items = out[0], out[1], out[2]
+    n = order.shape[0]
+    keep = np.empty(n, np.int64)
+    nk = 0
+    for t in range(n):
+        if cover[order[t]] != 0.0:
+            keep[nk] = order[t]
+            nk += 1
+    starts = np.empty(nk + 1, np.int64)
+    m = 0
+    last = -1
+    for t in range(nk):
+        j = d_items[keep[t]]
+        if j != last:
+            starts[m] = t
+            out_items[m] = j
+            m += 1
+            last = j
+    starts[m] = nk
+    for r in prange(m):
+        _robust_run(keep, starts[r], starts[r + 1], d_Q, d_b, cover, beta, use_median, out_Q,
+                    out_b, r)
+    return m

@@ -1,6 +1,7 @@
 """Federated algorithms: Federated Reconstruction, FedAvg (server-side users), FURL (stateful),
 and the phases a round is composed of (to replace one: a custom executor or aggregator)."""
 
+from .aggregators import CoordinateMedian, DPGaussianMean, NormClippedMean, TrimmedMean
 from .fedrecon import FedReconMF
 from .implicit import FedReconImplicitMF
 from .optimizers import OPTIMIZERS, make_server_optimizer
@@ -16,6 +17,7 @@ from .phases import (
 )
 from .stateful import FURLMF, FedAvgMF
 
-__all__ = ["FURLMF", "OPTIMIZERS", "ClientOutputs", "Cohort", "FedAvgMF", "FedReconImplicitMF",
+__all__ = ["CoordinateMedian", "DPGaussianMean", "NormClippedMean", "TrimmedMean",
+           "FURLMF", "OPTIMIZERS", "ClientOutputs", "Cohort", "FedAvgMF", "FedReconImplicitMF",
            "FedReconMF", "GlobalDelta", "LocalExecutor", "RoundHyperparams", "Selector",
            "WeightedMean", "make_server_optimizer", "server_update"]

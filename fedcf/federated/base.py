@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from .._kernels.als import ridge_solve_rows
 from .._kernels.layout import ridge_cfg, sgd_hp
 from .._validation import (
+    Aggregator,
     Bool,
     Dict,
     Dtype,
@@ -43,6 +44,7 @@ FEDERATED_CONSTRAINTS = {
     "dropout": Real(0.0, 1.0, high_open=True), "init_scale": Real(0.0, low_open=True),
     "eval_every": Int(0), "checkpoint_path": NoneOr(Path()), "checkpoint_every": Int(1),
     "dtype": Dtype(), "random_state": RandomState(), "verbose": Bool(),
+    "aggregator": NoneOr(Aggregator()),
 }
 
 
@@ -135,6 +137,9 @@ class FederatedMFBase(MFEstimatorBase):
 
     def _check_combinations(self):
         """Rules that involve several parameters (subclasses extend)."""
+        if self._differentially_private() and self.oversample > 0:
+            raise ValueError("oversample must be 0 with DPGaussianMean: differential privacy "
+                             "samples clients by Poisson sampling, which has no surplus to cut")
 
     def _seed(self) -> int:
         rs = self.random_state
@@ -167,6 +172,9 @@ class FederatedMFBase(MFEstimatorBase):
             rec = run.round(t, callback)
             bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
         run.finisher.warn_dropped()
+        if self._differentially_private():
+            self.noise_multiplier_ = run.aggregator.context["sigma"]
+            self.epsilon_ = run.aggregator.epsilon(self.n_rounds)
         self._set_globals(run.params)
         self._finish_local_state(run.local)
         self.history_ = run.history
@@ -193,9 +201,14 @@ class FederatedMFBase(MFEstimatorBase):
                                             self.server_optimizer_options),
                   local=local,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
-                                  self.dropout, _availability(availability, inter)),
+                                  self.dropout, _availability(availability, inter),
+                                  poisson=self._differentially_private()),
                   executor=self._make_executor(self._client_program(inter, mu), data, local),
-                  aggregator=self._make_aggregator(), hyperparams=self._round_hyperparams(),
+                  aggregator=self._make_aggregator().bind(
+                      {"n_eligible": len(eligible), "clients_per_round": self.clients_per_round,
+                       "n_rounds": self.n_rounds, "n_items": inter.n_items, "n_factors": K,
+                       "seed": seed, "biases": bool(self.biases)}),
+                  hyperparams=self._round_hyperparams(),
                   fingerprint=data_fingerprint(inter, seed),
                   run_params={k: v for k, v in self.get_params(deep=False).items()
                               if k not in RESUME_FREE},
@@ -214,8 +227,13 @@ class FederatedMFBase(MFEstimatorBase):
         return LocalExecutor(program, data, local)
 
     def _make_aggregator(self):
-        """Phase 3 (aggregate); DP, secure or robust aggregators replace only this."""
-        return WeightedMean()
+        """Phase 3 (aggregate): the ``aggregator`` parameter, else the weighted mean."""
+        return WeightedMean() if self.aggregator is None else self.aggregator
+
+    def _differentially_private(self) -> bool:
+        from .aggregators import DPGaussianMean
+
+        return isinstance(self.aggregator, DPGaussianMean)
 
     def _round_hyperparams(self) -> RoundHyperparams:
         opt = make_server_optimizer(self.server_optimizer, self.server_learning_rate,

@@ -90,6 +90,10 @@ class FedReconMF(FederatedMFBase):
     checkpoint_path : str, os.PathLike or None
     checkpoint_every : int, default 50
     dtype : {"float32", "float64"}, default "float32"
+    aggregator : aggregator or None
+        Phase 3 of a round: None is the weighted mean; ``NormClippedMean``, ``DPGaussianMean``
+        (user-level DP, Poisson sampling, ε in ``history_``/``epsilon_``), ``TrimmedMean`` and
+        ``CoordinateMedian`` from ``fedcf.federated``.
     random_state : int, RandomState or None
     verbose : bool, default False
 
@@ -126,7 +130,7 @@ class FedReconMF(FederatedMFBase):
                  support_fraction=0.5, reconstruction="als", recon_steps=50, recon_epochs=1,
                  recon_learning_rate=0.1, recon_init="uniform", recon_regularization=None,
                  joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
-                 dtype="float32", random_state=None, verbose=False):
+                 dtype="float32", aggregator=None, random_state=None, verbose=False):
         self.n_factors = n_factors
         self.biases = biases
         self.n_rounds = n_rounds
@@ -158,10 +162,12 @@ class FedReconMF(FederatedMFBase):
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
         self.dtype = dtype
+        self.aggregator = aggregator
         self.random_state = random_state
         self.verbose = verbose
 
     def _check_combinations(self):
+        super()._check_combinations()
         if self.split != "none" and self.support_fraction >= 1.0:
             raise ValueError(f"support_fraction={self.support_fraction} with split={self.split!r} "
                              "leaves every query set empty, so nothing would be trained; use a "

@@ -73,7 +73,7 @@ class FedReconImplicitMF(FederatedMFBase):
     n_rounds, clients_per_round, server_optimizer, server_learning_rate,
     server_optimizer_options, batch_size, update_steps, update_epochs, regularization,
     client_weighting, min_examples, oversample, dropout, eval_every, checkpoint_path,
-    checkpoint_every, dtype, random_state, verbose
+    checkpoint_every, dtype, aggregator, random_state, verbose
         As in FedReconMF.
     learning_rate : float, default 0.5
         Client step size.
@@ -109,7 +109,7 @@ class FedReconImplicitMF(FederatedMFBase):
                  negative_weight=1.0, full_negatives=False, split="none", support_fraction=0.5,
                  client_weighting="num_examples", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
-                 dtype="float32", random_state=None, verbose=False):
+                 dtype="float32", aggregator=None, random_state=None, verbose=False):
         self.n_factors = n_factors
         self.alpha = alpha
         self.recon_regularization = recon_regularization
@@ -137,10 +137,16 @@ class FedReconImplicitMF(FederatedMFBase):
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
         self.dtype = dtype
+        self.aggregator = aggregator
         self.random_state = random_state
         self.verbose = verbose
 
     def _check_combinations(self):
+        super()._check_combinations()
+        if self.full_negatives and self.aggregator is not None:
+            raise ValueError("full_negatives=True uploads a K×K matrix per client, which only the "
+                             "default weighted mean aggregates; use aggregator=None or sampled "
+                             "negatives")
         if self.split != "none" and self.support_fraction >= 1.0:
             raise ValueError(f"support_fraction={self.support_fraction} with split={self.split!r} "
                              "leaves every query set empty; use a fraction below 1, or "

@@ -76,7 +76,9 @@ class RoundFinisher:
                 "clients_empty": delta.n_empty, "items_updated": int(len(delta.items)),
                 "values_up": delta.values_up + est._values_up_local(delta.n_used, K),
                 "values_down": est._values_down(n_items, K, out.n_clients),
-                "server_seconds": server_seconds, "seconds": seconds}
+                "server_seconds": server_seconds, "seconds": seconds,
+                **({"epsilon": self.run.aggregator.epsilon(t + 1)}
+                   if hasattr(self.run.aggregator, "epsilon") else {})}
 
     def after(self, done: int, rec: dict, callback):
         run, est = self.run, self.run.est
@@ -163,7 +165,7 @@ class Run:
         hp = self.hyperparams
         cohort = self.select(t)
         outputs = self.executor.run(cohort, self.params, np.array([self.seed, t], np.uint64))
-        delta = self.aggregator(outputs, hp)
+        delta = self.aggregator(outputs, hp, t)
         loss = _mean_loss(outputs, delta)
         self.finisher.check_clients(t, cohort, outputs, delta, loss)
         ts = time.perf_counter()

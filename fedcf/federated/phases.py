@@ -56,12 +56,20 @@ class Selector:
     oversample: float = 0.0
     dropout: float = 0.0
     availability: object = None  # callable(round) -> sorted dense ids, or None
+    poisson: bool = False  # each eligible client independently with q = m / len(eligible)
 
     def __call__(self, round_idx: int) -> Cohort:
         pool = self.eligible
         if self.availability is not None:
             pool = np.intersect1d(pool, self.availability(round_idx), assume_unique=True)
         rng = np.random.default_rng([int(self.seed), int(round_idx), 0x5EED])
+        if self.poisson:  # the sampling differential-privacy accountants assume
+            q = min(1.0, self.clients_per_round / max(len(self.eligible), 1))
+            invited = pool[rng.random(len(pool)) < q]
+            reported = invited[rng.random(len(invited)) >= self.dropout] if self.dropout > 0 \
+                else invited
+            return Cohort(reported.astype(np.int64), len(invited), len(invited) - len(reported),
+                          0)
         n_invite = min(len(pool), int(np.ceil(self.clients_per_round * (1.0 + self.oversample))))
         invited = rng.choice(pool, size=n_invite, replace=False) if n_invite else pool[:0]
         reported = invited[rng.random(n_invite) >= self.dropout] if self.dropout > 0 else invited
@@ -160,24 +168,36 @@ class WeightedMean:
     """Σ_k w_k Δ_k / Σ_k w_k over clients whose upload is finite (Δ_k = 0 off its rows).
 
     The sum runs in a fixed order (item, then client) in a small kernel, so it does not depend on
-    thread scheduling and costs O(entries × K), never O(n_items × K).
+    thread scheduling and costs O(entries × K), never O(n_items × K). Subclasses change the
+    per-client factor (``client_scales``) or post-process the result (``finish``); an aggregator
+    that needs the run's context (catalog size, seed, sampling rate) gets it from ``bind``.
     """
 
-    def __call__(self, out: ClientOutputs, hp: RoundHyperparams) -> GlobalDelta:
+    def bind(self, context: dict) -> WeightedMean:
+        return self
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+    def client_scales(self, out: ClientOutputs, w: np.ndarray):
+        """(numerator per client, denominator): client k's entries are summed with factor
+        num_k / denom — here w_k / Σ w."""
+        return w, w.sum()
+
+    def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
+        return delta
+
+    def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
+                 ) -> GlobalDelta:
         K = out.d_Q.shape[1]
-        bad = ~finite_clients(out.offsets, out.d_Q, out.d_b)
-        if out.rank_terms is not None:
-            bad |= ~np.isfinite(out.rank_terms).all(axis=(1, 2))
-        w = np.where(out.weights > 0, out.weights ** hp.weight_exponent, 0.0)
-        n_empty = int(np.sum((w == 0) & ~bad))
-        w[bad] = 0.0
-        total = w.sum()
+        bad, w, n_empty = client_weights(out, hp)
         owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
         valid = (out.items >= 0) & (w[owner] > 0)
-        if total <= 0 or not valid.any():
-            return GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), None, w, bad,
-                               n_empty, 0)
-        scale = np.where(valid, w[owner] / total, 0.0)
+        if w.sum() <= 0 or not valid.any():
+            return self.finish(GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0),
+                                           None, w, bad, n_empty, 0), round_idx)
+        num, denom = self.client_scales(out, w)
+        scale = np.where(valid, num[owner] / denom, 0.0)
         order = np.argsort(np.where(valid, out.items, -1), kind="stable")
         n_valid = int(valid.sum())
         dq, db, items = np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64)
@@ -185,9 +205,30 @@ class WeightedMean:
         rank_map = None
         values_up = n_valid * (K + 1)
         if out.rank_terms is not None:
-            rank_map = np.tensordot(w, out.rank_terms, axes=1) / total
+            rank_map = np.tensordot(num, out.rank_terms, axes=1) / denom
             values_up += int(np.sum(w > 0)) * K * K
-        return GlobalDelta(items[:m], dq[:m], db[:m], rank_map, w, bad, n_empty, values_up)
+        return self.finish(GlobalDelta(items[:m], dq[:m], db[:m], rank_map, w, bad, n_empty,
+                                       values_up), round_idx)
+
+
+def client_weights(out: ClientOutputs, hp: RoundHyperparams):
+    """(non-finite mask, weights w_k = n_k ** exponent with 0 for empty or non-finite uploads,
+    number of empty clients)."""
+    bad = ~finite_clients(out.offsets, out.d_Q, out.d_b)
+    if out.rank_terms is not None:
+        bad |= ~np.isfinite(out.rank_terms).all(axis=(1, 2))
+    w = np.where(out.weights > 0, out.weights ** hp.weight_exponent, 0.0)
+    n_empty = int(np.sum((w == 0) & ~bad))
+    w[bad] = 0.0
+    return bad, w, n_empty
+
+
+def upload_norms(out: ClientOutputs) -> np.ndarray:
+    """L2 norm of each client's whole upload (its row deltas and bias deltas), float64."""
+    sq = np.einsum("ij,ij->i", out.d_Q, out.d_Q, dtype=np.float64) + \
+        np.square(out.d_b, dtype=np.float64)
+    owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+    return np.sqrt(np.bincount(owner, weights=sq, minlength=out.n_clients))
 
 
 # ---------------------------------------------------------------------- 4. server update

@@ -33,7 +33,7 @@ _PARAMS_DOC = """
     rating_scale : (low, high) or None
     recon_regularization : float, default 0.1
         Ridge λ of the exact reconstruction that serves users unseen in fit.
-    eval_every, checkpoint_path, checkpoint_every, dtype, random_state, verbose
+    eval_every, checkpoint_path, checkpoint_every, dtype, aggregator, random_state, verbose
         As in FedReconMF.
 
     Attributes
@@ -77,7 +77,8 @@ class _StatefulMF(FederatedMFBase):
                  regularization=0.0, client_weighting="num_examples", min_examples=1,
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None,
                  recon_regularization=0.1, eval_every=0, checkpoint_path=None,
-                 checkpoint_every=50, dtype="float32", random_state=None, verbose=False):
+                 checkpoint_every=50, dtype="float32", aggregator=None, random_state=None,
+                 verbose=False):
         self.n_factors = n_factors
         self.biases = biases
         self.n_rounds = n_rounds
@@ -101,6 +102,7 @@ class _StatefulMF(FederatedMFBase):
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
         self.dtype = dtype
+        self.aggregator = aggregator
         self.random_state = random_state
         self.verbose = verbose
 

@@ -1,0 +1,154 @@
+"""Aggregators beyond the weighted mean (phase 3 of a round): clipping, user-level differential
+privacy, and robust statistics against malicious clients. Each is selected with an estimator's
+``aggregator`` parameter and sees only ``ClientOutputs``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._kernels.server import robust_sorted_runs
+from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, client_weights, upload_norms
+
+
+def _positive(name, value, *, upper=None):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+            or not np.isfinite(value) or value <= 0 or (upper is not None and value >= upper):
+        bound = f"in (0, {upper:g})" if upper is not None else "> 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+class NormClippedMean(WeightedMean):
+    """Weighted mean after clipping each client's whole upload to L2 norm ``clip_norm`` (bounds
+    what one client, honest or not, can move the model; no noise)."""
+
+    def __init__(self, clip_norm: float):
+        self.clip_norm = _positive("clip_norm", clip_norm)
+
+    def client_scales(self, out: ClientOutputs, w: np.ndarray):
+        norms = upload_norms(out)
+        clip = np.minimum(1.0, self.clip_norm / np.maximum(norms, 1e-300))
+        return w * clip, w.sum()
+
+    def __repr__(self):
+        return f"NormClippedMean(clip_norm={self.clip_norm})"
+
+
+class DPGaussianMean(WeightedMean):
+    """User-level differential privacy for the global update (DP-FedAvg, McMahan et al. 2018).
+
+    Each client's whole upload (item-row deltas and bias deltas) is clipped to L2 norm
+    ``clip_norm`` = C; the clipped uploads are summed with equal weight; Gaussian noise
+    N(0, σ²C²) is added to *every* row of the catalog (noise on touched rows only would reveal
+    which rows were touched); the result is divided by the fixed expected cohort size q·N. Give
+    either ``noise_multiplier`` σ, or ``target_epsilon`` and σ is calibrated for the planned
+    rounds at ``delta`` (fedcf.federated.accounting). The estimator then samples clients by
+    Poisson sampling with rate q = clients_per_round / eligible clients, as the accountant
+    assumes, and records ε(δ) after every round in ``history_`` and ``epsilon_``.
+    """
+
+    def __init__(self, clip_norm: float, noise_multiplier: float | None = None, *,
+                 target_epsilon: float | None = None, delta: float = 1e-6):
+        self.clip_norm = _positive("clip_norm", clip_norm)
+        if (noise_multiplier is None) == (target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier and target_epsilon")
+        self.noise_multiplier = None if noise_multiplier is None else \
+            _positive("noise_multiplier", noise_multiplier)
+        self.target_epsilon = None if target_epsilon is None else \
+            _positive("target_epsilon", target_epsilon)
+        self.delta = _positive("delta", delta, upper=1.0)
+        self.context = None
+
+    def bind(self, context: dict) -> DPGaussianMean:
+        """Fix q, the rounds, the catalog and the seed of the noise for one run."""
+        from .accounting import noise_for_epsilon
+
+        n, m = context["n_eligible"], context["clients_per_round"]
+        if self.delta >= 1.0 / n:
+            raise ValueError(f"delta={self.delta} must be below 1/n = {1.0 / n:.3g} for the "
+                             f"{n} clients (a delta of 1/n allows leaking one user outright)")
+        q = min(1.0, m / n)
+        sigma = self.noise_multiplier if self.noise_multiplier is not None else \
+            noise_for_epsilon(self.target_epsilon, q, max(context["n_rounds"], 1), self.delta)
+        bound = DPGaussianMean(self.clip_norm, sigma, delta=self.delta)
+        bound.target_epsilon = self.target_epsilon
+        bound.context = {**context, "q": q, "sigma": sigma, "denominator": q * n}
+        return bound
+
+    def client_scales(self, out: ClientOutputs, w: np.ndarray):
+        norms = upload_norms(out)
+        clip = np.where(w > 0, np.minimum(1.0, self.clip_norm / np.maximum(norms, 1e-300)), 0.0)
+        return clip, self.context["denominator"]
+
+    def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
+        c = self.context
+        n_items, K = c["n_items"], c["n_factors"]
+        rng = np.random.default_rng([c["seed"], round_idx, 0xD9])
+        std = c["sigma"] * self.clip_norm / c["denominator"]
+        dQ = rng.normal(0.0, std, (n_items, K))
+        db = rng.normal(0.0, std, n_items) if c["biases"] else np.zeros(n_items)
+        dQ[delta.items] += delta.d_Q
+        if c["biases"]:
+            db[delta.items] += delta.d_b
+        return GlobalDelta(np.arange(n_items), dQ, db, None, delta.client_weights,
+                           delta.nonfinite, delta.n_empty, delta.values_up)
+
+    def epsilon(self, rounds: int) -> float:
+        from .accounting import epsilon
+
+        return epsilon(self.context["q"], self.context["sigma"], rounds, self.delta)
+
+    def __repr__(self):
+        return (f"DPGaussianMean(clip_norm={self.clip_norm}, noise_multiplier="
+                f"{self.noise_multiplier}, target_epsilon={self.target_epsilon}, "
+                f"delta={self.delta})")
+
+
+class _RowStatistic(WeightedMean):
+    """Per touched item, a robust statistic of the deltas of the clients that touched it, times
+    their share of the cohort's weight (robust_sorted_runs)."""
+
+    beta = 0.0
+    median = False
+
+    def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
+                 ) -> GlobalDelta:
+        K = out.d_Q.shape[1]
+        bad, w, n_empty = client_weights(out, hp)
+        owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+        valid = (out.items >= 0) & (w[owner] > 0)
+        if w.sum() <= 0 or not valid.any():
+            return GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), None, w,
+                               bad, n_empty, 0)
+        cover = np.where(valid, w[owner] / w.sum(), 0.0)
+        order = np.argsort(np.where(valid, out.items, -1), kind="stable")
+        n_valid = int(valid.sum())
+        res = (np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64))
+        m = robust_sorted_runs(order, out.items, out.d_Q, out.d_b, cover, self.beta,
+                               self.median, res)
+        return GlobalDelta(res[2][:m], res[0][:m], res[1][:m], None, w, bad, n_empty,
+                           n_valid * (K + 1))
+
+
+class TrimmedMean(_RowStatistic):
+    """Coordinate-wise β-trimmed mean (Yin et al. 2018): per item and coordinate, drop the
+    floor(β·n) smallest and largest of the n touching clients' values, average the rest."""
+
+    def __init__(self, beta: float = 0.1):
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 0.5:
+            raise ValueError(f"beta must be in [0, 0.5) (the share trimmed from each end), "
+                             f"got {beta!r}")
+        self.beta = float(beta)
+
+    def __repr__(self):
+        return f"TrimmedMean(beta={self.beta})"
+
+
+class CoordinateMedian(_RowStatistic):
+    """Coordinate-wise median (Yin et al. 2018) of the touching clients' deltas."""
+
+    median = True
+
+    def __repr__(self):
+        return "CoordinateMedian()"

@@ -1,0 +1,158 @@
+"""Differential privacy (clipping, dense noise, Poisson sampling, accountant) and robust
+aggregators, as phase-3 aggregators of a round."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from fedcf.datasets import make_synthetic_ratings
+
+from fedcf import FedReconMF
+from fedcf import _reference as ref
+from fedcf._kernels.server import robust_sorted_runs
+from fedcf.federated import (
+    ClientOutputs,
+    CoordinateMedian,
+    DPGaussianMean,
+    NormClippedMean,
+    RoundHyperparams,
+    TrimmedMean,
+)
+from fedcf.federated.accounting import epsilon, noise_for_epsilon
+
+dpa = pytest.importorskip("dp_accounting")
+HP = RoundHyperparams(1.0, {}, 1.0)
+
+
+@pytest.fixture(scope="module")
+def pop():
+    return make_synthetic_ratings(600, 80, 9000, n_factors=3, random_state=7)
+
+
+# ---------------------------------------------------------------- the accountant
+# TensorFlow Privacy's MNIST tutorial table (tutorials/README.md): q = 256/60000, δ = 1e-5,
+# (noise multiplier, epochs) → published ε, computed with the RDP accountant and the classic
+# RDP→(ε, δ) conversion ε = min_α RDP(α) + log(1/δ)/(α − 1).
+PUBLISHED = [(1.12, 60, 2.92), (0.6, 30, 9.74), (1.2, 10, 1.20)]
+
+
+@pytest.mark.parametrize("sigma,epochs,published", PUBLISHED)
+def test_epsilon_agrees_with_published_dp_sgd_figures(sigma, epochs, published):
+    q, steps, delta = 256 / 60000, int(epochs * 60000 // 256), 1e-5
+    ours = epsilon(q, sigma, steps, delta)
+    # fedcf reports dp-accounting's tighter conversion: never above the published bound ...
+    assert 0.75 * published <= ours <= published
+    # ... and the same RDP curve with the published (classic) conversion gives the figure
+    orders = [1 + x / 10 for x in range(1, 100)] + list(range(12, 64))
+    acc = dpa.rdp.RdpAccountant(orders=orders)
+    acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+    classic = min(r + np.log(1 / delta) / (a - 1) for r, a in zip(acc._rdp, orders))
+    assert classic == pytest.approx(published, abs=0.03)
+
+
+def test_noise_calibration_meets_the_target():
+    sigma = noise_for_epsilon(2.0, 1e-3, 500, 1e-6)
+    assert epsilon(1e-3, sigma, 500, 1e-6) == pytest.approx(2.0, rel=0.01)
+    assert epsilon(1e-3, sigma * 0.95, 500, 1e-6) > 2.0
+    for bad in [dict(q=0.0), dict(q=1.5), dict(delta=1.0), dict(rounds=-1)]:
+        args = {"q": 0.01, "rounds": 10, "delta": 1e-6, **bad}
+        with pytest.raises(ValueError):
+            epsilon(args["q"], 1.0, args["rounds"], args["delta"])
+
+
+# ---------------------------------------------------------------- the DP aggregator
+def outputs(norm_scales=(10.0, 0.5), n_items=4000, K=2):
+    """Two clients: client k uploads one row (item k) of norm norm_scales[k]."""
+    d_Q = np.array([[norm_scales[0], 0.0], [0.0, norm_scales[1]]])
+    return ClientOutputs(np.array([0, 1, 2]), np.array([0, 1]), d_Q, np.zeros(2),
+                         np.array([3.0, 5.0]), np.zeros(2))
+
+
+def bound_dp(sigma, n_items=4000, biases=True):
+    return DPGaussianMean(1.0, sigma).bind({"n_eligible": 1000, "clients_per_round": 10,
+                                            "n_rounds": 5, "n_items": n_items, "n_factors": 2,
+                                            "seed": 3, "biases": biases})
+
+
+def test_dp_clips_each_upload_sums_equally_and_divides_by_expected_cohort():
+    agg = bound_dp(1e-9)
+    d = agg(outputs(), HP, 0)
+    assert d.items.tolist() == list(range(4000))  # dense over the catalog
+    denom = 10.0  # q·N = 10/1000 · 1000
+    np.testing.assert_allclose(d.d_Q[0], [1.0 / denom, 0.0], atol=1e-6)  # clipped 10 → 1
+    np.testing.assert_allclose(d.d_Q[1], [0.0, 0.5 / denom], atol=1e-6)  # below C: unchanged
+
+
+def test_dp_noise_covers_every_row_with_the_right_scale_and_is_reproducible():
+    agg = bound_dp(2.0, n_items=20000)
+    d = agg(outputs(), HP, 4)
+    untouched = d.d_Q[2:]
+    assert untouched.std() == pytest.approx(2.0 * 1.0 / 10.0, rel=0.02)
+    assert np.all(untouched != 0) and d.d_b[2:].std() > 0
+    np.testing.assert_array_equal(agg(outputs(), HP, 4).d_Q, d.d_Q)
+    assert not np.array_equal(agg(outputs(), HP, 5).d_Q, d.d_Q)
+    assert np.all(bound_dp(2.0, biases=False)(outputs(), HP, 0).d_b == 0)
+
+
+def test_fit_with_dp_records_epsilon_and_samples_by_poisson(pop):
+    m = FedReconMF(n_factors=3, n_rounds=6, clients_per_round=60, random_state=0,
+                   aggregator=DPGaussianMean(0.5, target_epsilon=8.0, delta=1e-4)).fit(pop)
+    eps = [h["epsilon"] for h in m.history_]
+    assert all(b > a for a, b in zip(eps, eps[1:]))
+    assert m.epsilon_ == pytest.approx(eps[-1]) and m.epsilon_ <= 8.0 * 1.001
+    assert m.noise_multiplier_ > 0
+    assert len({h["clients_sampled"] for h in m.history_}) > 1  # Poisson: the cohort size varies
+    assert np.isfinite(m.item_factors_).all()
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: DPGaussianMean(0.0, 1.0), "clip_norm must be a finite number > 0"),
+    (lambda: DPGaussianMean(1.0, -1.0), "noise_multiplier must be a finite number > 0"),
+    (lambda: DPGaussianMean(1.0), "exactly one of noise_multiplier and target_epsilon"),
+    (lambda: DPGaussianMean(1.0, 1.0, delta=1.0), r"delta must be a finite number in \(0, 1\)"),
+    (lambda: TrimmedMean(0.5), r"beta must be in \[0, 0.5\)"),
+    (lambda: NormClippedMean(float("nan")), "clip_norm"),
+])
+def test_bad_aggregator_settings_are_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_bad_combinations_are_refused(pop):
+    with pytest.raises(ValueError, match=r"delta=0.01 must be below 1/n"):
+        FedReconMF(n_rounds=1, aggregator=DPGaussianMean(1.0, 1.0, delta=0.01)).fit(pop)
+    with pytest.raises(ValueError, match="oversample must be 0"):
+        FedReconMF(n_rounds=1, oversample=0.2, aggregator=DPGaussianMean(1.0, 1.0)).fit(pop)
+    with pytest.raises(TypeError, match="aggregator must be None or an aggregator"):
+        FedReconMF(n_rounds=1, aggregator="median").fit(pop)
+
+
+# ---------------------------------------------------------------- robust aggregators
+def test_robust_kernel_matches_twin():
+    rng = np.random.default_rng(0)
+    n, K = 200, 3
+    items = rng.integers(0, 12, n)
+    d_Q, d_b = rng.normal(size=(n, K)), rng.normal(size=n)
+    cover = np.where(rng.random(n) < 0.9, rng.random(n), 0.0)
+    order = np.argsort(np.where(cover > 0, items, -1), kind="stable")
+    for beta, med in [(0.0, False), (0.2, False), (0.0, True)]:
+        out = (np.empty((n, K)), np.empty(n), np.empty(n, np.int64))
+        m = robust_sorted_runs(order, items, d_Q, d_b, cover, beta, med, out)
+        w_items, w_Q, w_b = ref.robust_rows(items, d_Q, d_b, cover, beta, med)
+        assert out[2][:m].tolist() == w_items.tolist()
+        np.testing.assert_allclose(out[0][:m], w_Q, rtol=1e-12)
+        np.testing.assert_allclose(out[1][:m], w_b, rtol=1e-12)
+
+
+def test_robust_aggregators_equal_the_mean_for_agreeing_clients_and_resist_an_outlier():
+    base = np.array([[1.0, -1.0]])
+    d_Q = np.repeat(base, 5, axis=0)
+    out = ClientOutputs(np.arange(6), np.zeros(5, np.int64), d_Q, np.zeros(5), np.ones(5),
+                        np.zeros(5))
+    for agg in (TrimmedMean(0.2), CoordinateMedian()):
+        np.testing.assert_allclose(agg(out, HP).d_Q, base)
+    evil = dataclasses.replace(out, d_Q=np.vstack([d_Q[:4], [[-100.0, 100.0]]]))
+    np.testing.assert_allclose(TrimmedMean(0.2)(evil, HP).d_Q, base)
+    np.testing.assert_allclose(CoordinateMedian()(evil, HP).d_Q, base)
+    clipped = NormClippedMean(np.sqrt(2))(evil, HP).d_Q[0]
+    assert np.linalg.norm(clipped - base[0]) < 2 * np.sqrt(2) / 5 + 1e-9
