@@ -75,6 +75,32 @@ def adagrad_rows(x, acc, rows, delta, lr, eps):
 
 
 @njit(cache=True)
+def item_runs(order, d_items, scale, out_items):
+    """Group entries ``order`` (sorted by item) into runs of one item, skipping entries whose
+    scale is 0. Returns (keep, starts, m): run r is keep[starts[r]:starts[r+1]] and its item is
+    written to out_items[r]."""
+    n = order.shape[0]
+    keep = np.empty(n, np.int64)
+    nk = 0
+    for t in range(n):
+        if scale[order[t]] != 0.0:
+            keep[nk] = order[t]
+            nk += 1
+    starts = np.empty(nk + 1, np.int64)
+    m = 0
+    last = -1
+    for t in range(nk):
+        j = d_items[keep[t]]
+        if j != last:
+            starts[m] = t
+            out_items[m] = j
+            m += 1
+            last = j
+    starts[m] = nk
+    return keep, starts, m
+
+
+@njit(cache=True)
 def _sum_run(order, lo, hi, d_Q, d_b, scale, out_Q, out_b, m):
     K = d_Q.shape[1]
     for a in range(K):
@@ -97,24 +123,7 @@ def sum_sorted_runs(order, d_items, d_Q, d_b, scale, out_Q, out_b, out_items):
     Each item's sum is one thread's sequential loop in that fixed order, so the result does not
     depend on the thread count.
     """
-    n = order.shape[0]
-    keep = np.empty(n, np.int64)
-    nk = 0
-    for t in range(n):
-        if scale[order[t]] != 0.0:
-            keep[nk] = order[t]
-            nk += 1
-    starts = np.empty(nk + 1, np.int64)
-    m = 0
-    last = -1
-    for t in range(nk):
-        j = d_items[keep[t]]
-        if j != last:
-            starts[m] = t
-            out_items[m] = j
-            m += 1
-            last = j
-    starts[m] = nk
+    keep, starts, m = item_runs(order, d_items, scale, out_items)
     for r in prange(m):
         _sum_run(keep, starts[r], starts[r + 1], d_Q, d_b, scale, out_Q, out_b, r)
     return m
@@ -157,24 +166,7 @@ def robust_sorted_runs(order, d_items, d_Q, d_b, cover, beta, use_median, out):
     out_b, out_items) receive the m distinct items; returns m. One thread per item, fixed order.
     """
     out_Q, out_b, out_items = out[0], out[1], out[2]
-    n = order.shape[0]
-    keep = np.empty(n, np.int64)
-    nk = 0
-    for t in range(n):
-        if cover[order[t]] != 0.0:
-            keep[nk] = order[t]
-            nk += 1
-    starts = np.empty(nk + 1, np.int64)
-    m = 0
-    last = -1
-    for t in range(nk):
-        j = d_items[keep[t]]
-        if j != last:
-            starts[m] = t
-            out_items[m] = j
-            m += 1
-            last = j
-    starts[m] = nk
+    keep, starts, m = item_runs(order, d_items, cover, out_items)
     for r in prange(m):
         _robust_run(keep, starts[r], starts[r + 1], d_Q, d_b, cover, beta, use_median, out_Q,
                     out_b, r)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._kernels.server import robust_sorted_runs
-from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, client_weights, upload_norms
+from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, entries, upload_norms
 
 
 def _positive(name, value, *, upper=None):
@@ -115,14 +115,11 @@ class _RowStatistic(WeightedMean):
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
         K = out.d_Q.shape[1]
-        bad, w, n_empty = client_weights(out, hp)
-        owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
-        valid = (out.items >= 0) & (w[owner] > 0)
-        if w.sum() <= 0 or not valid.any():
+        bad, w, n_empty, owner, valid, order = entries(out, hp)
+        if order is None:
             return GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), None, w,
                                bad, n_empty, 0)
         cover = np.where(valid, w[owner] / w.sum(), 0.0)
-        order = np.argsort(np.where(valid, out.items, -1), kind="stable")
         n_valid = int(valid.sum())
         res = (np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64))
         m = robust_sorted_runs(order, out.items, out.d_Q, out.d_b, cover, self.beta,

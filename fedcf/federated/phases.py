@@ -190,15 +190,12 @@ class WeightedMean:
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
         K = out.d_Q.shape[1]
-        bad, w, n_empty = client_weights(out, hp)
-        owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
-        valid = (out.items >= 0) & (w[owner] > 0)
-        if w.sum() <= 0 or not valid.any():
+        bad, w, n_empty, owner, valid, order = entries(out, hp)
+        if order is None:
             return self.finish(GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0),
                                            None, w, bad, n_empty, 0), round_idx)
         num, denom = self.client_scales(out, w)
         scale = np.where(valid, num[owner] / denom, 0.0)
-        order = np.argsort(np.where(valid, out.items, -1), kind="stable")
         n_valid = int(valid.sum())
         dq, db, items = np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64)
         m = sum_sorted_runs(order, out.items, out.d_Q, out.d_b, scale, dq, db, items)
@@ -221,6 +218,18 @@ def client_weights(out: ClientOutputs, hp: RoundHyperparams):
     n_empty = int(np.sum((w == 0) & ~bad))
     w[bad] = 0.0
     return bad, w, n_empty
+
+
+def entries(out: ClientOutputs, hp: RoundHyperparams):
+    """What every aggregator starts from: (non-finite mask, weights, empty count, owner of each
+    entry, valid entries, entry order sorted by item then client — None when nothing is valid)."""
+    bad, w, n_empty = client_weights(out, hp)
+    owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+    valid = (out.items >= 0) & (w[owner] > 0)
+    if w.sum() <= 0 or not valid.any():
+        return bad, w, n_empty, owner, valid, None
+    order = np.argsort(np.where(valid, out.items, -1), kind="stable")
+    return bad, w, n_empty, owner, valid, order
 
 
 def upload_norms(out: ClientOutputs) -> np.ndarray:
