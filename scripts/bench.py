@@ -8,6 +8,7 @@ Sections (``--sections``, default all):
   fedrecon paper-scale FedRecon (500 rounds x 100 clients) with SGD and ALS reconstruction,
            1 vs 2 threads, and the same rounds as a plain per-client NumPy loop
   scaling  round time as clients per round and the catalog grow; peak memory
+  dp       the dense noise step of user-level DP as the catalog grows, vs the sparse mean
   ceiling  measured GEMM GFLOP/s and memory bandwidth; each kernel's share of the GEMM peak
 
 Every timed row reports min and median of >= 3 repeats after a warm-up call (the warm-up of
@@ -286,6 +287,27 @@ def section_scaling(data, args):
                 n_items=n_items, server_optimizer=opt, server_seconds=statistics.median(srv))
 
 
+def section_dp(args):
+    """The dense noise step of user-level DP (DPGaussianMean) as the catalog grows: noise on every
+    row of Q and b each round, against the sparse mean of the same 100 clients' uploads."""
+    from fedcf.federated import ClientOutputs, DPGaussianMean, RoundHyperparams, WeightedMean
+
+    rng = np.random.default_rng(0)
+    hp = RoundHyperparams(1.0, {}, 1.0)
+    for n_items in ([1000, 10_000] if args.quick else [1000, 10_000, 100_000, 1_000_000]):
+        per, m = 60, 100
+        out = ClientOutputs(np.arange(0, per * m + 1, per), rng.integers(0, n_items, per * m),
+                            rng.normal(0, 0.01, (per * m, K)).astype(np.float32),
+                            np.zeros(per * m, np.float32), np.full(m, float(per)), np.zeros(m))
+        dp = DPGaussianMean(1.0, 1.0).bind({"n_eligible": 10 * m, "clients_per_round": m,
+                                            "n_rounds": 1, "n_items": n_items, "n_factors": K,
+                                            "seed": 0, "biases": True})
+        add(f"DP aggregation, 100 clients, {n_items:,} items", timed(lambda: dp(out, hp, 0),
+                                                                     args.repeats),
+            timed(lambda: WeightedMean()(out, hp, 0), args.repeats), "sparse weighted mean",
+            n_items=n_items, note="speedup < 1: the dense DP step costs 1/speedup times the sparse mean")
+
+
 def section_ceiling(args):
     n = 512 if args.quick else 2048
     A = np.random.default_rng(0).random((n, n), dtype=np.float32)
@@ -313,14 +335,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--sections", default="foldin,als,sgd,fedrecon,scaling,ceiling")
+    ap.add_argument("--sections", default="foldin,als,sgd,fedrecon,scaling,dp,ceiling")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     ROWS.clear()
     sections = set(args.sections.split(","))
-    unknown = sections - {"foldin", "als", "sgd", "fedrecon", "scaling", "ceiling"}
+    unknown = sections - {"foldin", "als", "sgd", "fedrecon", "scaling", "dp", "ceiling"}
     if unknown:
         raise SystemExit(f"unknown --sections {sorted(unknown)}")
     print(f"fedcf bench: {platform.machine()}, {os.cpu_count()} cpus, numba threads "
@@ -346,6 +368,8 @@ def main(argv=None):
         section_fedrecon(data, args)
     if "scaling" in sections:
         section_scaling(data, args)
+    if "dp" in sections:
+        section_dp(args)
     if "ceiling" in sections:
         section_ceiling(args)
     print(f"total {time.perf_counter() - t0:.1f} s")

@@ -268,7 +268,7 @@ def perf_values(bench) -> dict:
     return {"bench_provenance": provenance(bench[0]["meta"], "bench.json"),
             "table_main": table(["row", "fedcf", "peer", "speedup", "peer is", "note"],
                                 [(r["name"], ms(r["fedcf_seconds"]), ms(r["peer_seconds"]),
-                                  f"{r['speedup']:.2f}×" if r.get("speedup") else "",
+                                  f"{r['speedup']:.3g}×" if r.get("speedup") else "",
                                   r.get("peer") or "", note(r)) for r in main]),
             "table_scaling": table(["row", "time (clients + aggregation)", "server step", "note"],
                                    [(r["name"], ms(r["fedcf_seconds"]),
@@ -298,7 +298,7 @@ def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
     pick = [r for r in bench if r.get("speedup") is not None]
     blocks["speed"] = provenance(bench[0]["meta"], "bench.json") + "\n\n" + table(
         ["row", "fedcf", "peer", "speedup"],
-        [(r["name"], ms(r["fedcf_seconds"]), r.get("peer") or "", f"{r['speedup']:.2f}×")
+        [(r["name"], ms(r["fedcf_seconds"]), r.get("peer") or "", f"{r['speedup']:.3g}×")
          for r in pick])
     ib = {(r["name"], r["protocol"]): r for r in impl}
     blocks["ctr"] = "\n".join([
