@@ -139,8 +139,8 @@ def Aggregator():
 
         if not isinstance(v, WeightedMean):
             raise TypeError(f"{name} must be None or an aggregator from fedcf.federated "
-                            "(WeightedMean, NormClippedMean, DPGaussianMean, TrimmedMean, "
-                            f"CoordinateMedian), got {v!r}")
+                            "(WeightedMean, NormClippedMean, DPGaussianMean, SecureAggregation, "
+                            f"TrimmedMean, CoordinateMedian), got {v!r}")
         return v
     return rule
 

@@ -15,9 +15,11 @@ from .phases import (
     WeightedMean,
     server_update,
 )
+from .secagg import SecureAggregation
 from .stateful import FURLMF, FedAvgMF
 
-__all__ = ["CoordinateMedian", "DPGaussianMean", "NormClippedMean", "TrimmedMean",
+__all__ = ["CoordinateMedian", "DPGaussianMean", "NormClippedMean", "SecureAggregation",
+           "TrimmedMean",
            "FURLMF", "OPTIMIZERS", "ClientOutputs", "Cohort", "FedAvgMF", "FedReconImplicitMF",
            "FedReconMF", "GlobalDelta", "LocalExecutor", "RoundHyperparams", "Selector",
            "WeightedMean", "make_server_optimizer", "server_update"]

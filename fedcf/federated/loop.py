@@ -78,7 +78,8 @@ class RoundFinisher:
                 "values_down": est._values_down(n_items, K, out.n_clients),
                 "server_seconds": server_seconds, "seconds": seconds,
                 **({"epsilon": self.run.aggregator.epsilon(t + 1)}
-                   if hasattr(self.run.aggregator, "epsilon") else {})}
+                   if hasattr(self.run.aggregator, "epsilon") else {}),
+                **getattr(self.run.aggregator, "round_stats", {})}
 
     def after(self, done: int, rec: dict, callback):
         run, est = self.run, self.run.est

@@ -1,0 +1,184 @@
+"""Secure aggregation, simulated faithfully (Bonawitz et al. 2017, pairwise masking with dropout
+recovery): the server learns the sum of the cohort's uploads and nothing else.
+
+Per round, each reporting client k
+1. draws a secret key sk_k, publishes pk_k = g^sk_k mod P (Diffie-Hellman over the Mersenne prime
+   P = 2^127 − 1), and Shamir-shares sk_k among the cohort with threshold t;
+2. turns its upload into a *dense* vector over the whole catalog (w_k·Δq for every item row, w_k·Δb,
+   then w_k) — sparse uploads would reveal which rows it touched — quantizes it to fixed point
+   (``frac_bits``) after clipping every coordinate to ±``value_bound``, and adds, modulo 2^32,
+   the pairwise masks ±PRG(s_kj) with s_kj = pk_j^sk_k mod P (= pk_k^sk_j: both ends compute it);
+3. sends the masked vector. A client may drop after step 1 (``drop_after_setup``): the server
+   then collects t shares of its key from the survivors, rebuilds the key, recomputes its pair
+   seeds with every survivor and removes those masks. With fewer than t survivors the round is
+   lost (no update) and recorded.
+The masks cancel in the sum modulo 2^32; the server dequantizes and divides by Σ w_k. Clients whose
+update is not finite do not take part (they can tell locally). Every number here is a real
+protocol step on real arrays; only the network is simulated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, client_weights
+
+P = 2**127 - 1  # prime modulus of the key-agreement group and of the Shamir field
+G = 3
+MOD_BITS = 32
+
+
+def shamir_shares(secret: int, n: int, t: int, rng: np.random.Generator) -> list[int]:
+    """Shares f(1), ..., f(n) of a degree t−1 polynomial over GF(P) with f(0) = secret."""
+    coeffs = [secret] + [int(rng.integers(0, 2**62)) * (2**62) + int(rng.integers(0, 2**62))
+                         for _ in range(t - 1)]
+    return [sum(c * pow(x, e, P) for e, c in enumerate(coeffs)) % P for x in range(1, n + 1)]
+
+
+def shamir_recover(points: list[tuple[int, int]]) -> int:
+    """f(0) from t points (x, f(x)) by Lagrange interpolation over GF(P)."""
+    secret = 0
+    for i, (xi, yi) in enumerate(points):
+        num, den = 1, 1
+        for j, (xj, _) in enumerate(points):
+            if i != j:
+                num = num * (-xj) % P
+                den = den * (xi - xj) % P
+        secret = (secret + yi * num * pow(den, P - 2, P)) % P
+    return secret
+
+
+def _prg(seed: int, size: int) -> np.ndarray:
+    return np.random.default_rng([seed & (2**64 - 1), seed >> 64]).integers(
+        0, 2**MOD_BITS, size, dtype=np.uint64).astype(np.uint32)
+
+
+class SecureAggregation(WeightedMean):
+    """The weighted mean computed under secure aggregation (see the module docstring).
+
+    Parameters
+    ----------
+    threshold : float in (0, 1] or int
+        Shares needed to rebuild a dropped client's key: a share of the cohort, or a count.
+    value_bound : float
+        Each coordinate of w_k·Δ is clipped to ±value_bound before quantization (the sum of the
+        cohort must fit in the 32-bit ring; the fixed-point scale is chosen from it).
+    drop_after_setup : float in [0, 1)
+        Probability that a client drops after sharing its key and before sending its vector.
+    """
+
+    def __init__(self, threshold=0.5, value_bound: float = 1.0, drop_after_setup: float = 0.0):
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or \
+                threshold <= 0 or (isinstance(threshold, float) and threshold > 1):
+            raise ValueError(f"threshold must be a share in (0, 1] or a count >= 1, got "
+                             f"{threshold!r}")
+        if not (isinstance(value_bound, (int, float)) and np.isfinite(value_bound)
+                and value_bound > 0):
+            raise ValueError(f"value_bound must be a finite number > 0, got {value_bound!r}")
+        if not (isinstance(drop_after_setup, (int, float)) and 0 <= drop_after_setup < 1):
+            raise ValueError(f"drop_after_setup must be in [0, 1), got {drop_after_setup!r}")
+        self.threshold, self.value_bound = threshold, float(value_bound)
+        self.drop_after_setup = float(drop_after_setup)
+        self.context, self.round_stats = None, {}
+
+    def __repr__(self):
+        return (f"SecureAggregation(threshold={self.threshold}, value_bound={self.value_bound}, "
+                f"drop_after_setup={self.drop_after_setup})")
+
+    def bind(self, context: dict) -> SecureAggregation:
+        bound = SecureAggregation(self.threshold, self.value_bound, self.drop_after_setup)
+        bound.context = context
+        if isinstance(self.threshold, int) and self.threshold > context["clients_per_round"]:
+            raise ValueError(f"threshold={self.threshold} is larger than the cohort "
+                             f"(clients_per_round={context['clients_per_round']}): no key of a "
+                             "dropped client could ever be rebuilt")
+        return bound
+
+    def _t(self, m: int) -> int:
+        t = self.threshold if isinstance(self.threshold, int) else int(np.ceil(self.threshold * m))
+        return max(1, t)
+
+    def dense_uploads(self, out: ClientOutputs, w: np.ndarray, clients: np.ndarray):
+        """What each taking-part client would send before masking: [w·Δq rows | w·Δb | w]."""
+        n_items, K = self.context["n_items"], out.d_Q.shape[1]
+        X = np.zeros((len(clients), n_items * (K + 1) + 1))
+        for r, k in enumerate(clients):
+            lo, hi = out.offsets[k], out.offsets[k + 1]
+            rows = out.items[lo:hi]
+            ok = rows >= 0
+            block = X[r, :n_items * (K + 1)].reshape(n_items, K + 1)
+            block[rows[ok], :K] = w[k] * out.d_Q[lo:hi][ok]
+            block[rows[ok], K] = w[k] * out.d_b[lo:hi][ok]
+            X[r, -1] = w[k]
+        return X
+
+    def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
+                 ) -> GlobalDelta:
+        c = self.context
+        n_items, K = c["n_items"], out.d_Q.shape[1]
+        bad, w, n_empty = client_weights(out, hp)
+        clients = np.flatnonzero(w > 0)
+        rng = np.random.default_rng([c["seed"], round_idx, 0x5EC])
+        m = len(clients)
+        X = self.dense_uploads(out, w, clients)
+        summed, survivors, exact = self.protocol(X, rng)
+        self.round_stats = {"secagg_taking_part": m, "secagg_survivors": int(len(survivors)),
+                            "secagg_lost_round": summed is None}
+        empty = GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), None, w, bad,
+                            n_empty, 0)
+        if summed is None or summed[-1] <= 0:
+            return empty
+        total = summed[-1]
+        self.round_stats["secagg_max_quantization_error"] = float(
+            np.abs(summed - exact).max() / total)
+        block = (summed[:-1] / total).reshape(n_items, K + 1)
+        w_used = np.zeros_like(w)
+        w_used[clients[survivors]] = w[clients[survivors]]
+        return GlobalDelta(np.arange(n_items), block[:, :K], block[:, K], None, w_used, bad,
+                           n_empty, int(len(survivors)) * X.shape[1])
+
+    def protocol(self, X: np.ndarray, rng: np.random.Generator):
+        """Run the masking protocol on the dense uploads X (one row per client). Returns (the
+        unmasked dequantized sum or None if the round is lost, survivor rows, exact float sum
+        of the survivors' clipped uploads)."""
+        m, d = X.shape
+        if m == 0:
+            return None, np.zeros(0, np.int64), None
+        t = self._t(m)
+        frac_bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) /
+                                         (m * max(self.value_bound, X[:, -1].max())))))
+        if frac_bits < 0:
+            raise ValueError(f"value_bound={self.value_bound} and client weights up to "
+                             f"{X[:, -1].max():g} do not fit {m} clients in a {MOD_BITS}-bit "
+                             "sum; lower value_bound or use client_weighting='uniform'")
+        scale = 2.0 ** frac_bits
+        clipped = np.clip(X, -self.value_bound, self.value_bound)
+        clipped[:, -1] = X[:, -1]
+        quant = np.round(clipped * scale).astype(np.int64).astype(np.uint32)
+        sk = [int(rng.integers(1, 2**62)) * 2**64 + int(rng.integers(0, 2**62)) for _ in range(m)]
+        pk = [pow(G, s, P) for s in sk]
+        shares = [shamir_shares(s, m, t, rng) for s in sk]  # shares[k][j]: k's key, held by j
+        survivors = np.flatnonzero(rng.random(m) >= self.drop_after_setup)
+        if len(survivors) < t:
+            return None, survivors, None
+        total = np.zeros(d, np.uint32)
+        for k in survivors:  # each survivor's masked vector, summed as it arrives
+            total += masked(quant[k], k, sk[k], pk, m)
+        for dropped in sorted(set(range(m)) - set(survivors.tolist())):
+            key = shamir_recover([(int(j) + 1, shares[dropped][j]) for j in survivors[:t]])
+            for j in survivors:  # remove the mask j added for its pair with the dropped client
+                seed = pow(pk[j], key, P)
+                total -= _prg(seed, d) if j < dropped else -_prg(seed, d)
+        signed = total.astype(np.int64)
+        signed[signed >= 2**(MOD_BITS - 1)] -= 2**MOD_BITS
+        return signed / scale, survivors, clipped[survivors].sum(axis=0)
+
+
+def masked(q: np.ndarray, k: int, sk_k: int, pk: list, m: int) -> np.ndarray:
+    """Client k's vector modulo 2^32: q + Σ_{j>k} PRG(s_kj) − Σ_{j<k} PRG(s_kj)."""
+    y = q.copy()
+    for j in range(m):
+        if j != k:
+            mask = _prg(pow(pk[j], sk_k, P), len(q))
+            y = y + mask if k < j else y - mask
+    return y
