@@ -279,6 +279,37 @@ def perf_values(bench) -> dict:
             "table_targets": table(["target", "result", "measured"], targets)}
 
 
+# ---------------------------------------------------------------------- PRIVACY.md
+def privacy_values(rows) -> dict:
+    def num(x, fmt=".4f"):
+        return "" if x is None else format(x, fmt)
+
+    st = rows[0]["meta"]["settings"]
+    util = [r for r in rows if "rmse" in r and "attack" not in r]
+    leak = [r for r in rows if r["name"].startswith("leakage")]
+    att = [r for r in rows if "attack" in r]
+    return {
+        "provenance": provenance(rows[0]["meta"], "privacy.json"), "K": st["factors"],
+        "rounds": st["rounds"], "clip": st["clip"], "delta": f"{st['delta']:g}",
+        "attackers": pct(st["attackers"], 0),
+        "target": next((r["target_item"] for r in att), ""),
+        "table_utility": table(["row", "RMSE", "accuracy", "ε", "numbers up / round", "seconds"],
+                               [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
+                                 num(r.get("epsilon"), ".3g"), f"{r['values_up']:,.0f}",
+                                 f"{r['seconds']:.1f}") for r in util]),
+        "table_leakage": table(["server's view", "rated-set recall", "rated-set precision",
+                                "chance", "embedding cosine (abs)"],
+                               [(r["name"].removeprefix("leakage: "),
+                                 num(r.get("rated_set_recall"), ".3f"),
+                                 num(r.get("rated_set_precision"), ".3f"),
+                                 num(r.get("chance"), ".3f"),
+                                 num(r.get("embedding_abs_cosine"), ".3f")) for r in leak]),
+        "table_attacks": table(["attack + aggregator", "RMSE", "accuracy", "target hit rate"],
+                               [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
+                                 pct(r["target_hit_rate"])) for r in att]),
+    }
+
+
 # ---------------------------------------------------------------------- README blocks
 def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
     by = {r["name"]: r for r in paper}
@@ -330,12 +361,16 @@ def documents() -> dict[Path, str]:
                                                    "server-optimizer")}
     ctr, impl, pop, bench = load("ctr.json"), load("implicit.json"), load("population.json"), \
         load("bench.json")
-    t = {n: (TEMPLATES / f"{n}.md").read_text() for n in ("RESULTS", "CTR", "PERFORMANCE")}
+    privacy = load("privacy.json")
+    t = {n: (TEMPLATES / f"{n}.md").read_text()
+         for n in ("RESULTS", "CTR", "PERFORMANCE", "PRIVACY")}
     return {
         ROOT / "eval" / "RESULTS.md": render(t["RESULTS"], results_values(
             paper, cold, tuned, sweeps, scale, random_rows)),
         ROOT / "eval" / "CTR.md": render(t["CTR"], ctr_values(ctr, impl, pop)),
         ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], perf_values(bench)),
+        **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], privacy_values(privacy))}
+           if privacy else {}),
         ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), readme_blocks(
             paper, cold, random_rows, impl, ctr, bench)),
     }

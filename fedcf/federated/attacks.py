@@ -1,0 +1,78 @@
+"""Malicious clients, for measuring robust aggregation: an executor wrapper that rewrites the
+uploads of a fixed fraction of the population before they reach the aggregator.
+
+Attacks (``kind``):
+- ``"sign_flip"``: the client sends −scale × its honest delta;
+- ``"noise"``: the client sends Gaussian noise of standard deviation ``scale`` on its rows;
+- ``"promote"``: a shilling attack for ``target_item``: the client sends only a delta for that
+  item — its bias raised by ``scale`` and its factors moved by ``scale`` along the mean of the
+  honest uploads' directions — to push the item up for every user.
+Which clients are malicious depends only on their id (a fixed set), never on the round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .phases import ClientOutputs, LocalExecutor
+
+KINDS = ("sign_flip", "noise", "promote")
+
+
+def malicious(clients: np.ndarray, fraction: float, seed: int = 0) -> np.ndarray:
+    """Which of these dense client ids belong to the fixed malicious fraction of the population."""
+    h = (np.asarray(clients, np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)) \
+        >> np.uint64(11)
+    return (h.astype(np.float64) / 2.0**53) < fraction
+
+
+class AttackedExecutor(LocalExecutor):
+    def __init__(self, program, data, local_state=None, *, kind="sign_flip", fraction=0.1,
+                 scale=10.0, target_item=0, seed=0):
+        if kind not in KINDS:
+            raise ValueError(f"attack kind must be one of {list(KINDS)}, got {kind!r}")
+        if not 0 <= fraction < 1:
+            raise ValueError(f"attack fraction must be in [0, 1), got {fraction!r}")
+        super().__init__(program, data, local_state)
+        self.kind, self.fraction, self.scale = kind, float(fraction), float(scale)
+        self.target_item, self.seed = int(target_item), int(seed)
+
+    def run(self, cohort, params, ids) -> ClientOutputs:
+        out = super().run(cohort, params, ids)
+        bad = malicious(cohort.clients, self.fraction, self.seed)
+        if not bad.any():
+            return out
+        owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+        rows = bad[owner] & (out.items >= 0)
+        d_Q, d_b, items = out.d_Q.copy(), out.d_b.copy(), out.items.copy()
+        if self.kind == "sign_flip":
+            d_Q[rows] *= -self.scale
+            d_b[rows] *= -self.scale
+        elif self.kind == "noise":
+            rng = np.random.default_rng([self.seed, int(ids[1])])
+            d_Q[rows] = rng.normal(0, self.scale, (int(rows.sum()), d_Q.shape[1]))
+            d_b[rows] = rng.normal(0, self.scale, int(rows.sum()))
+        else:
+            honest = ~bad[owner] & (out.items >= 0)
+            direction = d_Q[honest].mean(axis=0) if honest.any() else np.zeros(d_Q.shape[1])
+            norm = np.linalg.norm(direction)
+            direction = direction / norm if norm > 0 else direction
+            first = np.r_[True, owner[1:] != owner[:-1]] & bad[owner]
+            d_Q[bad[owner]], d_b[bad[owner]], items[bad[owner]] = 0.0, 0.0, -1
+            items[first], d_b[first] = self.target_item, self.scale
+            d_Q[first] = self.scale * direction
+        return dataclasses.replace(out, items=items, d_Q=d_Q, d_b=d_b)
+
+
+def attacked(estimator, **attack):
+    """A copy of a federated estimator whose rounds run with ``AttackedExecutor(**attack)``."""
+    base = type(estimator)
+
+    class Attacked(base):
+        def _make_executor(self, program, data, local):
+            return AttackedExecutor(program, data, local, **attack)
+
+    Attacked.__name__ = f"Attacked{base.__name__}"
+    return Attacked(**estimator.get_params())
