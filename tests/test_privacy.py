@@ -156,3 +156,12 @@ def test_robust_aggregators_equal_the_mean_for_agreeing_clients_and_resist_an_ou
     np.testing.assert_allclose(CoordinateMedian()(evil, HP).d_Q, base)
     clipped = NormClippedMean(np.sqrt(2))(evil, HP).d_Q[0]
     assert np.linalg.norm(clipped - base[0]) < 2 * np.sqrt(2) / 5 + 1e-9
+
+
+def test_per_round_accountant_equals_a_fresh_accountant():
+    from fedcf.federated.accounting import RoundAccountant
+
+    acc = RoundAccountant(0.05, 0.9, 1e-5)
+    for t in (1, 7, 300):
+        assert acc.epsilon(t) == pytest.approx(epsilon(0.05, 0.9, t, 1e-5), rel=1e-9)
+    assert acc.epsilon(0) == 0.0

@@ -58,6 +58,32 @@ def epsilon(q: float, noise_multiplier: float, rounds: int, delta: float) -> flo
         return float(acc.get_epsilon(delta))
 
 
+class RoundAccountant:
+    """ε(δ) after t rounds of one (q, σ), for t = 1, 2, ...: the per-round RDP curve is computed
+    once and scaled by t (composition of identical RDP mechanisms adds their curves), then
+    converted with dp-accounting's own RDP → (ε, δ) conversion. Falls back to a fresh
+    accountant per call if that library's internals change."""
+
+    def __init__(self, q: float, noise_multiplier: float, delta: float):
+        _check(q, delta, 0)
+        self.q, self.sigma, self.delta = q, noise_multiplier, delta
+        dpa, rdp = _dpa()
+        acc = rdp.RdpAccountant()
+        with _quiet():
+            acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(noise_multiplier)), 1)
+        self._orders, self._rdp = getattr(acc, "_orders", None), getattr(acc, "_rdp", None)
+
+    def epsilon(self, rounds: int) -> float:
+        if rounds == 0:
+            return 0.0
+        if self._rdp is None:
+            return epsilon(self.q, self.sigma, rounds, self.delta)
+        import numpy as np
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+        return float(compute_epsilon(self._orders, np.asarray(self._rdp) * rounds, self.delta)[0])
+
+
 def noise_for_epsilon(target_epsilon: float, q: float, rounds: int, delta: float) -> float:
     """The smallest σ whose ``rounds`` rounds at rate q stay within (target_epsilon, δ)."""
     _check(q, delta, rounds)

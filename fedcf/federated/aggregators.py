@@ -62,7 +62,7 @@ class DPGaussianMean(WeightedMean):
 
     def bind(self, context: dict) -> DPGaussianMean:
         """Fix q, the rounds, the catalog and the seed of the noise for one run."""
-        from .accounting import noise_for_epsilon
+        from .accounting import RoundAccountant, noise_for_epsilon
 
         n, m = context["n_eligible"], context["clients_per_round"]
         if self.delta >= 1.0 / n:
@@ -74,6 +74,7 @@ class DPGaussianMean(WeightedMean):
         bound = DPGaussianMean(self.clip_norm, sigma, delta=self.delta)
         bound.target_epsilon = self.target_epsilon
         bound.context = {**context, "q": q, "sigma": sigma, "denominator": q * n}
+        bound.accountant = RoundAccountant(q, sigma, self.delta)
         return bound
 
     def client_scales(self, out: ClientOutputs, w: np.ndarray):
@@ -95,9 +96,8 @@ class DPGaussianMean(WeightedMean):
                            delta.nonfinite, delta.n_empty, delta.values_up)
 
     def epsilon(self, rounds: int) -> float:
-        from .accounting import epsilon
-
-        return epsilon(self.context["q"], self.context["sigma"], rounds, self.delta)
+        """ε(δ) after ``rounds`` rounds of this run (dp-accounting's RDP accountant)."""
+        return self.accountant.epsilon(rounds)
 
     def __repr__(self):
         return (f"DPGaussianMean(clip_norm={self.clip_norm}, noise_multiplier="
