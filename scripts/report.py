@@ -280,6 +280,29 @@ def perf_values(bench) -> dict:
 
 
 # ---------------------------------------------------------------------- PRIVACY.md
+def population_values(rows) -> dict:
+    st = rows[0]["meta"]["settings"]
+    plain = next(r for r in rows if r.get("delta") is None)
+    dp = next(r for r in rows if r.get("delta") is not None)
+    rel = dp["rmse"] / plain["rmse"] - 1
+    met = dp["epsilon"] <= st["target_epsilon"] * 1.001 and rel <= 0.03
+    return {
+        "population_provenance": provenance(rows[0]["meta"], "privacy_population.json"),
+        "population_data": f"{st['population']:,} users, {rows[0]['train_users']:,} in training",
+        "population_test": f"{20_000:,}", "population_rounds": st["population_rounds"],
+        "population_clients": f"{st['population_clients']:,}",
+        "table_population": table(
+            ["run", "RMSE", "accuracy", "ε", "δ", "noise multiplier σ", "seconds"],
+            [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
+              "" if r["epsilon"] is None else f"{r['epsilon']:.3f}",
+              "" if r.get("delta") is None else f"{r['delta']:g}",
+              "" if r.get("noise_multiplier") is None else f"{r['noise_multiplier']:.3f}",
+              f"{r['seconds']:.1f}") for r in rows]),
+        "population_verdict": (f"{'met' if met else 'missed'}: ε = {dp['epsilon']:.3f}, RMSE "
+                               f"{signed_pct(rel)} against the non-private run"),
+    }
+
+
 def privacy_values(rows) -> dict:
     def num(x, fmt=".4f"):
         return "" if x is None else format(x, fmt)
@@ -369,7 +392,8 @@ def documents() -> dict[Path, str]:
             paper, cold, tuned, sweeps, scale, random_rows)),
         ROOT / "eval" / "CTR.md": render(t["CTR"], ctr_values(ctr, impl, pop)),
         ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], perf_values(bench)),
-        **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], privacy_values(privacy))}
+        **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
+            **privacy_values(privacy), **population_values(load("privacy_population.json"))})}
            if privacy else {}),
         ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), readme_blocks(
             paper, cold, random_rows, impl, ctr, bench)),

@@ -110,3 +110,26 @@ def test_fit_under_secure_aggregation_matches_the_plain_fit():
     sec = FedReconMF(**kw, aggregator=SecureAggregation(value_bound=5.0)).fit(pop)
     np.testing.assert_allclose(sec.item_factors_, plain.item_factors_, atol=1e-6)
     assert all(h["secagg_survivors"] == h["clients_used"] for h in sec.history_)
+
+
+def test_secure_aggregation_with_server_noise_dp():
+    from fedcf.federated import DPGaussianMean
+
+    pop = make_synthetic_ratings(300, 25, 4000, n_factors=2, random_state=4)
+    agg = SecureAggregation(value_bound=1.0, dp=DPGaussianMean(0.5, target_epsilon=10.0,
+                                                              delta=1e-4))
+    m = FedReconMF(n_factors=2, n_rounds=4, clients_per_round=20, random_state=0,
+                   aggregator=agg).fit(pop)
+    eps = [h["epsilon"] for h in m.history_]
+    assert eps == sorted(eps) and m.epsilon_ <= 10.0 * 1.001 and m.noise_multiplier_ > 0
+    assert len({h["clients_sampled"] for h in m.history_}) > 1  # Poisson sampling
+    # the unmasked sum is the DP sum: same result as DPGaussianMean alone on the same cohort
+    out = cohort()
+    ctx = {"n_items": N_ITEMS, "seed": 1, "clients_per_round": 12, "n_eligible": 1000,
+           "n_rounds": 3, "n_factors": K, "biases": True}
+    dp = DPGaussianMean(0.1, 1.0, delta=1e-4)
+    a = SecureAggregation(value_bound=1.0, dp=dp).bind(ctx)(out, HP, 2)
+    b = dp.bind(ctx)(out, HP, 2)
+    np.testing.assert_allclose(a.d_Q, b.d_Q, atol=1e-8)
+    with pytest.raises(TypeError, match="dp must be a DPGaussianMean"):
+        SecureAggregation(dp="yes")

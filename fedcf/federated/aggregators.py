@@ -99,6 +99,10 @@ class DPGaussianMean(WeightedMean):
         """ε(δ) after ``rounds`` rounds of this run (dp-accounting's RDP accountant)."""
         return self.accountant.epsilon(rounds)
 
+    @property
+    def sigma(self) -> float:
+        return self.context["sigma"]
+
     def __repr__(self):
         return (f"DPGaussianMean(clip_norm={self.clip_norm}, noise_multiplier="
                 f"{self.noise_multiplier}, target_epsilon={self.target_epsilon}, "

@@ -173,8 +173,8 @@ class FederatedMFBase(MFEstimatorBase):
             bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
         run.finisher.warn_dropped()
         if self._differentially_private():
-            self.noise_multiplier_ = run.aggregator.context["sigma"]
-            self.epsilon_ = run.aggregator.epsilon(self.n_rounds)
+            self.noise_multiplier_ = run.aggregator.sigma
+            self.epsilon_ = run.epsilon(self.n_rounds)
         self._set_globals(run.params)
         self._finish_local_state(run.local)
         self.history_ = run.history
@@ -231,9 +231,11 @@ class FederatedMFBase(MFEstimatorBase):
         return WeightedMean() if self.aggregator is None else self.aggregator
 
     def _differentially_private(self) -> bool:
+        """True when the aggregator adds DP noise (then clients are Poisson-sampled)."""
         from .aggregators import DPGaussianMean
 
-        return isinstance(self.aggregator, DPGaussianMean)
+        return isinstance(self.aggregator, DPGaussianMean) or \
+            isinstance(getattr(self.aggregator, "dp", None), DPGaussianMean)
 
     def _round_hyperparams(self) -> RoundHyperparams:
         opt = make_server_optimizer(self.server_optimizer, self.server_learning_rate,

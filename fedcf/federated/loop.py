@@ -77,8 +77,7 @@ class RoundFinisher:
                 "values_up": delta.values_up + est._values_up_local(delta.n_used, K),
                 "values_down": est._values_down(n_items, K, out.n_clients),
                 "server_seconds": server_seconds, "seconds": seconds,
-                **({"epsilon": self.run.aggregator.epsilon(t + 1)}
-                   if hasattr(self.run.aggregator, "epsilon") else {}),
+                **self.run.privacy_record(t + 1),
                 **getattr(self.run.aggregator, "round_stats", {})}
 
     def after(self, done: int, rec: dict, callback):
@@ -149,6 +148,15 @@ class Run:
                         history=self.history, fingerprint=self.fingerprint,
                         run_params=self.run_params)
         self.last_saved = done
+
+    def epsilon(self, rounds: int):
+        """ε(δ) of the released model after ``rounds`` rounds, or None without DP."""
+        eps = getattr(self.aggregator, "epsilon", None)
+        return eps(rounds) if callable(eps) else None
+
+    def privacy_record(self, rounds: int) -> dict:
+        e = self.epsilon(rounds)
+        return {} if e is None else {"epsilon": e}
 
     def kept_note(self) -> str:
         if self.est.checkpoint_path is None or self.last_saved is None:

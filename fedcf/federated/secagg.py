@@ -65,9 +65,16 @@ class SecureAggregation(WeightedMean):
         cohort must fit in the 32-bit ring; the fixed-point scale is chosen from it).
     drop_after_setup : float in [0, 1)
         Probability that a client drops after sharing its key and before sending its vector.
+    dp : DPGaussianMean or None
+        User-level DP on top (central model with server noise): each client clips its upload to
+        ``dp.clip_norm`` and sends it with weight 1; the server, which sees only the unmasked
+        *sum*, adds the Gaussian noise and divides by the expected cohort. The server learns no
+        single upload, but users must trust it to add the noise (distributed noise, where each
+        client adds its share before masking, is not implemented).
     """
 
-    def __init__(self, threshold=0.5, value_bound: float = 1.0, drop_after_setup: float = 0.0):
+    def __init__(self, threshold=0.5, value_bound: float = 1.0, drop_after_setup: float = 0.0,
+                 dp=None):
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or \
                 threshold <= 0 or (isinstance(threshold, float) and threshold > 1):
             raise ValueError(f"threshold must be a share in (0, 1] or a count >= 1, got "
@@ -77,16 +84,29 @@ class SecureAggregation(WeightedMean):
             raise ValueError(f"value_bound must be a finite number > 0, got {value_bound!r}")
         if not (isinstance(drop_after_setup, (int, float)) and 0 <= drop_after_setup < 1):
             raise ValueError(f"drop_after_setup must be in [0, 1), got {drop_after_setup!r}")
+        from .aggregators import DPGaussianMean
+
+        if dp is not None and not isinstance(dp, DPGaussianMean):
+            raise TypeError(f"dp must be a DPGaussianMean or None, got {type(dp).__name__}")
         self.threshold, self.value_bound = threshold, float(value_bound)
-        self.drop_after_setup = float(drop_after_setup)
+        self.drop_after_setup, self.dp = float(drop_after_setup), dp
         self.context, self.round_stats = None, {}
 
     def __repr__(self):
         return (f"SecureAggregation(threshold={self.threshold}, value_bound={self.value_bound}, "
-                f"drop_after_setup={self.drop_after_setup})")
+                f"drop_after_setup={self.drop_after_setup}, dp={self.dp!r})")
+
+    @property
+    def sigma(self):
+        return None if self.dp is None else self.dp.sigma
+
+    def epsilon(self, rounds: int):
+        """ε(δ) after ``rounds`` rounds when ``dp`` is set, else None."""
+        return None if self.dp is None else self.dp.epsilon(rounds)
 
     def bind(self, context: dict) -> SecureAggregation:
-        bound = SecureAggregation(self.threshold, self.value_bound, self.drop_after_setup)
+        bound = SecureAggregation(self.threshold, self.value_bound, self.drop_after_setup,
+                                  None if self.dp is None else self.dp.bind(context))
         bound.context = context
         if isinstance(self.threshold, int) and self.threshold > context["clients_per_round"]:
             raise ValueError(f"threshold={self.threshold} is larger than the cohort "
@@ -120,7 +140,11 @@ class SecureAggregation(WeightedMean):
         clients = np.flatnonzero(w > 0)
         rng = np.random.default_rng([c["seed"], round_idx, 0x5EC])
         m = len(clients)
-        X = self.dense_uploads(out, w, clients)
+        # with DP each client clips its own upload and sends it with weight 1
+        send = w if self.dp is None else np.where(w > 0, self.dp.client_scales(out, w)[0], 0.0)
+        X = self.dense_uploads(out, send, clients)
+        if self.dp is not None:
+            X[:, -1] = 1.0
         summed, survivors, exact = self.protocol(X, rng)
         self.round_stats = {"secagg_taking_part": m, "secagg_survivors": int(len(survivors)),
                             "secagg_lost_round": summed is None}
@@ -128,14 +152,15 @@ class SecureAggregation(WeightedMean):
                             n_empty, 0)
         if summed is None or summed[-1] <= 0:
             return empty
-        total = summed[-1]
+        total = summed[-1] if self.dp is None else self.dp.context["denominator"]
         self.round_stats["secagg_max_quantization_error"] = float(
             np.abs(summed - exact).max() / total)
         block = (summed[:-1] / total).reshape(n_items, K + 1)
         w_used = np.zeros_like(w)
         w_used[clients[survivors]] = w[clients[survivors]]
-        return GlobalDelta(np.arange(n_items), block[:, :K], block[:, K], None, w_used, bad,
-                           n_empty, int(len(survivors)) * X.shape[1])
+        delta = GlobalDelta(np.arange(n_items), block[:, :K], block[:, K], None, w_used, bad,
+                            n_empty, int(len(survivors)) * X.shape[1])
+        return delta if self.dp is None else self.dp.finish(delta, round_idx)
 
     def protocol(self, X: np.ndarray, rng: np.random.Generator):
         """Run the masking protocol on the dense uploads X (one row per client). Returns (the
