@@ -59,7 +59,8 @@ def utility_rows(train, test, args):
     rows.append(row("plain mean", FedReconMF(**base).fit(train), test, t0))
     for sigma in args.noise:
         t0 = time.perf_counter()
-        m = FedReconMF(**base, aggregator=DPGaussianMean(args.clip, sigma, delta=args.delta))
+        m = FedReconMF(**base, aggregator=DPGaussianMean(args.clip, sigma, delta=args.delta,
+                                                         weight_cap=args.weight_cap))
         rows.append(row(f"DP σ={sigma}", m.fit(train), test, t0, delta=args.delta,
                         noise_multiplier=sigma))
     small = {**base, "clients_per_round": args.secagg_clients}
@@ -67,7 +68,7 @@ def utility_rows(train, test, args):
     rows.append(row(f"plain mean, {args.secagg_clients} clients/round",
                     FedReconMF(**small).fit(train), test, t0))
     t0 = time.perf_counter()
-    m = FedReconMF(**small, aggregator=SecureAggregation(0.5, value_bound=args.clip))
+    m = FedReconMF(**small, aggregator=SecureAggregation(0.5, value_bound=args.value_bound))
     rows.append(row(f"secure aggregation, {args.secagg_clients} clients/round", m.fit(train),
                     test, t0))
     return rows
@@ -179,12 +180,14 @@ def population_rows(args):
     base = dict(n_factors=args.factors, n_rounds=args.population_rounds,
                 clients_per_round=args.population_clients, random_state=0)
     rows = []
-    for name, agg in (("no DP", None),
-                      (f"DP, target ε={args.target_epsilon}",
-                       DPGaussianMean(args.clip, target_epsilon=args.target_epsilon,
-                                      delta=args.population_delta))):
+    dp = DPGaussianMean(args.population_clip, target_epsilon=args.target_epsilon,
+                        delta=args.population_delta, weight_cap=args.weight_cap)
+    for name, kw in (("no DP", {}), ("no DP, equal client weights",
+                                     {"client_weighting": "uniform"}),
+                     (f"DP, target ε={args.target_epsilon}", {"aggregator": dp})):
         t0 = time.perf_counter()
-        m = FedReconMF(**base, aggregator=agg).fit(train)
+        m = FedReconMF(**base, **kw).fit(train)
+        agg = kw.get("aggregator")
         rows.append(row(f"{n:,} users: {name}", m, test, t0, population=n,
                         train_users=train.n_users, delta=args.population_delta if agg else None,
                         noise_multiplier=getattr(m, "noise_multiplier_", None),
@@ -201,7 +204,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--secagg-clients", type=int, default=20)
-    ap.add_argument("--clip", type=float, default=0.5)
+    ap.add_argument("--clip", type=float, default=0.5, help="DP clip norm C on ML-100K")
+    ap.add_argument("--value-bound", type=float, default=3.0,
+                    help="secure aggregation: per-coordinate bound before quantization")
     ap.add_argument("--noise", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     ap.add_argument("--delta", type=float, default=1e-4)
     ap.add_argument("--attackers", type=float, default=0.1)
@@ -210,8 +215,11 @@ def main(argv=None):
                     help="instead of the ML-100K rows: the DP run on a synthetic population of "
                          "this many users")
     ap.add_argument("--population-rounds", type=int, default=500)
-    ap.add_argument("--population-clients", type=int, default=1000)
+    ap.add_argument("--population-clients", type=int, default=5000)
     ap.add_argument("--target-epsilon", type=float, default=2.0)
+    ap.add_argument("--population-clip", type=float, default=1.0)
+    ap.add_argument("--weight-cap", type=float, default=30.0,
+                    help="DP client weight min(n, cap)/cap (McMahan et al.'s weighted estimator)")
     ap.add_argument("--population-delta", type=float, default=1e-6)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)

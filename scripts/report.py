@@ -290,6 +290,7 @@ def population_values(rows) -> dict:
         "population_provenance": provenance(rows[0]["meta"], "privacy_population.json"),
         "population_data": f"{st['population']:,} users, {rows[0]['train_users']:,} in training",
         "population_test": f"{20_000:,}", "population_rounds": st["population_rounds"],
+        "population_clip": st.get("population_clip"),
         "population_clients": f"{st['population_clients']:,}",
         "table_population": table(
             ["run", "RMSE", "accuracy", "ε", "δ", "noise multiplier σ", "seconds"],
@@ -314,6 +315,7 @@ def privacy_values(rows) -> dict:
     return {
         "provenance": provenance(rows[0]["meta"], "privacy.json"), "K": st["factors"],
         "rounds": st["rounds"], "clip": st["clip"], "delta": f"{st['delta']:g}",
+        "weight_cap": f"{st['weight_cap']:g}",
         "attackers": pct(st["attackers"], 0),
         "target": next((r["target_item"] for r in att), ""),
         "table_utility": table(["row", "RMSE", "accuracy", "ε", "numbers up / round", "seconds"],

@@ -165,3 +165,15 @@ def test_per_round_accountant_equals_a_fresh_accountant():
     for t in (1, 7, 300):
         assert acc.epsilon(t) == pytest.approx(epsilon(0.05, 0.9, t, 1e-5), rel=1e-9)
     assert acc.epsilon(0) == 0.0
+
+
+def test_weighted_dp_caps_weights_and_keeps_the_sensitivity():
+    out = ClientOutputs(np.array([0, 1, 2]), np.array([0, 1]), np.array([[10.0, 0.0], [0.0, 0.3]]),
+                        np.zeros(2), np.array([50.0, 5.0]), np.zeros(2))
+    agg = DPGaussianMean(1.0, 1e-9, weight_cap=10).bind({
+        "n_eligible": 100, "clients_per_round": 10, "n_rounds": 1, "n_items": 3, "n_factors": 2,
+        "seed": 0, "biases": True, "eligible_weights": np.full(100, 5.0)})
+    d = agg(out, HP, 0)
+    denom = 0.1 * 100 * 0.5  # q · Σ min(n, 10)/10 over the eligible users
+    np.testing.assert_allclose(d.d_Q[0], [1.0 / denom, 0.0], atol=1e-6)  # weight capped at 1
+    np.testing.assert_allclose(d.d_Q[1], [0.0, 0.5 * 0.3 / denom], atol=1e-6)  # weight 5/10

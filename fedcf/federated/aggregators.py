@@ -46,10 +46,17 @@ class DPGaussianMean(WeightedMean):
     rounds at ``delta`` (fedcf.federated.accounting). The estimator then samples clients by
     Poisson sampling with rate q = clients_per_round / eligible clients, as the accountant
     assumes, and records ε(δ) after every round in ``history_`` and ``epsilon_``.
+
+    ``weight_cap`` = c weighs client k by w_k = min(n_k, c) / c ≤ 1 (its query size, capped)
+    instead of equally — McMahan et al.'s weighted estimator: the sum Σ w_k·clip(Δ_k) still
+    moves by at most C when one user is added or removed, and it is divided by the fixed
+    q·Σ_users w_u. That total is taken from the simulated population (a deployment would use a
+    public or privately estimated figure).
     """
 
     def __init__(self, clip_norm: float, noise_multiplier: float | None = None, *,
-                 target_epsilon: float | None = None, delta: float = 1e-6):
+                 target_epsilon: float | None = None, delta: float = 1e-6,
+                 weight_cap: float | None = None):
         self.clip_norm = _positive("clip_norm", clip_norm)
         if (noise_multiplier is None) == (target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier and target_epsilon")
@@ -58,6 +65,7 @@ class DPGaussianMean(WeightedMean):
         self.target_epsilon = None if target_epsilon is None else \
             _positive("target_epsilon", target_epsilon)
         self.delta = _positive("delta", delta, upper=1.0)
+        self.weight_cap = None if weight_cap is None else _positive("weight_cap", weight_cap)
         self.context = None
 
     def bind(self, context: dict) -> DPGaussianMean:
@@ -71,15 +79,20 @@ class DPGaussianMean(WeightedMean):
         q = min(1.0, m / n)
         sigma = self.noise_multiplier if self.noise_multiplier is not None else \
             noise_for_epsilon(self.target_epsilon, q, max(context["n_rounds"], 1), self.delta)
-        bound = DPGaussianMean(self.clip_norm, sigma, delta=self.delta)
+        bound = DPGaussianMean(self.clip_norm, sigma, delta=self.delta,
+                               weight_cap=self.weight_cap)
         bound.target_epsilon = self.target_epsilon
-        bound.context = {**context, "q": q, "sigma": sigma, "denominator": q * n}
+        total = n if self.weight_cap is None else float(
+            np.minimum(context["eligible_weights"], self.weight_cap).sum() / self.weight_cap)
+        bound.context = {**context, "q": q, "sigma": sigma, "denominator": q * total}
         bound.accountant = RoundAccountant(q, sigma, self.delta)
         return bound
 
     def client_scales(self, out: ClientOutputs, w: np.ndarray):
         norms = upload_norms(out)
         clip = np.where(w > 0, np.minimum(1.0, self.clip_norm / np.maximum(norms, 1e-300)), 0.0)
+        if self.weight_cap is not None:
+            clip = clip * np.minimum(out.weights, self.weight_cap) / self.weight_cap
         return clip, self.context["denominator"]
 
     def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
@@ -106,7 +119,7 @@ class DPGaussianMean(WeightedMean):
     def __repr__(self):
         return (f"DPGaussianMean(clip_norm={self.clip_norm}, noise_multiplier="
                 f"{self.noise_multiplier}, target_epsilon={self.target_epsilon}, "
-                f"delta={self.delta})")
+                f"delta={self.delta}, weight_cap={self.weight_cap})")
 
 
 class _RowStatistic(WeightedMean):

@@ -196,6 +196,7 @@ class FederatedMFBase(MFEstimatorBase):
                              f"(the largest has {int(counts.max()) if len(counts) else 0}); "
                              "lower min_examples")
         data = (inter.indptr, inter.items, inter.values)
+        program = self._client_program(inter, mu)
         run = Run(self, inter, seed=seed, params=params,
                   opt=make_server_optimizer(self.server_optimizer, self.server_learning_rate,
                                             self.server_optimizer_options),
@@ -203,11 +204,12 @@ class FederatedMFBase(MFEstimatorBase):
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
                                   self.dropout, _availability(availability, inter),
                                   poisson=self._differentially_private()),
-                  executor=self._make_executor(self._client_program(inter, mu), data, local),
+                  executor=self._make_executor(program, data, local),
                   aggregator=self._make_aggregator().bind(
                       {"n_eligible": len(eligible), "clients_per_round": self.clients_per_round,
                        "n_rounds": self.n_rounds, "n_items": inter.n_items, "n_factors": K,
-                       "seed": seed, "biases": bool(self.biases)}),
+                       "seed": seed, "biases": bool(self.biases),
+                       "eligible_weights": program.layout(counts[eligible])[0]}),
                   hyperparams=self._round_hyperparams(),
                   fingerprint=data_fingerprint(inter, seed),
                   run_params={k: v for k, v in self.get_params(deep=False).items()
