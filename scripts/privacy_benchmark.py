@@ -195,6 +195,34 @@ def population_rows(args):
     return rows
 
 
+def plot_privacy_utility(rows, path):
+    """RMSE against ε for the DP rows, with the non-private run as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    dp = sorted((r for r in rows if r.get("noise_multiplier") and "rmse" in r
+                 and r.get("epsilon")), key=lambda r: r["epsilon"])
+    plain = next((r for r in rows if r["name"] == "plain mean"), None)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["epsilon"] for r in dp], [r["rmse"] for r in dp], marker="o", label="user-level DP")
+    if plain is not None:
+        ax.axhline(plain["rmse"], ls="--", color="k", lw=1, label="no DP")
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("ε (δ fixed)")
+    ax.set_ylabel("ReconEval RMSE")
+    ax.set_title("FedRecon: privacy–utility")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -221,6 +249,7 @@ def main(argv=None):
     ap.add_argument("--weight-cap", type=float, default=30.0,
                     help="DP client weight min(n, cap)/cap (McMahan et al.'s weighted estimator)")
     ap.add_argument("--population-delta", type=float, default=1e-6)
+    ap.add_argument("--plot", metavar="PNG", help="write the privacy–utility curve here")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     if args.population:
@@ -243,6 +272,8 @@ def main(argv=None):
                           "target_hit_rate", "embedding_abs_cosine", "chance", "seconds")
                  and v is not None]
         print(f"{r['name']:<58} " + "  ".join(cells))
+    if args.plot:
+        plot_privacy_utility(rows, args.plot)
     if args.json:
         meta = {**run_meta("privacy_benchmark.py", argv), "settings": vars(args)}
         write_json(args.json, [{**r, "meta": meta} for r in rows])

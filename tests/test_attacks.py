@@ -61,11 +61,12 @@ def test_a_sign_flip_attack_hurts_the_mean_more_than_the_median(pop):
 def test_privacy_benchmark_runs_end_to_end(tmp_path):
     rows = load_script("privacy_benchmark").main([
         "--dataset", "synthetic", "--rounds", "5", "--clients", "20", "--secagg-clients", "6",
-        "--factors", "3", "--leak-clients", "5", "--noise", "1.0", "--json",
-        str(tmp_path / "p.json")])
+        "--factors", "3", "--leak-clients", "5", "--noise", "1.0", "2.0", "--json",
+        str(tmp_path / "p.json"), "--plot", str(tmp_path / "pu.png")])
     names = [r["name"] for r in rows]
     assert any(n.startswith("secure aggregation") for n in names)
     assert any("embedding" in n for n in names) and any(n.startswith("promote") for n in names)
     plain = next(r for r in rows if r["name"] == "leakage: plain uploads (split='none')")
     assert plain["rated_set_recall"] == pytest.approx(1.0)
     assert (tmp_path / "p.json").exists()
+    assert (tmp_path / "pu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
