@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from .als import solve_implicit_row
-from .clients import n_support, split_client
+from .clients import query_sizes, split_client
 from .layout import (
     HP_BATCH,
     HP_EPOCHS,
@@ -24,7 +24,6 @@ from .layout import (
     IC_NEG_WEIGHT,
     IC_SPLIT,
     IC_SUPPORT_FRAC,
-    SPLIT_NONE,
 )
 from .rng import next_below, stream_key
 from .sgd import write_rows
@@ -41,13 +40,11 @@ from .util import (
 @njit(cache=True)
 def implicit_slots(counts, cfg, hp):
     """Output slots per client: its query positives plus every sampled negative."""
-    out = np.empty(counts.shape[0], np.int64)
-    split, frac = int(cfg[IC_SPLIT]), cfg[IC_SUPPORT_FRAC]
+    out = query_sizes(counts, int(cfg[IC_SPLIT]), cfg[IC_SUPPORT_FRAC])
     for k in range(counts.shape[0]):
-        n = counts[k]
-        n_q = n if split == SPLIT_NONE else n - n_support(n, split, frac)
-        seen = processed_examples(n_q, int(hp[HP_BATCH]), int(hp[HP_STEPS]), int(hp[HP_EPOCHS]))
-        out[k] = n_q + int(cfg[IC_NEG]) * seen
+        seen = processed_examples(out[k], int(hp[HP_BATCH]), int(hp[HP_STEPS]),
+                                  int(hp[HP_EPOCHS]))
+        out[k] += int(cfg[IC_NEG]) * seen
     return out
 
 
