@@ -20,6 +20,26 @@ from ._validation import (
 _DEFAULT_TS = object()  # sentinel: "use a 'timestamp' column if there is one"
 
 
+def _require_columns(df: pd.DataFrame, columns) -> None:
+    """Name the first of ``columns`` (None entries skipped) that ``df`` lacks."""
+    missing = [c for c in columns if c is not None and c not in df.columns]
+    if missing:
+        hint = ("; pass the ratings as y, or name the column with rating_col="
+                if missing[0] == "rating" else "")
+        raise DataValidationError(
+            f"column {missing[0]!r} not found in the DataFrame; its columns are "
+            f"{list(df.columns)}{hint}")
+
+
+def _as_1d(y, name: str) -> np.ndarray:
+    """y as a 1-D array (a Series, list or array; an (n, 1) column is refused, not guessed)."""
+    arr = y.to_numpy() if isinstance(y, (pd.Series, pd.DataFrame)) else np.asarray(y)
+    if arr.ndim != 1:
+        raise DataValidationError(f"{name} must be one-dimensional (one rating per pair), got "
+                                  f"shape {arr.shape}; pass y.ravel() for a column")
+    return arr
+
+
 def _factorize(raw: np.ndarray, catalog: np.ndarray | None, column: str):
     """Map raw ids to dense ids. With a catalog, ids must belong to it (names the first stranger)."""
     if catalog is not None:
@@ -205,12 +225,7 @@ class Interactions:
             raise TypeError(f"expected a pandas DataFrame, got {type(df).__name__}")
         if timestamp_col is _DEFAULT_TS:
             timestamp_col = "timestamp" if "timestamp" in df.columns else None
-        required = [c for c in (user_col, item_col, rating_col, timestamp_col) if c is not None]
-        missing = [c for c in required if c not in df.columns]
-        if missing:
-            raise DataValidationError(
-                f"column {missing[0]!r} not found in the DataFrame; its columns are {list(df.columns)}"
-            )
+        _require_columns(df, (user_col, item_col, rating_col, timestamp_col))
         if len(df) == 0:
             raise DataValidationError("no interactions: the DataFrame is empty")
         return cls.from_arrays(
@@ -245,8 +260,13 @@ class Interactions:
                                names=("row", "column", "data", "timestamp"))
 
     @classmethod
-    def coerce(cls, X, **kwargs) -> Interactions:
-        """Accept an Interactions, a DataFrame or a scipy sparse matrix."""
+    def coerce(cls, X, y=None, **kwargs) -> Interactions:
+        """Accept an Interactions, a DataFrame, a scipy sparse matrix, or the scikit-learn form:
+        X the (user, item) pairs (a DataFrame with user/item columns or an (n, 2) array of raw
+        ids) and y their ratings. ``rating_col=None`` means implicit feedback (strength 1.0 per
+        pair unless y gives strengths)."""
+        if y is not None:
+            return cls.from_pairs(X, y, **kwargs)
         if isinstance(X, Interactions):
             return X
         if isinstance(X, pd.DataFrame):
@@ -257,10 +277,54 @@ class Interactions:
                 raise TypeError(f"{bad[0]!r} does not apply to a sparse matrix input (it takes "
                                 "rating_scale and duplicates)")
             return cls.from_sparse(X, **kwargs)
+        if isinstance(X, (np.ndarray, list, tuple)):
+            return cls.from_pairs(X, None, **kwargs)
         raise TypeError(
-            "expected an Interactions, a pandas DataFrame with user/item/rating columns, or a "
-            f"scipy sparse user × item matrix; got {type(X).__name__}"
+            "expected an Interactions, a pandas DataFrame with user/item/rating columns, a "
+            "scipy sparse user × item matrix, or (n, 2) (user, item) pairs with ratings as y; "
+            f"got {type(X).__name__}"
         )
+
+    @classmethod
+    def from_pairs(cls, X, y=None, *, user_col: str = "user", item_col: str = "item",
+                   rating_col: str | None = "rating", timestamp_col=_DEFAULT_TS,
+                   **kwargs) -> Interactions:
+        """Build from (user, item) pairs X — a DataFrame with ``user_col``/``item_col`` (and
+        optional timestamp) columns, or an (n, 2) array of raw ids — and their ratings y.
+        Without y the pairs are implicit feedback (1.0 each), allowed only with
+        ``rating_col=None``."""
+        if isinstance(X, Interactions) or sp.issparse(X):
+            raise TypeError(f"y applies to (user, item) pairs; a {type(X).__name__} carries its "
+                            "own values, so pass y=None")
+        if not isinstance(X, pd.DataFrame):
+            X = X if isinstance(X, np.ndarray) else np.asarray(X, dtype=object)
+            if X.ndim != 2 or X.shape[1] != 2:
+                raise DataValidationError(
+                    f"X must be a DataFrame with {user_col!r}/{item_col!r} columns or an (n, 2) "
+                    f"array of (user, item) pairs; got an array of shape {X.shape}")
+        if y is None and rating_col is not None:
+            raise DataValidationError(
+                "this estimator requires y to be passed, but the target y is None: X holds "
+                "(user, item) pairs without ratings; pass the ratings as y, fit(X, y) "
+                "(implicit-feedback models take the pairs alone)")
+        ratings = None if y is None else _as_1d(y, "y")
+        if not isinstance(X, pd.DataFrame):
+            return cls.from_arrays(X[:, 0], X[:, 1], ratings, **kwargs,
+                                   names=(user_col, item_col, "y", "timestamp"))
+        if ratings is None:
+            return cls.from_dataframe(X, user_col=user_col, item_col=item_col, rating_col=None,
+                                      timestamp_col=timestamp_col, **kwargs)
+        if rating_col is not None and rating_col in X.columns:
+            raise DataValidationError(
+                f"ratings given twice: X has a {rating_col!r} column and y was passed; drop the "
+                "column or pass y=None")
+        if timestamp_col is _DEFAULT_TS:
+            timestamp_col = "timestamp" if "timestamp" in X.columns else None
+        _require_columns(X, (user_col, item_col, timestamp_col))
+        return cls.from_arrays(X[user_col], X[item_col], ratings,
+                               None if timestamp_col is None else X[timestamp_col],
+                               names=(user_col, item_col, "y", timestamp_col or "timestamp"),
+                               **kwargs)
 
     # ------------------------------------------------------------------ views
     @property

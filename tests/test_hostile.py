@@ -274,8 +274,8 @@ def test_diverging_sgd_reconstruction_blames_recon_learning_rate(pop):
 
 # ---------------------------------------------------------------- more hostile calls
 @pytest.mark.parametrize("call,err,match", [
-    (lambda m, df: FedReconMF(**FAST).fit(df, df.rating), TypeError, "y must be None"),
-    (lambda m, df: CentralizedMF(n_factors=2).fit(df, df.rating), TypeError, "y must be None"),
+    (lambda m, df: FedReconMF(**FAST).fit(df, df.rating), ValueError, "ratings given twice"),
+    (lambda m, df: CentralizedMF(n_factors=2).fit(df, df.rating), ValueError, "ratings given twice"),
     (lambda m, df: FedReconMF(**{**FAST, "eval_every": 1}).fit(df, callback=5), TypeError,
      "callback must be a function"),
     (lambda m, df: m.save("/"), IsADirectoryError, "it is a folder"),
@@ -285,7 +285,8 @@ def test_diverging_sgd_reconstruction_blames_recon_learning_rate(pop):
     (lambda m, df: m.predict(np.zeros((3, 3))), ValueError, r"\(n, 2\) array"),
     (lambda m, df: CentralizedMF(n_factors=2, n_epochs=1).fit(df.assign(rating=df.rating * 1e300)),
      FloatingPointError, "rescale them"),
-    (lambda m, df: FedReconMF(**FAST).fit([[1, 2, 3]]), TypeError, "expected an Interactions"),
+    (lambda m, df: FedReconMF(**FAST).fit([[1, 2, 3]]), ValueError, r"an \(n, 2\) array"),
+    (lambda m, df: FedReconMF(**FAST).fit("ratings.csv"), TypeError, "expected an Interactions"),
 ])
 def test_more_hostile_calls_are_named(pop, call, err, match):
     m = FedReconMF(**FAST).fit(pop)

@@ -26,7 +26,7 @@ from .._validation import (
 )
 from ..datasets import Interactions
 from ..datasets._validation import show
-from ..models.base import MFEstimatorBase, atomic_fit, check_fit_args, check_memory
+from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .checkpoint import RESUME_FREE, data_fingerprint
 from .loop import Run
 from .optimizers import OPTIMIZERS, make_server_optimizer
@@ -73,8 +73,8 @@ class FederatedMFBase(MFEstimatorBase):
     def _values_up_local(self, n_used, K):
         return 0
 
-    def _coerce(self, X, **data_kwargs) -> Interactions:
-        return Interactions.coerce(X, **data_kwargs)
+    def _coerce(self, X, y, **data_kwargs) -> Interactions:
+        return Interactions.coerce(X, y, **data_kwargs)
 
     def _usable_loss(self, inter) -> float:
         """A mean query loss above this means the model is no longer usable: 10⁴ × the loss of
@@ -161,10 +161,10 @@ class FederatedMFBase(MFEstimatorBase):
         rounds and at the end, and a later ``fit`` with the same parameters and data resumes
         from it (same result as one run). A fit that raises leaves the estimator as it was.
         """
-        check_fit_args(y, callback)
+        check_callback(callback)
         self._check_params()
         self._check_combinations()
-        inter = self._coerce(X, **data_kwargs)
+        inter = self._coerce(X, y, **data_kwargs)
         run = self._start(inter, availability)
         bar = tqdm(range(run.start, self.n_rounds), desc=type(self).__name__,
                    disable=not self.verbose, initial=run.start, total=self.n_rounds, leave=False)

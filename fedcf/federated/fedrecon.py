@@ -12,6 +12,7 @@ from .._kernels.layout import SPLITS, client_cfg, recon_init_cfg, sgd_hp
 from .._kernels.rng import stream_keys
 from .._kernels.sgd import sgd_reconstruct_rows
 from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
+from ..models.base import RatingScoreMixin
 from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
 
 
@@ -34,7 +35,7 @@ class FedReconProgram:
         return None
 
 
-class FedReconMF(FederatedMFBase):
+class FedReconMF(RatingScoreMixin, FederatedMFBase):
     """Federated Reconstruction for biased matrix factorization (Singhal et al. 2021, Alg. 1).
 
     Global: item factors Q, item biases b (and the global mean μ). Local: the user's factors p and

@@ -14,6 +14,7 @@ from .._kernels.implicit_clients import (
 )
 from .._kernels.layout import IC_SPLIT, IC_SUPPORT_FRAC, SPLITS, implicit_cfg
 from .._validation import Bool, Int, Options, Real
+from ..models.base import RankingScoreMixin
 from ..models.implicit_mf import coerce_implicit, implicit_fold_in, item_gram
 from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
 
@@ -46,7 +47,7 @@ class ImplicitProgram:
         return W
 
 
-class FedReconImplicitMF(FederatedMFBase):
+class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     """Federated Reconstruction for implicit feedback (clicks, shares), score = p_u·q_i.
 
     Each round a sampled client reconstructs its embedding p exactly by confidence-weighted ALS
@@ -152,8 +153,8 @@ class FedReconImplicitMF(FederatedMFBase):
                              "leaves every query set empty; use a fraction below 1, or "
                              "split='none'")
 
-    def _coerce(self, X, **data_kwargs):
-        return coerce_implicit(X, **data_kwargs)
+    def _coerce(self, X, y, **data_kwargs):
+        return coerce_implicit(X, y, **data_kwargs)
 
     def _usable_loss(self, inter) -> float:
         return 1e4 * float(np.mean(1.0 + self.alpha * inter.values))  # the loss of p = 0

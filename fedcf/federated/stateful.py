@@ -8,6 +8,7 @@ import numpy as np
 
 from .._kernels.clients import stateful_clients
 from .._validation import Bool, RatingScale, Real
+from ..models.base import RatingScoreMixin
 from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
 
 _PARAMS_DOC = """
@@ -60,7 +61,7 @@ class StatefulProgram:
         return None
 
 
-class _StatefulMF(FederatedMFBase):
+class _StatefulMF(RatingScoreMixin, FederatedMFBase):
     """FedPer-style training: each user's row is trained jointly with the item rows it touches
     and kept between rounds. A client whose update turns non-finite keeps its old user row and
     its item delta is dropped."""

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.metrics import r2_score
 from sklearn.utils.validation import check_is_fitted
 
 from .._io import atomic_savez, load_npz
 from .._kernels.als import ridge_solve_rows
 from .._kernels.layout import ridge_cfg
 from .._kernels.predict import predict_pairs
+from .._ranking import ranking_metrics
 from .._topk import top_k
 from .._validation import check_params
 from ..datasets import DataValidationError, Interactions
@@ -45,12 +47,8 @@ def atomic_fit(fit):
     return wrapper
 
 
-def check_fit_args(y, callback=None) -> None:
-    """Arguments of ``fit`` other than the data: y is not used (ratings come from X's rating
-    column), a callback must be callable."""
-    if y is not None:
-        raise TypeError("fit takes the ratings inside X (a 'rating' column, the values of a sparse "
-                        "matrix, or Interactions.values); y must be None")
+def check_callback(callback) -> None:
+    """A fit callback must be callable."""
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be a function (model, round) -> dict or None, got "
                         f"{type(callback).__name__}")
@@ -462,3 +460,70 @@ def _as_ratings(ratings) -> np.ndarray:
         row = int(np.flatnonzero(~np.isfinite(r))[0])
         raise DataValidationError(f"ratings has a non-finite value {r[row]!r} at row {row}")
     return r
+
+
+class RatingScoreMixin(RegressorMixin):
+    """``score`` of the rating estimators: R², as for every scikit-learn regressor."""
+
+    def score(self, X, y=None, sample_weight=None) -> float:
+        """R² of ``predict(X)`` against the true ratings (higher is better; 1 is perfect).
+
+        X, y as in ``fit``: (user, item) pairs with ratings y, or a DataFrame with a ``rating``
+        column, or Interactions. Users unseen in fit get ``predict``'s fallback (μ + b_i); to score
+        held-out users by reconstruction use ``fedcf.model_selection.recon_scorer``, and for RMSE
+        pass ``scoring="neg_root_mean_squared_error"`` to scikit-learn's tools.
+        """
+        if y is not None:
+            y_true = _as_ratings(y)
+        elif isinstance(X, Interactions):
+            y_true = X.values
+        elif isinstance(X, pd.DataFrame) and "rating" in X.columns:
+            y_true = _as_ratings(X["rating"])
+        else:
+            raise DataValidationError("score needs the true ratings: pass them as y, or X as a "
+                                      "DataFrame with a 'rating' column")
+        pred = self.predict(X)
+        if len(pred) != len(y_true):
+            raise DataValidationError(f"X has {len(pred)} pairs but y has {len(y_true)} ratings")
+        return float(r2_score(y_true, pred, sample_weight=sample_weight))
+
+
+class RankingScoreMixin:
+    """``score`` of the implicit-feedback estimators: NDCG@k of held-out pairs."""
+
+    def score(self, X, y=None, *, k: int = 10) -> float:
+        """NDCG@``k`` of the held-out (user, item) pairs X (higher is better): each user of X
+        seen in fit ranks every item except those of their fit data; the pairs of X are the
+        relevant ones. Users unseen in fit and items unknown to the model are skipped (score
+        held-out users with ``fedcf.model_selection.recon_scorer``); y is ignored."""
+        self._check_fitted()
+        raw_u, raw_i = _as_pairs(X, "user", "item")
+        u, i = self._user_index(raw_u), self._item_index(raw_i)
+        keep = (u >= 0) & (i >= 0)
+        if not keep.any():
+            raise DataValidationError("score found no pair of X with a user seen in fit and a "
+                                      "known item; for held-out users use "
+                                      "fedcf.model_selection.recon_scorer")
+        n_u, n_i = len(self.user_ids_), len(self.item_ids_)
+        relevant = Interactions.from_arrays(u[keep], i[keep], duplicates="last",
+                                            user_catalog=np.arange(n_u), item_catalog=np.arange(n_i))
+        seen = self._seen_interactions()
+
+        def scores(batch):
+            return self.score_all_items(*self._user_params(batch))
+
+        return ranking_metrics(scores, seen, relevant, k, with_auc=False)["ndcg"]
+
+    def _seen_interactions(self) -> Interactions:
+        inter = getattr(self, "interactions_", None)
+        if inter is not None:
+            return inter
+        if getattr(self, "seen_indptr_", None) is None:
+            raise ValueError("this model was loaded from disk and holds no user data, so it "
+                             "cannot rank for users seen in fit; score held-out users with "
+                             "fedcf.model_selection.recon_scorer")
+        indptr, items = self.seen_indptr_, self.seen_items_
+        return Interactions(indptr=indptr, items=items, values=np.ones(len(items)),
+                            timestamps=None, user_ids=np.arange(len(indptr) - 1),
+                            item_ids=np.arange(len(self.item_ids_)))
+

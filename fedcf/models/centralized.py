@@ -14,10 +14,10 @@ from .._kernels.predict import predict_pairs
 from .._kernels.sgd import sgd_epoch
 from .._validation import Bool, Dtype, Int, Options, RandomState, RatingScale, Real
 from ..datasets import Interactions
-from .base import MFEstimatorBase, atomic_fit, check_fit_args, check_memory
+from .base import MFEstimatorBase, RatingScoreMixin, atomic_fit, check_memory
 
 
-class CentralizedMF(MFEstimatorBase):
+class CentralizedMF(RatingScoreMixin, MFEstimatorBase):
     """Biased matrix factorization trained on all data at once, r̂ = μ + b_i + c_u + p_u·q_i.
 
     Parameters
@@ -84,9 +84,8 @@ class CentralizedMF(MFEstimatorBase):
         ``data_kwargs`` go to ``Interactions.from_dataframe`` (column names, duplicates=...).
         A fit that raises leaves the estimator as it was.
         """
-        check_fit_args(y)
         dtype = self._check_params()["dtype"]
-        inter = Interactions.coerce(X, **data_kwargs)
+        inter = Interactions.coerce(X, y, **data_kwargs)
         K = self.n_factors
         itemsize = np.dtype(dtype).itemsize
         check_memory((inter.n_users + inter.n_items) * K * (itemsize + 8)

@@ -13,15 +13,17 @@ from .._kernels.als import implicit_solve_rows
 from .._kernels.layout import implicit_als_cfg
 from .._validation import Bool, Dtype, Int, RandomState, Real
 from ..datasets import Interactions
-from .base import MFEstimatorBase, atomic_fit, check_fit_args, check_memory
+from .base import MFEstimatorBase, RankingScoreMixin, atomic_fit, check_memory
 
 
-def coerce_implicit(X, **data_kwargs) -> Interactions:
-    """Implicit interactions from any supported input: a DataFrame without a ``rating`` column
-    means strength 1 per row; strengths must be >= 0 (the first negative one is named)."""
-    if isinstance(X, pd.DataFrame) and "rating" not in X.columns:
+def coerce_implicit(X, y=None, **data_kwargs) -> Interactions:
+    """Implicit interactions from any supported input: (user, item) pairs or a DataFrame without
+    a ``rating`` column mean strength 1 per pair, y (or the rating column) gives strengths;
+    strengths must be >= 0 (the first negative one is named)."""
+    if (isinstance(X, pd.DataFrame) and "rating" not in X.columns) or \
+            isinstance(X, (np.ndarray, list, tuple)):
         data_kwargs.setdefault("rating_col", None)
-    inter = Interactions.coerce(X, **data_kwargs)
+    inter = Interactions.coerce(X, y, **data_kwargs)
     if np.any(inter.values < 0):
         row = int(np.flatnonzero(inter.values < 0)[0])
         raise ValueError(f"implicit feedback strengths must be >= 0; entry {row} has "
@@ -35,7 +37,7 @@ def item_gram(Q: np.ndarray) -> np.ndarray:
     return Q64.T @ Q64
 
 
-class ImplicitMF(MFEstimatorBase):
+class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
     """Weighted ALS for implicit feedback (clicks, shares, plays), score = p_u·q_i.
 
     Every unobserved (user, item) is a weak negative (preference 0, confidence 1); an observed one
@@ -86,9 +88,8 @@ class ImplicitMF(MFEstimatorBase):
     def fit(self, X, y=None, **data_kwargs):
         """Fit on Interactions, a DataFrame (user, item[, rating as strength]) or a sparse matrix.
         A fit that raises leaves the estimator as it was."""
-        check_fit_args(y)
         dtype = self._check_params()["dtype"]
-        inter = coerce_implicit(X, **data_kwargs)
+        inter = coerce_implicit(X, y, **data_kwargs)
         check_memory((inter.n_users + inter.n_items) * self.n_factors * 16
                      + 2 * (self.n_factors + 1) ** 2 * 8 * 32, f"ImplicitMF with n_factors="
                      f"{self.n_factors}")
