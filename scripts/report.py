@@ -111,14 +111,16 @@ def results_values(paper, cold, tuned, sweeps, scale, random_rows) -> dict:
          "adam": rmse_acc(by["FedRecon (Adam server)"]),
          "yogi": rmse_acc(by["FedRecon (Yogi server)"])}
     grid = [r for r in tuned if r["protocol"] == "paper-recon-val"]
-    best = min(grid, key=lambda r: r["rmse"])
+    best = next(r for r in grid if r.get("selected"))
     chosen = next(r for r in tuned if "tuned on validation" in r["name"])
     v.update(tune_provenance=provenance(tuned[0]["meta"], "movielens_tuned.json"),
              table_tune=table(["η_s", "η_r", "η_u", "validation RMSE", "validation accuracy"],
-                              [(r["params"]["server_learning_rate"],
-                                r["params"]["recon_learning_rate"], r["params"]["learning_rate"],
-                                "diverged" if not np.isfinite(r["rmse"]) else f"{r['rmse']:.4f}",
-                                pct(r["accuracy"])) for r in grid]),
+                              sorted((r["params"]["server_learning_rate"],
+                                      r["params"]["recon_learning_rate"],
+                                      r["params"]["learning_rate"],
+                                      *(("diverged", "—") if not np.isfinite(r["rmse"]) else
+                                        (f"{r['rmse']:.4f}", pct(r["accuracy"]))))
+                                     for r in grid)),
              tune_selected=", ".join(f"{k} = {x}" for k, x in best["params"].items()),
              tune_val_rmse=f"{best['rmse']:.4f}", tune_test=rmse_acc(chosen))
     names = {"recon-steps": "k_r (recon steps)", "update-steps": "k_u (update steps)",

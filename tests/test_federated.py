@@ -308,6 +308,7 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
     names = [r["name"] for r in tuned]
     assert "FedRecon (paper config, lrs tuned on validation users)" in names
     assert sum(n.startswith("grid eta_s=") for n in names) == 12
+    assert sum(bool(r.get("selected")) for r in tuned) == 1
     rows = bench.main(["--dataset", "synthetic", "--quick", "--no-progress", "--sweep",
                        "update-steps", "--plot-dir", str(tmp_path)])
     assert [r["value"] for r in rows] == [1, 2, 5, 10, 50]
