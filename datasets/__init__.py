@@ -11,8 +11,10 @@ from .movielens import (
     clear_cache,
     data_home,
     fetch_movielens,
+    import_movielens,
     load_movielens,
     load_ratings_file,
+    verify_movielens,
 )
 from .open_bandit import (
     CAMPAIGNS,
@@ -37,6 +39,8 @@ __all__ = [
     "clear_cache",
     "data_home",
     "fetch_movielens",
+    "import_movielens",
+    "verify_movielens",
     "load_movielens",
     "load_ratings_file",
     "make_synthetic_ratings",

@@ -364,6 +364,48 @@ def load_ratings_file(path, **interaction_kwargs) -> Interactions:
     return load_movielens(variant=None, path=path, **interaction_kwargs)
 
 
+_CACHE_NAMES = {"u.data": "u.data", "ratings.dat": "ratings.dat", "ratings.csv": "ratings.csv",
+                "inter": "ml-100k.inter"}
+
+
+def import_movielens(variant: str, path, *, data_home_dir=None) -> Path:
+    """Put a local copy of ``variant`` (a ratings file, folder, GroupLens zip or recbole wheel)
+    into the cache after checking it parses and, for the fixed releases, has the known
+    (ratings, users, items); returns the cached path. The offline way to fill the cache."""
+    if variant not in _GROUPLENS:
+        raise ValueError(f"unknown MovieLens variant {variant!r}; choose one of {VARIANTS}")
+    data, source = _resolve_local(Path(path), variant)
+    name = source.rsplit("!", 1)[-1].rsplit("/", 1)[-1]
+    df = parse_ratings(data, name)
+    _check_known_shape(df, variant, source)
+    fmt = detect_format(name, data[:4096].decode("latin-1"))
+    target = data_home(data_home_dir) / "movielens" / variant / _CACHE_NAMES[fmt]
+    _atomic_write(target, data)
+    return target
+
+
+def verify_movielens(variant: str, *, data_home_dir=None) -> dict:
+    """Check the cached copy of ``variant``: it parses, has the known shape, and (for the recbole
+    copy of 100k) the pinned sha256. Returns path, sha256 and counts; raises naming the problem."""
+    if variant not in _GROUPLENS:
+        raise ValueError(f"unknown MovieLens variant {variant!r}; choose one of {VARIANTS}")
+    file = _cached_file(variant, data_home(data_home_dir))
+    if file is None:
+        raise DataUnavailableError(f"MovieLens {variant} is not in the cache "
+                                   f"{data_home(data_home_dir) / 'movielens' / variant}; fetch it "
+                                   "first (fetch_movielens, or `fedcf data fetch`)")
+    data = file.read_bytes()
+    digest = sha256_bytes(data)
+    if file.name == "ml-100k.inter" and digest != RECBOLE_SHA256:
+        raise DataValidationError(f"{file}: sha256 {digest} differs from the pinned "
+                                  f"{RECBOLE_SHA256}; remove it with clear_cache({variant!r}) "
+                                  "and fetch again")
+    df = parse_ratings(data, file.name)
+    _check_known_shape(df, variant, str(file))
+    return {"variant": variant, "path": str(file), "sha256": digest, "ratings": len(df),
+            "users": int(df["user"].nunique()), "items": int(df["item"].nunique())}
+
+
 def clear_cache(variant: str, data_home_dir=None) -> None:
     """Remove a cached variant (e.g. after a bad download)."""
     folder = data_home(data_home_dir) / "movielens" / variant

@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from . import _numba_cache  # noqa: E402,F401  (before any kernel is compiled or loaded)
+from ._registry import load_model  # noqa: E402
 from .federated import FURLMF, FedAvgMF, FedReconImplicitMF, FedReconMF  # noqa: E402
 from .models import CentralizedMF, ImplicitMF, LocalParams  # noqa: E402
 
@@ -15,4 +16,5 @@ __all__ = [
     "ImplicitMF",
     "LocalParams",
     "__version__",
+    "load_model",
 ]

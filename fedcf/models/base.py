@@ -458,7 +458,7 @@ def _as_ratings(ratings) -> np.ndarray:
         raise DataValidationError(f"ratings must be one-dimensional, got shape {r.shape}")
     if not np.all(np.isfinite(r)):
         row = int(np.flatnonzero(~np.isfinite(r))[0])
-        raise DataValidationError(f"ratings has a non-finite value {r[row]!r} at row {row}")
+        raise DataValidationError(f"ratings has a non-finite value {float(r[row])} at row {row}")
     return r
 
 

@@ -1,0 +1,24 @@
+"""Every estimator by its command-line name, and loading a saved model of any class."""
+
+from __future__ import annotations
+
+from ._io import load_npz
+from .federated import FURLMF, FedAvgMF, FedReconImplicitMF, FedReconMF
+from .models import CentralizedMF, ImplicitMF
+from .models.base import _META
+
+ESTIMATORS = {"fedrecon": FedReconMF, "fedavg": FedAvgMF, "furl": FURLMF,
+              "centralized": CentralizedMF, "implicit": ImplicitMF,
+              "fedrecon-implicit": FedReconImplicitMF}
+IMPLICIT = (ImplicitMF, FedReconImplicitMF)
+
+
+def load_model(path):
+    """Load a model written by any fedcf estimator's ``save``; the class is read from the file."""
+    _, meta = load_npz(path, meta_key=_META, what="model")
+    by_class = {cls.__name__: cls for cls in ESTIMATORS.values()}
+    cls = by_class.get(meta.get("class"))
+    if cls is None:
+        raise ValueError(f"{str(path)!r} holds a {meta.get('class')!r}, which is not a fedcf "
+                         f"model class ({sorted(by_class)})")
+    return cls.load(path)

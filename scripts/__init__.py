@@ -1,0 +1,1 @@
+"""The benchmark scripts, installed as ``fedcf.benchmarks`` (run by ``fedcf benchmark``)."""

@@ -1,0 +1,251 @@
+"""The ``fedcf`` command line: train → recommend → evaluate → plot for every model, and bad input
+→ one line on stderr, exit code 2, no traceback, no output file."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from fedcf.datasets import make_synthetic_ratings
+
+from fedcf import load_model
+from fedcf.cli import main, read_table
+from fedcf.model_selection import PerUserSplit
+
+FAST = {"fedrecon": ["--rounds", "8"], "fedavg": ["--rounds", "8"], "furl": ["--rounds", "8"],
+        "fedrecon-implicit": ["--rounds", "8"], "centralized": ["--epochs", "3"],
+        "implicit": ["--epochs", "3"]}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    df = make_synthetic_ratings(200, 80, 5000, n_factors=3, random_state=2).to_dataframe()
+    users = df.user.unique()
+    held = df.user.isin(users[:30])
+    df[~held].to_csv(root / "train.csv", index=False)
+    df[held].to_csv(root / "test.csv", index=False)
+    train = df[~held]
+    tr, te = next(PerUserSplit(test_size=0.2, order="time").split(train))
+    train.iloc[tr].to_csv(root / "hist.csv", index=False)
+    train.iloc[te].to_csv(root / "later.csv", index=False)
+    return root
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("model", sorted(FAST))
+def test_train_recommend_evaluate_plot(model, files, capsys, tmp_path):
+    out = tmp_path / "m.npz"
+    code, _, err = run(["train", "--data", str(files / "hist.csv"), "--model", model, "--out",
+                        str(out), "--factors", "3", "--seed", "0", "-q", *FAST[model]], capsys)
+    assert code == 0, err
+    fitted = load_model(out)
+    implicit = "implicit" in model
+    ratings = [] if implicit else ["--ratings", "5", "4", "1"]
+    items = [str(i) for i in fitted.item_ids_[:3]]
+    code, text, err = run(["recommend", "--model", str(out), "--items", *items, *ratings, "-n",
+                           "4", "--json"], capsys)
+    assert code == 0, err
+    recs = json.loads(text)
+    assert [r["rank"] for r in recs] == [1, 2, 3, 4]
+    assert not {r["item"] for r in recs} & set(fitted.item_ids_[:3].tolist())
+    expect = fitted.recommend(items=fitted.item_ids_[:3], ratings=None if implicit else
+                              [5, 4, 1], n=4)
+    assert [r["item"] for r in recs] == expect["item"].tolist()
+    for protocol in ("recon", "standard"):
+        code, text, err = run(["evaluate", "--model", str(out), "--data",
+                               str(files / ("test.csv" if protocol == "recon" else "later.csv")),
+                               "--protocol", protocol, "--history", str(files / "hist.csv"),
+                               "--json"], capsys)
+        assert code == 0, err
+        res = json.loads(text)
+        key = "ndcg@10" if implicit else "rmse"
+        assert 0 < res[key] < (1.0001 if implicit else 3) and res["users"] > 0
+    png = tmp_path / "h.png"
+    code, _, err = run(["plot", "history", str(out), "--out", str(png)], capsys)
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_train_with_validation_records_evaluation(files, capsys, tmp_path):
+    out = tmp_path / "m.npz"
+    code, _, err = run(["train", "--data", str(files / "train.csv"), "--model", "fedrecon",
+                        "--out", str(out), "--rounds", "10", "--set", "eval_every=5",
+                        "n_factors=3", "--validation", str(files / "test.csv"), "--plot",
+                        str(tmp_path / "p.png")], capsys)
+    assert code == 0, err
+    evals = [h["eval"]["rmse"] for h in load_model(out).history_ if "eval" in h]
+    assert len(evals) == 2 and all(0.3 < e < 3 for e in evals)
+    assert "wrote" in err and (tmp_path / "p.png").exists()
+
+
+def test_evaluate_matches_the_python_api(files, capsys, tmp_path):
+    from fedcf.datasets import Interactions
+    from fedcf.eval import recon_eval
+
+    out = tmp_path / "m.npz"
+    assert run(["train", "--data", str(files / "train.csv"), "--model", "fedrecon", "--out",
+                str(out), "--rounds", "8", "-q"], capsys)[0] == 0
+    code, text, _ = run(["evaluate", "--model", str(out), "--data", str(files / "test.csv"),
+                         "--seed", "3", "--json"], capsys)
+    ref = recon_eval(load_model(out), Interactions.coerce(pd.read_csv(files / "test.csv")),
+                     n_repeats=2, random_state=3)
+    assert json.loads(text)["rmse"] == pytest.approx(ref["rmse"])
+    code, text, _ = run(["evaluate", "--model", str(out), "--data", str(files / "test.csv")],
+                        capsys)
+    assert code == 0 and "rmse" in text and "accuracy" in text
+
+
+def test_read_table_columns_and_formats(tmp_path):
+    p = tmp_path / "r.tsv"
+    pd.DataFrame({"uid": [1, 2], "iid": ["a", "b"], "stars": [4, 5]}).to_csv(p, sep="\t",
+                                                                          index=False)
+    df = read_table(p, user_col="uid", item_col="iid", rating_col="stars")
+    assert list(df.columns) == ["user", "item", "rating"] and df.item.tolist() == ["a", "b"]
+    ml = tmp_path / "ratings.csv"
+    pd.DataFrame({"userId": [1], "movieId": [7], "rating": [3.5], "timestamp": [9]}).to_csv(
+        ml, index=False)
+    assert list(read_table(ml).columns) == ["user", "item", "rating", "timestamp"]
+    assert list(read_table(ml, rating_col="none").columns) == ["user", "item", "timestamp"]
+    u = tmp_path / "u.data"
+    u.write_text("1\t2\t3\t4\n2\t2\t5\t6\n")
+    assert read_table(u).shape == (2, 4)
+
+
+BAD = [
+    (["train", "--data", "{d}/nope.csv", "--model", "fedrecon", "--out", "{o}"], "does not exist"),
+    (["train", "--data", "{d}/train.csv", "--model", "svd", "--out", "{o}"], "invalid choice"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--set",
+      "n_factors=-1"], "n_factors must be"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--set",
+      "colour=3"], "unknown hyperparameter 'colour'"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--set",
+      "n_factors"], "key=value"),
+    (["train", "--data", "{d}/train.csv", "--model", "centralized", "--out", "{o}", "--rounds",
+      "3"], "unknown hyperparameter 'n_rounds'"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--rounds",
+      "x"], "invalid int"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{d}/no/m.npz"],
+     "does not exist"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--user-col",
+      "uid"], "column 'uid'"),
+    (["train", "--data", "{d}/nan.csv", "--model", "fedrecon", "--out", "{o}"], "non-finite"),
+    (["train", "--data", "{d}/empty.csv", "--model", "fedrecon", "--out", "{o}"], "cannot read"),
+    (["train", "--data", "{d}/dup.csv", "--model", "fedrecon", "--out", "{o}"], "duplicate"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--rounds",
+      "20", "--set", "learning_rate=1e9"], "diverged"),
+    (["train", "--data", "{d}/train.csv", "--model", "centralized", "--out", "{o}",
+      "--validation", "{d}/test.csv"], "federated rounds"),
+    (["evaluate", "--model", "{d}/garbage.npz", "--data", "{d}/test.csv"], "not a readable"),
+    (["evaluate", "--model", "{d}/none.npz", "--data", "{d}/test.csv"], "does not exist"),
+    (["evaluate", "--model", "{m}", "--data", "{d}/pairs.csv"], "no rating column"),
+    (["evaluate", "--model", "{m}", "--data", "{d}/test.csv", "--protocol", "standard"],
+     "--history"),
+    (["recommend", "--model", "{m}", "--items", "99999", "--ratings", "5"], "not in this model"),
+    (["recommend", "--model", "{m}", "--items", "1", "2", "--ratings", "5"], "2 ids but"),
+    (["recommend", "--model", "{m}", "--items", "abc", "--ratings", "5"], "integers"),
+    (["recommend", "--model", "{m}", "--items", "1"], "needs --ratings"),
+    (["recommend", "--model", "{m}", "--user", "{u}"], "no user data"),
+    (["recommend", "--model", "{m}"], "either --items"),
+    (["recommend", "--model", "{m}", "--items", "1", "--ratings", "nan"], "non-finite"),
+    (["recommend", "--model", "{m}", "--items", "1", "--ratings", "5", "-n", "-2"], "n must"),
+    (["benchmark", "movielens", "--bogus"], "unrecognized arguments"),
+    (["benchmark", "nothere"], "invalid choice"),
+    (["data", "verify", "1m", "--data-home", "{d}/cache"], "not in the cache"),
+    (["data", "fetch", "100k", "--path", "{d}/empty.csv", "--data-home", "{d}/cache"],
+     "cannot tell"),
+    (["plot", "history", "{d}/garbage.npz"], "not a readable"),
+    (["plot", "histogram", "{m}"], "invalid choice"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_setup(files):
+    (files / "nan.csv").write_text("user,item,rating\n1,2,\n")
+    (files / "empty.csv").write_text("")
+    (files / "dup.csv").write_text("user,item,rating\n1,2,3\n1,2,4\n")
+    (files / "garbage.npz").write_text("garbage")
+    pd.read_csv(files / "test.csv")[["user", "item"]].to_csv(files / "pairs.csv", index=False)
+    model = files / "model.npz"
+    assert main(["train", "--data", str(files / "train.csv"), "--model", "fedrecon", "--out",
+                 str(model), "--rounds", "5", "-q"]) == 0
+    return files, model
+
+
+@pytest.mark.parametrize("argv, match", BAD, ids=[" ".join(a[:2]) + f" [{m}]" for a, m in BAD])
+def test_bad_input_one_line_exit_2_no_file(argv, match, bad_setup, capsys, tmp_path):
+    folder, model = bad_setup
+    out = tmp_path / "out.npz"
+    user = pd.read_csv(folder / "train.csv").user.iloc[0]
+    argv = [a.format(d=folder, o=out, m=model, u=user) for a in argv]
+    with pytest.raises(SystemExit) as exc_info:  # argparse exits; commands return 2
+        raise SystemExit(main(argv))
+    _, err = capsys.readouterr()
+    assert exc_info.value.code == 2
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip()
+             and not ln.startswith("FedReconMF")]
+    assert len(lines) == 1 and match in lines[0], err
+    assert "Traceback" not in err
+    assert not out.exists() and not list(tmp_path.glob("*.tmp*"))
+
+
+def test_failed_train_keeps_the_previous_model(bad_setup, capsys):
+    folder, model = bad_setup
+    before = model.read_bytes()
+    code = main(["train", "--data", str(folder / "nan.csv"), "--model", "fedrecon", "--out",
+                 str(model)])
+    assert code == 2 and model.read_bytes() == before
+
+
+def test_data_fetch_from_a_local_copy_then_verify_and_where(tmp_path, capsys):
+    src = tmp_path / "ratings.csv"
+    pd.DataFrame({"userId": [1, 1, 2], "movieId": [3, 4, 3], "rating": [4.0, 3.5, 5.0],
+                  "timestamp": [1, 2, 3]}).to_csv(src, index=False)
+    home = str(tmp_path / "cache")
+    code, text, err = run(["data", "fetch", "latest-small", "--path", str(src), "--data-home",
+                           home], capsys)
+    assert code == 0, err
+    code, text, err = run(["data", "verify", "latest-small", "--data-home", home, "--json"],
+                          capsys)
+    info = json.loads(text)
+    assert code == 0 and info["ratings"] == 3 and len(info["sha256"]) == 64
+    code, text, _ = run(["data", "where", "--data-home", home], capsys)
+    assert "latest-small: ratings.csv" in text and "100k: (not cached)" in text
+
+
+def test_benchmark_runs_a_script_job(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    code = main(["benchmark", "movielens", "--dataset", "synthetic", "--quick", "--no-progress",
+                 "--json", str(out)])
+    capsys.readouterr()
+    assert code == 0 and len(json.loads(out.read_text())) == 13
+
+
+def test_console_script_and_module_entry_points():
+    for cmd in (["fedcf", "--version"], [sys.executable, "-m", "fedcf", "--version"]):
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and res.stdout.startswith("fedcf "), res.stderr
+    res = subprocess.run([sys.executable, "-m", "fedcf", "recommend", "--model", "none.npz",
+                          "--items", "1"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    helps = ["train", "evaluate", "recommend", "benchmark", "data", "plot"]
+    for sub in helps:
+        res = subprocess.run([sys.executable, "-m", "fedcf", sub, "--help"], capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0 and "usage: fedcf " + sub in res.stdout
+
+
+def test_new_user_recommendation_is_deterministic(bad_setup, capsys):
+    _, model = bad_setup
+    argv = ["recommend", "--model", str(model), "--items", "1", "2", "--ratings", "5", "3",
+            "--json"]
+    first = run(argv, capsys)[1]
+    assert first == run(argv, capsys)[1]
+    assert np.isfinite([r["score"] for r in json.loads(first)]).all()
