@@ -129,8 +129,8 @@ def build_estimator(name: str, args):
             raise UsageError(f"unknown hyperparameter {key!r} for {name}; it takes: "
                              f"{', '.join(sorted(valid))}")
     est.set_params(**params)
-    if "verbose" in valid:
-        est.set_params(verbose=not args.quiet)
+    if "verbose" in valid:  # progress bars on a terminal only (never in logs or pipes)
+        est.set_params(verbose=not args.quiet and sys.stderr.isatty())
     est._check_params()
     return est
 
@@ -332,8 +332,29 @@ def cmd_benchmark(args):
         argparse.ArgumentParser.error = script_error
 
 
+def cmd_split(args):
+    """Two CSV files from one ratings file: held-out users (``--by users``, for ReconEval) or
+    each user's held-out rows (``--by rows``, random or latest by time, for StandardEval)."""
+    from .datasets._files import atomic_write
+    from .model_selection import PerUserSplit, UserShuffleSplit
+
+    if args.data is None or args.train is None or args.test is None:
+        raise UsageError("data split needs --data FILE --train OUT --test OUT")
+    df = _read(args, args.data)
+    cv = UserShuffleSplit(1, test_size=args.test_size, random_state=args.seed) \
+        if args.by == "users" else \
+        PerUserSplit(1, test_size=args.test_size, order=args.order, random_state=args.seed)
+    train_idx, test_idx = next(cv.split(df))
+    for path, idx in ((args.train, train_idx), (args.test, test_idx)):
+        atomic_write(Path(path), lambda fh, idx=idx: df.iloc[idx].to_csv(fh, index=False))
+    _say(args, f"wrote {args.train} ({len(train_idx)} rows) and {args.test} ({len(test_idx)} "
+               f"rows, {df.iloc[test_idx]['user'].nunique()} users)")
+
+
 def cmd_data(args):
     home = data_home(args.data_home)
+    if args.action == "split":
+        return cmd_split(args)
     if args.action == "where":
         print(home)
         for variant in VARIANTS:
@@ -489,13 +510,27 @@ def build_parser() -> argparse.ArgumentParser:
                        "(see fedcf benchmark NAME --help).")
     b.add_argument("name", choices=sorted(BENCHMARKS))
     b.add_argument("args", nargs=argparse.REMAINDER)
-    d = sub.add_parser("data", help="the dataset cache: fetch, verify, where")
-    d.add_argument("action", choices=("fetch", "verify", "where"))
+    d = sub.add_parser("data", help="the dataset cache (fetch, verify, where) and splits",
+                       description="fetch: put MovieLens in the cache (--path: from a local copy, "
+                       "no network); verify: check the cached copy's shape and checksum; where: "
+                       "list the cache; split: write train/test CSVs of a ratings file.")
+    d.add_argument("action", choices=("fetch", "verify", "where", "split"))
     d.add_argument("variant", nargs="?", default="100k", choices=VARIANTS)
     d.add_argument("--path", help="(fetch) a local copy to put into the cache: no download")
     d.add_argument("--no-download", action="store_true")
     d.add_argument("--data-home", help="cache root (default $FEDCF_DATA or ~/.cache/fedcf)")
     d.add_argument("--json", action="store_true")
+    g = d.add_argument_group("split")
+    g.add_argument("--data", help="ratings file to split")
+    g.add_argument("--by", choices=("users", "rows"), default="users",
+                   help="hold out whole users (ReconEval) or part of each user's rows")
+    g.add_argument("--order", choices=("random", "time"), default="random",
+                   help="(--by rows) which rows: random, or each user's latest")
+    g.add_argument("--test-size", type=float, default=0.1)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--train", help="output CSV of the training part")
+    g.add_argument("--test", help="output CSV of the held-out part")
+    _data_options(d)
     p = sub.add_parser("plot", help="plot a saved model's training history")
     p.add_argument("what", choices=("history",))
     p.add_argument("model")

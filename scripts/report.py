@@ -338,6 +338,27 @@ def privacy_values(rows) -> dict:
 
 
 # ---------------------------------------------------------------------- README blocks
+def tune_block(tuned) -> str:
+    grid = [r for r in tuned if r["protocol"] == "paper-recon-val"]
+    best = next(r for r in grid if r.get("selected"))
+    chosen = next(r for r in tuned if "tuned on validation" in r["name"])
+    n_div = sum(not np.isfinite(r["rmse"]) for r in grid)
+    return (provenance(tuned[0]["meta"], "movielens_tuned.json") + "\n\n" +
+            f"Selected from {len(grid)} settings ({n_div} diverged): " +
+            ", ".join(f"{k} = {v}" for k, v in best["params"].items()) +
+            f" (validation ReconEval RMSE {best['rmse']:.4f}); on the test users "
+            f"{rmse_acc(chosen)}. The whole grid is in [eval/RESULTS.md](eval/RESULTS.md).")
+
+
+def cli_block(session) -> str:
+    lines = [f"Recorded {session['meta']['date'][:10]} on "
+             f"{session['meta']['machine'].split(',')[0]} by `{session['meta']['command']}` "
+             "(`eval/results/cli_session.json`).", "", "```console"]
+    for step in session["steps"]:
+        lines += [f"$ {step['command']}", *step["output"].splitlines()]
+    return "\n".join([*lines, "```"])
+
+
 def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
     by = {r["name"]: r for r in paper}
     keep = ["centralized + StandardEval", "centralized + ReconEval", "FedAvg + ReconEval",
@@ -399,8 +420,9 @@ def documents() -> dict[Path, str]:
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json"))})}
            if privacy else {}),
-        ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), readme_blocks(
-            paper, cold, random_rows, impl, ctr, bench)),
+        ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), {
+            **readme_blocks(paper, cold, random_rows, impl, ctr, bench),
+            "tune": tune_block(tuned), "cli": cli_block(load("cli_session.json"))}),
     }
 
 

@@ -162,6 +162,9 @@ BAD = [
     (["data", "fetch", "100k", "--path", "{d}/empty.csv", "--data-home", "{d}/cache"],
      "cannot tell"),
     (["plot", "history", "{d}/garbage.npz"], "not a readable"),
+    (["data", "split", "--data", "{d}/train.csv", "--train", "{o}"], "needs --data"),
+    (["data", "split", "--data", "{d}/train.csv", "--train", "{o}", "--test", "{d}/t.csv",
+      "--test-size", "1.5"], "test_size"),
     (["plot", "histogram", "{m}"], "invalid choice"),
 ]
 
@@ -218,6 +221,22 @@ def test_data_fetch_from_a_local_copy_then_verify_and_where(tmp_path, capsys):
     assert code == 0 and info["ratings"] == 3 and len(info["sha256"]) == 64
     code, text, _ = run(["data", "where", "--data-home", home], capsys)
     assert "latest-small: ratings.csv" in text and "100k: (not cached)" in text
+
+
+def test_data_split_by_users_and_rows(files, capsys, tmp_path):
+    tr, te = tmp_path / "tr.csv", tmp_path / "te.csv"
+    code, _, err = run(["data", "split", "--data", str(files / "train.csv"), "--train", str(tr),
+                        "--test", str(te), "--test-size", "0.2", "--seed", "1"], capsys)
+    assert code == 0, err
+    a, b = pd.read_csv(tr), pd.read_csv(te)
+    full = pd.read_csv(files / "train.csv")
+    assert len(a) + len(b) == len(full) and not set(a.user) & set(b.user)
+    code, _, err = run(["data", "split", "--data", str(files / "train.csv"), "--by", "rows",
+                        "--order", "time", "--train", str(tr), "--test", str(te)], capsys)
+    a, b = pd.read_csv(tr), pd.read_csv(te)
+    assert code == 0 and set(b.user) <= set(a.user)
+    assert (b.groupby("user").timestamp.min() >= a.groupby("user").timestamp.max()
+            .reindex(b.user.unique())).all()
 
 
 def test_benchmark_runs_a_script_job(tmp_path, capsys):
