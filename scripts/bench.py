@@ -35,7 +35,6 @@ import warnings
 import numba
 import numpy as np
 import scipy.sparse as sp
-from fedcf.datasets import load_movielens, make_synthetic_ratings
 from threadpoolctl import threadpool_limits
 
 from fedcf import FedReconMF
@@ -44,6 +43,7 @@ from fedcf._kernels.als import ridge_solve_rows
 from fedcf._kernels.layout import ridge_cfg, sgd_hp
 from fedcf._kernels.sgd import sgd_epoch
 from fedcf._provenance import run_meta, write_json
+from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.federated import Selector
 
 K = 50

@@ -15,11 +15,11 @@ import argparse
 import time
 
 import numba
-from fedcf.datasets import make_synthetic_ratings
-from fedcf.eval import recon_eval, user_split
 
 from fedcf import FedReconMF
 from fedcf._provenance import run_meta, write_json
+from fedcf.datasets import make_synthetic_ratings
+from fedcf.eval import recon_eval, user_split
 
 
 def main(argv=None):

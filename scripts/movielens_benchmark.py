@@ -28,6 +28,12 @@ import warnings
 
 import numpy as np
 import pandas as pd
+from sklearn.exceptions import FitFailedWarning
+from sklearn.model_selection import GridSearchCV
+from tqdm.auto import tqdm
+
+from fedcf import CentralizedMF, FedAvgMF, FedReconMF
+from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import VARIANTS, Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
 from fedcf.eval import (
     per_user_time_split,
@@ -38,12 +44,6 @@ from fedcf.eval import (
     standard_eval,
     user_split,
 )
-from sklearn.exceptions import FitFailedWarning
-from sklearn.model_selection import GridSearchCV
-from tqdm.auto import tqdm
-
-from fedcf import CentralizedMF, FedAvgMF, FedReconMF
-from fedcf._provenance import run_meta, write_json
 from fedcf.model_selection import UserShuffleSplit, recon_scorer
 
 CENTRAL = dict(solver="als", regularization=0.1, n_epochs=15)

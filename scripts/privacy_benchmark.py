@@ -23,11 +23,11 @@ import argparse
 import time
 
 import numpy as np
-from fedcf.datasets import load_movielens, make_synthetic_ratings
-from fedcf.eval import recon_eval, top_k, user_split
 
 from fedcf import FedReconMF
 from fedcf._provenance import run_meta, write_json
+from fedcf.datasets import load_movielens, make_synthetic_ratings
+from fedcf.eval import recon_eval, top_k, user_split
 from fedcf.federated import (
     CoordinateMedian,
     DPGaussianMean,

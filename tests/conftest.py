@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from fedcf.datasets import DataUnavailableError, make_synthetic_ratings
 
 pytest_plugins = ["pytester"]

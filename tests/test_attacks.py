@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 from conftest import load_script
-from fedcf.datasets import make_synthetic_ratings
 
 from fedcf import FedReconMF
+from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated.attacks import AttackedExecutor, attacked, malicious
 
 
@@ -46,7 +46,6 @@ def test_attacks_rewrite_only_the_malicious_uploads(pop, kind):
 
 def test_a_sign_flip_attack_hurts_the_mean_more_than_the_median(pop):
     from fedcf.eval import recon_eval, user_split
-
     from fedcf.federated import CoordinateMedian
 
     tr, _, te = user_split(pop, (0.8, 0.1, 0.1), random_state=0)

@@ -1,12 +1,12 @@
 import numpy as np
 import pandas as pd
 import pytest
-from fedcf.datasets import DataValidationError
-from fedcf.eval import random_split, rmse
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from fedcf import CentralizedMF
+from fedcf.datasets import DataValidationError
+from fedcf.eval import random_split, rmse
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from fedcf.datasets import make_synthetic_ratings
 
 from fedcf import load_model
 from fedcf.cli import main, read_table
+from fedcf.datasets import make_synthetic_ratings
 from fedcf.model_selection import PerUserSplit
 
 FAST = {"fedrecon": ["--rounds", "8"], "fedavg": ["--rounds", "8"], "furl": ["--rounds", "8"],

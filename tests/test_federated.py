@@ -6,13 +6,13 @@ import json
 import numba
 import numpy as np
 import pytest
-from fedcf.eval import recon_eval, standard_eval, user_split
 from sklearn.base import clone
 
 from fedcf import FURLMF, FedAvgMF, FedReconMF
 from fedcf import _reference as ref
 from fedcf._kernels import clients as kcl
 from fedcf._kernels.layout import SPLIT_TIME, client_cfg, sgd_hp
+from fedcf.eval import recon_eval, standard_eval, user_split
 from fedcf.federated import (
     ClientOutputs,
     RoundHyperparams,

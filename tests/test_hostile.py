@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
+
+from fedcf import CentralizedMF, FedReconMF
 from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
 from fedcf.datasets.movielens import parse_ratings
 from fedcf.eval import estimate_ctr
-
-from fedcf import CentralizedMF, FedReconMF
 
 FAST = dict(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0)
 
@@ -73,9 +73,8 @@ def test_save_names_with_dots_do_not_collide(pop, tmp_path):
 
 def _save_many(args):
     path, seed = args
-    from fedcf.datasets import make_synthetic_ratings as mk
-
     from fedcf import CentralizedMF as C
+    from fedcf.datasets import make_synthetic_ratings as mk
 
     m = C(n_factors=2, n_epochs=1, random_state=seed).fit(mk(50, 20, 500, random_state=seed))
     for _ in range(15):

@@ -5,10 +5,10 @@ import warnings
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from fedcf.datasets import Interactions, make_synthetic_ratings
-from fedcf.eval import random_split, ranking_metrics
 
 from fedcf import ImplicitMF
+from fedcf.datasets import Interactions, make_synthetic_ratings
+from fedcf.eval import random_split, ranking_metrics
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +104,8 @@ def test_implicit_client_kernel_matches_twin(clicks, split, neg):
 
 
 def test_fedrecon_implicit_learns_for_unseen_users(clicks):
-    from fedcf.eval import support_query_split, user_split
-
     from fedcf import FedReconImplicitMF
+    from fedcf.eval import support_query_split, user_split
 
     train, _ = clicks
     tr_u, _, te_u = user_split(train, (0.8, 0.1, 0.1), random_state=0)

@@ -2,6 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
+
 from fedcf.datasets import DataValidationError, Interactions
 
 

@@ -8,14 +8,14 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
-from fedcf.eval import recon_eval
 from sklearn.base import clone
 from sklearn.metrics import r2_score
 from sklearn.model_selection import GridSearchCV, cross_val_score
 from sklearn.utils import estimator_checks as ec
 
 from fedcf import FURLMF, CentralizedMF, FedAvgMF, FedReconImplicitMF, FedReconMF, ImplicitMF
+from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
+from fedcf.eval import recon_eval
 from fedcf.model_selection import PerUserSplit, UserKFold, UserShuffleSplit, recon_scorer
 
 SMALL = dict(n_factors=3, random_state=0)

@@ -6,6 +6,7 @@ import tarfile
 import numpy as np
 import pandas as pd
 import pytest
+
 from fedcf.datasets import DataValidationError, context_free_action_probs, load_open_bandit
 from fedcf.eval.offline import (
     PositionActionRewardModel,

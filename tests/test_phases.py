@@ -5,9 +5,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-from fedcf.datasets import make_synthetic_ratings
 
 from fedcf import FedReconImplicitMF, FedReconMF
+from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import ClientOutputs, LocalExecutor, RoundHyperparams, WeightedMean
 
 FAST = dict(n_factors=3, n_rounds=4, clients_per_round=40, random_state=3)

@@ -5,11 +5,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from fedcf.datasets import make_synthetic_ratings
 
 from fedcf import FedReconMF
 from fedcf import _reference as ref
 from fedcf._kernels.server import robust_sorted_runs
+from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import (
     ClientOutputs,
     CoordinateMedian,

@@ -3,9 +3,9 @@ what the server sees of one client, and a full fit under it."""
 
 import numpy as np
 import pytest
-from fedcf.datasets import make_synthetic_ratings
 
 from fedcf import FedReconMF
+from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import ClientOutputs, RoundHyperparams, SecureAggregation, WeightedMean
 from fedcf.federated.secagg import P, masked, shamir_recover, shamir_shares
 

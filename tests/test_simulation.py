@@ -4,10 +4,11 @@ import json
 
 import numpy as np
 import pytest
+from scipy.stats import spearmanr
+
 from fedcf.eval import top_k
 from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log, slate_target_probs
 from fedcf.eval.simulation import make_expression_population
-from scipy.stats import spearmanr
 
 
 @pytest.fixture(scope="module")

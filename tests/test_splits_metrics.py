@@ -1,6 +1,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+
 from fedcf.datasets import Interactions
 from fedcf.eval import (
     per_user_time_split,
