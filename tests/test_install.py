@@ -50,6 +50,7 @@ def test_install_run_uninstall_then_editable_import(tmp_path):
     assert str(site) in _run([py, "-c", job], env, work)
     assert not list((site / "fedcf").rglob("*.nbi")), "Numba cache written into site-packages"
     assert list((tmp_path / "home" / ".cache" / "fedcf" / "numba").rglob("*.nbi"))
+    _cli_from_the_installed_package(env_dir, env, work)
     _run([py, "-m", "pip", "uninstall", "-y", "-q", "fedcf"], env, work)
     assert not (site / "fedcf").exists(), "uninstall left a fedcf folder behind"
     _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], env, work)
@@ -57,3 +58,21 @@ def test_install_run_uninstall_then_editable_import(tmp_path):
                           "print(fedcf.FedReconMF)"], env, work)
     assert str(ROOT / "fedcf" / "__init__.py") in out
     assert sys.executable  # the outer interpreter is untouched
+
+
+def _cli_from_the_installed_package(env_dir, env, work):
+    """The console script of a fresh (non-editable) install: train → recommend → evaluate, and
+    the benchmark scripts importable as fedcf.benchmarks."""
+    from fedcf.datasets import make_synthetic_ratings
+
+    df = make_synthetic_ratings(120, 40, 2000, n_factors=2, random_state=0).to_dataframe()
+    df.to_csv(work / "r.csv", index=False)
+    fedcf = str(env_dir / "bin" / "fedcf")
+    _run([fedcf, "train", "--data", "r.csv", "--model", "fedrecon", "--rounds", "3",
+          "--factors", "2", "--out", "m.npz"], env, work)
+    items = [str(i) for i in df["item"].unique()[:2]]
+    assert "rank" in _run([fedcf, "recommend", "--model", "m.npz", "--items", *items,
+                           "--ratings", "5", "1"], env, work)
+    assert "rmse" in _run([fedcf, "evaluate", "--model", "m.npz", "--data", "r.csv"], env, work)
+    py = str(env_dir / "bin" / "python")
+    _run([py, "-c", "import fedcf.benchmarks.movielens_benchmark"], env, work)
