@@ -83,6 +83,18 @@ def Options(*choices):
     return lambda name, v: check_choice(name, v, set(choices))
 
 
+def Sequence(*choices):
+    """A list or tuple of distinct names from ``choices`` (a str alone is refused: ambiguous)."""
+    def rule(name, v):
+        if isinstance(v, str) or not isinstance(v, (list, tuple)):
+            raise TypeError(f"{name} must be a list or tuple of names from {sorted(choices)}, "
+                            f"got {v!r}")
+        for x in v:
+            check_choice(name, x, set(choices))
+        return tuple(v)
+    return rule
+
+
 def Bool():
     def rule(name, v):
         if not isinstance(v, (bool, np.bool_)):

@@ -178,6 +178,8 @@ class FederatedMFBase(MFEstimatorBase):
         self._set_globals(run.params)
         self._finish_local_state(run.local)
         self.history_ = run.history
+        if run.hyper is not None:
+            self.learned_hyperparams_ = run.hyper.values()
         return self
 
     def _start(self, inter, availability) -> Run:
@@ -214,7 +216,7 @@ class FederatedMFBase(MFEstimatorBase):
                   fingerprint=data_fingerprint(inter, seed),
                   run_params={k: v for k, v in self.get_params(deep=False).items()
                               if k not in RESUME_FREE},
-                  usable_loss=self._usable_loss(inter))
+                  usable_loss=self._usable_loss(inter), hyper=self._make_hyper())
         if self.checkpoint_path is not None:
             run.resume(self.checkpoint_path)
         self.rating_scale_ = self._check_params().get("rating_scale") or (
@@ -227,6 +229,10 @@ class FederatedMFBase(MFEstimatorBase):
     def _make_executor(self, program, data, local):
         """Phase 2 (client work); another executor (e.g. on a cluster) replaces only this."""
         return LocalExecutor(program, data, local)
+
+    def _make_hyper(self):
+        """Learned round hyperparameters (hyper.py), or None: the fixed ones."""
+        return None
 
     def _make_aggregator(self):
         """Phase 3 (aggregate): the ``aggregator`` parameter, else the weighted mean."""

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._kernels.clients import fedrecon_clients, query_sizes
-from .._kernels.layout import SPLITS, client_cfg, recon_init_cfg, sgd_hp
+from .._kernels.hypergrad import fedrecon_tangent_clients
+from .._kernels.layout import HP_OFFSET, SPLITS, client_cfg, recon_init_cfg, sgd_hp
 from .._kernels.rng import stream_keys
 from .._kernels.sgd import sgd_reconstruct_rows
-from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
+from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real, Sequence
 from ..models.base import RatingScoreMixin
 from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
+from .hyper import LEARNABLE, HyperLearner, check_learnable
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,15 @@ class FedReconProgram:
         fedrecon_clients(data, clients, (params["Q"], params["b"]), self.cfg, self.recon_hp,
                          self.update_hp, ids, out)
         return None
+
+    def tangents(self, data, clients, params, tangents, ids):
+        """(query losses, derivatives along each tangent) of the clients, see hyper.py."""
+        losses = np.full(len(clients), np.nan)
+        jvp = np.zeros((len(clients), tangents[0].shape[0]))
+        fedrecon_tangent_clients(data, clients, (params["Q"], params["b"]), tangents, self.cfg,
+                                 self.recon_hp, float(self.update_hp[HP_OFFSET]), ids, losses,
+                                 jvp)
+        return losses, jvp
 
 
 class FedReconMF(RatingScoreMixin, FederatedMFBase):
@@ -95,6 +106,16 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         Phase 3 of a round: None is the weighted mean; ``NormClippedMean``, ``DPGaussianMean``
         (user-level DP, Poisson sampling, ε in ``history_``/``epsilon_``), ``TrimmedMean`` and
         ``CoordinateMedian`` from ``fedcf.federated``.
+    learn_hyperparams : sequence of {"server_learning_rate", "momentum", "weight_exponent"} or None
+        Learn these round hyperparameters during training by federated hypergradient descent
+        (``fedcf.federated.hyper``): each round's clients also report the derivative of their
+        query loss (after reconstruction) along the last server step's tangents, H numbers each.
+        Needs server_optimizer "sgd" or "momentum" ("momentum" for learning the momentum) and the
+        plain weighted mean (aggregator=None). "weight_exponent" is α in w_i = n_i^α, starting
+        from ``client_weighting`` (1 by examples, 0 uniform).
+    hyper_learning_rate : float, default 0.02
+        Step of the hyper-optimizer on log η_s, logit β and α.
+    hyper_optimizer : {"adam", "sgd"}, default "adam"
     random_state : int, RandomState or None
     verbose : bool, default False
 
@@ -110,7 +131,10 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         server of a deployment never has it; ``save`` does not write it).
     history_ : list of dict
         One record per round: loss, clients sampled/used/dropped/non-finite, items updated,
-        numbers sent up and down, seconds.
+        numbers sent up and down, seconds (with learned hyperparameters: their values and
+        hypergradients).
+    learned_hyperparams_ : dict
+        The final learned values (only with ``learn_hyperparams``).
     """
 
     _recon_lam_attr = "recon_regularization"
@@ -120,7 +144,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         "reconstruction": Options("als", "sgd"), "recon_steps": Int(0, 10**9),
         "recon_epochs": Int(1, 10**6), "recon_learning_rate": Real(0.0, low_open=True),
         "recon_init": Options("uniform", "zeros"), "recon_regularization": NoneOr(Real(0.0)),
-        "joint": Bool(),
+        "joint": Bool(), "learn_hyperparams": NoneOr(Sequence(*LEARNABLE)),
+        "hyper_learning_rate": Real(0.0, low_open=True), "hyper_optimizer": Options("adam", "sgd"),
     }
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
@@ -131,7 +156,9 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
                  support_fraction=0.5, reconstruction="als", recon_steps=50, recon_epochs=1,
                  recon_learning_rate=0.1, recon_init="uniform", recon_regularization=None,
                  joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
-                 dtype="float32", aggregator=None, random_state=None, verbose=False):
+                 dtype="float32", aggregator=None, learn_hyperparams=None,
+                 hyper_learning_rate=0.02, hyper_optimizer="adam", random_state=None,
+                 verbose=False):
         self.n_factors = n_factors
         self.biases = biases
         self.n_rounds = n_rounds
@@ -164,11 +191,16 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         self.checkpoint_every = checkpoint_every
         self.dtype = dtype
         self.aggregator = aggregator
+        self.learn_hyperparams = learn_hyperparams
+        self.hyper_learning_rate = hyper_learning_rate
+        self.hyper_optimizer = hyper_optimizer
         self.random_state = random_state
         self.verbose = verbose
 
     def _check_combinations(self):
         super()._check_combinations()
+        if self.learn_hyperparams:
+            check_learnable(self)
         if self.split != "none" and self.support_fraction >= 1.0:
             raise ValueError(f"support_fraction={self.support_fraction} with split={self.split!r} "
                              "leaves every query set empty, so nothing would be trained; use a "
@@ -182,6 +214,12 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     def _recon_hp(self, mu):
         return sgd_hp(self.recon_learning_rate, self._recon_lam(), self.batch_size, self.recon_steps,
                       self.recon_epochs, mu, self.biases)
+
+    def _make_hyper(self):
+        if not self.learn_hyperparams:
+            return None
+        return HyperLearner.start(tuple(self.learn_hyperparams), self._round_hyperparams(),
+                                  self.hyper_learning_rate, self.hyper_optimizer)
 
     def _client_program(self, inter, mu):
         cfg = client_cfg(self.split, self.support_fraction, self.reconstruction, self.recon_init,

@@ -110,12 +110,13 @@ class Run:
     """The state of one fit: global parameters, optimizer state, history, and the phases."""
 
     def __init__(self, est, inter, *, seed, params, opt, local, select, executor, aggregator,
-                 hyperparams, fingerprint, run_params, usable_loss):
+                 hyperparams, fingerprint, run_params, usable_loss, hyper=None):
         self.est, self.inter, self.seed = est, inter, seed
         self.params, self.opt, self.local = params, opt, local
         self.opt_state = opt.init(params)
         self.select, self.executor, self.aggregator = select, executor, aggregator
         self.hyperparams = hyperparams  # RoundHyperparams: the one place a round reads them from
+        self.hyper = hyper  # HyperLearner (learned hyperparameters) or None
         self.fingerprint, self.run_params = fingerprint, run_params
         self.usable_loss = usable_loss
         self.history: list[dict] = []
@@ -168,12 +169,27 @@ class Run:
         return self.est._blame(stage)
 
     # ------------------------------------------------------------------ one round
+    def learn_hyperparams(self, cohort, ids) -> dict:
+        """Federated hypergradient step (hyper.py): this round's clients report their loss
+        derivatives along the last server step's tangents; the learned values then set this
+        round's ``RoundHyperparams``. Returns the record entries (values and hypergradients)."""
+        if self.hyper is None:
+            return {}
+        rec = {}
+        if self.hyper.tangents is not None:
+            losses, jvp, w = self.executor.tangents(cohort, self.params, self.hyper.tangents, ids)
+            rec = self.hyper.update(losses, jvp, w)
+        self.hyperparams = self.hyper.hyperparams(self.hyperparams)
+        return {**self.hyper.values(), **rec}
+
     def round(self, t: int, callback=None) -> dict:
         """Algorithm 1, one round: select → client work → aggregate → server update → finish."""
         t0 = time.perf_counter()
-        hp = self.hyperparams
         cohort = self.select(t)
-        outputs = self.executor.run(cohort, self.params, np.array([self.seed, t], np.uint64))
+        ids = np.array([self.seed, t], np.uint64)
+        learned = self.learn_hyperparams(cohort, ids)
+        hp = self.hyperparams
+        outputs = self.executor.run(cohort, self.params, ids)
         delta = self.aggregator(outputs, hp, t)
         loss = _mean_loss(outputs, delta)
         self.finisher.check_clients(t, cohort, outputs, delta, loss)
@@ -181,8 +197,11 @@ class Run:
         state, params, finite = server_update(self.opt, self.opt_state, self.params, delta, hp)
         ts = time.perf_counter() - ts
         self.finisher.check_server(t, finite)
+        if self.hyper is not None:
+            self.hyper.after_step(self.opt_state, state, delta, outputs, hp, params["Q"].shape)
         self.opt_state, self.params = state, params
         rec = self.finisher.record(t, cohort, outputs, delta, loss, time.perf_counter() - t0, ts)
+        rec.update(learned)
         self.history.append(rec)
         self.finisher.after(t + 1, rec, callback)
         return rec

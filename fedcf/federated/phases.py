@@ -143,6 +143,14 @@ class LocalExecutor:
         return ClientOutputs(offsets, out[1], out[2], out[3], weights.astype(np.float64), out[4],
                              rank_terms)
 
+    def tangents(self, cohort: Cohort, params: dict, tangents, ids: np.ndarray):
+        """The cohort's query losses at ``params`` and their derivatives along ``tangents``
+        (federated hypergradients, see hyper.py): (losses (m,), jvp (m, H), query sizes (m,))."""
+        clients = cohort.clients
+        weights, _ = self.program.layout(self.counts[clients])
+        losses, jvp = self.program.tangents(self.data, clients, params, tangents, ids)
+        return losses, jvp, weights.astype(np.float64)
+
 
 # ---------------------------------------------------------------------- 3. aggregate
 @dataclass(frozen=True)

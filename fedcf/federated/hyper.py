@@ -1,0 +1,178 @@
+"""Learned round hyperparameters by federated hypergradient descent (Rush, Charles, Garrett et al.,
+"Federated Automatic Differentiation", Algorithm 2 in its parallel form, Fig. 5).
+
+Round t's server step makes the new global model x_{t+1}(θ) from the hyperparameters θ it used.
+The server keeps the tangent ∂x_{t+1}/∂z of that step (forward mode through the server optimizer,
+the momentum buffer included) for each learned hyperparameter, in its raw coordinate z:
+
+    z = log η_s              ∂x/∂z = η_s ∂x/∂η_s      (SGD: η_s Δ̄;  momentum: −η_s v_{t+1})
+    z = logit β (momentum)   ∂x/∂z = β(1−β) (−η_s v_t)
+    z = α (weight exponent)  ∂x/∂z = η_s ∂Δ̄/∂α,  ∂Δ̄/∂α = Σ w_i (ln n_i − L̄) Δ_i / Σ w_i
+                             with w_i = n_i^α and L̄ = Σ w_i ln n_i / Σ w_i (a sum over clients)
+
+The clients of round t+1 receive the tangent rows of the items they hold with the global rows,
+compute their query loss at x_{t+1} (after reconstruction) and its derivative along each tangent
+(``fedrecon_tangent_clients``), and send the H derivatives up; the server's hypergradient is their
+mean weighted by query size (the empirical risk, whatever α is) and one hyper-optimizer step (Adam
+or SGD on z) sets θ for round t+1. The derivative is that of one round (x_t and the clients' deltas
+held fixed), as in the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .._kernels.server import sum_sorted_runs
+from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, entries
+
+LEARNABLE = ("server_learning_rate", "momentum", "weight_exponent")
+_BOUNDS = {"server_learning_rate": (np.log(1e-4), np.log(1e3)), "momentum": (-8.0, 8.0),
+           "weight_exponent": (-2.0, 4.0)}
+
+
+def _logit(p):
+    return float(np.log(p / (1.0 - p)))
+
+
+def _sigmoid(z):
+    return float(1.0 / (1.0 + np.exp(-z)))
+
+
+@dataclass
+class HyperLearner:
+    """The learned hyperparameters of a run, their hyper-optimizer, and the last step's tangents."""
+
+    names: tuple
+    learning_rate: float
+    optimizer: str  # "adam" or "sgd"
+    z: np.ndarray  # raw coordinates, in ``names`` order
+    m: np.ndarray = None
+    v: np.ndarray = None
+    t: int = 0
+    tangents: tuple | None = None  # (TQ (H, n_items, K), Tb (H, n_items)) float64
+    last_grad: np.ndarray = field(default=None)
+    initial: dict = field(default_factory=dict)  # exact starting values (no exp/log round trip)
+
+    @classmethod
+    def start(cls, names, hp: RoundHyperparams, learning_rate: float, optimizer: str):
+        """From the run's initial hyperparameters (clipped into the learnable ranges)."""
+        raw = {"server_learning_rate": np.log(hp.server_learning_rate),
+               "momentum": _logit(min(max(hp.server_options.get("momentum", 0.9), 1e-3),
+                                      1 - 1e-3)),
+               "weight_exponent": hp.weight_exponent}
+        z = np.array([np.clip(raw[n], *_BOUNDS[n]) for n in names], np.float64)
+        learner = cls(tuple(names), float(learning_rate), optimizer, z, np.zeros(len(names)),
+                      np.zeros(len(names)))
+        given = {"server_learning_rate": hp.server_learning_rate,
+                 "momentum": hp.server_options.get("momentum"),
+                 "weight_exponent": hp.weight_exponent}
+        learner.initial = {n: float(given[n]) for n, v in learner._values().items()
+                           if np.isclose(v, given[n], rtol=1e-9)}  # not clipped into range
+        return learner
+
+    def values(self) -> dict:
+        if self.t == 0 and self.initial:
+            return {**self._values(), **self.initial}
+        return self._values()
+
+    def _values(self) -> dict:
+        out = {}
+        for n, z in zip(self.names, self.z):
+            out[n] = float(np.exp(z)) if n == "server_learning_rate" else \
+                _sigmoid(z) if n == "momentum" else float(z)
+        return out
+
+    def hyperparams(self, base: RoundHyperparams) -> RoundHyperparams:
+        v = self.values()
+        options = dict(base.server_options)
+        if "momentum" in v:
+            options["momentum"] = v["momentum"]
+        return replace(base, server_learning_rate=v.get("server_learning_rate",
+                                                        base.server_learning_rate),
+                       server_options=options,
+                       weight_exponent=v.get("weight_exponent", base.weight_exponent))
+
+    # ------------------------------------------------------------------ the hypergradient
+    def update(self, losses: np.ndarray, jvp: np.ndarray, weights: np.ndarray) -> dict:
+        """One hyper-optimizer step from the clients' derivatives (rows of ``jvp``), weighted by
+        query size; clients with a non-finite report or no query are left out. Returns the
+        round's record entries."""
+        ok = (weights > 0) & np.isfinite(losses) & np.isfinite(jvp).all(axis=1)
+        if not ok.any():
+            return {}
+        g = (weights[ok] @ jvp[ok]) / weights[ok].sum()
+        self.last_grad = g
+        self.t += 1
+        if self.optimizer == "adam":
+            self.m = 0.9 * self.m + 0.1 * g
+            self.v = 0.999 * self.v + 0.001 * g * g
+            step = (self.m / (1 - 0.9 ** self.t)) / (np.sqrt(self.v / (1 - 0.999 ** self.t)) + 1e-8)
+        else:
+            step = g
+        lo = np.array([_BOUNDS[n][0] for n in self.names])
+        hi = np.array([_BOUNDS[n][1] for n in self.names])
+        self.z = np.clip(self.z - self.learning_rate * step, lo, hi)
+        return {f"hypergrad_{n}": float(x) for n, x in zip(self.names, g)}
+
+    # ------------------------------------------------------------------ the tangents
+    def after_step(self, state_before: dict, state_after: dict, delta: GlobalDelta,
+                   out: ClientOutputs, hp: RoundHyperparams, shape):
+        """Tangents of the new global model with respect to each z, for the next round."""
+        n_items, K = shape
+        eta = hp.server_learning_rate
+        H = len(self.names)
+        TQ, Tb = np.zeros((H, n_items, K)), np.zeros((H, n_items))
+        momentum = "v" in state_after
+        for h, name in enumerate(self.names):
+            if name == "server_learning_rate":
+                if momentum:
+                    TQ[h], Tb[h] = -eta * state_after["v"]["Q"], -eta * state_after["v"]["b"]
+                else:
+                    TQ[h, delta.items], Tb[h, delta.items] = eta * delta.d_Q, eta * delta.d_b
+            elif name == "momentum":
+                beta = hp.server_options["momentum"]
+                s = -eta * beta * (1 - beta)
+                TQ[h], Tb[h] = s * state_before["v"]["Q"], s * state_before["v"]["b"]
+            else:
+                items, dQ, db = exponent_derivative(out, hp)
+                TQ[h, items], Tb[h, items] = eta * dQ, eta * db
+        self.tangents = (TQ, Tb)
+
+
+def exponent_derivative(out: ClientOutputs, hp: RoundHyperparams):
+    """∂Δ̄/∂α of the weighted mean Δ̄ = Σ w_i Δ_i / Σ w_i with w_i = n_i^α: the mean of the
+    deltas weighted by w_i (ln n_i − L̄) (rows, dQ, db), summed in the aggregator's order."""
+    K = out.d_Q.shape[1]
+    _, w, _, owner, valid, order = entries(out, hp)
+    if order is None:
+        return np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0)
+    logn = np.log(np.where(w > 0, out.weights, 1.0))
+    mean_log = float(w @ logn / w.sum())
+    scale = np.where(valid, (w * (logn - mean_log))[owner] / w.sum(), 0.0)
+    n_valid = int(valid.sum())
+    dq, db, items = np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64)
+    m = sum_sorted_runs(order, out.items, out.d_Q, out.d_b, scale, dq, db, items)
+    return items[:m], dq[:m], db[:m]
+
+
+def check_learnable(est) -> None:
+    """The combinations a learned hyperparameter needs, with the parameter to change."""
+    names = list(est.learn_hyperparams)
+    if len(set(names)) != len(names):
+        raise ValueError(f"learn_hyperparams={est.learn_hyperparams!r} names a hyperparameter "
+                         "twice")
+    if est.server_optimizer not in ("sgd", "momentum"):
+        raise ValueError(f"learn_hyperparams differentiates through the server step, which fedcf "
+                         f"does for server_optimizer 'sgd' and 'momentum', not "
+                         f"{est.server_optimizer!r}")
+    if "momentum" in names and est.server_optimizer != "momentum":
+        raise ValueError("learning 'momentum' needs server_optimizer='momentum'")
+    if est.aggregator is not None:
+        raise ValueError("learn_hyperparams needs aggregator=None: the hypergradients are "
+                         "per-client derivatives that the DP, secure and robust aggregators do not "
+                         "protect or bound")
+    if est.checkpoint_path is not None:
+        raise ValueError("learn_hyperparams cannot be combined with checkpoint_path yet (the "
+                         "hyper-optimizer's state is not checkpointed); use one or the other")

@@ -1,0 +1,179 @@
+"""Federated hypergradients: the tangent kernel against its NumPy twin and against finite
+differences, the whole round's hypergradient against a finite difference of the next round's
+loss (same clients, same seeds), learning off = today's results, and bad input."""
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from fedcf import FedReconMF
+from fedcf import _reference as ref
+from fedcf._kernels.hypergrad import fedrecon_tangent_clients
+from fedcf._kernels.layout import client_cfg, sgd_hp
+from fedcf.datasets import make_synthetic_ratings
+from fedcf.federated.phases import server_update
+
+
+@pytest.fixture(scope="module")
+def pop():
+    return make_synthetic_ratings(120, 50, 3000, n_factors=3, random_state=3)
+
+
+@pytest.mark.parametrize("recon", ["als", "sgd"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_tangent_kernel_matches_twin_and_finite_differences(pop, recon, bias):
+    rng = np.random.default_rng(0)
+    K, H = 4, 2
+    Q = rng.normal(0, 0.3, (pop.n_items, K))
+    b = rng.normal(0, 0.1, pop.n_items)
+    TQ, Tb = rng.normal(size=(H, pop.n_items, K)), rng.normal(size=(H, pop.n_items))
+    mu = float(pop.values.mean()) if bias else 0.0
+    data = (pop.indptr, pop.items, pop.values)
+    clients = np.arange(0, pop.n_users, 4, dtype=np.int64)
+    ids = np.array([7, 3], np.uint64)
+    cfg = client_cfg("random", 0.5, recon, "uniform", 0.1, 0.1, 1e-3)
+    rhp = sgd_hp(0.1, 0.01, 5, 20, 1, mu, bias)
+
+    def run(Qx, bx):
+        losses, jvp = np.empty(len(clients)), np.empty((len(clients), H))
+        fedrecon_tangent_clients(data, clients, (Qx, bx), (TQ, Tb), cfg, rhp, mu, ids, losses,
+                                 jvp)
+        return losses, jvp
+
+    losses, jvp = run(Q, b)
+    eps = 1e-6
+    fd = np.stack([(run(Q + eps * TQ[h], b + eps * Tb[h])[0]
+                    - run(Q - eps * TQ[h], b - eps * Tb[h])[0]) / (2 * eps) for h in range(H)], 1)
+    np.testing.assert_allclose(jvp, fd, rtol=1e-6, atol=1e-7 * np.abs(jvp).max())
+    for k, u in enumerate(clients):
+        s, e = pop.indptr[u], pop.indptr[u + 1]
+        loss, d = ref.fedrecon_tangent_client(
+            pop.items[s:e], pop.values[s:e], Q, b, TQ, Tb, seed=7, round_idx=3, client=u,
+            split="random", support_fraction=0.5, recon=recon, recon_hp=rhp, init_scale=0.1,
+            ridge=(0.1, 1e-3), mu=mu)
+        assert loss == pytest.approx(losses[k], rel=1e-12, abs=1e-12)
+        np.testing.assert_allclose(d, jvp[k], rtol=1e-9, atol=1e-12)
+
+
+def _next_loss(run, cohort, params, ids):
+    """The objective of the hypergradient: the next round's query loss weighted by query size."""
+    zero = (np.zeros((1, *params["Q"].shape)), np.zeros((1, params["Q"].shape[0])))
+    losses, _, w = run.executor.tangents(cohort, params, zero, ids)
+    return float(w @ losses / w.sum())
+
+
+CASES = [("sgd", "als", ("server_learning_rate",)), ("sgd", "sgd", ("server_learning_rate",)),
+         ("momentum", "als", ("server_learning_rate", "momentum")),
+         ("momentum", "sgd", ("momentum",)), ("sgd", "als", ("weight_exponent",)),
+         ("momentum", "als", ("weight_exponent", "server_learning_rate"))]
+
+
+@pytest.mark.parametrize("opt, recon, names", CASES)
+def test_round_hypergradient_matches_finite_difference(pop, opt, recon, names):
+    """d/dz of round t+1's loss at x_{t+1}(z), through round t's aggregate and server step."""
+    est = FedReconMF(n_factors=3, n_rounds=10, clients_per_round=30, reconstruction=recon,
+                     recon_steps=10, server_optimizer=opt, dtype="float64",
+                     server_learning_rate=0.5 if opt == "sgd" else 0.2,
+                     learn_hyperparams=names, random_state=0)
+    est._check_params()
+    run = est._start(pop, None)
+    for t in range(4):
+        run.round(t)
+    t = 4
+    ids, ids_next = np.array([run.seed, t], np.uint64), np.array([run.seed, t + 1], np.uint64)
+    cohort, cohort_next = run.select(t), run.select(t + 1)
+    hp0 = run.hyper.hyperparams(run.hyperparams)
+    out = run.executor.run(cohort, run.params, ids)
+
+    def step(z):
+        learner = copy.deepcopy(run.hyper)
+        learner.z = z
+        hp = learner.hyperparams(hp0)
+        delta = run.aggregator(out, hp, t)
+        state, params, _ = server_update(run.opt, copy.deepcopy(run.opt_state),
+                                         copy.deepcopy(run.params), delta, hp)
+        return learner, hp, delta, state, params
+
+    learner, hp, delta, state, params = step(run.hyper.z.copy())
+    learner.after_step(run.opt_state, state, delta, out, hp, params["Q"].shape)
+    _, jvp, w = run.executor.tangents(cohort_next, params, learner.tangents, ids_next)
+    analytic = w @ jvp / w.sum()
+    for h in range(len(names)):
+        eps = 1e-5
+        zp, zm = run.hyper.z.copy(), run.hyper.z.copy()
+        zp[h] += eps
+        zm[h] -= eps
+        fd = (_next_loss(run, cohort_next, step(zp)[4], ids_next)
+              - _next_loss(run, cohort_next, step(zm)[4], ids_next)) / (2 * eps)
+        assert analytic[h] == pytest.approx(fd, rel=1e-4, abs=1e-8), names[h]
+
+
+def test_learning_off_is_todays_run_bit_for_bit(pop):
+    base = dict(n_factors=3, n_rounds=8, clients_per_round=30, random_state=0)
+    a = FedReconMF(**base).fit(pop)
+    b = FedReconMF(**base, learn_hyperparams=None, hyper_learning_rate=0.7,
+                   hyper_optimizer="sgd").fit(pop)
+    c = FedReconMF(**base, learn_hyperparams=[]).fit(pop)
+    for m in (b, c):
+        np.testing.assert_array_equal(a.item_factors_, m.item_factors_)
+        assert [h["loss"] for h in a.history_] == [h["loss"] for h in m.history_]
+        assert not hasattr(m, "learned_hyperparams_")
+
+
+def test_learned_values_are_recorded_and_move(pop):
+    m = FedReconMF(n_factors=3, n_rounds=12, clients_per_round=30, random_state=0,
+                   server_optimizer="momentum", server_learning_rate=0.3,
+                   learn_hyperparams=("server_learning_rate", "momentum", "weight_exponent"),
+                   hyper_learning_rate=0.05).fit(pop)
+    lrs = [h["server_learning_rate"] for h in m.history_]
+    assert lrs[0] == pytest.approx(0.3) and len(set(lrs)) > 5
+    assert all("hypergrad_momentum" in h for h in m.history_[1:])
+    assert set(m.learned_hyperparams_) == {"server_learning_rate", "momentum", "weight_exponent"}
+    assert 0 < m.learned_hyperparams_["momentum"] < 1
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(learn_hyperparams="server_learning_rate"), TypeError, "list or tuple"),
+    (dict(learn_hyperparams=["lr"]), ValueError, "learn_hyperparams"),
+    (dict(learn_hyperparams=["momentum"]), ValueError, "server_optimizer='momentum'"),
+    (dict(learn_hyperparams=["server_learning_rate"], server_optimizer="adam",
+          server_learning_rate=0.01), ValueError, "'sgd' and 'momentum'"),
+    (dict(learn_hyperparams=["server_learning_rate"] * 2), ValueError, "twice"),
+    (dict(learn_hyperparams=["server_learning_rate"], hyper_learning_rate=0), ValueError,
+     "hyper_learning_rate"),
+    (dict(learn_hyperparams=["server_learning_rate"], hyper_learning_rate=-1), ValueError,
+     "hyper_learning_rate"),
+    (dict(learn_hyperparams=["server_learning_rate"], hyper_optimizer="rmsprop"), ValueError,
+     "hyper_optimizer"),
+    (dict(server_optimizer="momentum", server_optimizer_options={"momentum": 1.0},
+          learn_hyperparams=["momentum"]), ValueError, "momentum"),
+    (dict(learn_hyperparams=["weight_exponent"], checkpoint_path="x.ckpt"), ValueError,
+     "checkpoint_path"),
+])
+def test_bad_hyper_settings_are_named(pop, kw, err, match):
+    with pytest.raises(err, match=match):
+        FedReconMF(n_factors=2, n_rounds=2, **kw).fit(pop)
+
+
+def test_aggregators_refuse_learning(pop):
+    from fedcf.federated import TrimmedMean
+
+    with pytest.raises(ValueError, match="aggregator=None"):
+        FedReconMF(n_factors=2, n_rounds=2, aggregator=TrimmedMean(0.1),
+                   learn_hyperparams=["server_learning_rate"]).fit(pop)
+
+
+def test_hyperparams_of_a_round_follow_the_learner():
+    from fedcf.federated.hyper import HyperLearner
+    from fedcf.federated.phases import RoundHyperparams
+
+    hp = RoundHyperparams(0.5, {"momentum": 0.9}, 1.0)
+    h = HyperLearner.start(("server_learning_rate", "momentum", "weight_exponent"), hp, 0.1, "sgd")
+    assert h.hyperparams(hp) == hp
+    h.update(np.zeros(2), np.array([[1.0, -1.0, 2.0], [1.0, -1.0, 2.0]]), np.ones(2))
+    new = h.hyperparams(hp)
+    assert new.server_learning_rate == pytest.approx(0.5 * np.exp(-0.1))
+    assert new.server_options["momentum"] > 0.9 and new.weight_exponent == pytest.approx(0.8)
+    assert replace(new, server_learning_rate=0.5) != hp
