@@ -32,7 +32,7 @@ from .datasets import (
 
 BENCHMARKS = {"movielens": "movielens_benchmark", "speed": "bench", "ctr": "ctr_simulation",
               "implicit": "implicit_benchmark", "privacy": "privacy_benchmark",
-              "scale": "fedrecon_scale"}
+              "scale": "fedrecon_scale", "hyper": "hypergradient_benchmark"}
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError, DataUnavailableError, MemoryError,
                FloatingPointError, ImportError)
 # shortcut flag -> estimator parameter

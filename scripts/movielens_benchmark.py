@@ -97,6 +97,8 @@ def paper_rows(inter, args):
          {**fed_common, **PAPER}, "recon"),
         ("FedRecon (ALS reconstruction, biases)", "recon", FedReconMF, {**fed_common, **OURS},
          "recon"),
+        ("FedRecon (learned server lr)", "recon", FedReconMF,
+         {**fed_common, **OURS, "learn_hyperparams": ["server_learning_rate"]}, "recon"),
         ("FedRecon (ALS) + StandardEval", "standard", FedReconMF, {**fed_common, **OURS},
          "standard"),
         ("FedRecon (no split)", "recon", FedReconMF, {**fed_common, **PAPER, "split": "none"},

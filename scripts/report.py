@@ -109,7 +109,9 @@ def results_values(paper, cold, tuned, sweeps, scale, random_rows) -> dict:
          "joint": rmse_acc(by["FedRecon (joint training, client lr 0.1)"]),
          "adagrad": rmse_acc(by["FedRecon (Adagrad server)"]),
          "adam": rmse_acc(by["FedRecon (Adam server)"]),
-         "yogi": rmse_acc(by["FedRecon (Yogi server)"])}
+         "yogi": rmse_acc(by["FedRecon (Yogi server)"]),
+         "learned": rmse_acc(by["FedRecon (learned server lr)"])
+         if "FedRecon (learned server lr)" in by else "not measured yet"}
     grid = [r for r in tuned if r["protocol"] == "paper-recon-val"]
     best = next(r for r in grid if r.get("selected"))
     chosen = next(r for r in tuned if "tuned on validation" in r["name"])
@@ -337,6 +339,52 @@ def privacy_values(rows) -> dict:
     }
 
 
+# ---------------------------------------------------------------------- HYPER.md
+def hyper_values(doc) -> dict:
+    rows, meta = doc["rows"], doc["meta"]
+    trials = [r for r in rows if r["section"] == "trials"]
+    by = {m: [r for r in trials if r["mode"] == m] for m in ("fixed", "learned")}
+
+    def rmse(x):
+        return "diverged" if not np.isfinite(x) else f"{x:.4f}"
+
+    summary = [(m, sum(r["diverged"] for r in rs), rmse(float(np.median([r["rmse"] for r in rs]))),
+                rmse(min(r["rmse"] for r in rs))) for m, rs in by.items()]
+    ns = [n for n in (1, 2, 5, 10, 20, 50) if n <= len(doc["best_of_n"]["fixed"])]
+    best = next((r for r in trials if "trajectory" in r), None)
+    traj = []
+    if best is not None:
+        tr = best["trajectory"]
+        traj = [(5 * k, f"{tr['server_learning_rate'][k]:.3g}", f"{tr['momentum'][k]:.3f}")
+                for k in range(0, len(tr["momentum"]), 20)]
+    pairs = sorted(zip(by["fixed"], by["learned"]), key=lambda p: p[0]["lr0"])
+    weighting = [r for r in rows if r["section"] == "weighting"]
+    return {
+        "provenance": provenance(meta, "hyper.json"), "rounds": meta["rounds"],
+        "trials": meta["trials"], "hyper_lr": "0.01",
+        "table_summary": table(["values", "diverged", "median RMSE", "best RMSE"], summary),
+        "table_best_of_n": table(["n trials", *ns], [
+            (m, *(rmse(doc["best_of_n"][m][n - 1]) for n in ns)) for m in ("fixed", "learned")]),
+        "best_trial": "none" if best is None else f"trial {best['trial']}, start lr "
+        f"{best['lr0']:.3g}, momentum {best['momentum0']:.2f}",
+        "table_trajectory": table(["round", "server lr", "momentum"], traj),
+        "table_trials": table(
+            ["start lr", "start momentum", "fixed RMSE", "learned RMSE", "learned lr (end)",
+             "learned momentum (end)"],
+            [(f"{f['lr0']:.3g}", f"{f['momentum0']:.2f}", rmse(f["rmse"]), rmse(g["rmse"]),
+              f"{g['server_learning_rate_final']:.3g}" if "server_learning_rate_final" in g
+              else "—", f"{g['momentum_final']:.3f}" if "momentum_final" in g else "—")
+             for f, g in pairs]),
+        "table_weighting": table(
+            ["population", "weighting", "ReconEval RMSE", "query loss (last 50 rounds)",
+             "α at the end"],
+            [(r["population"], r["name"], rmse(r["rmse"]),
+              f"{np.mean(r['loss_curve'][-50:]):.4f}" if r["loss_curve"] else "—",
+              "" if r["alpha_final"] is None else f"{r['alpha_final']:.3f}")
+             for r in weighting]),
+    }
+
+
 # ---------------------------------------------------------------------- README blocks
 def tune_block(tuned) -> str:
     grid = [r for r in tuned if r["protocol"] == "paper-recon-val"]
@@ -417,6 +465,9 @@ def documents() -> dict[Path, str]:
             paper, cold, tuned, sweeps, scale, random_rows)),
         ROOT / "eval" / "CTR.md": render(t["CTR"], ctr_values(ctr, impl, pop)),
         ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], perf_values(bench)),
+        **({ROOT / "eval" / "HYPER.md": render((TEMPLATES / "HYPER.md").read_text(),
+                                                hyper_values(load("hyper.json")))}
+           if load("hyper.json") else {}),
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json"))})}
            if privacy else {}),

@@ -244,7 +244,7 @@ def test_benchmark_runs_a_script_job(tmp_path, capsys):
     code = main(["benchmark", "movielens", "--dataset", "synthetic", "--quick", "--no-progress",
                  "--json", str(out)])
     capsys.readouterr()
-    assert code == 0 and len(json.loads(out.read_text())) == 13
+    assert code == 0 and len(json.loads(out.read_text())) == 14
 
 
 def test_console_script_and_module_entry_points():

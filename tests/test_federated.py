@@ -301,7 +301,7 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
     out = tmp_path / "rows.json"
     bench.main(["--dataset", "synthetic", "--quick", "--no-progress", "--json", str(out)])
     rows = json.loads(out.read_text())
-    assert len(rows) == 13
+    assert len(rows) == 14
     for r in rows:
         assert {"name", "protocol", "rmse", "accuracy", "seconds"} <= set(r)
     tuned = bench.main(["--dataset", "synthetic", "--quick", "--no-progress", "--tune"])

@@ -110,6 +110,45 @@ def test_round_hypergradient_matches_finite_difference(pop, opt, recon, names):
         assert analytic[h] == pytest.approx(fd, rel=1e-4, abs=1e-8), names[h]
 
 
+def test_fedavg_round_hypergradient_matches_finite_difference(pop):
+    from fedcf import FedAvgMF
+
+    est = FedAvgMF(n_factors=3, n_rounds=10, clients_per_round=30, dtype="float64",
+                   server_optimizer="momentum", server_learning_rate=0.3,
+                   learn_hyperparams=["server_learning_rate", "momentum"], random_state=0)
+    est._check_params()
+    run = est._start(pop, None)
+    for t in range(3):
+        run.round(t)
+    t = 3
+    ids, ids_next = np.array([run.seed, t], np.uint64), np.array([run.seed, t + 1], np.uint64)
+    cohort, cohort_next = run.select(t), run.select(t + 1)
+    hp = run.hyper.hyperparams(run.hyperparams)
+    local0 = copy.deepcopy(run.local)
+    out = run.executor.run(cohort, run.params, ids)  # updates the cohort's stored rows
+    delta = run.aggregator(out, hp, t)
+
+    def params_at(z):
+        learner = copy.deepcopy(run.hyper)
+        learner.z = z
+        h = learner.hyperparams(hp)
+        return server_update(run.opt, copy.deepcopy(run.opt_state), copy.deepcopy(run.params),
+                             run.aggregator(out, h, t), h)
+
+    state, params, _ = params_at(run.hyper.z.copy())
+    run.hyper.after_step(run.opt_state, state, delta, out, hp, params["Q"].shape)
+    _, jvp, w = run.executor.tangents(cohort_next, params, run.hyper.tangents, ids_next)
+    analytic = w @ jvp / w.sum()
+    for h in range(2):
+        zp, zm = run.hyper.z.copy(), run.hyper.z.copy()
+        zp[h] += 1e-5
+        zm[h] -= 1e-5
+        fd = (_next_loss(run, cohort_next, params_at(zp)[1], ids_next)
+              - _next_loss(run, cohort_next, params_at(zm)[1], ids_next)) / 2e-5
+        assert analytic[h] == pytest.approx(fd, rel=1e-4, abs=1e-8)
+    assert not np.array_equal(local0[0], run.local[0])  # the stored rows did train
+
+
 def test_learning_off_is_todays_run_bit_for_bit(pop):
     base = dict(n_factors=3, n_rounds=8, clients_per_round=30, random_state=0)
     a = FedReconMF(**base).fit(pop)

@@ -192,3 +192,25 @@ def fedrecon_tangent_clients(data, clients, glob, tangents, cfg, recon_hp, mu, i
             sgd_tangent(s_items, s_vals, Q, b, TQ, Tb, recon_hp, state, x, dx)
         losses[k] = query_loss(q_items, q_vals, Q, b, mu, x[:K], x[K])
         query_tangent(q_items, q_vals, Q, b, TQ, Tb, mu, x, dx, jvp[k])
+
+
+@njit(cache=True, parallel=True)
+def stateful_tangent_clients(data, clients, glob, local, tangents, mu, losses, jvp):
+    """FedAvg / FURL clients: the loss of their stored row (p, c) on all their data at the
+    broadcast (Q, b), and its derivative along each tangent (the stored rows do not move with the
+    server's hyperparameters within the round)."""
+    indptr, items, values = data[0], data[1], data[2]
+    Q, b = glob[0], glob[1]
+    P, c = local[0], local[1]
+    TQ, Tb = tangents[0], tangents[1]
+    K, H = Q.shape[1], TQ.shape[0]
+    for k in prange(clients.shape[0]):
+        u = clients[k]
+        s0, e0 = indptr[u], indptr[u + 1]
+        x = np.zeros(K + 1)
+        for a in range(K):
+            x[a] = P[u, a]
+        x[K] = c[u]
+        dx = np.zeros((H, K + 1))
+        losses[k] = query_loss(items[s0:e0], values[s0:e0], Q, b, mu, x[:K], x[K])
+        query_tangent(items[s0:e0], values[s0:e0], Q, b, TQ, Tb, mu, x, dx, jvp[k])

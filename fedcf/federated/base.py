@@ -28,6 +28,7 @@ from ..datasets import Interactions
 from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .checkpoint import RESUME_FREE, data_fingerprint
+from .hyper import HyperLearner, check_learnable
 from .loop import Run
 from .optimizers import OPTIMIZERS, make_server_optimizer
 from .phases import LocalExecutor, RoundHyperparams, Selector, WeightedMean
@@ -137,6 +138,8 @@ class FederatedMFBase(MFEstimatorBase):
 
     def _check_combinations(self):
         """Rules that involve several parameters (subclasses extend)."""
+        if getattr(self, "learn_hyperparams", None):
+            check_learnable(self)
         if self._differentially_private() and self.oversample > 0:
             raise ValueError("oversample must be 0 with DPGaussianMean: differential privacy "
                              "samples clients by Poisson sampling, which has no surplus to cut")
@@ -232,7 +235,10 @@ class FederatedMFBase(MFEstimatorBase):
 
     def _make_hyper(self):
         """Learned round hyperparameters (hyper.py), or None: the fixed ones."""
-        return None
+        if not getattr(self, "learn_hyperparams", None):
+            return None
+        return HyperLearner.start(tuple(self.learn_hyperparams), self._round_hyperparams(),
+                                  self.hyper_learning_rate, self.hyper_optimizer)
 
     def _make_aggregator(self):
         """Phase 3 (aggregate): the ``aggregator`` parameter, else the weighted mean."""

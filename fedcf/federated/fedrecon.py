@@ -12,10 +12,10 @@ from .._kernels.hypergrad import fedrecon_tangent_clients
 from .._kernels.layout import HP_OFFSET, SPLITS, client_cfg, recon_init_cfg, sgd_hp
 from .._kernels.rng import stream_keys
 from .._kernels.sgd import sgd_reconstruct_rows
-from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real, Sequence
+from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
 from ..models.base import RatingScoreMixin
 from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
-from .hyper import LEARNABLE, HyperLearner, check_learnable
+from .hyper import HYPER_CONSTRAINTS
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class FedReconProgram:
                          self.update_hp, ids, out)
         return None
 
-    def tangents(self, data, clients, params, tangents, ids):
+    def tangents(self, data, clients, params, local, tangents, ids):
         """(query losses, derivatives along each tangent) of the clients, see hyper.py."""
         losses = np.full(len(clients), np.nan)
         jvp = np.zeros((len(clients), tangents[0].shape[0]))
@@ -113,7 +113,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         Needs server_optimizer "sgd" or "momentum" ("momentum" for learning the momentum) and the
         plain weighted mean (aggregator=None). "weight_exponent" is α in w_i = n_i^α, starting
         from ``client_weighting`` (1 by examples, 0 uniform).
-    hyper_learning_rate : float, default 0.02
+    hyper_learning_rate : float, default 0.01
         Step of the hyper-optimizer on log η_s, logit β and α.
     hyper_optimizer : {"adam", "sgd"}, default "adam"
     random_state : int, RandomState or None
@@ -144,8 +144,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         "reconstruction": Options("als", "sgd"), "recon_steps": Int(0, 10**9),
         "recon_epochs": Int(1, 10**6), "recon_learning_rate": Real(0.0, low_open=True),
         "recon_init": Options("uniform", "zeros"), "recon_regularization": NoneOr(Real(0.0)),
-        "joint": Bool(), "learn_hyperparams": NoneOr(Sequence(*LEARNABLE)),
-        "hyper_learning_rate": Real(0.0, low_open=True), "hyper_optimizer": Options("adam", "sgd"),
+        "joint": Bool(), **HYPER_CONSTRAINTS,
     }
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
@@ -157,7 +156,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
                  recon_learning_rate=0.1, recon_init="uniform", recon_regularization=None,
                  joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, learn_hyperparams=None,
-                 hyper_learning_rate=0.02, hyper_optimizer="adam", random_state=None,
+                 hyper_learning_rate=0.01, hyper_optimizer="adam", random_state=None,
                  verbose=False):
         self.n_factors = n_factors
         self.biases = biases
@@ -199,8 +198,6 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
 
     def _check_combinations(self):
         super()._check_combinations()
-        if self.learn_hyperparams:
-            check_learnable(self)
         if self.split != "none" and self.support_fraction >= 1.0:
             raise ValueError(f"support_fraction={self.support_fraction} with split={self.split!r} "
                              "leaves every query set empty, so nothing would be trained; use a "
@@ -214,12 +211,6 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     def _recon_hp(self, mu):
         return sgd_hp(self.recon_learning_rate, self._recon_lam(), self.batch_size, self.recon_steps,
                       self.recon_epochs, mu, self.biases)
-
-    def _make_hyper(self):
-        if not self.learn_hyperparams:
-            return None
-        return HyperLearner.start(tuple(self.learn_hyperparams), self._round_hyperparams(),
-                                  self.hyper_learning_rate, self.hyper_optimizer)
 
     def _client_program(self, inter, mu):
         cfg = client_cfg(self.split, self.support_fraction, self.reconstruction, self.recon_init,

@@ -25,9 +25,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .._kernels.server import sum_sorted_runs
+from .._validation import NoneOr, Options, Real, Sequence
 from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, entries
 
 LEARNABLE = ("server_learning_rate", "momentum", "weight_exponent")
+HYPER_CONSTRAINTS = {"learn_hyperparams": NoneOr(Sequence(*LEARNABLE)),
+                     "hyper_learning_rate": Real(0.0, low_open=True),
+                     "hyper_optimizer": Options("adam", "sgd")}
 _BOUNDS = {"server_learning_rate": (np.log(1e-4), np.log(1e3)), "momentum": (-8.0, 8.0),
            "weight_exponent": (-2.0, 4.0)}
 

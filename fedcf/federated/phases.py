@@ -148,7 +148,8 @@ class LocalExecutor:
         (federated hypergradients, see hyper.py): (losses (m,), jvp (m, H), query sizes (m,))."""
         clients = cohort.clients
         weights, _ = self.program.layout(self.counts[clients])
-        losses, jvp = self.program.tangents(self.data, clients, params, tangents, ids)
+        losses, jvp = self.program.tangents(self.data, clients, params, self.local_state,
+                                            tangents, ids)
         return losses, jvp, weights.astype(np.float64)
 
 

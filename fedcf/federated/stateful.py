@@ -7,9 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._kernels.clients import stateful_clients
+from .._kernels.hypergrad import stateful_tangent_clients
+from .._kernels.layout import HP_OFFSET
 from .._validation import Bool, RatingScale, Real
 from ..models.base import RatingScoreMixin
 from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
+from .hyper import HYPER_CONSTRAINTS
 
 _PARAMS_DOC = """
     Parameters
@@ -34,7 +37,8 @@ _PARAMS_DOC = """
     rating_scale : (low, high) or None
     recon_regularization : float, default 0.1
         Ridge λ of the exact reconstruction that serves users unseen in fit.
-    eval_every, checkpoint_path, checkpoint_every, dtype, aggregator, random_state, verbose
+    eval_every, checkpoint_path, checkpoint_every, dtype, aggregator, learn_hyperparams,
+    hyper_learning_rate, hyper_optimizer, random_state, verbose
         As in FedReconMF.
 
     Attributes
@@ -60,6 +64,14 @@ class StatefulProgram:
         stateful_clients(data, clients, (params["Q"], params["b"]), local, self.update_hp, ids, out)
         return None
 
+    def tangents(self, data, clients, params, local, tangents, ids):
+        """(losses of the stored user rows, derivatives along each tangent), see hyper.py."""
+        losses = np.full(len(clients), np.nan)
+        jvp = np.zeros((len(clients), tangents[0].shape[0]))
+        stateful_tangent_clients(data, clients, (params["Q"], params["b"]), local, tangents,
+                                 float(self.update_hp[HP_OFFSET]), losses, jvp)
+        return losses, jvp
+
 
 class _StatefulMF(RatingScoreMixin, FederatedMFBase):
     """FedPer-style training: each user's row is trained jointly with the item rows it touches
@@ -69,7 +81,7 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
     _recon_lam_attr = "recon_regularization"
     _keeps_user_rows = True
-    _parameter_constraints = {**FEDERATED_CONSTRAINTS, "biases": Bool(),
+    _parameter_constraints = {**FEDERATED_CONSTRAINTS, **HYPER_CONSTRAINTS, "biases": Bool(),
                               "rating_scale": RatingScale(), "recon_regularization": Real(0.0)}
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
@@ -78,7 +90,8 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
                  regularization=0.0, client_weighting="num_examples", min_examples=1,
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None,
                  recon_regularization=0.1, eval_every=0, checkpoint_path=None,
-                 checkpoint_every=50, dtype="float32", aggregator=None, random_state=None,
+                 checkpoint_every=50, dtype="float32", aggregator=None, learn_hyperparams=None,
+                 hyper_learning_rate=0.01, hyper_optimizer="adam", random_state=None,
                  verbose=False):
         self.n_factors = n_factors
         self.biases = biases
@@ -104,6 +117,9 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
         self.checkpoint_every = checkpoint_every
         self.dtype = dtype
         self.aggregator = aggregator
+        self.learn_hyperparams = learn_hyperparams
+        self.hyper_learning_rate = hyper_learning_rate
+        self.hyper_optimizer = hyper_optimizer
         self.random_state = random_state
         self.verbose = verbose
 
