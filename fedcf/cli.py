@@ -390,7 +390,8 @@ def _pyplot():
 
 def plot_history(model, out) -> Path:
     """PNG of a model's ``history_``: loss (and per-round evaluation) per round, clients used and
-    dropped, values uploaded; a centralized model's training RMSE per epoch."""
+    dropped, values uploaded, learned hyperparameters if any; a centralized model's training
+    RMSE per epoch."""
     from .datasets._files import atomic_write
 
     plt = _pyplot()
@@ -403,8 +404,16 @@ def plot_history(model, out) -> Path:
         ax.plot(hist["epoch"] + 1, hist[col], marker="o")
         ax.set(xlabel="epoch", ylabel=col.replace("_", " "), title=type(model).__name__)
     else:
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+        learned = [c for c in ("server_learning_rate", "momentum", "weight_exponent")
+                   if c in hist]
+        fig, axes = plt.subplots(1, 3 + bool(learned), figsize=(13 + 4 * bool(learned), 3.5))
         x = hist["round"] + 1
+        for col in learned:
+            axes[3].plot(x, hist[col], lw=1, label=col.replace("_", " "))
+        if learned:
+            axes[3].set(xlabel="round", title="learned hyperparameters", yscale="log"
+                        if "weight_exponent" not in learned else "linear")
+            axes[3].legend()
         axes[0].plot(x, hist["loss"], lw=1, label="client query loss (MSE)")
         if "eval" in hist:
             ev = pd.DataFrame([e if isinstance(e, dict) else {} for e in hist["eval"]], index=x)

@@ -371,7 +371,7 @@ def hyper_values(doc) -> dict:
         "table_trials": table(
             ["start lr", "start momentum", "fixed RMSE", "learned RMSE", "learned lr (end)",
              "learned momentum (end)"],
-            [(f"{f['lr0']:.3g}", f"{f['momentum0']:.2f}", rmse(f["rmse"]), rmse(g["rmse"]),
+            [(f"{f["lr0"]:.3g}", f"{f['momentum0']:.2f}", rmse(f["rmse"]), rmse(g["rmse"]),
               f"{g['server_learning_rate_final']:.3g}" if "server_learning_rate_final" in g
               else "—", f"{g['momentum_final']:.3f}" if "momentum_final" in g else "—")
              for f, g in pairs]),

@@ -86,6 +86,17 @@ def test_train_with_validation_records_evaluation(files, capsys, tmp_path):
     assert "wrote" in err and (tmp_path / "p.png").exists()
 
 
+def test_plot_shows_learned_hyperparameters(files, capsys, tmp_path):
+    out = tmp_path / "m.npz"
+    code, _, err = run(["train", "--data", str(files / "train.csv"), "--model", "fedrecon",
+                        "--out", str(out), "--rounds", "6", "--factors", "2", "--set",
+                        "learn_hyperparams=[\"server_learning_rate\"]", "--plot",
+                        str(tmp_path / "p.png")], capsys)
+    assert code == 0, err
+    assert len({h["server_learning_rate"] for h in load_model(out).history_}) > 1
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_evaluate_matches_the_python_api(files, capsys, tmp_path):
     from fedcf.datasets import Interactions
     from fedcf.eval import recon_eval

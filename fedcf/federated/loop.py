@@ -179,6 +179,9 @@ class Run:
         if self.hyper.tangents is not None:
             losses, jvp, w = self.executor.tangents(cohort, self.params, self.hyper.tangents, ids)
             rec = self.hyper.update(losses, jvp, w)
+            H, K = jvp.shape[1], self.params["Q"].shape[1]
+            held = int(self.executor.counts[cohort.clients].sum())  # rows the clients hold
+            rec.update(hyper_values_down=H * held * (K + 1), hyper_values_up=H * len(w))
         self.hyperparams = self.hyper.hyperparams(self.hyperparams)
         return {**self.hyper.values(), **rec}
 
