@@ -28,6 +28,10 @@ from fedcf.datasets import VARIANTS, load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
 
 LEARN = ("server_learning_rate", "momentum")
+# learned: derivatives from held-out validation users (the default hyper_holdout = 0.1);
+# own cohort: from the round's training clients (hyper_holdout = 0, the paper's parallel form)
+MODES = {"fixed": {}, "learned": {"learn_hyperparams": LEARN},
+         "learned (own cohort)": {"learn_hyperparams": LEARN, "hyper_holdout": 0.0}}
 
 
 def load(name: str, seed: int):
@@ -62,15 +66,15 @@ def trial_rows(train, test, args):
         beta = float(rng.uniform(0.0, 0.95))
         base = dict(n_rounds=args.rounds, server_optimizer="momentum", server_learning_rate=lr,
                     server_optimizer_options={"momentum": beta}, random_state=args.seed)
-        for mode in ("fixed", "learned"):
-            params = base if mode == "fixed" else {**base, "learn_hyperparams": LEARN}
+        for mode, extra in MODES.items():
+            params = {**base, **extra}
             res, model = fit_eval(params, train, test, args.seed)
             rows.append({"section": "trials", "trial": i, "mode": mode, "lr0": lr,
                          "momentum0": beta, **res})
-            if model is not None and mode == "learned":
+            if model is not None and mode != "fixed":
                 curves[i] = {k: [h[k] for h in model.history_][::5] for k in LEARN}
                 rows[-1].update({f"{k}_final": v for k, v in model.learned_hyperparams_.items()})
-            print(f"trial {i:2d} {mode:7s} lr0 {lr:7.3f} β0 {beta:.2f}: RMSE {res['rmse']:.4f}"
+            print(f"trial {i:2d} {mode:20s} lr0 {lr:7.3f} β0 {beta:.2f}: RMSE {res['rmse']:.4f}"
                   f"{' (diverged)' if res['diverged'] else ''}", flush=True)
     best = min((r for r in rows if r["mode"] == "learned" and not r["diverged"]),
                key=lambda r: r["rmse"], default=None)
@@ -121,7 +125,7 @@ def plot(rows, n_max, args):
     os.makedirs(args.plot_dir, exist_ok=True)
     trials = [r for r in rows if r["section"] == "trials"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for mode in ("fixed", "learned"):
+    for mode in MODES:
         rm = np.array([r["rmse"] for r in trials if r["mode"] == mode])
         axes[0].plot(range(1, n_max + 1), best_of_n(rm, n_max), label=mode)
     axes[0].set(xlabel="trials", ylabel="best ReconEval RMSE (bootstrap mean)",
@@ -172,7 +176,7 @@ def main(argv=None):
         rows += weighting_rows(args.dataset, train, test, args)
     n_max = args.trials
     summary = {mode: best_of_n(np.array([r["rmse"] for r in rows if r.get("mode") == mode]),
-                               n_max) for mode in ("fixed", "learned")}
+                               n_max) for mode in MODES}
     meta.update(total_seconds=time.perf_counter() - t0, dataset=args.dataset, trials=args.trials,
                 rounds=args.rounds)
     out = {"meta": meta, "rows": rows, "best_of_n": summary}

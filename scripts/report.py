@@ -343,38 +343,44 @@ def privacy_values(rows) -> dict:
 def hyper_values(doc) -> dict:
     rows, meta = doc["rows"], doc["meta"]
     trials = [r for r in rows if r["section"] == "trials"]
-    by = {m: [r for r in trials if r["mode"] == m] for m in ("fixed", "learned")}
+    modes = list(doc["best_of_n"])
+    by = {m: [r for r in trials if r["mode"] == m] for m in modes}
 
     def rmse(x):
         return "diverged" if not np.isfinite(x) else f"{x:.4f}"
 
     summary = [(m, sum(r["diverged"] for r in rs), rmse(float(np.median([r["rmse"] for r in rs]))),
-                rmse(min(r["rmse"] for r in rs))) for m, rs in by.items()]
-    ns = [n for n in (1, 2, 5, 10, 20, 50) if n <= len(doc["best_of_n"]["fixed"])]
+                rmse(max(r["rmse"] for r in rs)), rmse(min(r["rmse"] for r in rs)))
+               for m, rs in by.items()]
+    ns = [n for n in (1, 2, 5, 10, 20, 50) if n <= len(doc["best_of_n"][modes[0]])]
     best = next((r for r in trials if "trajectory" in r), None)
     traj = []
     if best is not None:
         tr = best["trajectory"]
         traj = [(5 * k, f"{tr['server_learning_rate'][k]:.3g}", f"{tr['momentum'][k]:.3f}")
                 for k in range(0, len(tr["momentum"]), 20)]
-    pairs = sorted(zip(by["fixed"], by["learned"]), key=lambda p: p[0]["lr0"])
+    order = np.argsort([r["lr0"] for r in by[modes[0]]])
+
+    def end(r, k, fmt):
+        return format(r[k], fmt) if k in r else "—"
+
+    trial_rows = [(f"{by[modes[0]][i]['lr0']:.3g}", f"{by[modes[0]][i]['momentum0']:.2f}",
+                   *(rmse(by[m][i]["rmse"]) for m in modes),
+                   end(by["learned"][i], "server_learning_rate_final", ".3g"),
+                   end(by["learned"][i], "momentum_final", ".3f")) for i in order]
     weighting = [r for r in rows if r["section"] == "weighting"]
     return {
         "provenance": provenance(meta, "hyper.json"), "rounds": meta["rounds"],
         "trials": meta["trials"], "hyper_lr": "0.01",
-        "table_summary": table(["values", "diverged", "median RMSE", "best RMSE"], summary),
-        "table_best_of_n": table(["n trials", *ns], [
-            (m, *(rmse(doc["best_of_n"][m][n - 1]) for n in ns)) for m in ("fixed", "learned")]),
+        "table_summary": table(["values", "diverged", "median RMSE", "worst RMSE", "best RMSE"],
+                               summary),
+        "table_best_of_n": table(["n trials", *map(str, ns)], [
+            (m, *(rmse(doc["best_of_n"][m][n - 1]) for n in ns)) for m in modes]),
         "best_trial": "none" if best is None else f"trial {best['trial']}, start lr "
         f"{best['lr0']:.3g}, momentum {best['momentum0']:.2f}",
         "table_trajectory": table(["round", "server lr", "momentum"], traj),
-        "table_trials": table(
-            ["start lr", "start momentum", "fixed RMSE", "learned RMSE", "learned lr (end)",
-             "learned momentum (end)"],
-            [(f"{f["lr0"]:.3g}", f"{f['momentum0']:.2f}", rmse(f["rmse"]), rmse(g["rmse"]),
-              f"{g['server_learning_rate_final']:.3g}" if "server_learning_rate_final" in g
-              else "—", f"{g['momentum_final']:.3f}" if "momentum_final" in g else "—")
-             for f, g in pairs]),
+        "table_trials": table(["start lr", "start momentum", *(f"{m} RMSE" for m in modes),
+                               "learned lr (end)", "learned momentum (end)"], trial_rows),
         "table_weighting": table(
             ["population", "weighting", "ReconEval RMSE", "query loss (last 50 rounds)",
              "α at the end"],

@@ -149,6 +149,24 @@ def test_fedavg_round_hypergradient_matches_finite_difference(pop):
     assert not np.array_equal(local0[0], run.local[0])  # the stored rows did train
 
 
+def test_holdout_users_never_train_and_report_the_derivatives(pop):
+    est = FedReconMF(n_factors=3, n_rounds=4, clients_per_round=20, random_state=0,
+                     learn_hyperparams=["server_learning_rate"], hyper_holdout=0.25)
+    est._check_params()
+    run = est._start(pop, None)
+    train, held = run.select.eligible, run.hyper_select.eligible
+    assert not np.intersect1d(train, held).size
+    assert len(held) == round(0.25 * pop.n_users) and len(train) + len(held) == pop.n_users
+    seen = np.concatenate([run.select(t).clients for t in range(20)])
+    assert np.isin(seen, train).all()
+    assert np.isin(run.hyper_select(3).clients, held).all()
+    own = FedReconMF(n_factors=3, n_rounds=6, clients_per_round=20, random_state=0,
+                     learn_hyperparams=["server_learning_rate"], hyper_holdout=0.0).fit(pop)
+    val = FedReconMF(n_factors=3, n_rounds=6, clients_per_round=20, random_state=0,
+                     learn_hyperparams=["server_learning_rate"], hyper_holdout=0.25).fit(pop)
+    assert own.history_[-1]["server_learning_rate"] != val.history_[-1]["server_learning_rate"]
+
+
 def test_learning_off_is_todays_run_bit_for_bit(pop):
     base = dict(n_factors=3, n_rounds=8, clients_per_round=30, random_state=0)
     a = FedReconMF(**base).fit(pop)
@@ -190,10 +208,23 @@ def test_learned_values_are_recorded_and_move(pop):
           learn_hyperparams=["momentum"]), ValueError, "momentum"),
     (dict(learn_hyperparams=["weight_exponent"], checkpoint_path="x.ckpt"), ValueError,
      "checkpoint_path"),
+    (dict(learn_hyperparams=["server_learning_rate"], hyper_holdout=0.95), ValueError,
+     "hyper_holdout"),
+    (dict(learn_hyperparams=["server_learning_rate"], hyper_holdout=-0.1), ValueError,
+     "hyper_holdout"),
 ])
 def test_bad_hyper_settings_are_named(pop, kw, err, match):
     with pytest.raises(err, match=match):
         FedReconMF(n_factors=2, n_rounds=2, **kw).fit(pop)
+
+
+def test_fedavg_refuses_a_holdout(pop):
+    from fedcf import FedAvgMF
+
+    with pytest.raises(ValueError, match="stored user rows"):
+        FedAvgMF(n_factors=2, n_rounds=2, learn_hyperparams=["server_learning_rate"],
+                 hyper_holdout=0.1).fit(pop)
+    FedAvgMF(n_factors=2, n_rounds=3, learn_hyperparams=["server_learning_rate"]).fit(pop)
 
 
 def test_aggregators_refuse_learning(pop):

@@ -202,6 +202,7 @@ class FederatedMFBase(MFEstimatorBase):
                              "lower min_examples")
         data = (inter.indptr, inter.items, inter.values)
         program = self._client_program(inter, mu)
+        eligible, hyper_select = self._hyper_holdout(eligible, seed)
         run = Run(self, inter, seed=seed, params=params,
                   opt=make_server_optimizer(self.server_optimizer, self.server_learning_rate,
                                             self.server_optimizer_options),
@@ -219,7 +220,8 @@ class FederatedMFBase(MFEstimatorBase):
                   fingerprint=data_fingerprint(inter, seed),
                   run_params={k: v for k, v in self.get_params(deep=False).items()
                               if k not in RESUME_FREE},
-                  usable_loss=self._usable_loss(inter), hyper=self._make_hyper())
+                  usable_loss=self._usable_loss(inter), hyper=self._make_hyper(),
+                  hyper_select=hyper_select)
         if self.checkpoint_path is not None:
             run.resume(self.checkpoint_path)
         self.rating_scale_ = self._check_params().get("rating_scale") or (
@@ -232,6 +234,21 @@ class FederatedMFBase(MFEstimatorBase):
     def _make_executor(self, program, data, local):
         """Phase 2 (client work); another executor (e.g. on a cluster) replaces only this."""
         return LocalExecutor(program, data, local)
+
+    def _hyper_holdout(self, eligible, seed):
+        """With ``hyper_holdout`` > 0, that share of the eligible users never trains: they are the
+        validation population whose loss derivatives drive the learned hyperparameters (a
+        ``Selector`` of their own); else the round's own cohort reports them."""
+        frac = getattr(self, "hyper_holdout", 0.0) if getattr(self, "learn_hyperparams", None) \
+            else 0.0
+        if not frac:
+            return eligible, None
+        rng = np.random.default_rng([seed, 0x4E7A])
+        held = np.zeros(len(eligible), bool)
+        held[rng.permutation(len(eligible))[:max(1, int(round(frac * len(eligible))))]] = True
+        if held.all():
+            raise ValueError(f"hyper_holdout={frac} leaves no user to train on; lower it")
+        return eligible[~held], Selector(seed ^ 0x5A5A, eligible[held], self.clients_per_round)
 
     def _make_hyper(self):
         """Learned round hyperparameters (hyper.py), or None: the fixed ones."""

@@ -116,6 +116,11 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     hyper_learning_rate : float, default 0.01
         Step of the hyper-optimizer on log η_s, logit β and α.
     hyper_optimizer : {"adam", "sgd"}, default "adam"
+    hyper_holdout : float in [0, 0.9], default 0.1
+        With learned hyperparameters, this share of the users never trains: each round a cohort of
+        them (validation clients, as in the paper's appendix A.2) reports the derivatives, so the
+        hyperparameters follow the loss of users the model has not fitted — what ReconEval
+        measures. 0 uses the round's own training cohort (the paper's parallel form).
     random_state : int, RandomState or None
     verbose : bool, default False
 
@@ -156,7 +161,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
                  recon_learning_rate=0.1, recon_init="uniform", recon_regularization=None,
                  joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, learn_hyperparams=None,
-                 hyper_learning_rate=0.01, hyper_optimizer="adam", random_state=None,
+                 hyper_learning_rate=0.01, hyper_optimizer="adam", hyper_holdout=0.1,
+                 random_state=None,
                  verbose=False):
         self.n_factors = n_factors
         self.biases = biases
@@ -193,6 +199,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         self.learn_hyperparams = learn_hyperparams
         self.hyper_learning_rate = hyper_learning_rate
         self.hyper_optimizer = hyper_optimizer
+        self.hyper_holdout = hyper_holdout
         self.random_state = random_state
         self.verbose = verbose
 

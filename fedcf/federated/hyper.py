@@ -31,7 +31,8 @@ from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, entries
 LEARNABLE = ("server_learning_rate", "momentum", "weight_exponent")
 HYPER_CONSTRAINTS = {"learn_hyperparams": NoneOr(Sequence(*LEARNABLE)),
                      "hyper_learning_rate": Real(0.0, low_open=True),
-                     "hyper_optimizer": Options("adam", "sgd")}
+                     "hyper_optimizer": Options("adam", "sgd"),
+                     "hyper_holdout": Real(0.0, 0.9)}
 _BOUNDS = {"server_learning_rate": (np.log(1e-4), np.log(1e3)), "momentum": (-8.0, 8.0),
            "weight_exponent": (-2.0, 4.0)}
 
@@ -177,6 +178,9 @@ def check_learnable(est) -> None:
         raise ValueError("learn_hyperparams needs aggregator=None: the hypergradients are "
                          "per-client derivatives that the DP, secure and robust aggregators do not "
                          "protect or bound")
+    if getattr(est, "hyper_holdout", 0.0) and est._keeps_user_rows:
+        raise ValueError("hyper_holdout needs FedReconMF: FedAvg/FURL clients report the loss of "
+                         "their stored user rows, which held-out users never train")
     if est.checkpoint_path is not None:
         raise ValueError("learn_hyperparams cannot be combined with checkpoint_path yet (the "
                          "hyper-optimizer's state is not checkpointed); use one or the other")

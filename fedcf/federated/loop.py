@@ -110,13 +110,15 @@ class Run:
     """The state of one fit: global parameters, optimizer state, history, and the phases."""
 
     def __init__(self, est, inter, *, seed, params, opt, local, select, executor, aggregator,
-                 hyperparams, fingerprint, run_params, usable_loss, hyper=None):
+                 hyperparams, fingerprint, run_params, usable_loss, hyper=None,
+                 hyper_select=None):
         self.est, self.inter, self.seed = est, inter, seed
         self.params, self.opt, self.local = params, opt, local
         self.opt_state = opt.init(params)
         self.select, self.executor, self.aggregator = select, executor, aggregator
         self.hyperparams = hyperparams  # RoundHyperparams: the one place a round reads them from
         self.hyper = hyper  # HyperLearner (learned hyperparameters) or None
+        self.hyper_select = hyper_select  # Selector of held-out hypergradient clients, or None
         self.fingerprint, self.run_params = fingerprint, run_params
         self.usable_loss = usable_loss
         self.history: list[dict] = []
@@ -177,6 +179,8 @@ class Run:
             return {}
         rec = {}
         if self.hyper.tangents is not None:
+            if self.hyper_select is not None:
+                cohort = self.hyper_select(int(ids[1]))
             losses, jvp, w = self.executor.tangents(cohort, self.params, self.hyper.tangents, ids)
             rec = self.hyper.update(losses, jvp, w)
             H, K = jvp.shape[1], self.params["Q"].shape[1]

@@ -40,6 +40,9 @@ _PARAMS_DOC = """
     eval_every, checkpoint_path, checkpoint_every, dtype, aggregator, learn_hyperparams,
     hyper_learning_rate, hyper_optimizer, random_state, verbose
         As in FedReconMF.
+    hyper_holdout : float, default 0
+        Must stay 0: the clients report the loss of their stored user rows, which held-out users
+        never train.
 
     Attributes
     ----------
@@ -91,7 +94,8 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None,
                  recon_regularization=0.1, eval_every=0, checkpoint_path=None,
                  checkpoint_every=50, dtype="float32", aggregator=None, learn_hyperparams=None,
-                 hyper_learning_rate=0.01, hyper_optimizer="adam", random_state=None,
+                 hyper_learning_rate=0.01, hyper_optimizer="adam", hyper_holdout=0.0,
+                 random_state=None,
                  verbose=False):
         self.n_factors = n_factors
         self.biases = biases
@@ -120,6 +124,7 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
         self.learn_hyperparams = learn_hyperparams
         self.hyper_learning_rate = hyper_learning_rate
         self.hyper_optimizer = hyper_optimizer
+        self.hyper_holdout = hyper_holdout
         self.random_state = random_state
         self.verbose = verbose
 
