@@ -8,10 +8,12 @@
    users, divergence; the bootstrap estimate of the best RMSE found with n trials (Figure 6); the
    learned trajectories of the best trial (Figure 7).
 2. ``weighting``: uniform (α = 0) vs example (α = 1) client weighting vs α learned from 0 and from
-   1, on a population with very unequal client sizes and on the dataset: query loss per round
+   1 (from the training cohort's derivatives, as the paper's Figure 8 does, and from held-out users'),
+   on a population with very unequal client sizes and on the dataset: query loss per round
    (Figure 8) and ReconEval RMSE.
 
     python scripts/hypergradient_benchmark.py --json eval/results/hyper.json --plot-dir figures
+    python scripts/hypergradient_benchmark.py --sections weighting --json eval/results/hyper_weighting.json
 """
 
 from __future__ import annotations
@@ -94,19 +96,22 @@ def best_of_n(rmses: np.ndarray, n_max: int, n_boot: int = 2000, seed: int = 0) 
 def weighting_rows(name, train, test, args):
     """Uniform, example and learned client weighting on one population."""
     rows = []
-    runs = [("uniform", "uniform", None), ("examples", "num_examples", None),
-            ("learned from 0", "uniform", ("weight_exponent",)),
-            ("learned from 1", "num_examples", ("weight_exponent",))]
-    for label, weighting, learn in runs:
-        params = dict(n_rounds=args.rounds, client_weighting=weighting, learn_hyperparams=learn,
-                      random_state=args.seed)
+    own = {"learn_hyperparams": ("weight_exponent",), "hyper_holdout": 0.0}
+    runs = [("uniform", "uniform", {}), ("examples", "num_examples", {}),
+            ("learned from 0", "uniform", own), ("learned from 1", "num_examples", own),
+            ("learned from 1 (validation users)", "num_examples",
+             {"learn_hyperparams": ("weight_exponent",)})]
+    for label, weighting, extra in runs:
+        learn = extra.get("learn_hyperparams")
+        params = dict(n_rounds=args.rounds, client_weighting=weighting, random_state=args.seed,
+                      **extra)
         res, model = fit_eval(params, train, test, args.seed)
         loss = [h["loss"] for h in model.history_] if model is not None else []
         alpha = [h["weight_exponent"] for h in model.history_][::5] if learn and model else None
         rows.append({"section": "weighting", "population": name, "name": label, **res,
                      "loss_curve": loss, "alpha_curve": alpha,
                      "alpha_final": alpha[-1] if alpha else None})
-        print(f"{name}: {label:15s} RMSE {res['rmse']:.4f}", flush=True)
+        print(f"{name}: {label:34s} RMSE {res['rmse']:.4f}", flush=True)
     return rows
 
 
@@ -160,7 +165,9 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--skip-weighting", action="store_true")
+    ap.add_argument("--sections", default="trials,weighting",
+                    help="comma-separated: trials (random starts), weighting")
+    ap.add_argument("--skip-weighting", action="store_true", help="= --sections trials")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot-dir", help="write hypergradients.png here")
     args = ap.parse_args(argv)
@@ -168,19 +175,20 @@ def main(argv=None):
     t0 = time.perf_counter()
     inter = load(args.dataset, args.seed)
     train, _, test = user_split(inter, (0.8, 0.1, 0.1), random_state=args.seed)
-    rows = trial_rows(train, test, args)
-    if not args.skip_weighting:
+    sections = {"trials"} if args.skip_weighting else set(args.sections.split(","))
+    rows = trial_rows(train, test, args) if "trials" in sections else []
+    if "weighting" in sections:
         h_train, _, h_test = user_split(heterogeneous_population(args.seed), (0.8, 0.1, 0.1),
                                         random_state=args.seed)
         rows += weighting_rows("hetero", h_train, h_test, args)
         rows += weighting_rows(args.dataset, train, test, args)
     n_max = args.trials
     summary = {mode: best_of_n(np.array([r["rmse"] for r in rows if r.get("mode") == mode]),
-                               n_max) for mode in MODES}
+                               n_max) for mode in MODES} if "trials" in sections else {}
     meta.update(total_seconds=time.perf_counter() - t0, dataset=args.dataset, trials=args.trials,
                 rounds=args.rounds)
     out = {"meta": meta, "rows": rows, "best_of_n": summary}
-    if args.plot_dir:
+    if args.plot_dir and "trials" in sections:
         plot(rows, n_max, args)
     if args.json:
         write_json(args.json, out)

@@ -340,7 +340,26 @@ def privacy_values(rows) -> dict:
 
 
 # ---------------------------------------------------------------------- HYPER.md
-def hyper_values(doc) -> dict:
+def hyper_summary(doc):
+    """(summary table, best-of-n table) of the random-start trials of one hyper JSON."""
+    trials = [r for r in doc["rows"] if r["section"] == "trials"]
+    modes = list(doc["best_of_n"])
+
+    def rmse(x):
+        return "diverged" if not np.isfinite(x) else f"{x:.4f}"
+
+    summary = []
+    for m in modes:
+        rs = [r["rmse"] for r in trials if r["mode"] == m]
+        summary.append((m, sum(not np.isfinite(x) for x in rs), rmse(float(np.median(rs))),
+                        rmse(max(rs)), rmse(min(rs))))
+    ns = [n for n in (1, 2, 5, 10, 20, 50) if n <= len(doc["best_of_n"][modes[0]])]
+    return (table(["values", "diverged", "median RMSE", "worst RMSE", "best RMSE"], summary),
+            table(["n trials", *map(str, ns)],
+                  [(m, *(rmse(doc["best_of_n"][m][n - 1]) for n in ns)) for m in modes]))
+
+
+def hyper_values(doc, doc_1m=None) -> dict:
     rows, meta = doc["rows"], doc["meta"]
     trials = [r for r in rows if r["section"] == "trials"]
     modes = list(doc["best_of_n"])
@@ -349,10 +368,6 @@ def hyper_values(doc) -> dict:
     def rmse(x):
         return "diverged" if not np.isfinite(x) else f"{x:.4f}"
 
-    summary = [(m, sum(r["diverged"] for r in rs), rmse(float(np.median([r["rmse"] for r in rs]))),
-                rmse(max(r["rmse"] for r in rs)), rmse(min(r["rmse"] for r in rs)))
-               for m, rs in by.items()]
-    ns = [n for n in (1, 2, 5, 10, 20, 50) if n <= len(doc["best_of_n"][modes[0]])]
     best = next((r for r in trials if "trajectory" in r), None)
     traj = []
     if best is not None:
@@ -368,14 +383,28 @@ def hyper_values(doc) -> dict:
                    *(rmse(by[m][i]["rmse"]) for m in modes),
                    end(by["learned"][i], "server_learning_rate_final", ".3g"),
                    end(by["learned"][i], "momentum_final", ".3f")) for i in order]
-    weighting = [r for r in rows if r["section"] == "weighting"]
+    w_doc = load("hyper_weighting.json")
+    weighting = [r for r in (w_doc["rows"] if w_doc else rows) if r["section"] == "weighting"]
+    bo = doc["best_of_n"]
+    hw = {r["name"]: r for r in weighting if r["population"] == "hetero"}
+    own = [r["server_learning_rate_final"] for r in by.get("learned (own cohort)", [])
+           if "server_learning_rate_final" in r]
     return {
         "provenance": provenance(meta, "hyper.json"), "rounds": meta["rounds"],
+        "b1_learned": rmse(bo["learned"][0]), "b1_fixed": rmse(bo["fixed"][0]),
+        "b5_learned": rmse(bo["learned"][4]), "b50_fixed": rmse(bo["fixed"][-1]),
+        "own_lr_end": f"{np.median(own):.3g}" if own else "—",
+        "hetero_alpha": f"{hw['learned from 1']['alpha_final']:.2f}",
+        "hetero_learned": rmse(hw["learned from 0"]["rmse"]),
+        "hetero_learned1": rmse(hw["learned from 1"]["rmse"]),
+        "hetero_best_fixed": rmse(min(hw["uniform"]["rmse"], hw["examples"]["rmse"])),
         "trials": meta["trials"], "hyper_lr": "0.01",
-        "table_summary": table(["values", "diverged", "median RMSE", "worst RMSE", "best RMSE"],
-                               summary),
-        "table_best_of_n": table(["n trials", *map(str, ns)], [
-            (m, *(rmse(doc["best_of_n"][m][n - 1]) for n in ns)) for m in modes]),
+        **dict(zip(("table_summary", "table_best_of_n"), hyper_summary(doc))),
+        **(dict(zip(("table_summary_1m", "table_best_of_n_1m"), hyper_summary(doc_1m)),
+                provenance_1m=provenance(doc_1m["meta"], "hyper_1m.json"),
+                trials_1m=doc_1m["meta"]["trials"]) if doc_1m else
+           {"table_summary_1m": "Not measured yet.", "table_best_of_n_1m": "",
+            "provenance_1m": "", "trials_1m": "—"}),
         "best_trial": "none" if best is None else f"trial {best['trial']}, start lr "
         f"{best['lr0']:.3g}, momentum {best['momentum0']:.2f}",
         "table_trajectory": table(["round", "server lr", "momentum"], traj),
@@ -472,7 +501,8 @@ def documents() -> dict[Path, str]:
         ROOT / "eval" / "CTR.md": render(t["CTR"], ctr_values(ctr, impl, pop)),
         ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], perf_values(bench)),
         **({ROOT / "eval" / "HYPER.md": render((TEMPLATES / "HYPER.md").read_text(),
-                                                hyper_values(load("hyper.json")))}
+                                                hyper_values(load("hyper.json"),
+                                                             load("hyper_1m.json")))}
            if load("hyper.json") else {}),
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json"))})}
