@@ -30,6 +30,8 @@ from fedcf.datasets import VARIANTS, load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
 
 LEARN = ("server_learning_rate", "momentum")
+LR_RANGE = (1e-2, 10.0)  # starting server learning rate: log-uniform over this range
+MOMENTUM_RANGE = (0.0, 0.95)  # starting momentum: uniform over [low, high)
 # learned: derivatives from held-out validation users (the default hyper_holdout = 0.1);
 # own cohort: from the round's training clients (hyper_holdout = 0, the paper's parallel form)
 MODES = {"fixed": {}, "learned": {"learn_hyperparams": LEARN},
@@ -64,8 +66,8 @@ def trial_rows(train, test, args):
     rows, curves = [], {}
     for i in range(args.trials):
         rng = np.random.default_rng([args.seed, i])
-        lr = float(np.exp(rng.uniform(np.log(1e-2), np.log(10.0))))
-        beta = float(rng.uniform(0.0, 0.95))
+        lr = float(np.exp(rng.uniform(np.log(LR_RANGE[0]), np.log(LR_RANGE[1]))))
+        beta = float(rng.uniform(*MOMENTUM_RANGE))
         base = dict(n_rounds=args.rounds, server_optimizer="momentum", server_learning_rate=lr,
                     server_optimizer_options={"momentum": beta}, random_state=args.seed)
         for mode, extra in MODES.items():

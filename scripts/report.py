@@ -340,6 +340,17 @@ def privacy_values(rows) -> dict:
 
 
 # ---------------------------------------------------------------------- HYPER.md
+def _bench_constant(name):
+    """A setting of scripts/hypergradient_benchmark.py (not a measured figure)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_hyper_bench", ROOT / "scripts" / "hypergradient_benchmark.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, name)
+
+
 def hyper_summary(doc):
     """(summary table, best-of-n table) of the random-start trials of one hyper JSON."""
     trials = [r for r in doc["rows"] if r["section"] == "trials"]
@@ -391,6 +402,8 @@ def hyper_values(doc, doc_1m=None) -> dict:
            if "server_learning_rate_final" in r]
     return {
         "provenance": provenance(meta, "hyper.json"), "rounds": meta["rounds"],
+        "lr_range": "[{:g}, {:g}]".format(*_bench_constant("LR_RANGE")),
+        "momentum_range": "[{:g}, {:g})".format(*_bench_constant("MOMENTUM_RANGE")),
         "b1_learned": rmse(bo["learned"][0]), "b1_fixed": rmse(bo["fixed"][0]),
         "b5_learned": rmse(bo["learned"][4]), "b50_fixed": rmse(bo["fixed"][-1]),
         "own_lr_end": f"{np.median(own):.3g}" if own else "—",
