@@ -145,7 +145,11 @@ def attack_rows(train, test, args):
     counts = np.bincount(train.items, minlength=train.n_items)
     target = int(np.argsort(counts)[len(counts) // 2])  # a mid-popularity item
     aggs = [("mean", None), ("norm clip", NormClippedMean(args.clip)),
-            ("trimmed mean β=0.2", TrimmedMean(0.2)), ("coordinate median", CoordinateMedian())]
+            ("trimmed mean β=0.2", TrimmedMean(0.2)), ("coordinate median", CoordinateMedian()),
+            (f"trimmed mean β=0.2, rows clipped to {args.row_clip:g}",
+             TrimmedMean(0.2, row_clip=args.row_clip)),
+            (f"coordinate median, rows clipped to {args.row_clip:g}",
+             CoordinateMedian(row_clip=args.row_clip))]
     rows = []
     for kind, scale in (("sign_flip", 10.0), ("promote", 5.0)):
         for name, agg in aggs:
@@ -238,6 +242,8 @@ def main(argv=None):
     ap.add_argument("--noise", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     ap.add_argument("--delta", type=float, default=1e-4)
     ap.add_argument("--attackers", type=float, default=0.1)
+    ap.add_argument("--row-clip", type=float, default=0.3,
+                    help="robust aggregators' per-client, per-row clip in the clipped variants")
     ap.add_argument("--leak-clients", type=int, default=30)
     ap.add_argument("--population", type=int, default=0,
                     help="instead of the ML-100K rows: the DP run on a synthetic population of "

@@ -158,6 +158,25 @@ def test_robust_aggregators_equal_the_mean_for_agreeing_clients_and_resist_an_ou
     assert np.linalg.norm(clipped - base[0]) < 2 * np.sqrt(2) / 5 + 1e-9
 
 
+def test_row_clip_bounds_each_clients_push_on_each_row():
+    """A lone client on an item (the robust statistic is then its own value) moves that row by at
+    most row_clip × its weight share; rows within the bound are untouched."""
+    d_Q = np.array([[30.0, 40.0], [0.1, 0.0], [0.3, 0.0]])
+    d_b = np.array([0.0, 0.0, 0.0])
+    out = ClientOutputs(np.arange(4), np.array([5, 7, 7]), d_Q, d_b, np.ones(3), np.zeros(3))
+    for agg in (TrimmedMean(0.2, row_clip=1.0), CoordinateMedian(row_clip=1.0)):
+        delta = agg(out, HP)
+        lone = delta.d_Q[delta.items.tolist().index(5)]
+        np.testing.assert_allclose(lone, np.array([0.6, 0.8]) / 3)
+    plain = CoordinateMedian()(out, HP)
+    np.testing.assert_allclose(plain.d_Q[plain.items.tolist().index(5)], d_Q[0] / 3)
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="row_clip"):
+            TrimmedMean(0.1, row_clip=bad)
+        with pytest.raises(ValueError, match="row_clip"):
+            CoordinateMedian(row_clip=bad)
+
+
 def test_per_round_accountant_equals_a_fresh_accountant():
     from fedcf.federated.accounting import RoundAccountant
 

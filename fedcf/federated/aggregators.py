@@ -122,12 +122,32 @@ class DPGaussianMean(WeightedMean):
                 f"delta={self.delta}, weight_cap={self.weight_cap})")
 
 
+def _check_row_clip(row_clip):
+    if row_clip is None:
+        return None
+    if isinstance(row_clip, bool) or not isinstance(row_clip, (int, float)) or \
+            not (np.isfinite(row_clip) and row_clip > 0):
+        raise ValueError(f"row_clip must be a positive number or None, got {row_clip!r}")
+    return float(row_clip)
+
+
+def clip_rows(d_Q, d_b, row_clip):
+    """Each uploaded row (its factor delta and bias delta together) scaled to L2 norm at most
+    ``row_clip``: one client's push on one item is bounded, however it is built."""
+    norms = np.sqrt(np.einsum("ij,ij->i", d_Q, d_Q, dtype=np.float64) +
+                    np.square(d_b, dtype=np.float64))
+    s = np.minimum(1.0, row_clip / np.maximum(norms, 1e-300))
+    return (d_Q * s[:, None]).astype(d_Q.dtype), (d_b * s).astype(d_b.dtype)
+
+
 class _RowStatistic(WeightedMean):
     """Per touched item, a robust statistic of the deltas of the clients that touched it, times
-    their share of the cohort's weight (robust_sorted_runs)."""
+    their share of the cohort's weight (robust_sorted_runs); with ``row_clip`` each client's
+    delta on each row is first clipped to that L2 norm (a clipped robust statistic)."""
 
     beta = 0.0
     median = False
+    row_clip = None
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
@@ -139,8 +159,9 @@ class _RowStatistic(WeightedMean):
         cover = np.where(valid, w[owner] / w.sum(), 0.0)
         n_valid = int(valid.sum())
         res = (np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64))
-        m = robust_sorted_runs(order, out.items, out.d_Q, out.d_b, cover, self.beta,
-                               self.median, res)
+        d_Q, d_b = (out.d_Q, out.d_b) if self.row_clip is None else \
+            clip_rows(out.d_Q, out.d_b, self.row_clip)
+        m = robust_sorted_runs(order, out.items, d_Q, d_b, cover, self.beta, self.median, res)
         return GlobalDelta(res[2][:m], res[0][:m], res[1][:m], None, w, bad, n_empty,
                            n_valid * (K + 1))
 
@@ -149,14 +170,15 @@ class TrimmedMean(_RowStatistic):
     """Coordinate-wise β-trimmed mean (Yin et al. 2018): per item and coordinate, drop the
     floor(β·n) smallest and largest of the n touching clients' values, average the rest."""
 
-    def __init__(self, beta: float = 0.1):
+    def __init__(self, beta: float = 0.1, row_clip: float | None = None):
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 0.5:
             raise ValueError(f"beta must be in [0, 0.5) (the share trimmed from each end), "
                              f"got {beta!r}")
         self.beta = float(beta)
+        self.row_clip = _check_row_clip(row_clip)
 
     def __repr__(self):
-        return f"TrimmedMean(beta={self.beta})"
+        return f"TrimmedMean(beta={self.beta}, row_clip={self.row_clip})"
 
 
 class CoordinateMedian(_RowStatistic):
@@ -164,5 +186,8 @@ class CoordinateMedian(_RowStatistic):
 
     median = True
 
+    def __init__(self, row_clip: float | None = None):
+        self.row_clip = _check_row_clip(row_clip)
+
     def __repr__(self):
-        return "CoordinateMedian()"
+        return f"CoordinateMedian(row_clip={self.row_clip})"
