@@ -320,7 +320,7 @@ def privacy_values(rows) -> dict:
         "provenance": provenance(rows[0]["meta"], "privacy.json"), "K": st["factors"],
         "rounds": st["rounds"], "clip": st["clip"], "delta": f"{st['delta']:g}",
         "weight_cap": f"{st['weight_cap']:g}",
-        "attackers": pct(st["attackers"], 0),
+        "attackers": pct(st["attackers"], 0), "row_clip": f"{st.get('row_clip', 0.3):g}",
         "target": next((r["target_item"] for r in att), ""),
         "table_utility": table(["row", "RMSE", "accuracy", "ε", "numbers up / round", "seconds"],
                                [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
