@@ -10,9 +10,11 @@ Rows (all ReconEval on held-out users, users split 80/10/10):
             set from its uploaded row ids (plain, DP only — uploads stay visible), and from its
             masked dense vector under secure aggregation; the user embedding recovered from
             FedReconImplicitMF(full_negatives=True)'s K×K upload (|cosine| to the true p)
-  attacks   10 % sign-flip (×10) clients and a 10 % promotion (shilling) attack on one item:
-            plain mean vs norm clipping, trimmed mean, coordinate median; the target item's hit
-            rate in benign test users' top 10
+  attacks   10 % sign-flip (×10) clients, a 10 % promotion (shilling) attack on one item, and
+            the same push hidden in honest uploads (0.1 and 0.3 × the upload's norm): mean vs
+            norm clipping, trimmed mean, coordinate median (with and without per-row clipping)
+            and FoolsGold similarity weights; the target item's hit rate in benign test users'
+            top 10
 
 Example: python scripts/privacy_benchmark.py --json eval/results/privacy.json
 """
@@ -31,6 +33,7 @@ from fedcf.eval import recon_eval, top_k, user_split
 from fedcf.federated import (
     CoordinateMedian,
     DPGaussianMean,
+    FoolsGoldMean,
     NormClippedMean,
     SecureAggregation,
     Selector,
@@ -71,6 +74,15 @@ def utility_rows(train, test, args):
     m = FedReconMF(**small, aggregator=SecureAggregation(0.5, value_bound=args.value_bound))
     rows.append(row(f"secure aggregation, {args.secagg_clients} clients/round", m.fit(train),
                     test, t0))
+    sigma = args.noise[len(args.noise) // 2]
+    for noise in ("server", "distributed"):
+        t0 = time.perf_counter()
+        dp = DPGaussianMean(args.clip, sigma, delta=args.delta, weight_cap=args.weight_cap)
+        m = FedReconMF(**small, aggregator=SecureAggregation(
+            0.5, value_bound=args.value_bound, dp=dp, noise=noise))
+        rows.append(row(f"secure aggregation + DP σ={sigma} ({noise} noise), "
+                        f"{args.secagg_clients} clients/round", m.fit(train), test, t0,
+                        delta=args.delta, noise_multiplier=sigma))
     return rows
 
 
@@ -85,7 +97,7 @@ def _leakage(train, args, split):
     run = model._start(train, None)
     cohort = Selector(0, np.arange(train.n_users), args.clients)(999)
     out = run.executor.run(cohort, run.params, np.array([0, 999], np.uint64))
-    rec_plain, prec_plain, rec_sec, prec_sec = [], [], [], []
+    rec_plain, prec_plain, rec_sec, prec_sec, rec_dp, prec_dp = [], [], [], [], [], []
     n_items, K = train.n_items, args.factors
     rng = np.random.default_rng(0)
     sk = [int(rng.integers(1, 2**62)) for _ in range(4)]
@@ -102,10 +114,14 @@ def _leakage(train, args, split):
         ok = out.items[lo:hi] >= 0
         block[out.items[lo:hi][ok], :K] = np.round(out.d_Q[lo:hi][ok] * 2**16).astype(np.int64
                                                                                     ).astype(np.uint32)
-        view = masked(q, 0, sk[0], pk, 4).reshape(n_items, K + 1).astype(np.float64)
-        guess = set(top_k(np.abs(view - 2.0**31).sum(axis=1), len(rated)).tolist())
-        rec_sec.append(len(guess & rated) / len(rated))
-        prec_sec.append(len(guess & rated) / len(guess))
+        # and with its share of distributed DP noise (σ = 1, threshold half of 4) added first
+        share = np.round(rng.normal(0, args.clip / np.sqrt(2.0), q.shape) * 2**16)
+        for vec, rec, prec in ((q, rec_sec, prec_sec),
+                               (q + share.astype(np.int64).astype(np.uint32), rec_dp, prec_dp)):
+            view = masked(vec, 0, sk[0], pk, 4).reshape(n_items, K + 1).astype(np.float64)
+            guess = set(top_k(np.abs(view - 2.0**31).sum(axis=1), len(rated)).tolist())
+            rec.append(len(guess & rated) / len(rated))
+            prec.append(len(guess & rated) / len(guess))
     chance = float(np.mean([train.counts()[u] / n_items
                             for u in cohort.clients[:args.leak_clients]]))
     tag = f" (split='{split}')"
@@ -117,7 +133,10 @@ def _leakage(train, args, split):
              "rated_set_precision": float(np.mean(prec_plain))},
             {"name": "leakage: secure aggregation, masked dense vector" + tag,
              "rated_set_recall": float(np.mean(rec_sec)),
-             "rated_set_precision": float(np.mean(prec_sec)), "chance": chance}]
+             "rated_set_precision": float(np.mean(prec_sec)), "chance": chance},
+            {"name": "leakage: secure aggregation + distributed DP noise" + tag,
+             "rated_set_recall": float(np.mean(rec_dp)),
+             "rated_set_precision": float(np.mean(prec_dp)), "chance": chance}]
 
 
 def embedding_row(train, args):
@@ -139,6 +158,10 @@ def embedding_row(train, args):
             "embedding_abs_cosine": float(np.mean(cos))}
 
 
+ATTACKS = (("sign_flip", 10.0), ("promote", 5.0), ("promote_hidden", 0.1),
+           ("promote_hidden", 0.3))
+
+
 def attack_rows(train, test, args):
     base = dict(n_factors=args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
                 random_state=0)
@@ -149,9 +172,10 @@ def attack_rows(train, test, args):
             (f"trimmed mean β=0.2, rows clipped to {args.row_clip:g}",
              TrimmedMean(0.2, row_clip=args.row_clip)),
             (f"coordinate median, rows clipped to {args.row_clip:g}",
-             CoordinateMedian(row_clip=args.row_clip))]
+             CoordinateMedian(row_clip=args.row_clip)),
+            ("FoolsGold similarity weights", FoolsGoldMean())]
     rows = []
-    for kind, scale in (("sign_flip", 10.0), ("promote", 5.0)):
+    for kind, scale in ATTACKS:
         for name, agg in aggs:
             t0 = time.perf_counter()
             m = attacked(FedReconMF(**base, aggregator=agg), kind=kind, fraction=args.attackers,
@@ -159,8 +183,10 @@ def attack_rows(train, test, args):
             P, c = m.reconstruct_users(test)
             top = top_k(m.score_all_items(P, c), 10)
             hit = float(np.mean((top == target).any(axis=1)))
-            rows.append(row(f"{kind} {args.attackers:.0%} + {name}", m, test, t0,
-                            attack=kind, target_hit_rate=hit, target_item=target))
+            label = f"{kind} (push {scale:g}×)" if kind == "promote_hidden" else kind
+            rows.append(row(f"{label} {args.attackers:.0%} + {name}", m, test, t0,
+                            attack=kind, attack_scale=scale, target_hit_rate=hit,
+                            target_item=target))
     for name, agg in aggs:
         t0 = time.perf_counter()
         m = FedReconMF(**base, aggregator=agg).fit(train)
@@ -185,7 +211,7 @@ def population_rows(args):
                 clients_per_round=args.population_clients, random_state=0)
     rows = []
     dp = DPGaussianMean(args.population_clip, target_epsilon=args.target_epsilon,
-                        delta=args.population_delta, weight_cap=args.weight_cap)
+                        delta=args.population_delta, weight_cap=args.population_weight_cap)
     for name, kw in (("no DP", {}), ("no DP, equal client weights",
                                      {"client_weighting": "uniform"}),
                      (f"DP, target ε={args.target_epsilon}", {"aggregator": dp})):
@@ -249,9 +275,11 @@ def main(argv=None):
                     help="instead of the ML-100K rows: the DP run on a synthetic population of "
                          "this many users")
     ap.add_argument("--population-rounds", type=int, default=500)
-    ap.add_argument("--population-clients", type=int, default=5000)
+    ap.add_argument("--population-clients", type=int, default=10_000)
     ap.add_argument("--target-epsilon", type=float, default=2.0)
-    ap.add_argument("--population-clip", type=float, default=1.0)
+    ap.add_argument("--population-clip", type=float, default=3.0)
+    ap.add_argument("--population-weight-cap", type=float, default=100.0,
+                    help="the population run's DP client weight cap (see --weight-cap)")
     ap.add_argument("--weight-cap", type=float, default=30.0,
                     help="DP client weight min(n, cap)/cap (McMahan et al.'s weighted estimator)")
     ap.add_argument("--population-delta", type=float, default=1e-6)

@@ -295,6 +295,7 @@ def population_values(rows) -> dict:
         "population_data": f"{st['population']:,} users, {rows[0]['train_users']:,} in training",
         "population_test": f"{20_000:,}", "population_rounds": st["population_rounds"],
         "population_clip": st.get("population_clip"),
+        "population_weight_cap": f"{st.get('population_weight_cap', st['weight_cap']):g}",
         "population_clients": f"{st['population_clients']:,}",
         "table_population": table(
             ["run", "RMSE", "accuracy", "ε", "δ", "noise multiplier σ", "seconds"],
@@ -336,16 +337,34 @@ def privacy_values(rows) -> dict:
         "table_attacks": table(["attack + aggregator", "RMSE", "accuracy", "target hit rate"],
                                [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
                                  pct(r["target_hit_rate"])) for r in att]),
+        "promotion_verdict": promotion_verdict(att),
     }
 
 
+def promotion_verdict(att) -> str:
+    """The issue's promotion target (hit rate at least halved) for each promotion attack: the
+    plain mean against the aggregator that holds the item's hit rate lowest."""
+    lines = []
+    runs = dict.fromkeys((r["attack"], r.get("attack_scale")) for r in att
+                         if r["attack"].startswith("promote"))
+    for kind, scale in runs:
+        rows = [r for r in att if (r["attack"], r.get("attack_scale")) == (kind, scale)]
+        mean = next(r for r in rows if r["name"].endswith("+ mean"))
+        best = min(rows, key=lambda r: r["target_hit_rate"])
+        met = best["target_hit_rate"] <= 0.5 * mean["target_hit_rate"] and \
+            mean["target_hit_rate"] > 0
+        lines.append(f"- {mean['name'].rsplit(' + ', 1)[0]}: {pct(mean['target_hit_rate'])} "
+                     f"with the plain mean, {pct(best['target_hit_rate'])} at best "
+                     f"({best['name'].split(' + ', 1)[1]}) — {'met' if met else 'missed'}")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------- HYPER.md
-def _bench_constant(name):
-    """A setting of scripts/hypergradient_benchmark.py (not a measured figure)."""
+def _bench_constant(name, script="hypergradient_benchmark"):
+    """A setting of one of the benchmark scripts (not a measured figure)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "_hyper_bench", ROOT / "scripts" / "hypergradient_benchmark.py")
+    spec = importlib.util.spec_from_file_location(f"_{script}", ROOT / "scripts" / f"{script}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return getattr(mod, name)

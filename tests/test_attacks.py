@@ -69,3 +69,75 @@ def test_privacy_benchmark_runs_end_to_end(tmp_path):
     assert plain["rated_set_recall"] == pytest.approx(1.0)
     assert (tmp_path / "p.json").exists()
     assert (tmp_path / "pu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _round_outputs(pop, **attack):
+    run = FedReconMF(n_factors=3, n_rounds=1, clients_per_round=80, random_state=0)._start(pop,
+                                                                                         None)
+    cohort = run.select(0)
+    ids = np.array([0, 0], np.uint64)
+    clean = run.executor.run(cohort, run.params, ids)
+    if not attack:
+        return clean, cohort, None
+    ex = AttackedExecutor(run.executor.program, run.executor.data, **attack)
+    return clean, cohort, ex.run(cohort, run.params, ids)
+
+
+def test_hidden_promotion_adds_a_bounded_push_to_honest_uploads(pop):
+    from fedcf.federated.phases import upload_norms
+
+    clean, cohort, out = _round_outputs(pop, kind="promote_hidden", fraction=0.3, scale=0.5,
+                                        target_item=7)
+    bad = malicious(cohort.clients, 0.3)
+    for k in range(out.n_clients):
+        a, b = slice(clean.offsets[k], clean.offsets[k + 1]), \
+            slice(out.offsets[k], out.offsets[k + 1])
+        if not bad[k]:
+            np.testing.assert_array_equal(out.items[b], clean.items[a])
+            np.testing.assert_array_equal(out.d_Q[b], clean.d_Q[a])
+            continue
+        assert 7 in out.items[b]
+        rows = dict(zip(out.items[b].tolist(), range(b.start, b.stop)))
+        for i, j in zip(clean.items[a].tolist(), range(a.start, a.stop)):
+            if i != 7:
+                np.testing.assert_array_equal(out.d_Q[rows[i]], clean.d_Q[j])
+        old = clean.items[a] == 7
+        t = rows[7]
+        push_b = out.d_b[t] - (clean.d_b[a][old].sum() if old.any() else 0.0)
+        push_q = out.d_Q[t] - (clean.d_Q[a][old].sum(axis=0) if old.any() else 0.0)
+        norm = np.sqrt(push_b ** 2 + push_q @ push_q)
+        assert norm == pytest.approx(0.5 * upload_norms(clean)[k], rel=1e-4)
+
+
+def test_foolsgold_weights_follow_the_papers_mapping():
+    from fedcf.federated import ClientOutputs
+    from fedcf.federated.aggregators import sybil_scores
+
+    # A, B: nothing in common; C, D: identical; E, F: cosine 0.5 (E = (1, √3)/2 on items 3, 5)
+    items = np.array([0, 1, 2, 2, 3, 5, 3])
+    d_Q = np.array([[1.0], [1.0], [2.0], [2.0], [1.0], [np.sqrt(3.0)], [1.0]])
+    out = ClientOutputs(np.array([0, 1, 2, 3, 4, 6, 7]), items, d_Q, np.zeros(7), np.ones(6),
+                        np.zeros(6))
+    np.testing.assert_allclose(sybil_scores(out, np.ones(6)), [1, 1, 0, 0, 0.5, 0.5],
+                               atol=1e-12)
+    np.testing.assert_allclose(sybil_scores(out, np.ones(6), kappa=0.5)[4:], 0.25, atol=1e-12)
+    w = np.array([1.0, 1, 1, 0, 1, 1])  # D left out (weight 0): C has no twin any more
+    assert sybil_scores(out, w)[2] == 1.0
+
+
+def test_foolsgold_stops_a_promotion_the_mean_lets_through():
+    from fedcf.federated import FoolsGoldMean, RoundHyperparams, WeightedMean
+    from fedcf.federated.aggregators import sybil_scores
+
+    pop = make_synthetic_ratings(300, 400, 6000, n_factors=3, random_state=3)
+    _, cohort, out = _round_outputs(pop, kind="promote", fraction=0.2, scale=5.0, target_item=7)
+    bad = malicious(cohort.clients, 0.2) & (out.weights > 0)  # an empty upload pushes nothing
+    assert bad.sum() >= 2
+    alpha = sybil_scores(out, np.ones(out.n_clients))
+    assert np.all(alpha[bad] == 0.0) and np.mean(alpha[~bad]) > 0.5
+    hp = RoundHyperparams(1.0, {}, 1.0)
+    fg, mean = FoolsGoldMean()(out, hp), WeightedMean()(out, hp)
+    at = lambda d: d.d_b[np.searchsorted(d.items, 7)]  # noqa: E731
+    assert at(mean) > 0.5 and abs(at(fg)) < 0.1 * at(mean)
+    with pytest.raises(ValueError, match="kappa"):
+        FoolsGoldMean(kappa=0)

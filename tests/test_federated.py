@@ -227,7 +227,7 @@ def test_nonfinite_client_updates_are_dropped():
     d_b = np.ones(5)
     weights = np.array([2.0, 1.0, 2.0])
     agg = aggregate(offsets, d_items, d_Q, d_b, weights)
-    assert agg.nonfinite.sum() == 1 and agg.n_used == 2
+    assert agg.summary.n_nonfinite == 1 and agg.n_used == 2
     # mean over clients 0 and 2 only (weights 2, 2): item 0 touched by both, 1 by 0, 2 by 2
     np.testing.assert_allclose(agg.d_Q[:, 0], [1.0, 0.5, 0.5])
     assert agg.items.tolist() == [0, 1, 2]

@@ -20,7 +20,8 @@ def pop():
 
 def test_client_outputs_have_no_field_for_local_parameters():
     names = {f.name for f in dataclasses.fields(ClientOutputs)}
-    assert names == {"offsets", "items", "d_Q", "d_b", "weights", "losses", "rank_terms"}
+    assert names == {"offsets", "items", "d_Q", "d_b", "weights", "losses", "rank_terms",
+                     "clients"}  # clients: who sent it (dense ids), known to any server
     assert not names & {"P", "p", "c", "user_factors", "user_biases", "local"}
 
 
@@ -95,3 +96,47 @@ def test_weight_exponent_interpolates_between_uniform_and_by_examples():
     assert mean[0.0] == pytest.approx(2.0)  # (1 + 3) / 2
     assert mean[1.0] == pytest.approx((1 + 12) / 5)
     assert mean[0.5] == pytest.approx((1 + 3 * 2) / 3)
+
+
+def _one_round_outputs(pop, n_clients=120):
+    from fedcf.federated.phases import Cohort
+
+    m = FedReconMF(**FAST)
+    m._check_params()
+    run = m._start(m._coerce(pop, None), None)
+    clients = np.random.default_rng(0).choice(pop.n_users, n_clients, replace=False)
+    cohort = Cohort(np.sort(clients), n_clients, 0, 0)
+    return run, cohort, np.array([run.seed, 0], np.uint64)
+
+
+def test_partial_sums_of_whole_groups_merge_to_the_same_bits_in_any_split(pop):
+    from fedcf.federated.partials import PartialSums, reduce_group
+
+    run, cohort, ids = _one_round_outputs(pop)
+    hp, agg = run.hyperparams, WeightedMean()
+    ex = run.executor
+    whole = agg.reduce(ex.partials(cohort, run.params, ids, agg, hp))
+    for n_shards in (2, 5):  # shards hold whole groups, in any order
+        shard = reduce_group(cohort.clients) % n_shards
+        parts = [ex.partials(dataclasses.replace(cohort, clients=cohort.clients[shard == s]),
+                             run.params, ids, agg, hp) for s in reversed(range(n_shards))]
+        split = agg.reduce(PartialSums.concat(parts))
+        np.testing.assert_array_equal(split.items, whole.items)
+        np.testing.assert_array_equal(split.d_Q, whole.d_Q)
+        np.testing.assert_array_equal(split.d_b, whole.d_b)
+        assert split.summary == whole.summary
+
+
+def test_the_reduced_mean_is_the_plain_weighted_mean(pop):
+    run, cohort, ids = _one_round_outputs(pop)
+    out = run.executor.run(cohort, run.params, ids)
+    delta = WeightedMean()(out, run.hyperparams)
+    K = out.d_Q.shape[1]
+    num, den = np.zeros((pop.n_items, K)), 0.0  # the obvious twin: a dense loop over clients
+    for k in range(out.n_clients):
+        rows = slice(out.offsets[k], out.offsets[k + 1])
+        keep = out.items[rows] >= 0
+        num[out.items[rows][keep]] += out.weights[k] * out.d_Q[rows][keep]
+        den += out.weights[k]
+    np.testing.assert_allclose(delta.d_Q, (num / den)[delta.items], rtol=1e-10, atol=1e-12)
+    assert delta.summary.n_used == int((out.weights > 0).sum()) > 0

@@ -133,3 +133,34 @@ def test_secure_aggregation_with_server_noise_dp():
     np.testing.assert_allclose(a.d_Q, b.d_Q, atol=1e-8)
     with pytest.raises(TypeError, match="dp must be a DPGaussianMean"):
         SecureAggregation(dp="yes")
+
+
+@pytest.mark.parametrize("threshold", [12, 6])
+def test_distributed_noise_comes_from_the_clients_and_covers_the_threshold(threshold):
+    from fedcf.federated import DPGaussianMean
+
+    out = cohort()
+    ctx = {"n_items": 2000, "seed": 1, "clients_per_round": 12, "n_eligible": 1000,
+           "n_rounds": 3, "n_factors": K, "biases": True}
+
+    def run(sigma, noise):
+        agg = SecureAggregation(threshold, value_bound=1.0, noise=noise,
+                                dp=DPGaussianMean(0.1, sigma, delta=1e-4)).bind(ctx)
+        return agg, agg(out, HP, 2)
+
+    agg, noisy = run(1.0, "distributed")
+    _, clean = run(1e-12, "distributed")
+    denominator = agg.dp.context["denominator"]
+    err = np.concatenate([(noisy.d_Q - clean.d_Q).ravel(), noisy.d_b - clean.d_b]) * denominator
+    # 12 clients each add N(0, σ²C²/t): the sum has variance (12/t)·σ²C², never less than σ²C²
+    assert np.std(err) == pytest.approx(0.1 * np.sqrt(12 / threshold), rel=0.05)
+    # the server adds nothing of its own: the noise-free sum is the plain DP sum without noise
+    _, central = run(1e-12, "server")
+    np.testing.assert_allclose(clean.d_Q, central.d_Q, atol=1e-7)
+
+
+def test_distributed_noise_needs_dp_and_a_known_mode():
+    with pytest.raises(ValueError, match="needs dp"):
+        SecureAggregation(noise="distributed")
+    with pytest.raises(ValueError, match="noise must be"):
+        SecureAggregation(noise="local")

@@ -5,10 +5,24 @@ privacy, and robust statistics against malicious clients. Each is selected with 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+from scipy import sparse
 
 from .._kernels.server import robust_sorted_runs
-from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, entries, upload_norms
+from .partials import group_sums
+from .phases import (
+    ClientOutputs,
+    GlobalDelta,
+    RoundHyperparams,
+    WeightedMean,
+    client_weights,
+    empty_delta,
+    entries,
+    summarize,
+    upload_norms,
+)
 
 
 def _positive(name, value, *, upper=None):
@@ -26,10 +40,8 @@ class NormClippedMean(WeightedMean):
     def __init__(self, clip_norm: float):
         self.clip_norm = _positive("clip_norm", clip_norm)
 
-    def client_scales(self, out: ClientOutputs, w: np.ndarray):
-        norms = upload_norms(out)
-        clip = np.minimum(1.0, self.clip_norm / np.maximum(norms, 1e-300))
-        return w * clip, w.sum()
+    def client_numerators(self, out: ClientOutputs, w: np.ndarray):
+        return w * np.minimum(1.0, self.clip_norm / np.maximum(upload_norms(out), 1e-300))
 
     def __repr__(self):
         return f"NormClippedMean(clip_norm={self.clip_norm})"
@@ -88,12 +100,15 @@ class DPGaussianMean(WeightedMean):
         bound.accountant = RoundAccountant(q, sigma, self.delta)
         return bound
 
-    def client_scales(self, out: ClientOutputs, w: np.ndarray):
+    def client_numerators(self, out: ClientOutputs, w: np.ndarray):
         norms = upload_norms(out)
         clip = np.where(w > 0, np.minimum(1.0, self.clip_norm / np.maximum(norms, 1e-300)), 0.0)
         if self.weight_cap is not None:
             clip = clip * np.minimum(out.weights, self.weight_cap) / self.weight_cap
-        return clip, self.context["denominator"]
+        return clip
+
+    def denominator(self, totals: dict) -> float:
+        return self.context["denominator"]
 
     def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
         c = self.context
@@ -105,8 +120,7 @@ class DPGaussianMean(WeightedMean):
         dQ[delta.items] += delta.d_Q
         if c["biases"]:
             db[delta.items] += delta.d_b
-        return GlobalDelta(np.arange(n_items), dQ, db, None, delta.client_weights,
-                           delta.nonfinite, delta.n_empty, delta.values_up)
+        return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)
 
     def epsilon(self, rounds: int) -> float:
         """ε(δ) after ``rounds`` rounds of this run (dp-accounting's RDP accountant)."""
@@ -148,22 +162,23 @@ class _RowStatistic(WeightedMean):
     beta = 0.0
     median = False
     row_clip = None
+    linear = False
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
         K = out.d_Q.shape[1]
         bad, w, n_empty, owner, valid, order = entries(out, hp)
+        summary = summarize(out, hp)
         if order is None:
-            return GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), None, w,
-                               bad, n_empty, 0)
+            return empty_delta(K, summary, w)
         cover = np.where(valid, w[owner] / w.sum(), 0.0)
         n_valid = int(valid.sum())
         res = (np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64))
         d_Q, d_b = (out.d_Q, out.d_b) if self.row_clip is None else \
             clip_rows(out.d_Q, out.d_b, self.row_clip)
         m = robust_sorted_runs(order, out.items, d_Q, d_b, cover, self.beta, self.median, res)
-        return GlobalDelta(res[2][:m], res[0][:m], res[1][:m], None, w, bad, n_empty,
-                           n_valid * (K + 1))
+        return GlobalDelta(res[2][:m], res[0][:m], res[1][:m], None, summary, n_valid * (K + 1),
+                           w)
 
 
 class TrimmedMean(_RowStatistic):
@@ -191,3 +206,69 @@ class CoordinateMedian(_RowStatistic):
 
     def __repr__(self):
         return f"CoordinateMedian(row_clip={self.row_clip})"
+
+
+class FoolsGoldMean(WeightedMean):
+    """Weighted mean with each client down-weighted by how much its upload resembles another
+    client's in the same cohort (FoolsGold, Fung et al. 2020, on one round's uploads).
+
+    Sybils pushing one goal (a promoted item) send near-identical deltas, while honest clients'
+    deltas sit on their own rated items and point their own ways. Per client k, v_k = max over
+    other clients j of cos(Δ_k, Δ_j) over the sparse (item × factor and bias) upload; after
+    FoolsGold's pardoning (cs_kj × v_k / v_j when v_j > v_k), α_k = 1 − max_j cs_kj, rescaled
+    so the largest is 0.99 and mapped through κ·(logit(α) + 0.5), clipped to [0, 1]. The update
+    is Σ w_k α_k Δ_k / Σ w_k α_k. Clients stay stateless: only the round's cohort is compared,
+    so a sybil alone in its cohort passes. It needs each upload in the clear (not under secure
+    aggregation), and costs a sparse m × m similarity per round.
+    """
+
+    linear = False  # α of a client depends on the whole cohort
+
+    def __init__(self, kappa: float = 1.0):
+        self.kappa = _positive("kappa", kappa)
+
+    def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
+                 ) -> GlobalDelta:
+        """The mean with weights w_k·α_k (a client with α_k = 0 counts as not used)."""
+        bad, w, _ = client_weights(out, hp)
+        a = w * sybil_scores(out, w, self.kappa)
+        return self.reduce(group_sums(out, out.client_ids(), a, a, bad, (w == 0) & ~bad),
+                           round_idx)
+
+    def __repr__(self):
+        return f"FoolsGoldMean(kappa={self.kappa})"
+
+
+def upload_matrix(out: ClientOutputs, w: np.ndarray):
+    """The cohort's uploads as rows of a sparse (clients × items·(K+1)) matrix, unit L2 norm
+    (a client with weight 0 or nothing valid is an empty row)."""
+    K1 = out.d_Q.shape[1] + 1
+    owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+    valid = (out.items >= 0) & (w[owner] > 0)
+    items = out.items[valid]
+    cols = (items[:, None] * K1 + np.arange(K1)).ravel()
+    vals = np.hstack([out.d_Q[valid].astype(np.float64), out.d_b[valid, None]]).ravel()
+    n_cols = (int(items.max()) + 1) * K1 if len(items) else K1
+    S = sparse.csr_matrix((vals, (np.repeat(owner[valid], K1), cols)),
+                          shape=(out.n_clients, n_cols))
+    norms = np.sqrt(np.asarray(S.multiply(S).sum(axis=1)).ravel())
+    return sparse.diags(np.where(norms > 0, 1.0 / np.maximum(norms, 1e-300), 0.0)) @ S
+
+
+def sybil_scores(out: ClientOutputs, w: np.ndarray, kappa: float = 1.0) -> np.ndarray:
+    """FoolsGold's per-client factor α in [0, 1] (see FoolsGoldMean), from one cohort."""
+    S = upload_matrix(out, w)
+    G = (S @ S.T).tocoo()
+    off = G.row != G.col
+    i, j, cs = G.row[off], G.col[off], G.data[off]
+    v = np.zeros(out.n_clients)
+    np.maximum.at(v, i, cs)
+    cs = np.where(v[j] > v[i], cs * v[i] / np.maximum(v[j], 1e-300), cs)
+    top = np.zeros(out.n_clients)
+    np.maximum.at(top, i, cs)
+    alpha = np.clip(1.0 - top, 0.0, 1.0)
+    alpha = alpha / alpha.max() if alpha.max() > 0 else alpha
+    alpha = np.minimum(alpha, 0.99)
+    with np.errstate(divide="ignore"):
+        alpha = kappa * (np.log(alpha / (1.0 - alpha)) + 0.5)
+    return np.clip(alpha, 0.0, 1.0)

@@ -6,7 +6,11 @@ Attacks (``kind``):
 - ``"noise"``: the client sends Gaussian noise of standard deviation ``scale`` on its rows;
 - ``"promote"``: a shilling attack for ``target_item``: the client sends only a delta for that
   item — its bias raised by ``scale`` and its factors moved by ``scale`` along the mean of the
-  honest uploads' directions — to push the item up for every user.
+  honest uploads' directions — to push the item up for every user;
+- ``"promote_hidden"``: the same push hidden in an honest upload: the client sends its honest
+  delta plus, on the target item, a delta of L2 norm ``scale`` × its honest upload's norm (half
+  on the bias, half along the honest mean direction) — the attack a similarity defence
+  (FoolsGoldMean) forces: small, and looking like everybody else.
 Which clients are malicious depends only on their id (a fixed set), never on the round.
 """
 
@@ -16,9 +20,9 @@ import dataclasses
 
 import numpy as np
 
-from .phases import ClientOutputs, LocalExecutor
+from .phases import ClientOutputs, LocalExecutor, upload_norms
 
-KINDS = ("sign_flip", "noise", "promote")
+KINDS = ("sign_flip", "noise", "promote", "promote_hidden")
 
 
 def malicious(clients: np.ndarray, fraction: float, seed: int = 0) -> np.ndarray:
@@ -54,16 +58,44 @@ class AttackedExecutor(LocalExecutor):
             rng = np.random.default_rng([self.seed, int(ids[1])])
             d_Q[rows] = rng.normal(0, self.scale, (int(rows.sum()), d_Q.shape[1]))
             d_b[rows] = rng.normal(0, self.scale, int(rows.sum()))
-        else:
-            honest = ~bad[owner] & (out.items >= 0)
-            direction = d_Q[honest].mean(axis=0) if honest.any() else np.zeros(d_Q.shape[1])
-            norm = np.linalg.norm(direction)
-            direction = direction / norm if norm > 0 else direction
+        elif self.kind == "promote":
+            direction = _honest_direction(d_Q, bad[owner] | (out.items < 0))
             first = np.r_[True, owner[1:] != owner[:-1]] & bad[owner]
             d_Q[bad[owner]], d_b[bad[owner]], items[bad[owner]] = 0.0, 0.0, -1
             items[first], d_b[first] = self.target_item, self.scale
             d_Q[first] = self.scale * direction
+        else:
+            return self._hide_push(out, bad, owner)
         return dataclasses.replace(out, items=items, d_Q=d_Q, d_b=d_b)
+
+    def _hide_push(self, out: ClientOutputs, bad, owner) -> ClientOutputs:
+        """promote_hidden: each malicious client's honest upload plus a push on the target row
+        (added to its entry for the target when it has one, else a new entry at its end)."""
+        direction = _honest_direction(out.d_Q, bad[owner] | (out.items < 0))
+        norms = upload_norms(out)
+        push = self.scale * norms / np.sqrt(2.0)
+        items, d_Q, d_b, offsets = out.items, out.d_Q.copy(), out.d_b.copy(), out.offsets
+        has = np.zeros(out.n_clients, bool)
+        at = np.flatnonzero(bad[owner] & (items == self.target_item))
+        has[owner[at]] = True
+        d_Q[at] += (push[owner[at]][:, None] * direction).astype(d_Q.dtype)
+        d_b[at] += push[owner[at]].astype(d_b.dtype)
+        new = np.flatnonzero(bad & ~has)
+        pos = offsets[new + 1]
+        items = np.insert(items, pos, self.target_item)
+        d_Q = np.insert(d_Q, pos, (push[new][:, None] * direction).astype(d_Q.dtype), axis=0)
+        d_b = np.insert(d_b, pos, push[new].astype(d_b.dtype))
+        added = np.zeros(out.n_clients + 1, np.int64)
+        added[new + 1] = 1
+        return dataclasses.replace(out, offsets=offsets + np.cumsum(added), items=items,
+                                   d_Q=d_Q, d_b=d_b)
+
+
+def _honest_direction(d_Q, skip):
+    """Unit vector along the mean of the honest clients' factor deltas (0 if there are none)."""
+    direction = d_Q[~skip].mean(axis=0) if (~skip).any() else np.zeros(d_Q.shape[1])
+    norm = np.linalg.norm(direction)
+    return direction / norm if norm > 0 else direction
 
 
 def attacked(estimator, **attack):

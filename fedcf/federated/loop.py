@@ -10,7 +10,7 @@ import numpy as np
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .optimizers import state_to_arrays
-from .phases import ClientOutputs, Cohort, GlobalDelta, server_update
+from .phases import Cohort, GlobalDelta, RoundSummary, server_update
 
 _STAGES = ("reconstruction", "client update", "server step")
 
@@ -33,21 +33,20 @@ class RoundFinisher:
         self.bad_rounds = 0
         self.first_problem = None  # (round, stage)
 
-    def check_clients(self, t: int, cohort: Cohort, out: ClientOutputs, delta: GlobalDelta,
-                      loss: float):
+    def check_clients(self, t: int, s: RoundSummary):
         """Before the server step (the global model is still intact for a diagnosis)."""
-        bad = delta.nonfinite
-        if bad.any():
-            self.n_nonfinite += int(bad.sum())
+        if s.n_nonfinite:
+            self.n_nonfinite += s.n_nonfinite
             self.bad_rounds += 1
             if self.first_problem is None:
-                stage = "reconstruction" if not np.isfinite(out.losses[bad]).all() else "client update"
+                stage = "reconstruction" if s.n_nonfinite_recon else "client update"
                 self.first_problem = (t, stage)
-        self.all_bad_rounds = self.all_bad_rounds + 1 if (bad.any() and delta.n_used == 0) else 0
+        self.all_bad_rounds = self.all_bad_rounds + 1 if (s.n_nonfinite and s.n_used == 0) else 0
         if self.all_bad_rounds >= 3:
             self.stop(t, "every client upload was non-finite for 3 rounds in a row")
+        loss = s.loss
         if np.isfinite(loss) and loss > self.run.usable_loss:
-            diagnosed = self.run.est._diagnose(self.run, out, cohort)
+            diagnosed = self.run.est._diagnose(self.run, s)
             if diagnosed is not None:
                 self.first_problem = (t, diagnosed)
             self.stop(t, f"the mean client query loss reached {loss:.3g} (more than 10^4 times "
@@ -66,19 +65,20 @@ class RoundFinisher:
         raise FloatingPointError(f"training diverged at round {t}: {what}{dropped}; "
                                  f"{self.run.blame(stage)}{self.run.kept_note()}")
 
-    def record(self, t, cohort: Cohort, out: ClientOutputs, delta: GlobalDelta, loss: float,
-               seconds: float, server_seconds: float) -> dict:
-        est = self.run.est
+    def record(self, t, cohort: Cohort, delta: GlobalDelta, seconds: float,
+               server_seconds: float) -> dict:
+        est, s = self.run.est, delta.summary
         K, n_items = self.run.params["Q"].shape[1], self.run.params["Q"].shape[0]
-        return {"round": t, "loss": loss, "clients_sampled": cohort.n_sampled,
-                "clients_used": delta.n_used, "clients_dropped": cohort.n_dropped,
-                "clients_surplus": cohort.n_surplus, "clients_nonfinite": int(delta.nonfinite.sum()),
-                "clients_empty": delta.n_empty, "items_updated": int(len(delta.items)),
-                "values_up": delta.values_up + est._values_up_local(delta.n_used, K),
-                "values_down": est._values_down(n_items, K, out.n_clients),
+        return {"round": t, "loss": s.loss, "clients_sampled": cohort.n_sampled,
+                "clients_used": s.n_used, "clients_dropped": cohort.n_dropped,
+                "clients_surplus": cohort.n_surplus, "clients_nonfinite": s.n_nonfinite,
+                "clients_empty": s.n_empty, "items_updated": int(len(delta.items)),
+                "values_up": delta.values_up + est._values_up_local(s.n_used, K),
+                "values_down": est._values_down(n_items, K, s.n_clients),
                 "server_seconds": server_seconds, "seconds": seconds,
                 **self.run.privacy_record(t + 1),
-                **getattr(self.run.aggregator, "round_stats", {})}
+                **getattr(self.run.aggregator, "round_stats", {}),
+                **getattr(self.run.executor, "round_stats", {})}
 
     def after(self, done: int, rec: dict, callback):
         run, est = self.run, self.run.est
@@ -98,12 +98,6 @@ class RoundFinisher:
             warnings.warn(f"{self.n_nonfinite} client uploads in {self.bad_rounds} rounds were "
                           f"non-finite and left out of the aggregate (first at round {t}, in the "
                           f"{stage}); {self.run.blame(stage)}", RuntimeWarning, stacklevel=4)
-
-
-def _mean_loss(out: ClientOutputs, delta: GlobalDelta) -> float:
-    used = (out.weights > 0) & np.isfinite(out.losses) & ~delta.nonfinite
-    return float(np.average(out.losses[used], weights=out.weights[used])) if used.any() \
-        else float("nan")
 
 
 class Run:
@@ -189,6 +183,18 @@ class Run:
         self.hyperparams = self.hyper.hyperparams(self.hyperparams)
         return {**self.hyper.values(), **rec}
 
+    def client_work(self, cohort, ids, hp, t):
+        """Phases 2 and 3: (per-client outputs or None, the aggregate). A linear aggregator is
+        reduced from the executor's partial sums (on a cluster, no single upload travels to
+        the driver); the others, and learning the client-weighting exponent (its derivative
+        needs every upload), get the per-client outputs."""
+        if self.aggregator.reducible() and not (self.hyper is not None and
+                                           "weight_exponent" in self.hyper.names):
+            parts = self.executor.partials(cohort, self.params, ids, self.aggregator, hp)
+            return None, self.aggregator.reduce(parts, t)
+        outputs = self.executor.run(cohort, self.params, ids)
+        return outputs, self.aggregator(outputs, hp, t)
+
     def round(self, t: int, callback=None) -> dict:
         """Algorithm 1, one round: select → client work → aggregate → server update → finish."""
         t0 = time.perf_counter()
@@ -196,10 +202,8 @@ class Run:
         ids = np.array([self.seed, t], np.uint64)
         learned = self.learn_hyperparams(cohort, ids)
         hp = self.hyperparams
-        outputs = self.executor.run(cohort, self.params, ids)
-        delta = self.aggregator(outputs, hp, t)
-        loss = _mean_loss(outputs, delta)
-        self.finisher.check_clients(t, cohort, outputs, delta, loss)
+        outputs, delta = self.client_work(cohort, ids, hp, t)
+        self.finisher.check_clients(t, delta.summary)
         ts = time.perf_counter()
         state, params, finite = server_update(self.opt, self.opt_state, self.params, delta, hp)
         ts = time.perf_counter() - ts
@@ -207,7 +211,7 @@ class Run:
         if self.hyper is not None:
             self.hyper.after_step(self.opt_state, state, delta, outputs, hp, params["Q"].shape)
         self.opt_state, self.params = state, params
-        rec = self.finisher.record(t, cohort, outputs, delta, loss, time.perf_counter() - t0, ts)
+        rec = self.finisher.record(t, cohort, delta, time.perf_counter() - t0, ts)
         rec.update(learned)
         self.history.append(rec)
         self.finisher.after(t + 1, rec, callback)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._kernels.server import finite_clients, sum_sorted_runs
+from .._kernels.server import finite_clients
+from .partials import Merged, PartialSums, group_sums, merge
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,26 @@ class ClientOutputs:
     weights: np.ndarray
     losses: np.ndarray
     rank_terms: np.ndarray | None = None
+    clients: np.ndarray | None = None  # dense ids in cohort order (None: 0, 1, ...)
 
     @property
     def n_clients(self) -> int:
         return len(self.weights)
+
+    def client_ids(self) -> np.ndarray:
+        return np.arange(self.n_clients) if self.clients is None else self.clients
+
+    def take(self, order) -> ClientOutputs:
+        """The outputs of clients ``order`` (positions), in that order."""
+        order = np.asarray(order, np.int64)
+        sizes = np.diff(self.offsets)[order]
+        offsets = np.zeros(len(order) + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        slots = np.repeat(self.offsets[order] - offsets[:-1], sizes) + np.arange(offsets[-1])
+        return ClientOutputs(offsets, self.items[slots], self.d_Q[slots], self.d_b[slots],
+                             self.weights[order], self.losses[order],
+                             None if self.rank_terms is None else self.rank_terms[order],
+                             None if self.clients is None else self.clients[order])
 
     @classmethod
     def concat(cls, parts) -> ClientOutputs:
@@ -115,7 +132,9 @@ class ClientOutputs:
         return cls(offsets.astype(np.int64), *(np.concatenate([getattr(p, f) for p in parts])
                                                for f in ("items", "d_Q", "d_b", "weights",
                                                          "losses")),
-                   None if ranks[0] is None else np.concatenate(ranks))
+                   None if ranks[0] is None else np.concatenate(ranks),
+                   None if parts[0].clients is None else
+                   np.concatenate([p.client_ids() for p in parts]))
 
 
 class LocalExecutor:
@@ -141,7 +160,12 @@ class LocalExecutor:
                np.full(len(clients), np.nan))
         rank_terms = self.program.run(self.data, clients, params, self.local_state, ids, out)
         return ClientOutputs(offsets, out[1], out[2], out[3], weights.astype(np.float64), out[4],
-                             rank_terms)
+                             rank_terms, clients)
+
+    def partials(self, cohort: Cohort, params: dict, ids: np.ndarray, aggregator,
+                 hp: RoundHyperparams) -> PartialSums:
+        """The cohort's PartialSums for a linear aggregator (what a cluster shard returns)."""
+        return aggregator.partials(self.run(cohort, params, ids), hp)
 
     def tangents(self, cohort: Cohort, params: dict, tangents, ids: np.ndarray):
         """The cohort's query losses at ``params`` and their derivatives along ``tangents``
@@ -155,6 +179,30 @@ class LocalExecutor:
 
 # ---------------------------------------------------------------------- 3. aggregate
 @dataclass(frozen=True)
+class RoundSummary:
+    """What the round loop needs to know about the clients besides the aggregate: counts, the
+    mean query loss (weighted by query size, over used clients with a finite loss), and the
+    worst client (largest query loss, −1 if none) for the divergence diagnosis."""
+
+    n_clients: int
+    n_used: int  # clients in the aggregate (weight > 0)
+    n_nonfinite: int  # uploads left out for a non-finite value
+    n_nonfinite_recon: int  # ... of which the query loss was already non-finite
+    n_empty: int  # clients with nothing to contribute (empty query set)
+    loss: float
+    worst_client: int
+    worst_loss: float
+
+    @classmethod
+    def from_merged(cls, mg: Merged) -> RoundSummary:
+        t = mg.totals
+        loss = t["loss_sum"] / t["loss_weight"] if t["loss_weight"] > 0 else float("nan")
+        return cls(int(t["n_clients"]), int(t["n_used"]), int(t["n_nonfinite"]),
+                   int(t["n_nonfinite_recon"]), int(t["n_empty"]), loss, mg.worst_client,
+                   mg.worst_loss)
+
+
+@dataclass(frozen=True)
 class GlobalDelta:
     """One round's aggregated update: mean row deltas on ``items`` (sorted, distinct), plus an
     optional dense rank map M (K, K) applied as −Q·M (full-catalog implicit negatives)."""
@@ -163,24 +211,47 @@ class GlobalDelta:
     d_Q: np.ndarray  # (len(items), K) float64
     d_b: np.ndarray
     rank_map: np.ndarray | None
-    client_weights: np.ndarray  # effective weight per client (0 = left out)
-    nonfinite: np.ndarray  # bool per client: its upload had a non-finite value
-    n_empty: int  # clients with nothing to contribute (empty query set)
+    summary: RoundSummary
     values_up: int  # numbers sent up by the used clients (item ids not counted)
+    client_weights: np.ndarray | None = None  # per client, when computed from ClientOutputs
 
     @property
     def n_used(self) -> int:
-        return int(np.sum(self.client_weights > 0))
+        return self.summary.n_used
+
+    @property
+    def n_empty(self) -> int:
+        return self.summary.n_empty
+
+
+def summarize(out: ClientOutputs, hp: RoundHyperparams) -> RoundSummary:
+    """The RoundSummary of per-client outputs (for aggregators that need every upload)."""
+    bad, w, _ = client_weights(out, hp)
+    return RoundSummary.from_merged(merge(group_sums(
+        out, out.client_ids(), np.zeros(out.n_clients), w, bad, (w == 0) & ~bad)))
+
+
+def empty_delta(K: int, summary: RoundSummary, client_w=None) -> GlobalDelta:
+    return GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), None, summary, 0,
+                       client_w)
 
 
 class WeightedMean:
     """Σ_k w_k Δ_k / Σ_k w_k over clients whose upload is finite (Δ_k = 0 off its rows).
 
-    The sum runs in a fixed order (item, then client) in a small kernel, so it does not depend on
-    thread scheduling and costs O(entries × K), never O(n_items × K). Subclasses change the
-    per-client factor (``client_scales``) or post-process the result (``finish``); an aggregator
-    that needs the run's context (catalog size, seed, sampling rate) gets it from ``bind``.
+    Linear: computed from ``PartialSums`` (partials.py) — sums over fixed groups of clients in
+    cohort order, added in group order — so the result is the same bit for bit whether the
+    clients ran here or on the shards of a cluster, and costs O(entries × K), never
+    O(n_items × K). Subclasses change the per-client factor (``client_numerators``), the
+    denominator, or post-process the result (``finish``); an aggregator that needs the run's
+    context (catalog size, seed, sampling rate) gets it from ``bind``.
     """
+
+    linear = True  # reducible from PartialSums; False: needs every client's upload
+
+    def reducible(self) -> bool:
+        """Linear, and ``__call__`` not overridden (an override must see every upload)."""
+        return self.linear and type(self).__call__ is WeightedMean.__call__
 
     def bind(self, context: dict) -> WeightedMean:
         return self
@@ -188,33 +259,35 @@ class WeightedMean:
     def __repr__(self):
         return f"{type(self).__name__}()"
 
-    def client_scales(self, out: ClientOutputs, w: np.ndarray):
-        """(numerator per client, denominator): client k's entries are summed with factor
-        num_k / denom — here w_k / Σ w."""
-        return w, w.sum()
+    def client_numerators(self, out: ClientOutputs, w: np.ndarray) -> np.ndarray:
+        """Factor of client k's entries in the sum (here w_k); computed from its own upload."""
+        return w
+
+    def denominator(self, totals: dict) -> float:
+        """What the merged sum is divided by (here Σ w_k of the used clients)."""
+        return totals["weight"]
 
     def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
         return delta
 
+    def partials(self, out: ClientOutputs, hp: RoundHyperparams) -> PartialSums:
+        bad, w, _ = client_weights(out, hp)
+        num = np.where(w > 0, self.client_numerators(out, w), 0.0)
+        return group_sums(out, out.client_ids(), num, w, bad, (w == 0) & ~bad)
+
+    def reduce(self, parts: PartialSums, round_idx: int = 0) -> GlobalDelta:
+        mg = merge(parts)
+        summary = RoundSummary.from_merged(mg)
+        denom = self.denominator(mg.totals)
+        if not denom > 0:
+            return self.finish(empty_delta(parts.s_Q.shape[1], summary), round_idx)
+        rank = None if mg.rank is None else mg.rank / denom
+        return self.finish(GlobalDelta(mg.items, mg.s_Q / denom, mg.s_b / denom, rank, summary,
+                                       int(mg.totals["values_up"])), round_idx)
+
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
-        K = out.d_Q.shape[1]
-        bad, w, n_empty, owner, valid, order = entries(out, hp)
-        if order is None:
-            return self.finish(GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0),
-                                           None, w, bad, n_empty, 0), round_idx)
-        num, denom = self.client_scales(out, w)
-        scale = np.where(valid, num[owner] / denom, 0.0)
-        n_valid = int(valid.sum())
-        dq, db, items = np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64)
-        m = sum_sorted_runs(order, out.items, out.d_Q, out.d_b, scale, dq, db, items)
-        rank_map = None
-        values_up = n_valid * (K + 1)
-        if out.rank_terms is not None:
-            rank_map = np.tensordot(num, out.rank_terms, axes=1) / denom
-            values_up += int(np.sum(w > 0)) * K * K
-        return self.finish(GlobalDelta(items[:m], dq[:m], db[:m], rank_map, w, bad, n_empty,
-                                       values_up), round_idx)
+        return self.reduce(self.partials(out, hp), round_idx)
 
 
 def client_weights(out: ClientOutputs, hp: RoundHyperparams):

@@ -12,16 +12,28 @@ Per round, each reporting client k
    then collects t shares of its key from the survivors, rebuilds the key, recomputes its pair
    seeds with every survivor and removes those masks. With fewer than t survivors the round is
    lost (no update) and recorded.
-The masks cancel in the sum modulo 2^32; the server dequantizes and divides by Σ w_k. Clients whose
+The masks cancel in the sum modulo 2^32; the server dequantizes and divides by Σ w_k. With
+``dp`` the noise is added by the server to the unmasked sum or, with ``noise="distributed"``, by
+the clients before masking (see SecureAggregation). Clients whose
 update is not finite do not take part (they can tell locally). Every number here is a real
 protocol step on real arrays; only the network is simulated.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, client_weights
+from .phases import (
+    ClientOutputs,
+    GlobalDelta,
+    RoundHyperparams,
+    WeightedMean,
+    client_weights,
+    empty_delta,
+    summarize,
+)
 
 P = 2**127 - 1  # prime modulus of the key-agreement group and of the Shamir field
 G = 3
@@ -66,15 +78,22 @@ class SecureAggregation(WeightedMean):
     drop_after_setup : float in [0, 1)
         Probability that a client drops after sharing its key and before sending its vector.
     dp : DPGaussianMean or None
-        User-level DP on top (central model with server noise): each client clips its upload to
-        ``dp.clip_norm`` and sends it with weight 1; the server, which sees only the unmasked
-        *sum*, adds the Gaussian noise and divides by the expected cohort. The server learns no
-        single upload, but users must trust it to add the noise (distributed noise, where each
-        client adds its share before masking, is not implemented).
+        User-level DP on top: each client clips its upload to ``dp.clip_norm`` and sends it with
+        weight 1; the sum is divided by the expected cohort. Who adds the noise is ``noise``.
+    noise : "server" or "distributed"
+        ``"server"`` (central DP): the server, which sees only the unmasked *sum*, adds
+        N(0, σ²C²) to every coordinate. It learns no single upload, but users must trust it to
+        add the noise. ``"distributed"``: each client adds its share N(0, σ²C²/t) to its vector
+        before masking (t = the threshold), so any round that completes (≥ t survivors) carries
+        at least the noise the accountant counts, and the server never sees a noise-free sum:
+        users trust only that t of the cohort's clients add their share honestly. Survivors
+        beyond t add more noise than counted. The noise is rounded to the fixed-point grid with
+        the values; the accountant treats it as continuous (Kairouz et al. 2021's distributed
+        discrete Gaussian makes that exact; not done).
     """
 
     def __init__(self, threshold=0.5, value_bound: float = 1.0, drop_after_setup: float = 0.0,
-                 dp=None):
+                 dp=None, noise: str = "server"):
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or \
                 threshold <= 0 or (isinstance(threshold, float) and threshold > 1):
             raise ValueError(f"threshold must be a share in (0, 1] or a count >= 1, got "
@@ -88,13 +107,20 @@ class SecureAggregation(WeightedMean):
 
         if dp is not None and not isinstance(dp, DPGaussianMean):
             raise TypeError(f"dp must be a DPGaussianMean or None, got {type(dp).__name__}")
+        if noise not in ("server", "distributed"):
+            raise ValueError(f"noise must be 'server' or 'distributed', got {noise!r}")
+        if noise == "distributed" and dp is None:
+            raise ValueError("noise='distributed' needs dp=DPGaussianMean(...) (what to add)")
         self.threshold, self.value_bound = threshold, float(value_bound)
-        self.drop_after_setup, self.dp = float(drop_after_setup), dp
+        self.drop_after_setup, self.dp, self.noise = float(drop_after_setup), dp, noise
         self.context, self.round_stats = None, {}
+
+    linear = False  # the protocol runs on every client's masked vector
 
     def __repr__(self):
         return (f"SecureAggregation(threshold={self.threshold}, value_bound={self.value_bound}, "
-                f"drop_after_setup={self.drop_after_setup}, dp={self.dp!r})")
+                f"drop_after_setup={self.drop_after_setup}, dp={self.dp!r}, "
+                f"noise={self.noise!r})")
 
     @property
     def sigma(self):
@@ -106,7 +132,7 @@ class SecureAggregation(WeightedMean):
 
     def bind(self, context: dict) -> SecureAggregation:
         bound = SecureAggregation(self.threshold, self.value_bound, self.drop_after_setup,
-                                  None if self.dp is None else self.dp.bind(context))
+                                  None if self.dp is None else self.dp.bind(context), self.noise)
         bound.context = context
         if isinstance(self.threshold, int) and self.threshold > context["clients_per_round"]:
             raise ValueError(f"threshold={self.threshold} is larger than the cohort "
@@ -141,37 +167,41 @@ class SecureAggregation(WeightedMean):
         rng = np.random.default_rng([c["seed"], round_idx, 0x5EC])
         m = len(clients)
         # with DP each client clips its own upload and sends it with weight 1
-        send = w if self.dp is None else np.where(w > 0, self.dp.client_scales(out, w)[0], 0.0)
+        send = w if self.dp is None else np.where(w > 0, self.dp.client_numerators(out, w), 0.0)
         X = self.dense_uploads(out, send, clients)
         if self.dp is not None:
             X[:, -1] = 1.0
-        summed, survivors, exact = self.protocol(X, rng)
+        noise_std = self.dp.sigma * self.dp.clip_norm / np.sqrt(self._t(m)) \
+            if self.noise == "distributed" and m else 0.0
+        summed, survivors, exact = self.protocol(X, rng, noise_std)
         self.round_stats = {"secagg_taking_part": m, "secagg_survivors": int(len(survivors)),
                             "secagg_lost_round": summed is None}
-        empty = GlobalDelta(np.zeros(0, np.int64), np.zeros((0, K)), np.zeros(0), None, w, bad,
-                            n_empty, 0)
+        w_used = np.zeros_like(w)
+        w_used[clients[survivors]] = w[clients[survivors]]
+        summary = dataclasses.replace(summarize(out, hp), n_used=int(len(survivors)))
         if summed is None or summed[-1] <= 0:
-            return empty
+            return empty_delta(K, dataclasses.replace(summary, n_used=0), w_used * 0)
         total = summed[-1] if self.dp is None else self.dp.context["denominator"]
         self.round_stats["secagg_max_quantization_error"] = float(
             np.abs(summed - exact).max() / total)
         block = (summed[:-1] / total).reshape(n_items, K + 1)
-        w_used = np.zeros_like(w)
-        w_used[clients[survivors]] = w[clients[survivors]]
-        delta = GlobalDelta(np.arange(n_items), block[:, :K], block[:, K], None, w_used, bad,
-                            n_empty, int(len(survivors)) * X.shape[1])
-        return delta if self.dp is None else self.dp.finish(delta, round_idx)
+        delta = GlobalDelta(np.arange(n_items), block[:, :K], block[:, K], None, summary,
+                            int(len(survivors)) * X.shape[1], w_used)
+        return delta if self.dp is None or self.noise == "distributed" else \
+            self.dp.finish(delta, round_idx)
 
-    def protocol(self, X: np.ndarray, rng: np.random.Generator):
-        """Run the masking protocol on the dense uploads X (one row per client). Returns (the
+    def protocol(self, X: np.ndarray, rng: np.random.Generator, noise_std: float = 0.0):
+        """Run the masking protocol on the dense uploads X (one row per client), each client
+        adding N(0, noise_std²) to its values (not to its weight) before masking. Returns (the
         unmasked dequantized sum or None if the round is lost, survivor rows, exact float sum
-        of the survivors' clipped uploads)."""
+        of the survivors' clipped uploads, noise included)."""
         m, d = X.shape
         if m == 0:
             return None, np.zeros(0, np.int64), None
         t = self._t(m)
-        frac_bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) /
-                                         (m * max(self.value_bound, X[:, -1].max())))))
+        # room for m clipped values plus the summed noise out to 8 standard deviations
+        reach = m * max(self.value_bound, X[:, -1].max()) + 8.0 * noise_std * np.sqrt(m)
+        frac_bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
         if frac_bits < 0:
             raise ValueError(f"value_bound={self.value_bound} and client weights up to "
                              f"{X[:, -1].max():g} do not fit {m} clients in a {MOD_BITS}-bit "
@@ -179,6 +209,8 @@ class SecureAggregation(WeightedMean):
         scale = 2.0 ** frac_bits
         clipped = np.clip(X, -self.value_bound, self.value_bound)
         clipped[:, -1] = X[:, -1]
+        if noise_std > 0:  # each client's own share, drawn on its device
+            clipped[:, :-1] += rng.normal(0.0, noise_std, (m, d - 1))
         quant = np.round(clipped * scale).astype(np.int64).astype(np.uint32)
         sk = [int(rng.integers(1, 2**62)) * 2**64 + int(rng.integers(0, 2**62)) for _ in range(m)]
         pk = [pow(G, s, P) for s in sk]

@@ -1,0 +1,154 @@
+"""Partial sums: how a linear aggregate is reduced the same way wherever the clients ran.
+
+A linear aggregator (the weighted mean, norm clipping, DP) needs only Σ_k num_k·Δ_k over the
+cohort, a denominator and a few counts. The cohort is cut into ``REDUCE_GROUPS`` fixed groups by
+client id; each group's sums run over its clients in cohort order, and the groups are then added
+in group order. A shard of a cluster that holds whole groups returns their ``PartialSums`` —
+never one client's upload — and the driver's ``merge`` gives bit for bit what the local executor
+gives, for any number of shards (a float sum depends on its order; this fixes the order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .._kernels.server import sum_sorted_runs
+
+REDUCE_GROUPS = 64
+
+# per-group counters, in this order in PartialSums.stats
+STATS = ("weight", "n_clients", "n_used", "n_nonfinite", "n_nonfinite_recon", "n_empty",
+         "values_up", "loss_sum", "loss_weight")
+
+
+def reduce_group(clients) -> np.ndarray:
+    """The reduce group of each dense client id (fixed: it depends on the id only)."""
+    return np.asarray(clients, np.int64) % REDUCE_GROUPS
+
+
+@dataclass(frozen=True)
+class PartialSums:
+    """Sums of several reduce groups of one round.
+
+    Row r: group ``groups[r]``, item ``items[r]``, Σ num_k·Δq_k (``s_Q``) and Σ num_k·Δb_k
+    (``s_b``) over the group's clients that touched the item (rows sorted by group, then item).
+    Per group ``stat_groups[g]``: ``stats[g]`` (see STATS), ``rank[g]`` = Σ num_k·M_k (K×K) when
+    the clients send a rank map, and the group's worst client (largest query loss; −1 if none)
+    for the divergence diagnosis.
+    """
+
+    groups: np.ndarray
+    items: np.ndarray
+    s_Q: np.ndarray
+    s_b: np.ndarray
+    stat_groups: np.ndarray
+    stats: np.ndarray  # (g, len(STATS)) float64
+    worst_client: np.ndarray  # (g,) int64
+    worst_loss: np.ndarray  # (g,) float64
+    rank: np.ndarray | None = None  # (g, K, K)
+
+    @classmethod
+    def concat(cls, parts) -> PartialSums:
+        parts = list(parts)
+        return cls(*(None if parts[0].rank is None and f.name == "rank" else
+                     np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+    def total(self, name: str) -> float:
+        """One counter summed over the groups in group order (deterministic)."""
+        order = np.argsort(self.stat_groups, kind="stable")
+        col = self.stats[order, STATS.index(name)]
+        acc = 0.0
+        for v in col:
+            acc += v
+        return acc
+
+
+def group_sums(out, clients, num, w, bad, empty) -> PartialSums:
+    """The PartialSums of one batch of client outputs: client k's entries weighted by num[k]
+    (0 leaves them out), its weight w[k] (0: not used) counted in the denominator; ``clients``
+    are the dense ids in cohort order, ``bad`` the non-finite uploads, ``empty`` the clients
+    with nothing to send."""
+    K = out.d_Q.shape[1]
+    g_client = reduce_group(clients)
+    owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+    valid = (out.items >= 0) & (num[owner] != 0)
+    span = int(out.items.max()) + 1 if len(out.items) else 1
+    keys = np.where(valid, g_client[owner] * span + out.items, -1)
+    order = np.argsort(keys, kind="stable")  # by group, item, then cohort position
+    n = int(valid.sum())
+    dq, db, key = np.empty((n, K)), np.empty(n), np.empty(n, np.int64)
+    r = sum_sorted_runs(order[len(order) - n:], keys, out.d_Q, out.d_b, num[owner], dq, db, key)
+    used = w > 0
+    present = np.unique(g_client)
+    at = np.searchsorted(present, g_client)
+    loss_w = np.where(used & np.isfinite(out.losses), out.weights, 0.0)
+    cols = {"weight": np.where(used, w, 0.0),
+            "n_clients": np.ones(out.n_clients), "n_used": used.astype(float),
+            "n_nonfinite": bad.astype(float),
+            "n_nonfinite_recon": (bad & ~np.isfinite(out.losses)).astype(float),
+            "n_empty": empty.astype(float),
+            "values_up": np.bincount(owner[valid], minlength=out.n_clients) * (K + 1.0) +
+            (used * K * K if out.rank_terms is not None else 0.0),
+            "loss_sum": loss_w * np.where(loss_w > 0, out.losses, 0.0), "loss_weight": loss_w}
+    stats = np.zeros((len(present), len(STATS)))
+    for j, name in enumerate(STATS):  # sequential per group, in cohort order
+        np.add.at(stats[:, j], at, cols[name])
+    worst_c, worst_l = _worst(present, at, clients, out.losses, out.weights > 0)
+    rank = None
+    if out.rank_terms is not None:
+        rank = np.zeros((len(present), K, K))
+        for k in np.flatnonzero(used):
+            rank[at[k]] += num[k] * out.rank_terms[k]
+    return PartialSums(key[:r] // span, key[:r] % span, dq[:r], db[:r], present, stats,
+                       worst_c, worst_l, rank)
+
+
+def _worst(present, at, clients, losses, has_query):
+    """Per group, the client with the largest query loss (non-finite counts as largest; ties
+    go to the smaller id; clients without a query set are skipped), for the diagnosis."""
+    key = np.where(np.isfinite(losses), losses, np.inf)
+    worst_c = np.full(len(present), -1, np.int64)
+    worst_l = np.full(len(present), -np.inf)
+    for k in range(len(clients)):
+        g = at[k]
+        if not has_query[k]:
+            continue
+        if key[k] > worst_l[g] or (key[k] == worst_l[g] and clients[k] < worst_c[g]):
+            worst_c[g], worst_l[g] = clients[k], key[k]
+    return worst_c, worst_l
+
+
+@dataclass(frozen=True)
+class Merged:
+    """The cohort's sums after merging every group in group order."""
+
+    items: np.ndarray
+    s_Q: np.ndarray
+    s_b: np.ndarray
+    rank: np.ndarray | None
+    totals: dict
+    worst_client: int
+    worst_loss: float
+
+
+def merge(parts: PartialSums) -> Merged:
+    """Add the groups' sums per item in group order; counters likewise."""
+    K = parts.s_Q.shape[1]
+    order = np.lexsort((parts.groups, parts.items))
+    n = len(order)
+    dq, db, items = np.empty((n, K)), np.empty(n), np.empty(n, np.int64)
+    m = sum_sorted_runs(order, parts.items, parts.s_Q, parts.s_b, np.ones(n), dq, db, items)
+    totals = {name: parts.total(name) for name in STATS}
+    rank = None
+    if parts.rank is not None:
+        rank = np.zeros((K, K))
+        for g in np.argsort(parts.stat_groups, kind="stable"):
+            rank += parts.rank[g]
+    worst = -1, -np.inf
+    for g in np.argsort(parts.stat_groups, kind="stable"):
+        c, loss = int(parts.worst_client[g]), float(parts.worst_loss[g])
+        if c >= 0 and (loss > worst[1] or (loss == worst[1] and c < worst[0])):
+            worst = c, loss
+    return Merged(items[:m], dq[:m], db[:m], rank, totals, worst[0], worst[1])
