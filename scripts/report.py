@@ -346,7 +346,7 @@ def promotion_verdict(att) -> str:
     plain mean against the aggregator that holds the item's hit rate lowest."""
     lines = []
     runs = dict.fromkeys((r["attack"], r.get("attack_scale")) for r in att
-                         if r["attack"].startswith("promote"))
+                         if (r["attack"] or "").startswith("promote"))
     for kind, scale in runs:
         rows = [r for r in att if (r["attack"], r.get("attack_scale")) == (kind, scale)]
         mean = next(r for r in rows if r["name"].endswith("+ mean"))
