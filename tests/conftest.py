@@ -1,4 +1,5 @@
 import importlib.util
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -7,6 +8,11 @@ import pytest
 from fedcf.datasets import DataUnavailableError, make_synthetic_ratings
 
 pytest_plugins = ["pytester"]
+
+# Ray clusters the tests start (in-process or `ray start --head`) listen on 127.0.0.1 only: with
+# this set before Ray is imported, Ray takes the loopback address as the node's (Ray 2.x binds
+# every interface otherwise, whatever --node-ip-address says). Subprocesses inherit it.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,7 +1,7 @@
 """Federated algorithms: Federated Reconstruction, FedAvg (server-side users), FURL (stateful),
 and the phases a round is composed of (to replace one: a custom executor or aggregator)."""
 
-from .aggregators import CoordinateMedian, DPGaussianMean, NormClippedMean, TrimmedMean
+from .aggregators import CoordinateMedian, DPGaussianMean, FoolsGoldMean, NormClippedMean, TrimmedMean
 from .fedrecon import FedReconMF
 from .implicit import FedReconImplicitMF
 from .optimizers import OPTIMIZERS, make_server_optimizer
@@ -15,10 +15,12 @@ from .phases import (
     WeightedMean,
     server_update,
 )
+from .ray_executor import RayExecutor
 from .secagg import SecureAggregation
 from .stateful import FURLMF, FedAvgMF
 
-__all__ = ["CoordinateMedian", "DPGaussianMean", "NormClippedMean", "SecureAggregation",
+__all__ = ["CoordinateMedian", "DPGaussianMean", "FoolsGoldMean", "NormClippedMean", "RayExecutor",
+           "SecureAggregation",
            "TrimmedMean",
            "FURLMF", "OPTIMIZERS", "ClientOutputs", "Cohort", "FedAvgMF", "FedReconImplicitMF",
            "FedReconMF", "GlobalDelta", "LocalExecutor", "RoundHyperparams", "Selector",

@@ -17,6 +17,7 @@ from .._validation import (
     Bool,
     Dict,
     Dtype,
+    Executor,
     Int,
     NoneOr,
     Options,
@@ -47,6 +48,8 @@ FEDERATED_CONSTRAINTS = {
     "dtype": Dtype(), "random_state": RandomState(), "verbose": Bool(),
     "aggregator": NoneOr(Aggregator()),
 }
+# stateless clients (Federated Reconstruction) can run anywhere: here or on a Ray cluster
+EXECUTOR_CONSTRAINTS = {"executor": NoneOr(Executor())}
 
 
 class FederatedMFBase(MFEstimatorBase):
@@ -91,15 +94,15 @@ class FederatedMFBase(MFEstimatorBase):
         return (f"lower server_learning_rate={self.server_learning_rate} (server optimizer "
                 f"{self.server_optimizer!r}){opts}")
 
-    def _diagnose(self, run, out, cohort) -> str | None:
+    def _diagnose(self, run, summary) -> str | None:
         """Which stage made this round's mean query loss explode, from the worst client: its
         exact ridge reconstruction on the current global model (host side, a simulation-only
         diagnosis). If that fits far better than the kernel's, the reconstruction diverged; if
         the client step is unstable for that embedding (η_u · 2(‖p‖² + 1) > 2, the curvature
         of the per-example loss in an item row), the client update; else the server step."""
-        losses = np.where(np.isfinite(out.losses), out.losses, np.inf)
-        k = int(np.argmax(losses))
-        sub = run.inter.subset_users(cohort.clients[k:k + 1])
+        if summary.worst_client < 0:
+            return None
+        sub = run.inter.subset_users(np.array([summary.worst_client]))
         Q, b = run.params["Q"], run.params["b"]
         mu = float(run.inter.values.mean()) if self.biases else 0.0
         P, c = np.zeros((1, Q.shape[1]), Q.dtype), np.zeros(1, Q.dtype)
@@ -107,7 +110,7 @@ class FederatedMFBase(MFEstimatorBase):
                          ridge_cfg(0.1, 1e-6, mu, self.biases), P, c)
         pred = mu + b[sub.items] + c[0] + Q[sub.items].astype(np.float64) @ P[0]
         exact = float(np.mean((sub.values - pred) ** 2))
-        if self._recon_can_diverge() and np.isfinite(exact) and exact < 1e-2 * losses[k]:
+        if self._recon_can_diverge() and np.isfinite(exact) and exact < 1e-2 * summary.worst_loss:
             return "reconstruction"
         if self.learning_rate * 2 * (float(P[0] @ P[0]) + float(self.biases)) > 2:
             return "client update"
@@ -171,9 +174,12 @@ class FederatedMFBase(MFEstimatorBase):
         run = self._start(inter, availability)
         bar = tqdm(range(run.start, self.n_rounds), desc=type(self).__name__,
                    disable=not self.verbose, initial=run.start, total=self.n_rounds, leave=False)
-        for t in bar:
-            rec = run.round(t, callback)
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        try:
+            for t in bar:
+                rec = run.round(t, callback)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        finally:
+            getattr(run.executor, "close", lambda: None)()
         run.finisher.warn_dropped()
         if self._differentially_private():
             self.noise_multiplier_ = run.aggregator.sigma
@@ -232,8 +238,16 @@ class FederatedMFBase(MFEstimatorBase):
         return run
 
     def _make_executor(self, program, data, local):
-        """Phase 2 (client work); another executor (e.g. on a cluster) replaces only this."""
-        return LocalExecutor(program, data, local)
+        """Phase 2 (client work): in this process, or the ``executor`` parameter's (a
+        ``RayExecutor``: shards on a Ray cluster) for the estimators that have one."""
+        ex = getattr(self, "executor", None)
+        if ex is None or ex == "local":
+            return LocalExecutor(program, data, local)
+        if ex == "ray":
+            from .ray_executor import RayExecutor
+
+            ex = RayExecutor()
+        return ex.bind(program, data)
 
     def _hyper_holdout(self, eligible, seed):
         """With ``hyper_holdout`` > 0, that share of the eligible users never trains: they are the

@@ -14,7 +14,7 @@ from .._kernels.rng import stream_keys
 from .._kernels.sgd import sgd_reconstruct_rows
 from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
 from ..models.base import RatingScoreMixin
-from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
+from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .hyper import HYPER_CONSTRAINTS
 
 
@@ -106,6 +106,10 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         Phase 3 of a round: None is the weighted mean; ``NormClippedMean``, ``DPGaussianMean``
         (user-level DP, Poisson sampling, ε in ``history_``/``epsilon_``), ``TrimmedMean`` and
         ``CoordinateMedian`` from ``fedcf.federated``.
+    executor : None, "local", "ray" or RayExecutor
+        Where the client work runs: in this process (None, "local"), or on the shards of a
+        Ray cluster (``fedcf.federated.RayExecutor``, "ray" for its defaults; the same model
+        bit for bit).
     learn_hyperparams : sequence of {"server_learning_rate", "momentum", "weight_exponent"} or None
         Learn these round hyperparameters during training by federated hypergradient descent
         (``fedcf.federated.hyper``): each round's clients also report the derivative of their
@@ -136,15 +140,18 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         server of a deployment never has it; ``save`` does not write it).
     history_ : list of dict
         One record per round: loss, clients sampled/used/dropped/non-finite, items updated,
-        numbers sent up and down, seconds (with learned hyperparameters: their values and
-        hypergradients).
+        numbers sent up and down, seconds (whole round; ``work_seconds`` client work,
+        ``reduce_seconds`` aggregation, ``server_seconds`` server step; on Ray also
+        ``broadcast_seconds``, ``client_seconds`` and ``shard_restarts``), ε with DP, and with
+        learned hyperparameters their values and hypergradients.
     learned_hyperparams_ : dict
         The final learned values (only with ``learn_hyperparams``).
     """
 
     _recon_lam_attr = "recon_regularization"
     _parameter_constraints = {
-        **FEDERATED_CONSTRAINTS, "biases": Bool(), "rating_scale": RatingScale(),
+        **FEDERATED_CONSTRAINTS, **EXECUTOR_CONSTRAINTS,
+        "biases": Bool(), "rating_scale": RatingScale(),
         "split": Options(*SPLITS), "support_fraction": Real(0.0, 1.0, low_open=True),
         "reconstruction": Options("als", "sgd"), "recon_steps": Int(0, 10**9),
         "recon_epochs": Int(1, 10**6), "recon_learning_rate": Real(0.0, low_open=True),
@@ -160,7 +167,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
                  support_fraction=0.5, reconstruction="als", recon_steps=50, recon_epochs=1,
                  recon_learning_rate=0.1, recon_init="uniform", recon_regularization=None,
                  joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
-                 dtype="float32", aggregator=None, learn_hyperparams=None,
+                 dtype="float32", aggregator=None, executor=None, learn_hyperparams=None,
                  hyper_learning_rate=0.01, hyper_optimizer="adam", hyper_holdout=0.1,
                  random_state=None,
                  verbose=False):
@@ -196,6 +203,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         self.checkpoint_every = checkpoint_every
         self.dtype = dtype
         self.aggregator = aggregator
+        self.executor = executor
         self.learn_hyperparams = learn_hyperparams
         self.hyper_learning_rate = hyper_learning_rate
         self.hyper_optimizer = hyper_optimizer

@@ -16,7 +16,7 @@ from .._kernels.layout import IC_SPLIT, IC_SUPPORT_FRAC, SPLITS, implicit_cfg
 from .._validation import Bool, Int, Options, Real
 from ..models.base import RankingScoreMixin
 from ..models.implicit_mf import coerce_implicit, implicit_fold_in, item_gram
-from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
+from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     n_rounds, clients_per_round, server_optimizer, server_learning_rate,
     server_optimizer_options, batch_size, update_steps, update_epochs, regularization,
     client_weighting, min_examples, oversample, dropout, eval_every, checkpoint_path,
-    checkpoint_every, dtype, aggregator, random_state, verbose
+    checkpoint_every, dtype, aggregator, executor, random_state, verbose
         As in FedReconMF.
     learning_rate : float, default 0.5
         Client step size.
@@ -98,7 +98,8 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     biases = False
     _recon_lam_attr = "recon_regularization"
     _parameter_constraints = {
-        **FEDERATED_CONSTRAINTS, "alpha": Real(0.0), "recon_regularization": Real(0.0, low_open=True),
+        **FEDERATED_CONSTRAINTS, **EXECUTOR_CONSTRAINTS,
+        "alpha": Real(0.0), "recon_regularization": Real(0.0, low_open=True),
         "negatives": Int(0, 10**4), "negative_weight": Real(0.0), "full_negatives": Bool(),
         "split": Options(*SPLITS), "support_fraction": Real(0.0, 1.0, low_open=True),
     }
@@ -110,7 +111,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
                  negative_weight=1.0, full_negatives=False, split="none", support_fraction=0.5,
                  client_weighting="num_examples", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
-                 dtype="float32", aggregator=None, random_state=None, verbose=False):
+                 dtype="float32", aggregator=None, executor=None, random_state=None, verbose=False):
         self.n_factors = n_factors
         self.alpha = alpha
         self.recon_regularization = recon_regularization
@@ -139,6 +140,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         self.checkpoint_every = checkpoint_every
         self.dtype = dtype
         self.aggregator = aggregator
+        self.executor = executor
         self.random_state = random_state
         self.verbose = verbose
 

@@ -76,7 +76,7 @@ class RoundFinisher:
                 "values_up": delta.values_up + est._values_up_local(s.n_used, K),
                 "values_down": est._values_down(n_items, K, s.n_clients),
                 "server_seconds": server_seconds, "seconds": seconds,
-                **self.run.privacy_record(t + 1),
+                **self.run.timing, **self.run.privacy_record(t + 1),
                 **getattr(self.run.aggregator, "round_stats", {}),
                 **getattr(self.run.executor, "round_stats", {})}
 
@@ -119,6 +119,7 @@ class Run:
         self.start = 0
         self.last_saved = None
         self.finisher = RoundFinisher(self)
+        self.timing: dict = {}  # this round's seconds of client work and of the reduce
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self, path):
@@ -188,12 +189,19 @@ class Run:
         reduced from the executor's partial sums (on a cluster, no single upload travels to
         the driver); the others, and learning the client-weighting exponent (its derivative
         needs every upload), get the per-client outputs."""
+        t0 = time.perf_counter()
         if self.aggregator.reducible() and not (self.hyper is not None and
                                            "weight_exponent" in self.hyper.names):
+            outputs = None
             parts = self.executor.partials(cohort, self.params, ids, self.aggregator, hp)
-            return None, self.aggregator.reduce(parts, t)
-        outputs = self.executor.run(cohort, self.params, ids)
-        return outputs, self.aggregator(outputs, hp, t)
+            t1 = time.perf_counter()
+            delta = self.aggregator.reduce(parts, t)
+        else:
+            outputs = self.executor.run(cohort, self.params, ids)
+            t1 = time.perf_counter()
+            delta = self.aggregator(outputs, hp, t)
+        self.timing = {"work_seconds": t1 - t0, "reduce_seconds": time.perf_counter() - t1}
+        return outputs, delta
 
     def round(self, t: int, callback=None) -> dict:
         """Algorithm 1, one round: select → client work → aggregate → server update → finish."""

@@ -1,0 +1,292 @@
+"""Client work on a Ray cluster: the population in shards held by actors, one round = one call
+per shard, partial sums back (optional extra ``fedcf[ray]``).
+
+``FedReconMF(executor=RayExecutor(n_shards=4))`` runs phase 2 of every round on Ray instead of
+in this process. The users are cut into shards by reduce group (``partials.reduce_group``), so a
+shard holds whole groups; each shard is a Ray actor that copies its users' ratings once, when the
+run starts, and keeps them for the whole run. Each round the driver puts the global parameters in
+the object store once; every actor runs the same Numba client kernel on its sampled clients and
+returns, for a linear aggregator (weighted mean, norm clipping, DP), only its groups'
+``PartialSums`` — never a client's upload. The driver merges them in group order, so the fitted
+model is bit for bit the local executor's for any number of shards. Aggregators that need every
+upload (trimmed mean, median, FoolsGold, secure aggregation) get the per-client outputs, put back
+in cohort order.
+
+Faults: if an actor dies (a crash, a lost node, ``ray.kill``), the driver starts a new actor from
+the same shard spec and runs the shard's part of the round again. Clients are deterministic given
+(seed, round, client), so the retried round is the round that would have been; ``history_``
+records ``shard_restarts`` per round. After ``max_restarts`` failures of one round the fit stops
+with an error naming the shard.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+
+from .partials import REDUCE_GROUPS, PartialSums, reduce_group
+from .phases import ClientOutputs, Cohort, LocalExecutor
+
+START_TIMEOUT = 300  # seconds for the shard actors to come up (Numba compiles on first use)
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("RayExecutor needs Ray: pip install 'fedcf[ray]' (or 'ray[default]')"
+                          ) from e
+    return ray
+
+
+class RayExecutor:
+    """Where the client work of a federated fit runs: ``n_shards`` Ray actors.
+
+    Parameters
+    ----------
+    n_shards : int in [1, 64], default 2
+        Actors holding the population (at most ``REDUCE_GROUPS`` = 64: a shard holds whole
+        reduce groups).
+    address : str or None
+        A running cluster (``"127.0.0.1:6379"``, ``"ray://host:10001"``, or ``"auto"``); None
+        joins the Ray instance already started in this process, else starts a local one.
+    num_cpus : float or None
+        CPUs reserved per actor; its Numba kernel runs on that many threads (at least one).
+        None: the cluster's CPUs shared evenly among the shards.
+    resources : dict or None
+        Extra Ray resources per actor (e.g. ``{"worker_node": 1}``).
+    max_restarts : int, default 3
+        How often a shard may be restarted within one round before the fit stops.
+    """
+
+    def __init__(self, n_shards: int = 2, *, address: str | None = None,
+                 num_cpus: float | None = None,
+                 resources: dict | None = None, max_restarts: int = 3):
+        if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)) or \
+                not 1 <= n_shards <= REDUCE_GROUPS:
+            raise ValueError(f"n_shards must be an int in [1, {REDUCE_GROUPS}] (a shard holds "
+                             f"whole reduce groups), got {n_shards!r}")
+        if address is not None and not isinstance(address, str):
+            raise TypeError(f"address must be a string such as '127.0.0.1:6379' or None, got "
+                            f"{type(address).__name__}")
+        if num_cpus is not None and (isinstance(num_cpus, bool) or
+                                     not isinstance(num_cpus, (int, float)) or
+                                     not (np.isfinite(num_cpus) and num_cpus > 0)):
+            raise ValueError(f"num_cpus must be a number > 0 or None, got {num_cpus!r}")
+        if resources is not None and not isinstance(resources, dict):
+            raise TypeError(f"resources must be a dict or None, got {type(resources).__name__}")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or \
+                max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+        self.n_shards, self.address = int(n_shards), address
+        self.num_cpus = None if num_cpus is None else float(num_cpus)
+        self.resources, self.max_restarts = resources, max_restarts
+
+    def __repr__(self):
+        return (f"RayExecutor(n_shards={self.n_shards}, address={self.address!r}, "
+                f"num_cpus={self.num_cpus}, resources={self.resources}, "
+                f"max_restarts={self.max_restarts})")
+
+    def bind(self, program, data) -> BoundRayExecutor:
+        """Connect, ship the shards once, and start the actors for one run."""
+        return BoundRayExecutor(self, program, data)
+
+
+def connect(address: str | None):
+    """Join ``address`` (or the running / a new local Ray instance); errors name the address.
+
+    A local instance that fedcf starts listens on 127.0.0.1 only when Ray is first imported
+    here (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by Ray at import: the node then takes
+    the loopback address instead of binding every interface)."""
+    if address is None and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray = _ray()
+    if ray.is_initialized():
+        return ray
+    _probe(address)
+    try:
+        if address is None:
+            ray.init(include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}})
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError, TimeoutError) as e:
+        raise ConnectionError(f"could not reach a Ray cluster at address={address!r} ({e}); "
+                              "start one with `ray start --head` or pass address=None for a "
+                              "local one") from e
+    return ray
+
+
+def _probe(address: str | None, timeout: float = 5.0):
+    """Fail fast, naming the address, when nothing listens at a ``host:port`` address (Ray
+    itself retries for minutes). "auto", "ray://…" and None are left to Ray."""
+    if address is None or address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address must look like 'host:port' (e.g. '127.0.0.1:6379'), 'auto' "
+                         f"or 'ray://host:port', got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ConnectionError(f"could not reach a Ray cluster at address={address!r} ({e}); "
+                              "start one with `ray start --head` or pass address=None for a "
+                              "local one") from e
+
+
+def shard_of(clients, n_shards: int) -> np.ndarray:
+    """The shard holding each dense client id (whole reduce groups per shard)."""
+    return reduce_group(clients) % n_shards
+
+
+class Shard:
+    """One actor's part of the population: the ratings of the users of its shard, kept in a
+    CSR indexed by the *global* dense user id (other users have no rows), so client streams
+    and outputs are exactly the local executor's."""
+
+    def __init__(self, shard: int, n_shards: int, threads: int, program, indptr, items, values):
+        import numba
+
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        n_users = len(indptr) - 1
+        users = np.flatnonzero(shard_of(np.arange(n_users), n_shards) == shard)
+        counts = np.zeros(n_users, np.int64)
+        counts[users] = np.diff(indptr)[users]
+        own = np.zeros(n_users + 1, np.int64)
+        np.cumsum(counts, out=own[1:])
+        start = np.repeat(indptr[users] - own[users], counts[users])
+        take = start + np.arange(int(own[-1]))
+        self.data = (own, np.ascontiguousarray(items[take]), np.ascontiguousarray(values[take]))
+        self.executor = LocalExecutor(program, self.data)
+        self.shard = shard
+
+    def run(self, clients, params, ids) -> ClientOutputs:
+        return self.executor.run(_cohort(clients), params, ids)
+
+    def partials(self, clients, params, ids, aggregator, hp) -> PartialSums:
+        return aggregator.partials(self.run(clients, params, ids), hp)
+
+    def tangents(self, clients, params, tangents, ids):
+        return self.executor.tangents(_cohort(clients), params, tangents, ids)
+
+    def peak_memory(self) -> int:
+        """This worker's peak resident memory in bytes."""
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    def ping(self) -> int:
+        return self.shard
+
+
+def _cohort(clients) -> Cohort:
+    return Cohort(np.asarray(clients, np.int64), len(clients), 0, 0)
+
+
+class BoundRayExecutor:
+    """The executor of one run (made by ``RayExecutor.bind``); same interface as
+    ``LocalExecutor``: ``run``, ``partials``, ``tangents``, ``counts``, plus ``round_stats``
+    (restarts and the seconds of broadcast, client work and reduce) and ``close``."""
+
+    def __init__(self, spec: RayExecutor, program, data):
+        ray = connect(spec.address)
+        self.spec, self.ray = spec, ray
+        self.counts = np.diff(data[0])
+        n_users = len(self.counts)
+        if spec.n_shards > n_users:
+            raise ValueError(f"n_shards={spec.n_shards} is more than the {n_users} users; "
+                             "use fewer shards")
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+        self.num_cpus = spec.num_cpus if spec.num_cpus is not None else cpus / spec.n_shards
+        if self.num_cpus * spec.n_shards > cpus + 1e-9:
+            raise ValueError(f"n_shards={spec.n_shards} actors × num_cpus={self.num_cpus:g} need "
+                             f"more than the cluster's {cpus:g} CPUs, so some would never start; "
+                             "use fewer shards, a smaller num_cpus, or num_cpus=None")
+        self.data_refs = [ray.put(np.ascontiguousarray(a)) for a in data]
+        self.actor_cls = ray.remote(Shard).options(num_cpus=self.num_cpus,
+                                                   resources=spec.resources or {})
+        self.program = program
+        self.actors = [self._start(s) for s in range(spec.n_shards)]
+        try:
+            ray.get([a.ping.remote() for a in self.actors], timeout=START_TIMEOUT)
+        except ray.exceptions.GetTimeoutError as e:
+            self.close()
+            raise RuntimeError(f"the {spec.n_shards} Ray shard actors did not start within "
+                               f"{START_TIMEOUT} s (resources={spec.resources}); check that the "
+                               "cluster has the CPUs and resources they ask for") from e
+        self.round_stats = {}
+
+    def _start(self, s: int):
+        return self.actor_cls.remote(s, self.spec.n_shards, int(self.num_cpus) or 1,
+                                     self.program, *self.data_refs)
+
+    def _split(self, clients) -> list[np.ndarray]:
+        where = shard_of(clients, self.spec.n_shards)
+        return [clients[where == s] for s in range(self.spec.n_shards)]
+
+    def _map(self, method: str, cohort: Cohort, *args):
+        """Call ``method`` on every shard with its clients (cohort order) and ``args``; a shard
+        whose actor died is restarted from its spec and called again. Results in shard order."""
+        ray, t0 = self.ray, time.perf_counter()
+        refs = [ray.put(a) for a in args]  # serialized once per round, not once per shard
+        t1 = time.perf_counter()
+        parts = self._split(cohort.clients)
+        pending = {s: getattr(self.actors[s], method).remote(parts[s], *refs)
+                   for s in range(len(parts))}
+        results, restarts = {}, 0
+        for s in range(len(parts)):
+            for attempt in range(self.spec.max_restarts + 1):
+                try:
+                    results[s] = ray.get(pending[s])
+                    break
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                    if attempt == self.spec.max_restarts:
+                        raise RuntimeError(f"Ray shard {s} failed {attempt + 1} times in one "
+                                           f"round ({type(e).__name__}); raise max_restarts or "
+                                           "check the cluster") from e
+                    restarts += 1
+                    ray.kill(self.actors[s], no_restart=True)
+                    self.actors[s] = self._start(s)
+                    pending[s] = getattr(self.actors[s], method).remote(parts[s], *refs)
+        t2 = time.perf_counter()
+        self.round_stats = {"shard_restarts": restarts, "broadcast_seconds": t1 - t0,
+                            "client_seconds": t2 - t1}
+        return [results[s] for s in range(len(parts))], parts
+
+    def partials(self, cohort, params, ids, aggregator, hp) -> PartialSums:
+        res, _ = self._map("partials", cohort, params, ids, aggregator, hp)
+        return PartialSums.concat(res)
+
+    def run(self, cohort, params, ids) -> ClientOutputs:
+        """Per-client outputs (for aggregators that need every upload), in cohort order."""
+        res, parts = self._map("run", cohort, params, ids)
+        return ClientOutputs.concat(res).take(_cohort_order(cohort, parts))
+
+    def tangents(self, cohort, params, tangents, ids):
+        res, parts = self._map("tangents", cohort, params, tangents, ids)
+        order = _cohort_order(cohort, parts)
+        return tuple(np.concatenate([r[i] for r in res])[order] for i in range(3))
+
+    def peak_memory(self) -> list[int]:
+        return self.ray.get([a.peak_memory.remote() for a in self.actors], timeout=30)
+
+    def close(self):
+        """Stop the actors (their peak memory, in bytes, is kept in ``worker_peak_bytes``)."""
+        try:
+            self.worker_peak_bytes = self.peak_memory()
+        except Exception:  # a dead actor: its memory is unknown
+            self.worker_peak_bytes = None
+        for a in self.actors:
+            self.ray.kill(a, no_restart=True)
+        self.actors = []
+
+
+def _cohort_order(cohort, parts) -> np.ndarray:
+    """The permutation that puts the shards' concatenated results back in cohort order."""
+    position = {int(c): i for i, c in enumerate(cohort.clients)}
+    sent = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return np.argsort(np.array([position[int(c)] for c in sent], np.int64), kind="stable")

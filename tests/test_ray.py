@@ -1,0 +1,116 @@
+"""The Ray executor: shards held by actors, partial sums back, the same model bit for bit as the
+local executor; faults (a killed actor) and bad settings. One local Ray instance on 127.0.0.1
+for the module, shut down at its end (also when a test fails)."""
+
+import numpy as np
+import pytest
+
+from fedcf import FedReconMF
+from fedcf.datasets import make_synthetic_ratings
+from fedcf.federated import (
+    DPGaussianMean,
+    FedReconImplicitMF,
+    RayExecutor,
+    SecureAggregation,
+    TrimmedMean,
+)
+from fedcf.federated.ray_executor import BoundRayExecutor
+
+ray = pytest.importorskip("ray")
+
+KW = dict(n_factors=4, n_rounds=4, clients_per_round=40, random_state=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pop():
+    return make_synthetic_ratings(400, 50, 6000, n_factors=3, random_state=1)
+
+
+@pytest.mark.parametrize("n_shards", [1, 2, 4])
+def test_the_model_is_bit_identical_to_the_local_run(pop, n_shards):
+    ref = FedReconMF(**KW).fit(pop)
+    m = FedReconMF(**KW, executor=RayExecutor(n_shards)).fit(pop)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    np.testing.assert_array_equal(m.item_biases_, ref.item_biases_)
+    assert [h["loss"] for h in m.history_] == [h["loss"] for h in ref.history_]
+    assert all(h["shard_restarts"] == 0 for h in m.history_)
+
+
+@pytest.mark.parametrize("agg", [DPGaussianMean(0.5, 1.0, delta=1e-4), TrimmedMean(0.1),
+                                 SecureAggregation(value_bound=5.0)],
+                         ids=["dp", "trimmed", "secagg"])
+def test_every_aggregator_composes_with_it(pop, agg):
+    ref = FedReconMF(**KW, aggregator=agg).fit(pop)
+    m = FedReconMF(**KW, aggregator=agg, executor=RayExecutor(3)).fit(pop)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+
+
+def test_implicit_with_the_rank_map_and_sampled_negatives(pop):
+    for full in (False, True):
+        kw = dict(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0,
+                  full_negatives=full)
+        ref = FedReconImplicitMF(**kw).fit(pop)
+        m = FedReconImplicitMF(**kw, executor=RayExecutor(2)).fit(pop)
+        np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+
+
+def test_a_linear_aggregate_never_brings_one_clients_upload_to_the_driver(pop, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("per-client outputs requested")
+
+    monkeypatch.setattr(BoundRayExecutor, "run", refuse)
+    FedReconMF(**KW, executor=RayExecutor(2)).fit(pop)  # weighted mean: partial sums only
+    with pytest.raises(AssertionError, match="per-client"):
+        FedReconMF(**KW, aggregator=TrimmedMean(0.1), executor=RayExecutor(2)).fit(pop)
+
+
+def test_a_killed_actor_is_restarted_and_the_round_retried(pop):
+    bound = {}
+
+    class Captured(FedReconMF):
+        def _make_executor(self, program, data, local):
+            bound["ex"] = super()._make_executor(program, data, local)
+            return bound["ex"]
+
+    def kill(model, done):
+        if done == 2:
+            ray.kill(bound["ex"].actors[1], no_restart=True)
+
+    ref = FedReconMF(**KW).fit(pop)
+    m = Captured(**KW, eval_every=1, executor=RayExecutor(2)).fit(pop, callback=kill)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    assert [h["shard_restarts"] for h in m.history_] == [0, 0, 1, 0]
+
+
+@pytest.mark.parametrize("kw,err,match", [
+    (dict(n_shards=0), ValueError, "n_shards must be an int in"),
+    (dict(n_shards=65), ValueError, "n_shards must be an int in"),
+    (dict(n_shards="2"), ValueError, "n_shards must be an int in"),
+    (dict(num_cpus=-1), ValueError, "num_cpus must be"),
+    (dict(address=6379), TypeError, "address must be a string"),
+    (dict(max_restarts=-1), ValueError, "max_restarts"),
+    (dict(resources=[1]), TypeError, "resources must be a dict"),
+])
+def test_bad_settings_are_named(kw, err, match):
+    with pytest.raises(err, match=match):
+        RayExecutor(**kw)
+
+
+def test_settings_the_cluster_cannot_meet_are_refused_before_training(pop):
+    tiny = make_synthetic_ratings(3, 10, 20, random_state=0)
+    with pytest.raises(ValueError, match="n_shards=4 is more than the 3 users"):
+        FedReconMF(**KW, executor=RayExecutor(4)).fit(tiny)
+    with pytest.raises(ValueError, match="need more than the cluster's 2 CPUs"):
+        FedReconMF(**KW, executor=RayExecutor(3, num_cpus=1)).fit(pop)
+    with pytest.raises(TypeError, match="executor must be None, 'local', 'ray'"):
+        FedReconMF(**KW, executor="Ray").fit(pop)

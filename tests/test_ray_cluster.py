@@ -1,0 +1,103 @@
+"""A real Ray cluster reached by address: ``ray start --head`` on 127.0.0.1 (its own session
+directory, a bounded lifetime), ``fit`` against it from a separate driver process, then the head
+is stopped — also when the test fails. And an address where no cluster runs is refused, naming
+the address."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+LIFETIME = 240  # seconds: the head is killed after this even if the test hangs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ray_cli() -> list[str]:
+    # the `ray` script of the interpreter running the tests (not whatever is first on PATH)
+    return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; "
+            "sys.argv[0] = 'ray'; sys.exit(main())"]
+
+
+@pytest.fixture
+def head():
+    """A Ray head on 127.0.0.1 with 2 CPUs, in its own process group, stopped at the end."""
+    port = _free_port()
+    tmp = tempfile.mkdtemp(prefix="fr")  # short: Ray's unix sockets live under it
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # loopback only (see conftest.py)
+    proc = subprocess.Popen(
+        ["timeout", str(LIFETIME), *_ray_cli(), "start", "--head", "--block",
+         "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+         "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", tmp],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        subprocess.run(["pkill", "-KILL", "-f", tmp], check=False)  # anything left of it
+
+
+DRIVER = textwrap.dedent("""
+    import sys, numpy as np
+    from fedcf import FedReconMF
+    from fedcf.datasets import make_synthetic_ratings
+    from fedcf.federated import RayExecutor
+    pop = make_synthetic_ratings(300, 40, 4000, n_factors=3, random_state=2)
+    kw = dict(n_factors=4, n_rounds=3, clients_per_round=30, random_state=0)
+    ref = FedReconMF(**kw).fit(pop)
+    m = FedReconMF(**kw, executor=RayExecutor(2, address=sys.argv[1])).fit(pop)
+    assert np.array_equal(m.item_factors_, ref.item_factors_), "differs from the local run"
+    import ray
+    nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
+    print("OK", nodes, ray.cluster_resources().get("CPU"))
+""")
+
+
+def test_fit_on_a_head_node_reached_by_address(head):
+    deadline = time.monotonic() + 60
+    while True:  # the head answers once its GCS is up
+        probe = subprocess.run([*_ray_cli(), "status", "--address", head],
+                               capture_output=True, text=True, timeout=60)
+        if probe.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", DRIVER, head], capture_output=True, text=True,
+                         timeout=LIFETIME - 60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK ['127.0.0.1'] 2.0" in out.stdout  # the head's node: loopback, its 2 CPUs
+
+
+@pytest.mark.parametrize("address,err,match", [
+    ("127.0.0.1:{port}", ConnectionError, "could not reach a Ray cluster at address='127.0.0.1:"),
+    ("no-port-here", ValueError, "address must look like 'host:port'"),
+])
+def test_an_unreachable_or_malformed_address_is_named(address, err, match):
+    from fedcf import FedReconMF
+    from fedcf.datasets import make_synthetic_ratings
+    from fedcf.federated import RayExecutor
+
+    pop = make_synthetic_ratings(50, 20, 500, random_state=0)
+    ex = RayExecutor(address=address.format(port=_free_port()))
+    t0 = time.monotonic()
+    with pytest.raises(err, match=match):
+        FedReconMF(n_rounds=1, executor=ex).fit(pop)
+    assert time.monotonic() - t0 < 30
