@@ -23,6 +23,7 @@ from .open_bandit import (
     fetch_open_bandit,
     load_open_bandit,
 )
+from .population import SyntheticPopulation
 from .synthetic import SyntheticTruth, make_synthetic_ratings
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "DataUnavailableError",
     "DataValidationError",
     "Interactions",
+    "SyntheticPopulation",
     "SyntheticTruth",
     "clear_cache",
     "data_home",

@@ -269,6 +269,11 @@ class Interactions:
             return cls.from_pairs(X, y, **kwargs)
         if isinstance(X, Interactions):
             return X
+        if hasattr(X, "to_interactions"):  # a population described, not built (population.py)
+            if kwargs:
+                raise TypeError(f"{next(iter(kwargs))!r} does not apply to a "
+                                f"{type(X).__name__}: it describes its own ratings")
+            return X.to_interactions()
         if isinstance(X, pd.DataFrame):
             return cls.from_dataframe(X, **kwargs)
         if sp.issparse(X):
@@ -338,6 +343,15 @@ class Interactions:
     @property
     def nnz(self) -> int:
         return int(self.indptr[-1])
+
+    def value_stats(self) -> dict:
+        """mean, mean of squares, min and max of the values (what a fit needs of them)."""
+        v = self.values
+        if not len(v):
+            return {"mean": float("nan"), "mean_sq": float("nan"), "min": float("nan"),
+                    "max": float("nan")}
+        return {"mean": float(v.mean()), "mean_sq": float(np.mean(v ** 2)),
+                "min": float(v.min()), "max": float(v.max())}
 
     def counts(self) -> np.ndarray:
         """Number of entries per user."""

@@ -114,3 +114,39 @@ def test_settings_the_cluster_cannot_meet_are_refused_before_training(pop):
         FedReconMF(**KW, executor=RayExecutor(3, num_cpus=1)).fit(pop)
     with pytest.raises(TypeError, match="executor must be None, 'local', 'ray'"):
         FedReconMF(**KW, executor="Ray").fit(pop)
+
+
+def test_a_population_spec_is_built_on_the_workers_never_on_the_driver(monkeypatch):
+    from fedcf.datasets import SyntheticPopulation
+
+    spec = SyntheticPopulation(2000, 120, ratings_per_user=10, random_state=5)
+    ref = FedReconMF(**KW).fit(spec)  # local: built here
+
+    def refuse(*a, **k):
+        raise AssertionError("the driver built the population")
+
+    monkeypatch.setattr(SyntheticPopulation, "build", refuse)  # this process only
+    monkeypatch.setattr(SyntheticPopulation, "to_interactions", refuse)
+    bound = {}
+
+    class Captured(FedReconMF):
+        def _make_executor(self, program, data, local):
+            bound["ex"] = super()._make_executor(program, data, local)
+            return bound["ex"]
+
+    def kill(model, done):  # a restarted actor rebuilds its shard from the spec
+        if done == 1:
+            ray.kill(bound["ex"].actors[0], no_restart=True)
+
+    for n_shards in (1, 3):
+        m = Captured(**KW, eval_every=1, executor=RayExecutor(n_shards)).fit(spec, callback=kill)
+        np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+        assert m.global_mean_ == ref.global_mean_
+        assert [h["shard_restarts"] for h in m.history_] == [0, 1, 0, 0]
+    assert "RemotePopulation" in repr(m.interactions_)
+    monkeypatch.undo()
+    np.testing.assert_allclose(m.predict(np.array([[3, 7]])), ref.predict(np.array([[3, 7]])))
+    import pickle
+
+    back = pickle.loads(pickle.dumps(m.interactions_))  # kept by a fitted model: no actors
+    assert back.n_users == 2000 and back.counts().sum() == back.nnz

@@ -78,12 +78,20 @@ class FederatedMFBase(MFEstimatorBase):
         return 0
 
     def _coerce(self, X, y, **data_kwargs) -> Interactions:
+        """The training data. A population described by a spec (``SyntheticPopulation``) is
+        built on the workers of a Ray executor (a ``RemotePopulation``: the driver never holds
+        it), else here."""
+        spec = self._executor_spec() if hasattr(X, "build_block") else None
+        if spec is not None:
+            if y is not None or data_kwargs:
+                raise TypeError(f"a {type(X).__name__} takes no y or data keyword arguments")
+            return spec.open(X)
         return Interactions.coerce(X, y, **data_kwargs)
 
     def _usable_loss(self, inter) -> float:
         """A mean query loss above this means the model is no longer usable: 10⁴ × the loss of
         predicting zero for every example."""
-        return 1e4 * max(float(np.mean(inter.values ** 2)), 1e-6)
+        return 1e4 * max(inter.value_stats()["mean_sq"], 1e-6)
 
     def _blame(self, stage: str) -> str:
         """Which parameter to change when ``stage`` of a round produced non-finite values."""
@@ -104,7 +112,7 @@ class FederatedMFBase(MFEstimatorBase):
             return None
         sub = run.inter.subset_users(np.array([summary.worst_client]))
         Q, b = run.params["Q"], run.params["b"]
-        mu = float(run.inter.values.mean()) if self.biases else 0.0
+        mu = run.inter.value_stats()["mean"] if self.biases else 0.0
         P, c = np.zeros((1, Q.shape[1]), Q.dtype), np.zeros(1, Q.dtype)
         ridge_solve_rows(sub.indptr, sub.items, sub.values, Q, b,
                          ridge_cfg(0.1, 1e-6, mu, self.biases), P, c)
@@ -171,15 +179,19 @@ class FederatedMFBase(MFEstimatorBase):
         self._check_params()
         self._check_combinations()
         inter = self._coerce(X, y, **data_kwargs)
-        run = self._start(inter, availability)
-        bar = tqdm(range(run.start, self.n_rounds), desc=type(self).__name__,
-                   disable=not self.verbose, initial=run.start, total=self.n_rounds, leave=False)
+        run = None
         try:
+            run = self._start(inter, availability)
+            bar = tqdm(range(run.start, self.n_rounds), desc=type(self).__name__,
+                       disable=not self.verbose, initial=run.start, total=self.n_rounds,
+                       leave=False)
             for t in bar:
                 rec = run.round(t, callback)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
-        finally:
-            getattr(run.executor, "close", lambda: None)()
+        finally:  # stop the shard actors of a Ray run, also when it failed
+            for ex in {id(e): e for e in (getattr(run, "executor", None),
+                                          getattr(inter, "executor", None)) if e}.values():
+                getattr(ex, "close", lambda: None)()
         run.finisher.warn_dropped()
         if self._differentially_private():
             self.noise_multiplier_ = run.aggregator.sigma
@@ -199,14 +211,16 @@ class FederatedMFBase(MFEstimatorBase):
         Q = rng.uniform(-self.init_scale, self.init_scale, (inter.n_items, K)).astype(dtype)
         params = {"Q": Q, "b": np.zeros(inter.n_items, dtype)}
         local = self._init_local_state(inter, rng, dtype)
-        mu = float(inter.values.mean()) if self.biases else 0.0
+        stats = inter.value_stats()
+        mu = stats["mean"] if self.biases else 0.0
         counts = inter.counts()
         eligible = np.flatnonzero(counts >= max(self.min_examples, 1))
         if len(eligible) == 0:
             raise ValueError(f"no client has at least min_examples={self.min_examples} examples "
                              f"(the largest has {int(counts.max()) if len(counts) else 0}); "
                              "lower min_examples")
-        data = (inter.indptr, inter.items, inter.values)
+        data = inter if getattr(inter, "executor", None) else \
+            (inter.indptr, inter.items, inter.values)
         program = self._client_program(inter, mu)
         eligible, hyper_select = self._hyper_holdout(eligible, seed)
         run = Run(self, inter, seed=seed, params=params,
@@ -231,7 +245,7 @@ class FederatedMFBase(MFEstimatorBase):
         if self.checkpoint_path is not None:
             run.resume(self.checkpoint_path)
         self.rating_scale_ = self._check_params().get("rating_scale") or (
-            float(inter.values.min()), float(inter.values.max()))
+            stats["min"], stats["max"])
         self.global_mean_ = mu
         self.user_ids_, self.item_ids_ = inter.user_ids, inter.item_ids
         self.interactions_ = inter
@@ -240,14 +254,23 @@ class FederatedMFBase(MFEstimatorBase):
     def _make_executor(self, program, data, local):
         """Phase 2 (client work): in this process, or the ``executor`` parameter's (a
         ``RayExecutor``: shards on a Ray cluster) for the estimators that have one."""
+        if not isinstance(data, tuple):  # a RemotePopulation: its shards are already running
+            return data.executor.set_program(program)
+        ex = self._executor_spec()
+        if ex is None:
+            return LocalExecutor(program, data, local)
+        return ex.bind(program, data)
+
+    def _executor_spec(self):
+        """The ``executor`` parameter as a RayExecutor, or None for this process."""
         ex = getattr(self, "executor", None)
         if ex is None or ex == "local":
-            return LocalExecutor(program, data, local)
+            return None
         if ex == "ray":
             from .ray_executor import RayExecutor
 
-            ex = RayExecutor()
-        return ex.bind(program, data)
+            return RayExecutor()
+        return ex
 
     def _hyper_holdout(self, eligible, seed):
         """With ``hyper_holdout`` > 0, that share of the eligible users never trains: they are the

@@ -159,7 +159,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         return coerce_implicit(X, y, **data_kwargs)
 
     def _usable_loss(self, inter) -> float:
-        return 1e4 * float(np.mean(1.0 + self.alpha * inter.values))  # the loss of p = 0
+        return 1e4 * (1.0 + self.alpha * inter.value_stats()["mean"])  # the loss of p = 0
 
     def _client_program(self, inter, mu):
         cfg = implicit_cfg(self.split, self.support_fraction, self.alpha, self.recon_regularization,

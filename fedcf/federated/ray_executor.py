@@ -93,7 +93,12 @@ class RayExecutor:
 
     def bind(self, program, data) -> BoundRayExecutor:
         """Connect, ship the shards once, and start the actors for one run."""
-        return BoundRayExecutor(self, program, data)
+        return BoundRayExecutor(self, data).set_program(program)
+
+    def open(self, source) -> RemotePopulation:
+        """Start the actors on a population *spec* (``fedcf.datasets.SyntheticPopulation``):
+        each builds its own users on its worker; the driver learns only their counts."""
+        return RemotePopulation(source, BoundRayExecutor(self, source))
 
 
 def connect(address: str | None):
@@ -146,23 +151,31 @@ def shard_of(clients, n_shards: int) -> np.ndarray:
 class Shard:
     """One actor's part of the population: the ratings of the users of its shard, kept in a
     CSR indexed by the *global* dense user id (other users have no rows), so client streams
-    and outputs are exactly the local executor's."""
+    and outputs are exactly the local executor's. ``data`` is the driver's (indptr, items,
+    values), from which it copies its users, or a population spec whose blocks it builds."""
 
-    def __init__(self, shard: int, n_shards: int, threads: int, program, indptr, items, values):
+    def __init__(self, shard: int, n_shards: int, threads: int, data):
         import numba
 
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-        n_users = len(indptr) - 1
-        users = np.flatnonzero(shard_of(np.arange(n_users), n_shards) == shard)
-        counts = np.zeros(n_users, np.int64)
-        counts[users] = np.diff(indptr)[users]
-        own = np.zeros(n_users + 1, np.int64)
-        np.cumsum(counts, out=own[1:])
-        start = np.repeat(indptr[users] - own[users], counts[users])
-        take = start + np.arange(int(own[-1]))
-        self.data = (own, np.ascontiguousarray(items[take]), np.ascontiguousarray(values[take]))
+        self.shard, self.n_shards = shard, n_shards
+        if isinstance(data, tuple):
+            self.data, self.stats = _own_rows(shard, n_shards, *data), None
+        else:  # population blocks = reduce groups, so the shard's blocks are whole
+            blocks = [b for b in range(REDUCE_GROUPS) if b % n_shards == shard]
+            self.data = data.build(blocks)
+            self.stats = _value_sums(self.data, blocks)
+        self.executor = None
+
+    def set_program(self, program) -> int:
         self.executor = LocalExecutor(program, self.data)
-        self.shard = shard
+        return self.shard
+
+    def describe(self):
+        """(users, their counts, per-block value sums) of a shard built from a spec."""
+        counts = np.diff(self.data[0])
+        users = np.flatnonzero(shard_of(np.arange(len(counts)), self.n_shards) == self.shard)
+        return users, counts[users], self.stats
 
     def run(self, clients, params, ids) -> ClientOutputs:
         return self.executor.run(_cohort(clients), params, ids)
@@ -179,8 +192,30 @@ class Shard:
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
-    def ping(self) -> int:
-        return self.shard
+
+def _own_rows(shard, n_shards, indptr, items, values):
+    """The users of ``shard`` out of the driver's CSR, in a CSR over all user ids."""
+    n_users = len(indptr) - 1
+    users = np.flatnonzero(shard_of(np.arange(n_users), n_shards) == shard)
+    counts = np.zeros(n_users, np.int64)
+    counts[users] = np.diff(indptr)[users]
+    own = np.zeros(n_users + 1, np.int64)
+    np.cumsum(counts, out=own[1:])
+    take = np.repeat(indptr[users] - own[users], counts[users]) + np.arange(int(own[-1]))
+    return own, np.ascontiguousarray(items[take]), np.ascontiguousarray(values[take])
+
+
+def _value_sums(data, blocks) -> list:
+    """Per block: (block, nnz, Σv, Σv², min, max) of its ratings (exact sums: whole stars)."""
+    indptr, _, values = data
+    n_users = len(indptr) - 1
+    entry_block = np.repeat(np.arange(n_users) % REDUCE_GROUPS, np.diff(indptr))
+    out = []
+    for b in blocks:
+        v = values[entry_block == b]
+        out.append((b, len(v), float(v.sum()), float((v * v).sum()),
+                    float(v.min()) if len(v) else np.inf, float(v.max()) if len(v) else -np.inf))
+    return out
 
 
 def _cohort(clients) -> Cohort:
@@ -192,11 +227,10 @@ class BoundRayExecutor:
     ``LocalExecutor``: ``run``, ``partials``, ``tangents``, ``counts``, plus ``round_stats``
     (restarts and the seconds of broadcast, client work and reduce) and ``close``."""
 
-    def __init__(self, spec: RayExecutor, program, data):
+    def __init__(self, spec: RayExecutor, data):
         ray = connect(spec.address)
         self.spec, self.ray = spec, ray
-        self.counts = np.diff(data[0])
-        n_users = len(self.counts)
+        n_users = len(data[0]) - 1 if isinstance(data, tuple) else data.n_users
         if spec.n_shards > n_users:
             raise ValueError(f"n_shards={spec.n_shards} is more than the {n_users} users; "
                              "use fewer shards")
@@ -206,23 +240,35 @@ class BoundRayExecutor:
             raise ValueError(f"n_shards={spec.n_shards} actors × num_cpus={self.num_cpus:g} need "
                              f"more than the cluster's {cpus:g} CPUs, so some would never start; "
                              "use fewer shards, a smaller num_cpus, or num_cpus=None")
-        self.data_refs = [ray.put(np.ascontiguousarray(a)) for a in data]
+        # the driver's arrays go to the object store once; a spec is all a worker needs
+        self.data_ref = ray.put(tuple(np.ascontiguousarray(a) for a in data)) \
+            if isinstance(data, tuple) else data
         self.actor_cls = ray.remote(Shard).options(num_cpus=self.num_cpus,
                                                    resources=spec.resources or {})
-        self.program = program
+        self.program, self.round_stats, self.counts = None, {}, None
         self.actors = [self._start(s) for s in range(spec.n_shards)]
+        if isinstance(data, tuple):
+            self.counts = np.diff(data[0])
+
+    def set_program(self, program) -> BoundRayExecutor:
+        """Give every actor the client program of this run (and wait until all are up)."""
+        self.program = program
         try:
-            ray.get([a.ping.remote() for a in self.actors], timeout=START_TIMEOUT)
-        except ray.exceptions.GetTimeoutError as e:
+            self.ray.get([a.set_program.remote(program) for a in self.actors],
+                         timeout=START_TIMEOUT)
+        except self.ray.exceptions.GetTimeoutError as e:
             self.close()
-            raise RuntimeError(f"the {spec.n_shards} Ray shard actors did not start within "
-                               f"{START_TIMEOUT} s (resources={spec.resources}); check that the "
-                               "cluster has the CPUs and resources they ask for") from e
-        self.round_stats = {}
+            raise RuntimeError(f"the {self.spec.n_shards} Ray shard actors did not start within "
+                               f"{START_TIMEOUT} s (resources={self.spec.resources}); check that "
+                               "the cluster has the CPUs and resources they ask for") from e
+        return self
 
     def _start(self, s: int):
-        return self.actor_cls.remote(s, self.spec.n_shards, int(self.num_cpus) or 1,
-                                     self.program, *self.data_refs)
+        actor = self.actor_cls.remote(s, self.spec.n_shards, int(self.num_cpus) or 1,
+                                      self.data_ref)
+        if self.program is not None:  # a restarted actor: calls to it run in order
+            actor.set_program.remote(self.program)
+        return actor
 
     def _split(self, clients) -> list[np.ndarray]:
         where = shard_of(clients, self.spec.n_shards)
@@ -283,6 +329,92 @@ class BoundRayExecutor:
         for a in self.actors:
             self.ray.kill(a, no_restart=True)
         self.actors = []
+
+
+class RemotePopulation:
+    """A population that lives in the shard actors of a run (built there from its spec): what
+    the driver knows of it is its sizes, each user's number of ratings (the sampling frame)
+    and the sums a fit needs of the ratings — never a rating. ``fit`` takes it where it takes
+    an Interactions; anything that needs users' ratings on the driver (evaluating seen users
+    after the fit, a divergence diagnosis) builds those users' blocks from the spec here."""
+
+    timestamps = None
+
+    def __init__(self, source, executor: BoundRayExecutor):
+        self.source, self.executor = source, executor
+        self.n_users, self.n_items = source.n_users, source.n_items
+        try:
+            parts = executor.ray.get([a.describe.remote() for a in executor.actors],
+                                     timeout=START_TIMEOUT)
+        except BaseException:
+            executor.close()
+            raise
+        self._counts = np.zeros(self.n_users, np.int64)
+        blocks = []
+        for users, counts, stats in parts:
+            self._counts[users] = counts
+            blocks.extend(stats)
+        executor.counts = self._counts
+        blocks.sort()  # block order: the sums do not depend on the shard count
+        self.nnz = sum(b[1] for b in blocks)
+        total, squares = sum(b[2] for b in blocks), sum(b[3] for b in blocks)
+        self._stats = {"mean": total / self.nnz, "mean_sq": squares / self.nnz,
+                       "min": min(b[4] for b in blocks), "max": max(b[5] for b in blocks)}
+        self.user_ids = np.arange(self.n_users)
+        self.item_ids = np.arange(self.n_items)
+
+    def __repr__(self):
+        return (f"RemotePopulation({self.source!r}: {self.n_users} users, {self.n_items} items, "
+                f"{self.nnz} ratings in {self.executor.spec.n_shards} Ray shards)")
+
+    def __getstate__(self):  # a fitted model keeps this; the run's actors do not travel
+        return {**self.__dict__, "executor": _Closed(self.executor.spec), "_local": None}
+
+    def counts(self) -> np.ndarray:
+        return self._counts
+
+    def value_stats(self) -> dict:
+        return dict(self._stats)
+
+    def subset_users(self, users):
+        """The given users' ratings, built here from the spec (their blocks only)."""
+        from ..datasets import Interactions
+
+        users = np.asarray(users, np.int64)
+        if users.size and (users.min() < 0 or users.max() >= self.n_users):
+            bad = users[(users < 0) | (users >= self.n_users)][0]
+            raise IndexError(f"user index {bad} out of range for {self.n_users} users")
+        indptr, items, values = self.source.build(np.unique(users % REDUCE_GROUPS))
+        full = Interactions(indptr, items, values, None, self.user_ids, self.item_ids)
+        return full.subset_users(users)
+
+    @property
+    def _full(self):
+        if self.__dict__.get("_local") is None:
+            self._local = self.source.to_interactions()
+        return self._local
+
+    @property
+    def indptr(self):  # evaluating every seen user needs the whole population here
+        return self._full.indptr
+
+    @property
+    def items(self):
+        return self._full.items
+
+    @property
+    def values(self):
+        return self._full.values
+
+
+class _Closed:
+    """What a pickled RemotePopulation keeps of its run's executor: the settings."""
+
+    def __init__(self, spec):
+        self.spec, self.actors = spec, []
+
+    def close(self):
+        pass
 
 
 def _cohort_order(cohort, parts) -> np.ndarray:

@@ -1,0 +1,134 @@
+"""A synthetic rating population described by a few numbers and built block by block, in any
+process: what a cluster shard generates on its worker instead of receiving the data.
+
+User u belongs to block ``u % BLOCKS``; a block's users, their items and ratings are a pure
+function of (the population's parameters, the block). Any process can therefore build any set of
+blocks and get the same ratings as any other — a Ray shard builds only its own, the driver never
+holds the population. Ratings are whole stars (1–5), so sums over them are exact in float64 and
+the global mean does not depend on the order of the blocks.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .interactions import Interactions
+
+BLOCKS = 64
+
+
+@dataclass(frozen=True)
+class SyntheticPopulation:
+    """Low-rank star ratings for ``n_users`` users, generated where they are needed.
+
+    Parameters
+    ----------
+    n_users, n_items : int
+        Population and catalog size (n_items ≥ 2).
+    ratings_per_user : float, default 20
+        Mean number of ratings per user before duplicates are removed (log-normally spread,
+        at least 1, at most n_items).
+    n_factors : int, default 8
+        Rank of the true taste model.
+    activity_sigma : float, default 1.0
+        Spread of the log-normal activity (0: every user rates about the same number).
+    popularity_exponent : float, default 0.8
+        Item popularity ∝ rank^-exponent (0: uniform).
+    noise : float, default 0.5
+        Standard deviation of the rating noise before rounding.
+    random_state : int, default 0
+    """
+
+    n_users: int
+    n_items: int
+    ratings_per_user: float = 20.0
+    n_factors: int = 8
+    activity_sigma: float = 1.0
+    popularity_exponent: float = 0.8
+    noise: float = 0.5
+    random_state: int = 0
+
+    def __post_init__(self):
+        for name, low in (("n_users", 1), ("n_items", 2), ("n_factors", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ValueError(f"SyntheticPopulation.{name} must be an int >= {low}, got {v!r}")
+        for name, low in (("ratings_per_user", 1.0), ("activity_sigma", 0.0),
+                          ("popularity_exponent", 0.0), ("noise", 0.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or \
+                    not np.isfinite(v) or v < low:
+                raise ValueError(f"SyntheticPopulation.{name} must be a finite number >= {low}, "
+                                 f"got {v!r}")
+        rs = self.random_state
+        if isinstance(rs, bool) or not isinstance(rs, (int, np.integer)) or rs < 0:
+            raise ValueError(f"SyntheticPopulation.random_state must be an int >= 0, got {rs!r}")
+
+    def block_users(self, block: int) -> np.ndarray:
+        return np.arange(block, self.n_users, BLOCKS, dtype=np.int64)
+
+    def build_block(self, block: int):
+        """(users, counts, items, values) of one block: users ascending, each user's items
+        ascending and distinct, ratings in {1, …, 5}."""
+        Q, b_i, cdf = _item_truth(self.random_state, self.n_items, self.n_factors,
+                                  self.popularity_exponent)
+        rng = np.random.default_rng([self.random_state, 0xB10C, block])
+        users = self.block_users(block)
+        n = len(users)
+        raw = rng.lognormal(0.0, self.activity_sigma, n) / np.exp(self.activity_sigma ** 2 / 2)
+        draws = np.clip(np.round(raw * self.ratings_per_user), 1, self.n_items).astype(np.int64)
+        owner = np.repeat(np.arange(n), draws)
+        item = np.minimum(np.searchsorted(cdf, rng.random(len(owner)), side="right"),
+                          self.n_items - 1)
+        key = np.unique(owner * self.n_items + item)  # distinct (user, item), sorted
+        owner, item = key // self.n_items, (key % self.n_items).astype(np.int32)
+        P = rng.normal(0.0, 1.0 / np.sqrt(self.n_factors), (n, self.n_factors))
+        b_u = rng.normal(0.0, 0.3, n)
+        score = 3.5 + b_u[owner] + b_i[item] + np.einsum("ij,ij->i", P[owner], Q[item])
+        values = np.clip(np.round(score + rng.normal(0.0, self.noise, len(owner))), 1.0, 5.0)
+        return users, np.bincount(owner, minlength=n).astype(np.int64), item, values
+
+    def build(self, blocks=None):
+        """A CSR over *all* dense user ids (``indptr`` of n_users + 1) holding the users of
+        ``blocks`` (default: every block); other users have no entries."""
+        blocks = range(BLOCKS) if blocks is None else blocks
+        parts = [self.build_block(int(b)) for b in blocks if b < self.n_users]
+        counts = np.zeros(self.n_users, np.int64)
+        for users, c, _, _ in parts:
+            counts[users] = c
+        indptr = np.zeros(self.n_users + 1, np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        items = np.empty(int(indptr[-1]), np.int32)
+        values = np.empty(int(indptr[-1]))
+        for users, c, it, v in parts:
+            dest = np.repeat(indptr[users], c) + _within(c)
+            items[dest], values[dest] = it, v
+        return indptr, items, values
+
+    def to_interactions(self) -> Interactions:
+        """The whole population in this process (raw ids = dense ids)."""
+        indptr, items, values = self.build()
+        return Interactions(indptr, items, values, None, np.arange(self.n_users),
+                            np.arange(self.n_items))
+
+    def describe(self) -> dict:
+        return {"kind": type(self).__name__, **asdict(self)}
+
+
+def _within(counts) -> np.ndarray:
+    """0, 1, …, c−1 for each count c, concatenated."""
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(int(counts.sum())) - starts
+
+
+@functools.lru_cache(maxsize=4)
+def _item_truth(seed: int, n_items: int, k: int, exponent: float):
+    rng = np.random.default_rng([seed, 0x17E3])
+    Q = rng.normal(0.0, 1.0 / np.sqrt(k), (n_items, k))
+    b_i = rng.normal(0.0, 0.3, n_items)
+    weight = rng.permutation((np.arange(n_items) + 1.0) ** -exponent)
+    cdf = np.cumsum(weight)
+    return Q, b_i, cdf / cdf[-1]

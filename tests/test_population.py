@@ -1,0 +1,74 @@
+"""SyntheticPopulation: a population described by a few numbers, built block by block in any
+process with the same ratings."""
+
+import numpy as np
+import pytest
+
+from fedcf import FedReconMF
+from fedcf.datasets import Interactions, SyntheticPopulation
+from fedcf.datasets.population import BLOCKS
+from fedcf.federated.partials import REDUCE_GROUPS
+
+
+def test_blocks_are_the_reduce_groups():
+    # a Ray shard holds whole reduce groups and builds exactly their blocks
+    assert BLOCKS == REDUCE_GROUPS
+
+
+def test_any_set_of_blocks_builds_the_same_ratings_as_the_whole():
+    pop = SyntheticPopulation(1000, 80, ratings_per_user=12, random_state=4)
+    indptr, items, values = pop.build()
+    assert indptr.shape == (1001,) and indptr[-1] == len(items) == len(values)
+    part = pop.build([5, 63, 0])
+    for u in (0, 5, 63, 64, 69, 999 - (999 % 64) + 5):
+        if u >= 1000:
+            continue
+        full = slice(indptr[u], indptr[u + 1])
+        mine = slice(part[0][u], part[0][u + 1])
+        np.testing.assert_array_equal(part[1][mine], items[full])
+        np.testing.assert_array_equal(part[2][mine], values[full])
+    assert part[0][2] == part[0][3]  # user 2 (block 2) is not built
+    again = SyntheticPopulation(1000, 80, ratings_per_user=12, random_state=4).build()
+    np.testing.assert_array_equal(again[2], values)
+
+
+def test_ratings_are_whole_stars_on_distinct_items_and_activity_is_heavy_tailed():
+    pop = SyntheticPopulation(5000, 300, ratings_per_user=20, random_state=1)
+    inter = pop.to_interactions()
+    assert isinstance(inter, Interactions) and inter.n_users == 5000
+    assert set(np.unique(inter.values)) <= {1.0, 2.0, 3.0, 4.0, 5.0}
+    counts = inter.counts()
+    assert counts.min() >= 1 and 12 < counts.mean() < 22 and counts.max() > 4 * counts.mean()
+    for u in range(0, 5000, 97):
+        it = inter.items[inter.indptr[u]:inter.indptr[u + 1]]
+        assert np.all(np.diff(it) > 0)  # ascending, distinct
+    pop_items = np.bincount(inter.items, minlength=300)
+    assert pop_items.max() > 10 * np.median(pop_items)  # popularity is skewed
+
+
+def test_fit_accepts_it_and_learns():
+    from fedcf.eval import recon_eval, user_split
+
+    pop = SyntheticPopulation(600, 60, ratings_per_user=25, n_factors=3, random_state=2)
+    FedReconMF(n_factors=3, n_rounds=2, clients_per_round=60, random_state=0).fit(pop)
+    train, test = user_split(pop.to_interactions(), (0.8, 0.2), random_state=0)
+    m = FedReconMF(n_factors=3, n_rounds=100, clients_per_round=60, random_state=0).fit(train)
+    assert recon_eval(m, test)["rmse"] < 0.95 * test.values.std()  # beats the global mean
+    with pytest.raises(TypeError, match="'rating_col' does not apply to a SyntheticPopulation"):
+        FedReconMF(n_rounds=1).fit(pop, rating_col="x")
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(n_users=0), "n_users must be an int >= 1"),
+    (dict(n_items=1), "n_items must be an int >= 2"),
+    (dict(n_users=2.5), "n_users must be an int"),
+    (dict(ratings_per_user=0.5), "ratings_per_user must be a finite number >= 1"),
+    (dict(noise=float("nan")), "noise must be a finite number"),
+    (dict(activity_sigma=-1), "activity_sigma must be"),
+    (dict(random_state=-3), "random_state must be an int >= 0"),
+    (dict(n_factors=True), "n_factors must be an int"),
+])
+def test_bad_settings_are_named(kw, match):
+    args = {"n_users": 10, "n_items": 5, **kw}
+    with pytest.raises(ValueError, match=match):
+        SyntheticPopulation(**args)
