@@ -83,7 +83,8 @@ class SyntheticPopulation:
         owner = np.repeat(np.arange(n), draws)
         item = np.minimum(np.searchsorted(cdf, rng.random(len(owner)), side="right"),
                           self.n_items - 1)
-        key = np.unique(owner * self.n_items + item)  # distinct (user, item), sorted
+        key = np.sort(owner * self.n_items + item)  # distinct (user, item), sorted
+        key = key[np.r_[True, key[1:] != key[:-1]]]
         owner, item = key // self.n_items, (key % self.n_items).astype(np.int32)
         P = rng.normal(0.0, 1.0 / np.sqrt(self.n_factors), (n, self.n_factors))
         b_u = rng.normal(0.0, 0.3, n)

@@ -471,3 +471,26 @@ def _sgd_tangent(j_all, r_all, Q64, b, TQ, Tb, hp, stream, x):
         x[:last] -= lr * g[:last]
         dx[:, :last] -= lr * dg[:, :last]
     return x, dx
+
+
+def tree_sum(items, node_lo, node_level, s_Q, s_b, depth, a, b):
+    """Twin of ``tree_sum_runs``: per item, a dict of tree nodes {(lo, level): row}, combined
+    level by level (left + right; a lone child moves up) while the parent lies in [a, b)."""
+    X = np.hstack([s_Q, s_b[:, None]]).astype(np.float64)
+    out = []
+    for j in np.unique(items):
+        nodes = {(int(lo), int(lv)): X[e] for e, (lo, lv) in
+                 enumerate(zip(node_lo, node_level)) if items[e] == j}
+        for L in range(1, depth + 1):
+            for p in sorted({lo >> L for lo, lv in nodes if lv < L}):
+                if (p << L) < a or ((p + 1) << L) > b:
+                    continue
+                kids = [(lo, lv) for lo, lv in sorted(nodes) if lv < L and lo >> L == p]
+                row = nodes.pop(kids[0])
+                if len(kids) == 2:
+                    row = row + nodes.pop(kids[1])
+                nodes[(p << L, L)] = row
+        out += [(j, lo, lv, row) for (lo, lv), row in sorted(nodes.items())]
+    R = np.array([r for *_, r in out]).reshape(len(out), X.shape[1])
+    return (np.array([o[0] for o in out]), np.array([o[1] for o in out]),
+            np.array([o[2] for o in out]), R[:, :-1], R[:, -1])

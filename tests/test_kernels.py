@@ -222,3 +222,82 @@ def test_implicit_solve_matches_dense_twin(dtype):
     als.implicit_solve_rows(indptr, idx, vals, Q, gram, np.array([2.0, 0.3]), out)
     want = ref.implicit_solve_rows(indptr, idx, vals, Q, 2.0, 0.3)
     np.testing.assert_allclose(out, want, **tol(dtype))
+
+
+def _tree_entries(rng, n_items, depth, a, b, pre_merged):
+    """Random partial sums of items over tree nodes: leaves (level 0) and, with
+    ``pre_merged``, some aligned subtrees in place of their leaves."""
+    lo, level = [], []
+    g = 0
+    while g < 2 ** depth:
+        lv = int(rng.integers(0, 3)) if pre_merged else 0
+        while g % (1 << lv):
+            lv -= 1
+        lo.append(g)
+        level.append(lv)
+        g += 1 << lv
+    items, nlo, nlv = [], [], []
+    for j in range(n_items):
+        for node in rng.permutation(len(lo))[:int(rng.integers(1, len(lo) + 1))]:
+            items.append(j)
+            nlo.append(lo[node])
+            nlv.append(level[node])
+    n = len(items)
+    return (np.array(items, np.int64), np.array(nlo, np.int64), np.array(nlv, np.int64),
+            rng.normal(size=(n, 3)), rng.normal(size=n))
+
+
+@pytest.mark.parametrize("a,b,pre", [(0, 16, False), (0, 16, True), (3, 11, False),
+                                     (4, 8, True)])
+def test_tree_sum_runs_matches_its_twin_bit_for_bit(a, b, pre):
+    from fedcf._kernels.server import tree_sum_runs
+
+    rng = np.random.default_rng(a * 7 + b)
+    items, nlo, nlv, s_Q, s_b = _tree_entries(rng, 12, 4, a, b, pre)
+    order = np.lexsort((nlo, items))
+    n = len(items)
+    out = [np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
+           np.empty((n, 3)), np.empty(n)]
+    before = numba.get_num_threads()
+    results = []
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            m = tree_sum_runs(order, items, nlo, nlv, s_Q, s_b, 4, a, b, *out)
+            results.append([o[:m].copy() for o in out])
+    finally:
+        numba.set_num_threads(before)
+    twin = ref.tree_sum(items, nlo, nlv, s_Q, s_b, 4, a, b)
+    for got in results:
+        for x, y in zip(got, twin):
+            np.testing.assert_array_equal(x, y)
+    if (a, b) == (0, 16):  # the whole tree: one total per item, the root node
+        assert np.all(results[0][2] == 4) and np.all(results[0][1] == 0)
+        np.testing.assert_allclose(results[0][3], [s_Q[items == j].sum(0) for j in range(12)])
+
+
+def test_summing_subtrees_first_gives_the_same_bits():
+    from fedcf._kernels.server import tree_sum_runs
+
+    rng = np.random.default_rng(9)
+    items, nlo, nlv, s_Q, s_b = _tree_entries(rng, 20, 4, 0, 16, False)
+
+    def tree(sel, a, b):
+        order = np.flatnonzero(sel)[np.lexsort((nlo[sel], items[sel]))]
+        n = len(order)
+        out = [np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
+               np.empty((n, 3)), np.empty(n)]
+        m = tree_sum_runs(order, items, nlo, nlv, s_Q, s_b, 4, a, b, *out)
+        return [o[:m] for o in out]
+
+    whole = tree(np.ones(len(items), bool), 0, 16)
+    for cuts in ([0, 5, 16], [0, 3, 9, 13, 16], [0, 8, 16]):  # shards = group ranges
+        parts = [tree((nlo >= lo) & (nlo < hi), lo, hi) for lo, hi in zip(cuts, cuts[1:])]
+        it, lo_, lv, q, bb = (np.concatenate(c) for c in zip(*parts))
+        order = np.lexsort((lo_, it))
+        n = len(it)
+        out = [np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
+               np.empty((n, 3)), np.empty(n)]
+        m = tree_sum_runs(order, it, lo_, lv, q, bb, 4, 0, 16, *out)
+        for x, y in zip([o[:m] for o in out], whole):
+            np.testing.assert_array_equal(x, y)

@@ -116,10 +116,12 @@ def test_partial_sums_of_whole_groups_merge_to_the_same_bits_in_any_split(pop):
     hp, agg = run.hyperparams, WeightedMean()
     ex = run.executor
     whole = agg.reduce(ex.partials(cohort, run.params, ids, agg, hp))
-    for n_shards in (2, 5):  # shards hold whole groups, in any order
-        shard = reduce_group(cohort.clients) % n_shards
-        parts = [ex.partials(dataclasses.replace(cohort, clients=cohort.clients[shard == s]),
-                             run.params, ids, agg, hp) for s in reversed(range(n_shards))]
+    g = reduce_group(cohort.clients)
+    for cuts in ([0, 64], [0, 32, 64], [0, 13, 26, 39, 52, 64], [0, 1, 40, 64]):
+        ranges = list(zip(cuts, cuts[1:]))[::-1]  # shards = group ranges, in any order
+        parts = [ex.partials(dataclasses.replace(cohort, clients=cohort.clients[(g >= a) &
+                                                                                (g < b)]),
+                             run.params, ids, agg, hp).compact(a, b) for a, b in ranges]
         split = agg.reduce(PartialSums.concat(parts))
         np.testing.assert_array_equal(split.items, whole.items)
         np.testing.assert_array_equal(split.d_Q, whole.d_Q)
@@ -140,3 +142,13 @@ def test_the_reduced_mean_is_the_plain_weighted_mean(pop):
         den += out.weights[k]
     np.testing.assert_allclose(delta.d_Q, (num / den)[delta.items], rtol=1e-10, atol=1e-12)
     assert delta.summary.n_used == int((out.weights > 0).sum()) > 0
+
+
+def test_a_ray_executor_without_ray_installed_says_how_to_install_it(pop, monkeypatch):
+    import sys
+
+    from fedcf.federated import RayExecutor
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails
+    with pytest.raises(ImportError, match=r"pip install 'fedcf\[ray\]'"):
+        FedReconMF(**FAST, executor=RayExecutor(2)).fit(pop)

@@ -55,6 +55,15 @@ def test_every_aggregator_composes_with_it(pop, agg):
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
 
 
+def test_learned_hyperparameters_take_their_derivatives_from_the_shards(pop):
+    kw = dict(KW, server_optimizer="momentum", server_learning_rate=0.5,
+              learn_hyperparams=["server_learning_rate", "momentum", "weight_exponent"])
+    ref = FedReconMF(**kw).fit(pop)
+    m = FedReconMF(**kw, executor=RayExecutor(2)).fit(pop)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    assert m.learned_hyperparams_ == ref.learned_hyperparams_
+
+
 def test_implicit_with_the_rank_map_and_sampled_negatives(pop):
     for full in (False, True):
         kw = dict(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0,

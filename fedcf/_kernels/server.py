@@ -171,3 +171,88 @@ def robust_sorted_runs(order, d_items, d_Q, d_b, cover, beta, use_median, out):
         _robust_run(keep, starts[r], starts[r + 1], d_Q, d_b, cover, beta, use_median, out_Q,
                     out_b, r)
     return m
+
+
+@njit(cache=True)
+def _tree_run(lo_, hi_, ent_lo, ent_level, work_Q, work_b, depth, a, b):
+    """One item's entries in slots [lo_, hi_) of the work arrays (sorted by node start),
+    combined up a fixed binary tree: at level L, two sibling nodes whose parent lies inside
+    groups [a, b) become the parent, left + right; a lone child becomes its parent unchanged.
+    Returns the number of entries left (in slots lo_, lo_ + 1, ...)."""
+    K = work_Q.shape[1]
+    c = hi_ - lo_
+    for L in range(1, depth + 1):
+        i, j = 0, 0
+        while i < c:
+            s = lo_ + i
+            anc = ent_lo[s] >> L
+            inside = (anc << L) >= a and ((anc + 1) << L) <= b
+            if ent_level[s] < L and inside:
+                d = lo_ + j
+                has_right = i + 1 < c and ent_level[s + 1] < L and (ent_lo[s + 1] >> L) == anc
+                for q in range(K):
+                    v = work_Q[s, q]
+                    if has_right:
+                        v = v + work_Q[s + 1, q]
+                    work_Q[d, q] = v
+                vb = work_b[s] + work_b[s + 1] if has_right else work_b[s]
+                work_b[d] = vb
+                ent_lo[d], ent_level[d] = anc << L, L
+                i += 2 if has_right else 1
+            else:
+                d = lo_ + j
+                if d != s:
+                    for q in range(K):
+                        work_Q[d, q] = work_Q[s, q]
+                    work_b[d] = work_b[s]
+                    ent_lo[d], ent_level[d] = ent_lo[s], ent_level[s]
+                i += 1
+            j += 1
+        c = j
+    return c
+
+
+@njit(cache=True, parallel=True)
+def tree_sum_runs(order, items, node_lo, node_level, s_Q, s_b, depth, a, b,
+                  out_items, out_lo, out_level, out_Q, out_b):
+    """Deterministic sum of partial sums over a fixed binary tree of 2**depth reduce groups.
+
+    Entry e is the sum (s_Q[e], s_b[e]) of item ``items[e]`` over the tree node of groups
+    [node_lo[e], node_lo[e] + 2**node_level[e]); ``order`` sorts the entries by (item, node).
+    Per item, sibling nodes are added (left + right) up the tree while the parent lies inside
+    groups [a, b) (all groups: the per-item total; a shard's range: its subtree sums). The
+    result is the same wherever a subtree was summed first, so for any number of shards.
+    Writes the remaining entries to out_* (≥ len(order) rows) and returns their count.
+    """
+    n = order.shape[0]
+    starts = np.empty(n + 1, np.int64)
+    m = 0
+    for t in range(n):
+        if t == 0 or items[order[t]] != items[order[t - 1]]:
+            starts[m] = t
+            m += 1
+    starts[m] = n
+    K = s_Q.shape[1]
+    ent_lo = np.empty(n, np.int64)
+    ent_level = np.empty(n, np.int64)
+    counts = np.empty(m, np.int64)
+    for r in prange(m):
+        for t in range(starts[r], starts[r + 1]):
+            e = order[t]
+            ent_lo[t], ent_level[t] = node_lo[e], node_level[e]
+            for q in range(K):
+                out_Q[t, q] = s_Q[e, q]
+            out_b[t] = s_b[e]
+        counts[r] = _tree_run(starts[r], starts[r + 1], ent_lo, ent_level, out_Q, out_b,
+                              depth, a, b)
+    w = 0
+    for r in range(m):  # compact, in item order
+        for t in range(starts[r], starts[r] + counts[r]):
+            if w != t:
+                for q in range(K):
+                    out_Q[w, q] = out_Q[t, q]
+                out_b[w] = out_b[t]
+            out_items[w] = items[order[starts[r]]]
+            out_lo[w], out_level[w] = ent_lo[t], ent_level[t]
+            w += 1
+    return w

@@ -3,20 +3,23 @@
 A linear aggregator (the weighted mean, norm clipping, DP) needs only Σ_k num_k·Δ_k over the
 cohort, a denominator and a few counts. The cohort is cut into ``REDUCE_GROUPS`` fixed groups by
 client id; each group's sums run over its clients in cohort order, and the groups are then added
-in group order. A shard of a cluster that holds whole groups returns their ``PartialSums`` —
-never one client's upload — and the driver's ``merge`` gives bit for bit what the local executor
-gives, for any number of shards (a float sum depends on its order; this fixes the order).
+up a fixed binary tree (left + right at every node). A shard of a cluster holds a contiguous
+range of groups and returns the sums of the largest subtrees inside it (``compact``) — never
+one client's upload, and at most a row per item per subtree — and the driver's ``merge`` ends
+the tree: bit for bit what the local executor gives, for any number of shards (a float sum
+depends on its order; the tree fixes the order).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .._kernels.server import sum_sorted_runs
+from .._kernels.server import sum_sorted_runs, tree_sum_runs
 
-REDUCE_GROUPS = 64
+TREE_DEPTH = 6
+REDUCE_GROUPS = 2 ** TREE_DEPTH  # leaves of the reduction tree
 
 # per-group counters, in this order in PartialSums.stats
 STATS = ("weight", "n_clients", "n_used", "n_nonfinite", "n_nonfinite_recon", "n_empty",
@@ -32,8 +35,9 @@ def reduce_group(clients) -> np.ndarray:
 class PartialSums:
     """Sums of several reduce groups of one round.
 
-    Row r: group ``groups[r]``, item ``items[r]``, Σ num_k·Δq_k (``s_Q``) and Σ num_k·Δb_k
-    (``s_b``) over the group's clients that touched the item (rows sorted by group, then item).
+    Row r: item ``items[r]``, Σ num_k·Δq_k (``s_Q``) and Σ num_k·Δb_k (``s_b``) over the
+    clients that touched the item in tree node ``groups[r]`` … ``groups[r] + 2**levels[r] − 1``
+    (level 0: one group, its clients in cohort order).
     Per group ``stat_groups[g]``: ``stats[g]`` (see STATS), ``rank[g]`` = Σ num_k·M_k (K×K) when
     the clients send a rank map, and the group's worst client (largest query loss; −1 if none)
     for the divergence diagnosis.
@@ -48,10 +52,22 @@ class PartialSums:
     worst_client: np.ndarray  # (g,) int64
     worst_loss: np.ndarray  # (g,) float64
     rank: np.ndarray | None = None  # (g, K, K)
+    levels: np.ndarray | None = None  # (rows,) tree level of each row's node; None: all 0
+
+    def node_levels(self) -> np.ndarray:
+        return np.zeros(len(self.items), np.int64) if self.levels is None else self.levels
+
+    def compact(self, a: int, b: int) -> PartialSums:
+        """Rows summed up the tree as far as groups [a, b) go (a shard's range): what the
+        shard sends instead of a row per group and item."""
+        items, lo, lv, s_Q, s_b = tree_sums(self.items, self.groups, self.node_levels(),
+                                            self.s_Q, self.s_b, a, b)
+        return replace(self, groups=lo, items=items, s_Q=s_Q, s_b=s_b, levels=lv)
 
     @classmethod
     def concat(cls, parts) -> PartialSums:
-        parts = list(parts)
+        parts = [p if p.levels is not None else replace(p, levels=p.node_levels())
+                 for p in parts]
         return cls(*(None if parts[0].rank is None and f.name == "rank" else
                      np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
 
@@ -93,8 +109,8 @@ def group_sums(out, clients, num, w, bad, empty) -> PartialSums:
             (used * K * K if out.rank_terms is not None else 0.0),
             "loss_sum": loss_w * np.where(loss_w > 0, out.losses, 0.0), "loss_weight": loss_w}
     stats = np.zeros((len(present), len(STATS)))
-    for j, name in enumerate(STATS):  # sequential per group, in cohort order
-        np.add.at(stats[:, j], at, cols[name])
+    for j, name in enumerate(STATS):  # bincount adds in cohort order within a group
+        stats[:, j] = np.bincount(at, weights=cols[name], minlength=len(present))
     worst_c, worst_l = _worst(present, at, clients, out.losses, out.weights > 0)
     rank = None
     if out.rank_terms is not None:
@@ -111,12 +127,10 @@ def _worst(present, at, clients, losses, has_query):
     key = np.where(np.isfinite(losses), losses, np.inf)
     worst_c = np.full(len(present), -1, np.int64)
     worst_l = np.full(len(present), -np.inf)
-    for k in range(len(clients)):
-        g = at[k]
-        if not has_query[k]:
-            continue
-        if key[k] > worst_l[g] or (key[k] == worst_l[g] and clients[k] < worst_c[g]):
-            worst_c[g], worst_l[g] = clients[k], key[k]
+    k = np.flatnonzero(has_query)
+    order = k[np.lexsort((clients[k], -key[k], at[k]))]  # per group: largest loss, smallest id
+    first = order[np.r_[True, at[order][1:] != at[order][:-1]]] if len(order) else order
+    worst_c[at[first]], worst_l[at[first]] = clients[first], key[first]
     return worst_c, worst_l
 
 
@@ -133,13 +147,21 @@ class Merged:
     worst_loss: float
 
 
-def merge(parts: PartialSums) -> Merged:
-    """Add the groups' sums per item in group order; counters likewise."""
-    K = parts.s_Q.shape[1]
-    order = np.lexsort((parts.groups, parts.items))
+def tree_sums(items, lo, levels, s_Q, s_b, a=0, b=REDUCE_GROUPS):
+    """Per item, the tree nodes' sums added up the fixed tree inside groups [a, b)."""
+    order = np.lexsort((lo, items))
     n = len(order)
-    dq, db, items = np.empty((n, K)), np.empty(n), np.empty(n, np.int64)
-    m = sum_sorted_runs(order, parts.items, parts.s_Q, parts.s_b, np.ones(n), dq, db, items)
+    out = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
+           np.empty((n, s_Q.shape[1])), np.empty(n))
+    m = tree_sum_runs(order, items, lo, levels, s_Q, s_b, TREE_DEPTH, a, b, *out)
+    return tuple(o[:m] for o in out)
+
+
+def merge(parts: PartialSums) -> Merged:
+    """Add the groups' sums per item up the whole tree; counters in group order."""
+    items, _, _, dq, db = tree_sums(parts.items, parts.groups, parts.node_levels(),
+                                    parts.s_Q, parts.s_b)
+    K = parts.s_Q.shape[1]
     totals = {name: parts.total(name) for name in STATS}
     rank = None
     if parts.rank is not None:
@@ -151,4 +173,4 @@ def merge(parts: PartialSums) -> Merged:
         c, loss = int(parts.worst_client[g]), float(parts.worst_loss[g])
         if c >= 0 and (loss > worst[1] or (loss == worst[1] and c < worst[0])):
             worst = c, loss
-    return Merged(items[:m], dq[:m], db[:m], rank, totals, worst[0], worst[1])
+    return Merged(items, dq, db, rank, totals, worst[0], worst[1])

@@ -2,15 +2,19 @@
 per shard, partial sums back (optional extra ``fedcf[ray]``).
 
 ``FedReconMF(executor=RayExecutor(n_shards=4))`` runs phase 2 of every round on Ray instead of
-in this process. The users are cut into shards by reduce group (``partials.reduce_group``), so a
-shard holds whole groups; each shard is a Ray actor that copies its users' ratings once, when the
-run starts, and keeps them for the whole run. Each round the driver puts the global parameters in
-the object store once; every actor runs the same Numba client kernel on its sampled clients and
-returns, for a linear aggregator (weighted mean, norm clipping, DP), only its groups'
-``PartialSums`` — never a client's upload. The driver merges them in group order, so the fitted
-model is bit for bit the local executor's for any number of shards. Aggregators that need every
-upload (trimmed mean, median, FoolsGold, secure aggregation) get the per-client outputs, put back
-in cohort order.
+in this process. The users are cut into shards by reduce group (``partials.reduce_group``): a
+shard holds a contiguous range of the 64 groups. Each shard is a Ray actor that gets its users'
+ratings once, when the run starts — copied from the driver's arrays (put in the object store
+once), or built on the worker from a population spec (``SyntheticPopulation``; the driver then
+never holds a rating, see ``RemotePopulation``) — and keeps them for the whole run. Each round
+the driver puts the round's arguments (global parameters, aggregator, hyperparameters) in the
+object store once; every actor runs the same Numba client kernel on its sampled clients and
+returns, for a linear aggregator (weighted mean, norm clipping, DP), only the sums of its
+subtrees of the fixed reduction tree (``PartialSums.compact``) — never a client's upload. The
+driver finishes the tree, so the fitted model is bit for bit the local executor's for any
+number of shards. Aggregators that need every upload (trimmed mean, median, FoolsGold, secure
+aggregation, learning the client-weighting exponent) get the per-client outputs, put back in
+cohort order.
 
 Faults: if an actor dies (a crash, a lost node, ``ray.kill``), the driver starts a new actor from
 the same shard spec and runs the shard's part of the round again. Clients are deterministic given
@@ -49,11 +53,12 @@ class RayExecutor:
     Parameters
     ----------
     n_shards : int in [1, 64], default 2
-        Actors holding the population (at most ``REDUCE_GROUPS`` = 64: a shard holds whole
-        reduce groups).
+        Actors holding the population (at most ``REDUCE_GROUPS`` = 64: a shard holds a range
+        of whole reduce groups).
     address : str or None
-        A running cluster (``"127.0.0.1:6379"``, ``"ray://host:10001"``, or ``"auto"``); None
-        joins the Ray instance already started in this process, else starts a local one.
+        A running cluster (``"HEAD_IP:6379"``, ``"ray://host:10001"``, or ``"auto"``); None
+        joins the Ray instance already started in this process, else starts a local one that
+        listens on 127.0.0.1 only.
     num_cpus : float or None
         CPUs reserved per actor; its Numba kernel runs on that many threads (at least one).
         None: the cluster's CPUs shared evenly among the shards.
@@ -98,7 +103,10 @@ class RayExecutor:
     def open(self, source) -> RemotePopulation:
         """Start the actors on a population *spec* (``fedcf.datasets.SyntheticPopulation``):
         each builds its own users on its worker; the driver learns only their counts."""
-        return RemotePopulation(source, BoundRayExecutor(self, source))
+        t0 = time.perf_counter()
+        pop = RemotePopulation(source, BoundRayExecutor(self, source))
+        pop.build_seconds = time.perf_counter() - t0  # actors up, shards built and described
+        return pop
 
 
 def connect(address: str | None):
@@ -144,8 +152,15 @@ def _probe(address: str | None, timeout: float = 5.0):
 
 
 def shard_of(clients, n_shards: int) -> np.ndarray:
-    """The shard holding each dense client id (whole reduce groups per shard)."""
-    return reduce_group(clients) % n_shards
+    """The shard holding each dense client id: shard s holds a contiguous range of reduce
+    groups (``shard_groups``), so it can sum whole subtrees of the reduction tree."""
+    return reduce_group(clients) * n_shards // REDUCE_GROUPS
+
+
+def shard_groups(shard: int, n_shards: int) -> tuple[int, int]:
+    """The reduce groups [a, b) of a shard."""
+    g = np.flatnonzero(np.arange(REDUCE_GROUPS) * n_shards // REDUCE_GROUPS == shard)
+    return int(g[0]), int(g[-1]) + 1
 
 
 class Shard:
@@ -162,7 +177,7 @@ class Shard:
         if isinstance(data, tuple):
             self.data, self.stats = _own_rows(shard, n_shards, *data), None
         else:  # population blocks = reduce groups, so the shard's blocks are whole
-            blocks = [b for b in range(REDUCE_GROUPS) if b % n_shards == shard]
+            blocks = list(range(*shard_groups(shard, n_shards)))
             self.data = data.build(blocks)
             self.stats = _value_sums(self.data, blocks)
         self.executor = None
@@ -177,11 +192,18 @@ class Shard:
         users = np.flatnonzero(shard_of(np.arange(len(counts)), self.n_shards) == self.shard)
         return users, counts[users], self.stats
 
+    def call(self, method: str, clients, args):
+        """One round's work: ``method`` on this shard's clients, with the round's arguments
+        (one object in the store for all shards)."""
+        return getattr(self, method)(clients, *args)
+
     def run(self, clients, params, ids) -> ClientOutputs:
         return self.executor.run(_cohort(clients), params, ids)
 
     def partials(self, clients, params, ids, aggregator, hp) -> PartialSums:
-        return aggregator.partials(self.run(clients, params, ids), hp)
+        """This shard's sums, added up its subtrees of the reduction tree."""
+        parts = aggregator.partials(self.run(clients, params, ids), hp)
+        return parts.compact(*shard_groups(self.shard, self.n_shards))
 
     def tangents(self, clients, params, tangents, ids):
         return self.executor.tangents(_cohort(clients), params, tangents, ids)
@@ -278,10 +300,10 @@ class BoundRayExecutor:
         """Call ``method`` on every shard with its clients (cohort order) and ``args``; a shard
         whose actor died is restarted from its spec and called again. Results in shard order."""
         ray, t0 = self.ray, time.perf_counter()
-        refs = [ray.put(a) for a in args]  # serialized once per round, not once per shard
+        ref = ray.put(args)  # serialized once per round, not once per shard
         t1 = time.perf_counter()
         parts = self._split(cohort.clients)
-        pending = {s: getattr(self.actors[s], method).remote(parts[s], *refs)
+        pending = {s: self.actors[s].call.remote(method, parts[s], ref)
                    for s in range(len(parts))}
         results, restarts = {}, 0
         for s in range(len(parts)):
@@ -297,7 +319,7 @@ class BoundRayExecutor:
                     restarts += 1
                     ray.kill(self.actors[s], no_restart=True)
                     self.actors[s] = self._start(s)
-                    pending[s] = getattr(self.actors[s], method).remote(parts[s], *refs)
+                    pending[s] = self.actors[s].call.remote(method, parts[s], ref)
         t2 = time.perf_counter()
         self.round_stats = {"shard_restarts": restarts, "broadcast_seconds": t1 - t0,
                             "client_seconds": t2 - t1}
