@@ -283,6 +283,66 @@ def perf_values(bench) -> dict:
             "table_targets": table(["target", "result", "measured"], targets)}
 
 
+# ---------------------------------------------------------------------- SCALE.md
+def mib(x) -> str:
+    return "" if x is None else f"{x:,.0f}"
+
+
+def scale_values(rows) -> dict:
+    def breakdown(r):
+        parts = [("broadcast", r.get("broadcast_seconds")), ("client work", r.get(
+            "client_seconds") or r.get("work_seconds")), ("reduce", r["reduce_seconds"]),
+            ("server step", r["server_seconds"])]
+        return " / ".join(ms(v) if v is not None else "—" for _, v in parts)
+
+    tab = table(["executor", "users", "clients/round", "ratings", "build", "round",
+                 "broadcast / client work / reduce / server", "client updates/s",
+                 "driver peak MiB", "worker peak MiB", "Ray overhead"],
+                [(r["executor"], f"{r['users']:,}", f"{r['clients_per_round']:,}",
+                  f"{r['ratings']:,}", ms(r["build_seconds"]), ms(r["round_seconds"]),
+                  breakdown(r), f"{r['client_updates_per_second']:,.0f}",
+                  mib(r["driver_peak_mib"]),
+                  " + ".join(mib(w) for w in r["worker_peak_mib"] or []),
+                  signed_pct(r["ray_overhead"]) if r.get("ray_overhead") is not None else "")
+                 for r in rows])
+    return {"provenance": provenance(rows[0]["meta"], "ray_scale.json"), "table": tab,
+            "breakdown": scale_summary(rows)}
+
+
+def scale_summary(rows) -> str:
+    """The issue's targets, from the rows: Ray's overhead at 10⁴ clients on 10⁶ users, and the
+    driver's memory as the population grows."""
+    pick = {(r["executor"], r["users"], r["clients_per_round"]): r for r in rows}
+    n = 1_000_000 if ("ray", 1_000_000, 10_000) in pick else max(r["users"] for r in rows)
+    m = 10_000 if ("ray", n, 10_000) in pick else max(r["clients_per_round"] for r in rows)
+    ray, loc = pick.get(("ray", n, m)), pick.get(("local", n, m))
+    out = []
+    if ray and loc:
+        verdict = "met" if ray["ray_overhead"] <= 0.25 else "missed"
+        out.append(
+            f"At {n:,} users and {m:,} clients per round, a Ray round took "
+            f"{ms(ray['round_seconds'])}: broadcast {ms(ray['broadcast_seconds'])}, client work "
+            f"in the actors {ms(ray['client_seconds'])}, reduce {ms(ray['reduce_seconds'])}, "
+            f"server step {ms(ray['server_seconds'])}; the local executor's took "
+            f"{ms(loc['round_seconds'])} (client work and per-group sums "
+            f"{ms(loc['work_seconds'])}, reduce {ms(loc['reduce_seconds'])}). Ray's overhead: "
+            f"{signed_pct(ray['ray_overhead'])} (target at most +25 %: {verdict}).")
+    sizes = sorted({r["users"] for r in rows if r["executor"] == "ray"})
+    if len(sizes) > 1:
+        def peak(ex, u):
+            got = [r["driver_peak_mib"] for r in rows if (r["executor"], r["users"]) == (ex, u)]
+            return max(got) if got else None
+        a, b = peak("ray", sizes[0]), peak("ray", sizes[-1])
+        per_user = (b - a) * 2 ** 20 / (sizes[-1] - sizes[0])
+        out.append(
+            f"Driver peak memory from {sizes[0]:,} to {sizes[-1]:,} users: with Ray "
+            f"{mib(a)} → {mib(b)} MiB, about {per_user:.0f} bytes per added user (the sampling "
+            f"frame and per-user bookkeeping: counts, ids, the eligible list; no rating); local "
+            f"{mib(peak('local', sizes[0]))} → {mib(peak('local', sizes[-1]))} MiB (the whole "
+            "population).")
+    return "\n\n".join(out)
+
+
 # ---------------------------------------------------------------------- PRIVACY.md
 def population_values(rows) -> dict:
     st = rows[0]["meta"]["settings"]
@@ -539,9 +599,14 @@ def documents() -> dict[Path, str]:
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json"))})}
            if privacy else {}),
+        **({ROOT / "eval" / "SCALE.md": render((TEMPLATES / "SCALE.md").read_text(),
+                                                scale_values(load("ray_scale.json")))}
+           if load("ray_scale.json") else {}),
         ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), {
             **readme_blocks(paper, cold, random_rows, impl, ctr, bench),
-            "tune": tune_block(tuned), "cli": cli_block(load("cli_session.json"))}),
+            "tune": tune_block(tuned), "cli": cli_block(load("cli_session.json")),
+            **({"ray": scale_summary(load("ray_scale.json"))} if load("ray_scale.json")
+               else {})}),
     }
 
 
