@@ -11,6 +11,7 @@ the global mean does not depend on the order of the blocks.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -96,6 +97,7 @@ class SyntheticPopulation:
         """A CSR over *all* dense user ids (``indptr`` of n_users + 1) holding the users of
         ``blocks`` (default: every block); other users have no entries."""
         blocks = range(BLOCKS) if blocks is None else blocks
+        self._check_memory(len([b for b in blocks if b < self.n_users]))
         parts = [self.build_block(int(b)) for b in blocks if b < self.n_users]
         counts = np.zeros(self.n_users, np.int64)
         for users, c, _, _ in parts:
@@ -108,6 +110,22 @@ class SyntheticPopulation:
             dest = np.repeat(indptr[users], c) + _within(c)
             items[dest], values[dest] = it, v
         return indptr, items, values
+
+    def _check_memory(self, n_blocks: int):
+        """Refuse up front, with the figure, a build that would not fit in this machine's RAM
+        (about 40 bytes per rating while building, plus the item model and the user index)."""
+        ratings = self.n_users * n_blocks / BLOCKS * min(self.ratings_per_user, self.n_items)
+        need = 40.0 * ratings + 8.0 * self.n_items * (self.n_factors + 2) + 16.0 * self.n_users
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+            return
+        if need > 0.8 * total:
+            raise MemoryError(f"building {n_blocks} of the {BLOCKS} blocks of {self!r} needs about "
+                              f"{need / 2**30:.1f} GiB, more than this machine's "
+                              f"{total / 2**30:.1f} GiB of RAM allows; lower n_users or "
+                              "ratings_per_user, or fit with a RayExecutor on a cluster (each "
+                              "shard builds only its own blocks)")
 
     def to_interactions(self) -> Interactions:
         """The whole population in this process (raw ids = dense ids)."""

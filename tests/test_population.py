@@ -58,6 +58,14 @@ def test_fit_accepts_it_and_learns():
         FedReconMF(n_rounds=1).fit(pop, rating_col="x")
 
 
+def test_a_population_too_large_for_this_machine_is_refused_before_building():
+    huge = SyntheticPopulation(10**11, 1000, ratings_per_user=50)
+    with pytest.raises(MemoryError, match=r"needs about .* GiB, more than this machine"):
+        huge.to_interactions()
+    with pytest.raises(MemoryError, match="lower n_users or ratings_per_user"):
+        huge.build([0, 1])
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(n_users=0), "n_users must be an int >= 1"),
     (dict(n_items=1), "n_items must be an int >= 2"),

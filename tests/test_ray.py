@@ -109,6 +109,8 @@ def test_a_killed_actor_is_restarted_and_the_round_retried(pop):
     (dict(address=6379), TypeError, "address must be a string"),
     (dict(max_restarts=-1), ValueError, "max_restarts"),
     (dict(resources=[1]), TypeError, "resources must be a dict"),
+    (dict(resources={"gpu_node": "one"}), ValueError, "resources must map resource names"),
+    (dict(resources={"gpu_node": -1}), ValueError, "resources must map resource names"),
 ])
 def test_bad_settings_are_named(kw, err, match):
     with pytest.raises(err, match=match):

@@ -84,6 +84,11 @@ class RayExecutor:
             raise ValueError(f"num_cpus must be a number > 0 or None, got {num_cpus!r}")
         if resources is not None and not isinstance(resources, dict):
             raise TypeError(f"resources must be a dict or None, got {type(resources).__name__}")
+        for key, v in (resources or {}).items():
+            if not isinstance(key, str) or isinstance(v, bool) or \
+                    not isinstance(v, (int, float)) or not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"resources must map resource names to numbers >= 0 (e.g. "
+                                 f"{{'worker_node': 1}}), got {key!r}: {v!r}")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or \
                 max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
