@@ -161,3 +161,24 @@ def test_a_population_spec_is_built_on_the_workers_never_on_the_driver(monkeypat
 
     back = pickle.loads(pickle.dumps(m.interactions_))  # kept by a fitted model: no actors
     assert back.n_users == 2000 and back.counts().sum() == back.nnz
+
+
+def test_a_run_checkpointed_here_resumes_on_ray_and_a_spec_run_resumes_too(pop, tmp_path):
+    from fedcf.datasets import SyntheticPopulation
+
+    kw = dict(KW, n_rounds=4)
+    full = FedReconMF(**kw).fit(pop)
+    ck = tmp_path / "ck.npz"
+    FedReconMF(**{**kw, "n_rounds": 2}, checkpoint_path=str(ck)).fit(pop)
+    resumed = FedReconMF(**kw, checkpoint_path=str(ck), executor=RayExecutor(2)).fit(pop)
+    np.testing.assert_array_equal(resumed.item_factors_, full.item_factors_)
+
+    spec = SyntheticPopulation(800, 60, ratings_per_user=8, random_state=1)
+    full = FedReconMF(**kw, executor=RayExecutor(2)).fit(spec)
+    ck2 = tmp_path / "ck2.npz"
+    FedReconMF(**{**kw, "n_rounds": 2}, checkpoint_path=str(ck2), executor=RayExecutor(2)).fit(spec)
+    resumed = FedReconMF(**kw, checkpoint_path=str(ck2), executor=RayExecutor(1)).fit(spec)
+    np.testing.assert_array_equal(resumed.item_factors_, full.item_factors_)
+    with pytest.raises(ValueError, match="fingerprint|different data|data"):
+        FedReconMF(**kw, checkpoint_path=str(ck2), executor=RayExecutor(2)).fit(
+            SyntheticPopulation(800, 60, ratings_per_user=8, random_state=2))

@@ -11,8 +11,10 @@ from .._io import atomic_savez, load_npz
 from .optimizers import state_from_arrays, state_to_arrays
 
 _META = "__meta__"
-# parameters that may differ between a checkpoint and the run that resumes it
-RESUME_FREE = {"verbose", "checkpoint_path", "checkpoint_every", "eval_every", "n_rounds"}
+# parameters that may differ between a checkpoint and the run that resumes it: they do not
+# change the model (the executor: same bits wherever the clients run)
+RESUME_FREE = {"verbose", "checkpoint_path", "checkpoint_every", "eval_every", "n_rounds",
+               "executor"}
 
 
 def data_fingerprint(inter, seed: int) -> dict:
