@@ -101,3 +101,21 @@ def test_an_unreachable_or_malformed_address_is_named(address, err, match):
     with pytest.raises(err, match=match):
         FedReconMF(n_rounds=1, executor=ex).fit(pop)
     assert time.monotonic() - t0 < 30
+
+
+def test_scale_benchmark_writes_rows_for_both_executors_and_the_report_reads_them(tmp_path):
+    from conftest import load_script
+
+    out = tmp_path / "scale.json"
+    rows = load_script("scale_benchmark").main([
+        "--users", "3000", "--clients-per-round", "200", "--items", "300", "--factors", "4",
+        "--rounds", "2", "--warmup", "1", "--timeout", "200", "--json", str(out)])
+    assert [r["executor"] for r in rows] == ["local", "ray"]
+    local, on_ray = rows
+    assert local["ratings"] == on_ray["ratings"] and local["loss"] == on_ray["loss"]  # same model
+    assert on_ray["shard_restarts"] == 0 and len(on_ray["worker_peak_mib"]) == 2
+    assert on_ray["ray_overhead"] == on_ray["round_seconds"] / local["round_seconds"] - 1
+    import json
+
+    doc = load_script("report").scale_values(json.loads(out.read_text()))
+    assert "| ray | 3,000 | 200 |" in doc["table"] and "overhead" in doc["breakdown"]
