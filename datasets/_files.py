@@ -7,6 +7,20 @@ import tempfile
 from pathlib import Path
 
 
+def ram_bytes() -> int | None:
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return None
+
+
+def fits_in_ram(nbytes: float) -> tuple[bool, float]:
+    """(whether nbytes is within 80 % of the RAM, the RAM in GiB); unknown RAM: always fits."""
+    total = ram_bytes()
+    return (True, float("nan")) if total is None else (nbytes <= 0.8 * total, total / 2**30)
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)

@@ -11,11 +11,11 @@ the global mean does not depend on the order of the blocks.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ._files import fits_in_ram
 from .interactions import Interactions
 
 BLOCKS = 64
@@ -116,14 +116,11 @@ class SyntheticPopulation:
         (about 40 bytes per rating while building, plus the item model and the user index)."""
         ratings = self.n_users * n_blocks / BLOCKS * min(self.ratings_per_user, self.n_items)
         need = 40.0 * ratings + 8.0 * self.n_items * (self.n_factors + 2) + 16.0 * self.n_users
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-            return
-        if need > 0.8 * total:
+        fits, gib = fits_in_ram(need)
+        if not fits:
             raise MemoryError(f"building {n_blocks} of the {BLOCKS} blocks of {self!r} needs about "
                               f"{need / 2**30:.1f} GiB, more than this machine's "
-                              f"{total / 2**30:.1f} GiB of RAM allows; lower n_users or "
+                              f"{gib:.1f} GiB of RAM allows; lower n_users or "
                               "ratings_per_user, or fit with a RayExecutor on a cluster (each "
                               "shard builds only its own blocks)")
 

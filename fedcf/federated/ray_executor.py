@@ -446,6 +446,7 @@ class _Closed:
 
 def _cohort_order(cohort, parts) -> np.ndarray:
     """The permutation that puts the shards' concatenated results back in cohort order."""
-    position = {int(c): i for i, c in enumerate(cohort.clients)}
     sent = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    return np.argsort(np.array([position[int(c)] for c in sent], np.int64), kind="stable")
+    by_id = np.argsort(cohort.clients, kind="stable")  # a cohort's ids are distinct
+    position = by_id[np.searchsorted(cohort.clients, sent, sorter=by_id)]
+    return np.argsort(position, kind="stable")

@@ -23,6 +23,7 @@ from .._ranking import ranking_metrics
 from .._topk import top_k
 from .._validation import check_params
 from ..datasets import DataValidationError, Interactions
+from ..datasets._files import fits_in_ram
 
 FORMAT_VERSION = 2
 _META = "metadata"
@@ -70,13 +71,10 @@ def content_key(items: np.ndarray, ratings: np.ndarray) -> np.uint64:
 
 def check_memory(nbytes: float, what: str) -> None:
     """Refuse up front, with the figure, a fit whose arrays would not fit in this machine's RAM."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return
-    if nbytes > 0.8 * total:
+    fits, gib = fits_in_ram(nbytes)
+    if not fits:
         raise MemoryError(f"{what} needs about {nbytes / 2**30:.1f} GiB, more than this machine's "
-                          f"{total / 2**30:.1f} GiB of RAM allows; lower n_factors (or the sizes "
+                          f"{gib:.1f} GiB of RAM allows; lower n_factors (or the sizes "
                           "that scale it)")
 
 
