@@ -9,9 +9,16 @@ from .metrics import (
     round_to_scale,
     rounded_accuracy,
 )
-from .splits import per_user_time_split, random_split, support_query_split, user_split
+from .splits import (
+    device_support_query_split,
+    per_user_time_split,
+    random_split,
+    support_query_split,
+    user_split,
+)
 
 __all__ = [
+    "device_support_query_split",
     "mae",
     "per_user_rating_metrics",
     "per_user_time_split",
@@ -25,9 +32,16 @@ __all__ = [
     "user_split",
 ]
 
-from .protocols import bootstrap, random_embedding_eval, recon_eval, standard_eval  # noqa: E402
+from .protocols import (  # noqa: E402
+    bootstrap,
+    federated_recon_eval,
+    random_embedding_eval,
+    recon_eval,
+    standard_eval,
+)
 
-__all__ += ["bootstrap", "random_embedding_eval", "recon_eval", "standard_eval"]
+__all__ += ["bootstrap", "federated_recon_eval", "random_embedding_eval", "recon_eval",
+            "standard_eval"]
 
 from .._topk import top_k  # noqa: E402
 from .offline import (  # noqa: E402

@@ -19,7 +19,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..datasets import Interactions
 from .metrics import per_user_rating_metrics, rating_metrics, round_to_scale
-from .splits import support_query_split
+from .splits import device_support_query_split, support_query_split
 
 
 def bootstrap(users, y_true, y_pred, rating_scale=None, *, n_repeats=200, clients=50,
@@ -102,3 +102,35 @@ def random_embedding_eval(model, users: Interactions, *, scale: float = 0.1,
     pred = model.predict_entries(query, P, c)
     return _report(model, query.user_ids[query.user_index()], query.values, pred, n_repeats,
                    random_state)
+
+
+def recon_sums(model, users: Interactions, *, support_fraction: float = 0.5, seed: int = 0) -> dict:
+    """What one evaluation client (or a device holding several users) reports in federated
+    ReconEval: sums over its query ratings — squared and absolute errors, rounded hits, count —
+    after reconstructing each user on its support set (``device_support_query_split``). The
+    server adds the reports of all clients and calls ``finish_recon_sums``."""
+    support, query = device_support_query_split(users, support_fraction, seed)
+    P, c = model.reconstruct_users(support)
+    pred = model.predict_entries(query, P, c)
+    err = query.values - pred
+    hit = np.abs(round_to_scale(pred, model.rating_scale_) - query.values) < 1e-9
+    return {"sse": float(err @ err), "sae": float(np.abs(err).sum()), "hits": int(hit.sum()),
+            "n": int(query.nnz), "users": int(np.count_nonzero(query.counts()))}
+
+
+def finish_recon_sums(parts) -> dict:
+    """RMSE, MAE and accuracy over the query ratings of all reports of ``recon_sums``."""
+    tot = {k: sum(p[k] for p in parts) for k in ("sse", "sae", "hits", "n", "users")}
+    n = max(tot["n"], 1)
+    return {"rmse": float(np.sqrt(tot["sse"] / n)), "mae": tot["sae"] / n,
+            "accuracy": tot["hits"] / n, "n_ratings": tot["n"], "n_users": tot["users"]}
+
+
+def federated_recon_eval(model, users: Interactions, *, support_fraction: float = 0.5,
+                         seed: int = 0) -> dict:
+    """RECONEVAL as a federated evaluation computes it, in this process: every user splits its
+    own ratings (``device_support_query_split``), reconstructs, and reports sums; the same
+    figures a Flower deployment's evaluation round gives for these users and this model."""
+    check_is_fitted(model, "item_factors_")
+    return finish_recon_sums([recon_sums(model, users, support_fraction=support_fraction,
+                                         seed=seed)])

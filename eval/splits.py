@@ -10,6 +10,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from ..datasets import Interactions
+from ..models.base import user_keys
 
 
 def _check_fractions(fractions) -> np.ndarray:
@@ -71,12 +72,19 @@ def user_split(inter: Interactions, fractions=(0.8, 0.1, 0.1), random_state=None
     Each part is an Interactions over its own users (same item map). Held-out parts get
     round(n_users × f) users.
     """
+    return tuple(inter.subset_users(part)
+                 for part in user_split_indices(inter.n_users, fractions, random_state))
+
+
+def user_split_indices(n_users: int, fractions=(0.8, 0.1, 0.1), random_state=None
+                       ) -> tuple[np.ndarray, ...]:
+    """The sorted dense user ids of each part of ``user_split`` (for a server that knows only
+    how many users there are, e.g. the Flower ServerApp)."""
     f = _check_fractions(fractions)
-    rng = check_random_state(random_state)
-    perm = rng.permutation(inter.n_users)
-    sizes = np.floor(inter.n_users * f[1:] + 0.5).astype(np.int64)
-    cuts = np.r_[0, inter.n_users - sizes.sum(), inter.n_users - sizes.sum() + np.cumsum(sizes)]
-    return tuple(inter.subset_users(np.sort(perm[cuts[k]:cuts[k + 1]])) for k in range(len(f)))
+    perm = check_random_state(random_state).permutation(n_users)
+    sizes = np.floor(n_users * f[1:] + 0.5).astype(np.int64)
+    cuts = np.r_[0, n_users - sizes.sum(), n_users - sizes.sum() + np.cumsum(sizes)]
+    return tuple(np.sort(perm[cuts[k]:cuts[k + 1]]) for k in range(len(f)))
 
 
 def support_query_split(inter: Interactions, mode: str = "random", support_fraction: float = 0.5,
@@ -108,4 +116,24 @@ def support_query_split(inter: Interactions, mode: str = "random", support_fract
         pos = np.empty(inter.nnz, np.int64)
         pos[order] = np.arange(inter.nnz) - np.repeat(inter.indptr[:-1], counts)
     support = pos < np.repeat(n_s, counts)
+    return inter.take(support), inter.take(~support)
+
+
+def device_support_query_split(inter: Interactions, support_fraction: float = 0.5, seed: int = 0
+                               ) -> tuple[Interactions, Interactions]:
+    """A random support/query split that each device can draw on its own: user u's ratings are
+    shuffled by a stream seeded with (seed, key of u's raw id), so a user's split does not depend
+    on which other users are in ``inter`` (federated ReconEval: each evaluation client splits its
+    own ratings; the simulation draws the same split). ceil(n·support_fraction) ratings go to the
+    support set, as in ``support_query_split``."""
+    if not 0.0 < support_fraction < 1.0:
+        raise ValueError(f"support_fraction must be in (0, 1), got {support_fraction}")
+    counts = inter.counts()
+    keys = user_keys(inter.user_ids)
+    rank = np.empty(inter.nnz, np.int64)
+    for u in np.flatnonzero(counts):
+        rank[inter.indptr[u]:inter.indptr[u + 1]] = np.random.default_rng(
+            [int(seed), int(keys[u])]).permutation(int(counts[u]))
+    n_s = np.ceil(counts * support_fraction - 1e-9).astype(np.int64)
+    support = rank < np.repeat(n_s, counts)
     return inter.take(support), inter.take(~support)

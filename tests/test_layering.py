@@ -1,13 +1,14 @@
-"""Imports flow one way: _kernels <- models <- federated <- eval <- scripts; datasets is a leaf."""
+"""Imports flow one way: _kernels <- models <- federated <- eval <- flower <- scripts; datasets is a
+leaf."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = {"datasets": 0, "_kernels": 1, "models": 2, "federated": 3, "eval": 4}
+LAYERS = {"datasets": 0, "_kernels": 1, "models": 2, "federated": 3, "eval": 4, "flower": 5}
 FOLDERS = {"datasets": ROOT / "datasets", "_kernels": ROOT / "fedcf" / "_kernels",
            "models": ROOT / "fedcf" / "models", "federated": ROOT / "fedcf" / "federated",
-           "eval": ROOT / "eval"}
+           "eval": ROOT / "eval", "flower": ROOT / "fedcf" / "flower"}
 
 
 def layer_of_import(module: str):
@@ -22,7 +23,8 @@ def resolve(node: ast.ImportFrom, layer: str, file: Path) -> str:
     if node.level == 0:
         return node.module or ""
     pkg = {"datasets": "fedcf.datasets", "_kernels": "fedcf._kernels", "models": "fedcf.models",
-           "federated": "fedcf.federated", "eval": "fedcf.eval"}[layer].split(".")
+           "federated": "fedcf.federated", "eval": "fedcf.eval",
+           "flower": "fedcf.flower"}[layer].split(".")
     base = pkg[: len(pkg) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
 

@@ -81,6 +81,13 @@ class FederatedMFBase(MFEstimatorBase):
         """The training data. A population described by a spec (``SyntheticPopulation``) is
         built on the workers of a Ray executor (a ``RemotePopulation``: the driver never holds
         it), else here."""
+        if getattr(X, "remote_population", False):  # e.g. a Flower federation's users
+            if y is not None or data_kwargs:
+                raise TypeError(f"a {type(X).__name__} takes no y or data keyword arguments")
+            if self._executor_spec() is not None:
+                raise ValueError(f"executor={self.executor!r} cannot run the clients of a "
+                                 f"{type(X).__name__}, which has its own; leave executor=None")
+            return X
         spec = self._executor_spec() if hasattr(X, "build_block") else None
         if spec is not None:
             if y is not None or data_kwargs:
@@ -108,8 +115,8 @@ class FederatedMFBase(MFEstimatorBase):
         diagnosis). If that fits far better than the kernel's, the reconstruction diverged; if
         the client step is unstable for that embedding (η_u · 2(‖p‖² + 1) > 2, the curvature
         of the per-example loss in an item row), the client update; else the server step."""
-        if summary.worst_client < 0:
-            return None
+        if summary.worst_client < 0 or not getattr(run.inter, "holds_ratings", True):
+            return None  # (a deployment's server has no rating to diagnose with)
         sub = run.inter.subset_users(np.array([summary.worst_client]))
         Q, b = run.params["Q"], run.params["b"]
         mu = run.inter.value_stats()["mean"] if self.biases else 0.0

@@ -137,6 +137,16 @@ class ClientOutputs:
                    np.concatenate([p.client_ids() for p in parts]))
 
 
+def cohort_order(cohort: Cohort, parts) -> np.ndarray:
+    """The permutation that puts results concatenated part by part (``parts``: the client ids
+    each part returned, in its order) back in cohort order; clients absent from the parts
+    (a refused reply) are simply not in it."""
+    sent = np.concatenate(parts) if len(parts) else np.zeros(0, np.int64)
+    by_id = np.argsort(cohort.clients, kind="stable")  # a cohort's ids are distinct
+    position = by_id[np.searchsorted(cohort.clients, sent, sorter=by_id)]
+    return np.argsort(position, kind="stable")
+
+
 class LocalExecutor:
     """Runs a cohort's client work in this process: one Numba call, ``prange`` over clients.
 

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from .partials import REDUCE_GROUPS, PartialSums, reduce_group
-from .phases import ClientOutputs, Cohort, LocalExecutor
+from .phases import ClientOutputs, Cohort, LocalExecutor, cohort_order
 
 START_TIMEOUT = 300  # seconds for the shard actors to come up (Numba compiles on first use)
 
@@ -337,11 +337,11 @@ class BoundRayExecutor:
     def run(self, cohort, params, ids) -> ClientOutputs:
         """Per-client outputs (for aggregators that need every upload), in cohort order."""
         res, parts = self._map("run", cohort, params, ids)
-        return ClientOutputs.concat(res).take(_cohort_order(cohort, parts))
+        return ClientOutputs.concat(res).take(cohort_order(cohort, parts))
 
     def tangents(self, cohort, params, tangents, ids):
         res, parts = self._map("tangents", cohort, params, tangents, ids)
-        order = _cohort_order(cohort, parts)
+        order = cohort_order(cohort, parts)
         return tuple(np.concatenate([r[i] for r in res])[order] for i in range(3))
 
     def peak_memory(self) -> list[int]:
@@ -442,11 +442,3 @@ class _Closed:
 
     def close(self):
         pass
-
-
-def _cohort_order(cohort, parts) -> np.ndarray:
-    """The permutation that puts the shards' concatenated results back in cohort order."""
-    sent = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    by_id = np.argsort(cohort.clients, kind="stable")  # a cohort's ids are distinct
-    position = by_id[np.searchsorted(cohort.clients, sent, sorter=by_id)]
-    return np.argsort(position, kind="stable")

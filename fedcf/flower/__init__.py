@@ -1,0 +1,16 @@
+"""FedRecon as a Flower app (optional extra ``fedcf[flower]``): a ClientApp whose nodes hold their
+users' ratings and send only sparse item-row deltas, and a ServerApp running FedReconMF's own round
+loop over them (selection, any fedcf aggregator, server optimizer, checkpoints, federated
+ReconEval). The fitted model is an ordinary ``FedReconMF`` ``.npz``.
+
+- ``client_app`` / ``server_app``: the apps (``make_client_app`` / ``make_server_app`` build
+  variants, e.g. with Flower mods or fixed settings);
+- ``write_app(directory, **run_config)``: the project ``flwr run`` takes;
+- ``wire``: exactly what crosses the wire, and the checks of every reply.
+"""
+
+from .app import client_app, make_client_app, make_server_app, server_app, write_app
+from .server import Directory, FlowerExecutor, FlowerPopulation, Settings, serve
+
+__all__ = ["Directory", "FlowerExecutor", "FlowerPopulation", "Settings", "client_app",
+           "make_client_app", "make_server_app", "serve", "server_app", "write_app"]

@@ -1,0 +1,129 @@
+"""The Flower ClientApp and ServerApp of fedcf, and a writer for the Flower app project that
+``flwr run`` takes.
+
+``client_app`` answers three message types: query (the node's directory entry), train (FedRecon
+client work for the users named in the message) and evaluate (federated ReconEval). A failure
+on the node (no partition, a user it does not hold, bad data) becomes an error reply whose reason
+the server logs; the round goes on without that node. ``server_app`` runs ``server.serve`` with
+the run config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .node import describe, evaluate, partition, train
+from .server import Settings, serve
+from .wire import flwr
+
+app = flwr()
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.serverapp import ServerApp  # noqa: E402
+
+ERROR_CODE = 4201  # a fedcf node could not do what the message asked (the reason says why)
+
+
+def _answer(msg, work):
+    """The reply to ``msg``: ``work()``'s records, or an error reply naming what went wrong."""
+    try:
+        return app.Message(content=app.RecordDict(work()), reply_to=msg)
+    except (ValueError, TypeError, KeyError, IndexError, OSError, RuntimeError) as e:
+        return app.Message(error=app.Error(ERROR_CODE, f"{type(e).__name__}: {e}"), reply_to=msg)
+
+
+def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
+    """A ClientApp. ``mods``: Flower client mods (e.g. one that records the messages);
+    ``data``: defaults for the run config's data keys (dataset, data-path, synthetic-*), for
+    a simulation started from Python, where there is no run config."""
+    capp = ClientApp(mods=list(mods))
+    defaults = dict(data or {})
+
+    def own(context):
+        return partition({**defaults, **dict(context.run_config)}, context.node_config)
+
+    @capp.query()
+    def query(msg, context):
+        return _answer(msg, lambda: {"users": describe(own(context))})
+
+    @capp.train()
+    def fit(msg, context):
+        return _answer(msg, lambda: {"upload": train(own(context), msg.content["config"],
+                                                     msg.content["global"])})
+
+    @capp.evaluate()
+    def recon(msg, context):
+        return _answer(msg, lambda: {"recon": app.MetricRecord(
+            evaluate(own(context), msg.content["config"], msg.content["global"]))})
+
+    return capp
+
+
+def make_server_app(settings: Settings | None = None, on_result=None) -> ServerApp:
+    """A ServerApp running ``serve``: with ``settings``, those; else from the run config.
+    ``on_result(result)`` is called with the run's result (for the simulation script)."""
+    sapp = ServerApp()
+
+    @sapp.main()
+    def main(grid, context):
+        result = serve(grid, settings or Settings.from_run_config(context.run_config))
+        if on_result is not None:
+            on_result(result)
+
+    return sapp
+
+
+client_app = make_client_app()
+server_app = make_server_app()
+
+PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedcf-flower-app"
+version = "1.0.0"
+description = "FedRecon (fedcf) as a Flower app"
+dependencies = ["fedcf[flower]"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedcf"
+
+[tool.flwr.app.components]
+serverapp = "fedcf_flower_app:server_app"
+clientapp = "fedcf_flower_app:client_app"
+
+[tool.flwr.app.config]
+{config}
+"""
+
+
+def write_app(directory, **run_config) -> Path:
+    """Write the Flower app project that ``flwr run DIRECTORY CONNECTION`` takes: a
+    pyproject.toml with the run config (keys as in ``Settings`` and ``node.load_dataset``;
+    values str, int, float or bool) and a module that re-exports fedcf's apps."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for key, value in run_config.items():
+        if isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{key} = {value!r}")
+        elif isinstance(value, str):
+            lines.append(f"{key} = {_toml_str(value)}")
+        else:
+            raise TypeError(f"run config {key!r} must be str, int, float or bool, got "
+                            f"{type(value).__name__}")
+    (directory / "pyproject.toml").write_text(PYPROJECT.format(config="\n".join(lines)))
+    (directory / "fedcf_flower_app.py").write_text(
+        '"""fedcf\'s Flower apps (see fedcf.flower)."""\n\n'
+        "from fedcf.flower.app import client_app, server_app\n\n"
+        '__all__ = ["client_app", "server_app"]\n')
+    return directory
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

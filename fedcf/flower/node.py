@@ -1,0 +1,144 @@
+"""The device side of the Flower app: a node's own ratings and what it does with a message.
+
+A node (a Flower SuperNode) holds one partition of a dataset: the users whose position in the
+dataset's sorted user ids is ``partition-id`` modulo ``num-partitions`` (both from the node's
+``node_config``; Flower's simulation engine sets them, a deployed SuperNode gets them from
+``--node-config "partition-id=0 num-partitions=2"``). With as many partitions as users a node is
+one person's device. The dataset comes from the run's config (``dataset``: "ml-100k",
+"synthetic" or "file" with ``data-path``), so every node sees the same item catalog.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..datasets import Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
+from ..eval.protocols import recon_sums
+from ..federated.fedrecon import FedReconMF
+from ..federated.phases import Cohort, LocalExecutor
+from .wire import arrays, encode_upload
+
+_PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
+
+
+class NodeDataError(ValueError):
+    """The node cannot serve: no partition, a bad data source, users it does not hold."""
+
+
+def _dataset_key(run_config) -> tuple:
+    keys = ("dataset", "data-path", "synthetic-users", "synthetic-items", "synthetic-ratings",
+            "synthetic-seed")
+    return tuple(str(run_config.get(k, "")) for k in keys)
+
+
+def load_dataset(run_config) -> Interactions:
+    """The whole dataset the run's config names (each node then keeps only its partition)."""
+    name = run_config.get("dataset", "ml-100k")
+    path = run_config.get("data-path") or None
+    if name == "ml-100k":
+        return load_movielens("100k", path=path)
+    if name == "file":
+        if path is None:
+            raise NodeDataError("dataset='file' needs data-path (a ratings file) in the run config")
+        return load_ratings_file(path)
+    if name == "synthetic":
+        df = make_synthetic_ratings(int(run_config.get("synthetic-users", 500)),
+                                    int(run_config.get("synthetic-items", 100)),
+                                    int(run_config.get("synthetic-ratings", 10_000)),
+                                    random_state=int(run_config.get("synthetic-seed", 0)))
+        return Interactions.coerce(df)
+    raise NodeDataError(f"unknown dataset {name!r} in the run config; use 'ml-100k', "
+                        "'synthetic' or 'file' (with data-path)")
+
+
+def partition(run_config, node_config) -> Interactions:
+    """This node's users (cached per process: a SuperNode serves many messages)."""
+    for key in ("partition-id", "num-partitions"):
+        if key not in node_config:
+            raise NodeDataError(f"this node has no {key!r} in its node config, so it holds no "
+                                "data; start the SuperNode with --node-config "
+                                "\"partition-id=0 num-partitions=2\"")
+    try:
+        p, n = int(node_config["partition-id"]), int(node_config["num-partitions"])
+    except (TypeError, ValueError) as e:
+        raise NodeDataError(f"partition-id and num-partitions must be integers, got "
+                            f"{node_config['partition-id']!r}, {node_config['num-partitions']!r}"
+                            ) from e
+    if not 0 <= p < n:
+        raise NodeDataError(f"partition-id={p} is not in [0, num-partitions={n})")
+    key = (_dataset_key(run_config), p, n)
+    if key not in _PARTITIONS:
+        full = load_dataset(run_config)
+        if not np.issubdtype(np.asarray(full.user_ids).dtype, np.integer) or \
+                not np.issubdtype(np.asarray(full.item_ids).dtype, np.integer):
+            raise NodeDataError("the Flower app needs integer user and item ids")
+        _PARTITIONS[key] = full.subset_users(np.arange(p, full.n_users, n))
+    return _PARTITIONS[key]
+
+
+def describe(own: Interactions) -> dict:
+    """The directory entry of this node: its users' raw ids and rating counts, per user the
+    sums a fit needs of the ratings (count, Σv, Σv², min, max — for μ and the rating scale),
+    and the item catalog. Never a rating or an item a user rated."""
+    v, users = own.values, own.user_index()
+    counts = own.counts()
+    sums = np.zeros((own.n_users, 4))
+    sums[:, 0] = np.bincount(users, v, own.n_users)
+    sums[:, 1] = np.bincount(users, v * v, own.n_users)
+    sums[:, 2], sums[:, 3] = np.inf, -np.inf
+    np.minimum.at(sums[:, 2], users, v)
+    np.maximum.at(sums[:, 3], users, v)
+    return arrays(users=np.asarray(own.user_ids, np.int64), counts=counts.astype(np.int64),
+                  sums=sums, catalog=np.asarray(own.item_ids, np.int64))
+
+
+def _rows(own: Interactions, raw_users) -> np.ndarray:
+    """Positions in ``own`` of the raw user ids the server asked for."""
+    raw = np.asarray(raw_users, np.int64)
+    pos = np.searchsorted(own.user_ids, raw)
+    pos = np.minimum(pos, max(own.n_users - 1, 0))
+    bad = (own.n_users == 0) | (np.asarray(own.user_ids)[pos] != raw) if len(raw) else []
+    if np.any(bad):
+        raise NodeDataError(f"user {int(raw[np.flatnonzero(bad)[0]])} is not held by this node")
+    return pos
+
+
+def train(own: Interactions, config, glob) -> object:
+    """FedRecon client work for the asked users: reconstruct, update, and the upload record."""
+    rows = _rows(own, config["users"])
+    clients = np.asarray(config["clients"], np.int64)
+    if len(clients) != len(rows) or (len(clients) and clients.min() < 0):
+        raise NodeDataError("the message's users and clients do not match")
+    est = FedReconMF(**json.loads(config["params"]))
+    program = est._client_program(None, float(config["mu"]))
+    sub = own.subset_users(rows)
+    # a CSR over the run's dense ids (only these clients have rows): each client's random
+    # stream is keyed by its dense id, as in the simulation
+    n = int(clients.max()) + 1 if len(clients) else 0
+    counts = np.zeros(n, np.int64)
+    counts[clients] = sub.counts()
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    order = np.argsort(clients, kind="stable")
+    take = np.concatenate([np.arange(sub.indptr[r], sub.indptr[r + 1]) for r in order]) \
+        if len(order) else np.zeros(0, np.int64)
+    data = (indptr, sub.items[take], sub.values[take])
+    params = {"Q": glob["Q"].numpy(), "b": glob["b"].numpy()}
+    ids = glob["ids"].numpy().astype(np.uint64)
+    out = LocalExecutor(program, data).run(Cohort(clients, len(clients), 0, 0), params, ids)
+    return encode_upload(out)
+
+
+def evaluate(own: Interactions, config, glob) -> dict:
+    """Federated ReconEval for the asked users: each reconstructs on its support set and the
+    node reports sums over their query ratings (``eval.protocols.recon_sums``)."""
+    rows = _rows(own, config["users"])
+    est = FedReconMF(**json.loads(config["params"]))
+    est.item_factors_, est.item_biases_ = glob["Q"].numpy(), glob["b"].numpy()
+    est.global_mean_ = float(config["mu"])
+    est.rating_scale_ = tuple(float(x) for x in config["rating_scale"])
+    est.item_ids_, est.user_ids_ = own.item_ids, np.zeros(0, np.int64)
+    return recon_sums(est, own.subset_users(rows), support_fraction=float(config["support"]),
+                      seed=int(config["seed"]))

@@ -1,0 +1,417 @@
+"""The server side of the Flower app: FedReconMF's own round loop, whose client work is sent to
+Flower nodes as messages (``FlowerExecutor``), over the users the nodes said they hold
+(``Directory``, ``FlowerPopulation``). Selection, aggregation (any fedcf aggregator), the server
+optimizer, checkpoints and the history are the ones of an in-process fit, so with the same
+parameters and seed the fitted model is the in-process model bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._kernels.server import finite_clients
+from ..eval.protocols import finish_recon_sums
+from ..eval.splits import user_split_indices
+from ..federated.fedrecon import FedReconMF
+from ..federated.phases import ClientOutputs, cohort_order
+from .wire import (
+    DIRECTORY_FIELDS,
+    RECON_FIELDS,
+    ReplyError,
+    arrays,
+    client_params,
+    content_bytes,
+    decode_upload,
+    flwr,
+    read_arrays,
+)
+
+log = logging.getLogger("fedcf.flower")
+
+
+@dataclass
+class Settings:
+    """The ServerApp's settings (from the run config: see ``from_run_config``)."""
+
+    params: dict = field(default_factory=dict)  # FedReconMF parameters
+    eval_fraction: float = 0.1  # share of the users held out for federated ReconEval
+    eval_support_fraction: float = 0.5
+    min_nodes: int = 1  # wait for this many nodes before the directory query
+    wait_seconds: float = 120.0
+    reply_timeout: float = 600.0  # seconds a round waits for replies
+    model_path: str | None = None  # where the fitted model (.npz) is saved
+    result_path: str | None = None  # a JSON of the run (history, evaluation, refusals, bytes)
+
+    KEYS = {"fedcf-params": "params", "eval-fraction": "eval_fraction",
+            "eval-support-fraction": "eval_support_fraction", "min-nodes": "min_nodes",
+            "wait-seconds": "wait_seconds", "reply-timeout": "reply_timeout",
+            "model-path": "model_path", "result-path": "result_path"}
+
+    @classmethod
+    def from_run_config(cls, run_config) -> Settings:
+        """Keys: fedcf-params (JSON of FedReconMF parameters), eval-fraction,
+        eval-support-fraction, min-nodes, wait-seconds, reply-timeout, model-path,
+        result-path; others (the nodes' dataset keys) are ignored here."""
+        kw = {cls.KEYS[k]: v for k, v in dict(run_config).items() if k in cls.KEYS}
+        if isinstance(kw.get("params"), str):
+            try:
+                kw["params"] = json.loads(kw["params"] or "{}")
+            except json.JSONDecodeError as e:
+                raise ValueError(f"run config fedcf-params is not JSON ({e}): pass e.g. "
+                                 "'{\"n_factors\": 20, \"n_rounds\": 30}'") from e
+        for key in ("model_path", "result_path"):
+            kw[key] = kw.get(key) or None
+        return cls(**kw).check()
+
+    def check(self) -> Settings:
+        if not isinstance(self.params, dict):
+            raise TypeError(f"fedcf-params must be a JSON object of FedReconMF parameters, got "
+                            f"{type(self.params).__name__}")
+        for bad in ("executor", "learn_hyperparams"):
+            if self.params.get(bad):
+                raise ValueError(f"fedcf-params {bad}={self.params[bad]!r} is not available in a "
+                                 "Flower run (the nodes are the executor; hypergradients need "
+                                 "a second message per round)")
+        if not 0.0 <= float(self.eval_fraction) < 1.0:
+            raise ValueError(f"eval-fraction must be in [0, 1), got {self.eval_fraction}")
+        if not 0.0 < float(self.eval_support_fraction) < 1.0:
+            raise ValueError(f"eval-support-fraction must be in (0, 1), got "
+                             f"{self.eval_support_fraction}")
+        if int(self.min_nodes) < 1:
+            raise ValueError(f"min-nodes must be >= 1, got {self.min_nodes}")
+        for key in ("wait_seconds", "reply_timeout"):
+            if not float(getattr(self, key)) > 0:
+                raise ValueError(f"{key.replace('_', '-')} must be > 0 seconds")
+        self.params = {**self.params, "aggregator": make_aggregator(self.params.get("aggregator"))}
+        try:
+            FedReconMF(**self.params)._check_params()  # names a bad parameter now, not mid-run
+        except TypeError as e:
+            raise ValueError(f"fedcf-params: {e}; see help(fedcf.FedReconMF) for the names") from e
+        return self
+
+
+AGGREGATORS = ("NormClippedMean", "DPGaussianMean", "TrimmedMean", "CoordinateMedian",
+               "FoolsGoldMean")
+
+
+def make_aggregator(spec):
+    """An aggregator object, or one from a JSON spec such as
+    ``{"name": "TrimmedMean", "beta": 0.1}`` (the run config can only carry JSON)."""
+    if spec is None or not isinstance(spec, dict):
+        return spec
+    from ..federated import aggregators
+
+    kwargs = dict(spec)
+    name = kwargs.pop("name", None)
+    if name not in AGGREGATORS:
+        raise ValueError(f"fedcf-params aggregator name must be one of {AGGREGATORS}, got "
+                         f"{name!r}")
+    try:
+        return getattr(aggregators, name)(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"fedcf-params aggregator {name}: {e}") from e
+
+
+class Refusals:
+    """Replies the server did not use, each with its reason (also logged)."""
+
+    def __init__(self):
+        self.items: list[dict] = []
+
+    def add(self, stage: str, node: int, reason: str, clients: int = 0):
+        self.items.append({"stage": stage, "node": int(node), "reason": reason,
+                           "clients": int(clients)})
+        log.warning("fedcf.flower: %s: refused the reply of node %s (%d clients): %s", stage,
+                    node, clients, reason)
+
+
+def _message(content: dict, node: int, kind: str, group: str):
+    app = flwr()
+    return app.Message(content=app.RecordDict(content), dst_node_id=int(node), message_type=kind,
+                       group_id=group)
+
+
+def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals):
+    """Send ``messages``; yield (node, content, reply) for each reply, refusing error replies
+    and nodes that did not answer in time."""
+    sent = {int(m.metadata.dst_node_id) for m in messages}
+    replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    answered = set()
+    for reply in replies:
+        node = int(reply.metadata.src_node_id)
+        answered.add(node)
+        if reply.has_error():
+            refusals.add(stage, node, f"the node reported an error: {reply.error.reason}")
+            continue
+        yield node, reply.content
+    for node in sorted(sent - answered):
+        refusals.add(stage, node, f"no reply within {timeout:g} s")
+
+
+@dataclass
+class Directory:
+    """Who holds which user, from the nodes' answers to the first (query) message: raw user ids
+    in sorted order, the node of each, rating counts and per-user sums, the item catalog."""
+
+    user_ids: np.ndarray
+    node_of: np.ndarray  # position in ``nodes`` of each user's node
+    nodes: list  # Flower node ids (uint64: kept as Python ints)
+    counts: np.ndarray
+    sums: np.ndarray  # (n, 4): Σv, Σv², min, max
+    catalog: np.ndarray
+
+    @classmethod
+    def query(cls, grid, nodes, timeout: float, refusals: Refusals) -> Directory:
+        msgs = [_message({}, n, flwr().MessageType.QUERY, "directory") for n in nodes]
+        entries, catalog, seen = [], None, set()
+        for node, content in sorted(exchange(grid, msgs, timeout, "directory", refusals),
+                                    key=lambda r: r[0]):
+            try:
+                d = read_arrays(content, "users", DIRECTORY_FIELDS)
+                n = len(d["users"])
+                if d["counts"].shape != (n,) or d["sums"].shape != (n, 4) or \
+                        (n and d["counts"].min() < 1) or not np.isfinite(d["sums"][:, :2]).all():
+                    raise ReplyError("its users, counts and sums do not line up")
+                if n == 0:
+                    raise ReplyError("it holds no users (an empty partition)")
+                if catalog is None:
+                    catalog = d["catalog"]
+                elif not np.array_equal(d["catalog"], catalog):
+                    raise ReplyError(f"its item catalog ({len(d['catalog'])} items) is not the "
+                                     f"one of the other nodes ({len(catalog)} items)")
+                if len(np.unique(d["users"])) < n or seen.intersection(d["users"].tolist()):
+                    raise ReplyError("it lists users twice or users another node holds; give "
+                                     "each SuperNode its own partition-id")
+                seen.update(d["users"].tolist())
+                entries.append((node, d))
+            except ReplyError as e:
+                refusals.add("directory", node, str(e))
+        if not entries:
+            raise RuntimeError("no node answered the directory query with users; check that "
+                               "the SuperNodes have a partition (node config) and the data")
+        users = np.concatenate([d["users"] for _, d in entries])
+        order = np.argsort(users, kind="stable")
+        node_of = np.concatenate([np.full(len(d["users"]), k) for k, (_, d) in
+                                  enumerate(entries)])
+        return cls(users[order], node_of[order], [n for n, _ in entries],
+                   np.concatenate([d["counts"] for _, d in entries])[order],
+                   np.concatenate([d["sums"] for _, d in entries])[order], catalog)
+
+    def describe(self) -> dict:
+        h = hashlib.sha256()
+        for a in (self.user_ids, self.counts, self.sums, self.catalog):
+            h.update(np.ascontiguousarray(a).tobytes())
+        return {"flower_directory": h.hexdigest()}
+
+
+class FlowerPopulation:
+    """The training users of a Flower run, as ``fit`` sees them: sizes, counts and value sums
+    from the directory, client work by messages to the nodes. The ratings stay on the nodes."""
+
+    remote_population = True
+    holds_ratings = False
+    timestamps = None
+
+    def __init__(self, directory: Directory, users: np.ndarray, executor):
+        self.source, self.executor = directory, executor
+        self.user_ids = directory.user_ids[users]
+        self.item_ids = directory.catalog
+        self.n_users, self.n_items = len(users), len(directory.catalog)
+        self._counts = directory.counts[users]
+        self.nnz = int(self._counts.sum())
+        s = directory.sums[users]
+        self._stats = {"mean": float(s[:, 0].sum()) / self.nnz,
+                       "mean_sq": float(s[:, 1].sum()) / self.nnz,
+                       "min": float(s[:, 2].min()), "max": float(s[:, 3].max())}
+
+    def counts(self) -> np.ndarray:
+        return self._counts
+
+    def value_stats(self) -> dict:
+        return dict(self._stats)
+
+    def subset_users(self, users):
+        raise RuntimeError("the ratings of a Flower run stay on the nodes; the server cannot "
+                           "read a user's ratings")
+
+    def __getstate__(self):  # a fitted model keeps this; the grid does not travel
+        return {**self.__dict__, "executor": None}
+
+
+class FlowerExecutor:
+    """Phase 2 of each round as Flower messages: one message per node holding sampled clients,
+    with the global model and those clients' ids; the replies' uploads are checked
+    (``wire.decode_upload``) and put back in cohort order. ``round_stats`` has the bytes that
+    went down and up through Flower in the round."""
+
+    def __init__(self, grid, directory: Directory, users: np.ndarray, est, mu: float,
+                 timeout: float, refusals: Refusals):
+        self.grid, self.directory, self.users = grid, directory, users
+        self.params_json, self.mu, self.timeout = client_params(est), float(mu), timeout
+        self.refusals, self.program, self.round_stats = refusals, None, {}
+        self.counts = directory.counts[users]
+        self.round = 0
+
+    def set_program(self, program) -> FlowerExecutor:
+        self.program = program
+        return self
+
+    def _messages(self, cohort, params, ids):
+        node = self.directory.node_of[self.users[cohort.clients]]
+        glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
+        out = {}
+        for k in np.unique(node):
+            clients, n = cohort.clients[node == k], self.directory.nodes[k]
+            raw = self.directory.user_ids[self.users[clients]]
+            config = flwr().ConfigRecord({"users": [int(u) for u in raw],
+                                          "clients": [int(c) for c in clients],
+                                          "params": self.params_json, "mu": self.mu})
+            out[int(n)] = (clients, _message({"global": glob, "config": config}, n,
+                                             flwr().MessageType.TRAIN, f"round-{int(ids[1])}"))
+        return out
+
+    def run(self, cohort, params, ids) -> ClientOutputs:
+        sent = self._messages(cohort, params, ids)
+        msgs = [m for _, m in sent.values()]
+        down = sum(content_bytes(m.content) for m in msgs)
+        Q = params["Q"]
+        parts, got, up = [], [], 0
+        for node, content in exchange(self.grid, msgs, self.timeout, f"round {int(ids[1])}",
+                                      self.refusals):
+            clients = sent[node][0]
+            up += content_bytes(content)
+            try:
+                weights, slots = self.program.layout(self.counts[clients])
+                out = decode_upload(content, clients=clients, slots=slots,
+                                    weights=weights.astype(np.float64), n_items=Q.shape[0],
+                                    K=Q.shape[1], dtype=Q.dtype)
+            except ReplyError as e:
+                self.refusals.add(f"round {int(ids[1])}", node, str(e), len(clients))
+                continue
+            bad = ~finite_clients(out.offsets, out.d_Q, out.d_b)
+            if bad.any():  # the aggregator leaves these out and counts them
+                self.refusals.add(f"round {int(ids[1])}", node, "non-finite values from "
+                                  f"clients {out.clients[bad].tolist()}: left out of the "
+                                  "aggregate", int(bad.sum()))
+            parts.append(out)
+            got.append(clients)
+        self.round_stats = {"flower_bytes_down": down, "flower_bytes_up": up,
+                            "flower_messages": len(msgs),
+                            "flower_clients_refused": len(cohort.clients) -
+                            int(sum(len(c) for c in got))}
+        if not parts:
+            return _no_outputs(Q)
+        return ClientOutputs.concat(parts).take(cohort_order(cohort, got))
+
+    def partials(self, cohort, params, ids, aggregator, hp):
+        return aggregator.partials(self.run(cohort, params, ids), hp)
+
+    def tangents(self, cohort, params, tangents, ids):
+        raise NotImplementedError("learned hyperparameters are not available in a Flower run")
+
+    def close(self):
+        pass
+
+
+def _no_outputs(Q) -> ClientOutputs:
+    z = np.zeros(0, np.int64)
+    return ClientOutputs(np.zeros(1, np.int64), z, np.zeros((0, Q.shape[1]), Q.dtype),
+                         np.zeros(0, Q.dtype), np.zeros(0), np.zeros(0), None, z)
+
+
+def federated_recon_eval(grid, directory: Directory, users: np.ndarray, model, *, seed: int,
+                         support_fraction: float, timeout: float, refusals: Refusals) -> dict:
+    """Federated ReconEval: each node holding evaluation users gets the model and their ids,
+    they reconstruct on their own support sets and the node reports sums over their query
+    ratings; the server adds the reports (``eval.protocols.finish_recon_sums``)."""
+    node = directory.node_of[users]
+    glob = arrays(Q=model.item_factors_, b=model.item_biases_)
+    msgs, asked = [], {}
+    for k in np.unique(node):
+        n, raw = directory.nodes[k], directory.user_ids[users[node == k]]
+        asked[n] = len(raw)
+        config = flwr().ConfigRecord({
+            "users": [int(u) for u in raw], "params": client_params(model),
+            "mu": float(model.global_mean_), "rating_scale": [float(x) for x in
+                                                              model.rating_scale_],
+            "support": float(support_fraction), "seed": int(seed)})
+        msgs.append(_message({"global": glob, "config": config}, n,
+                             flwr().MessageType.EVALUATE, "recon-eval"))
+    parts = []
+    for n, content in exchange(grid, msgs, timeout, "recon eval", refusals):
+        rec = content.metric_records.get("recon")
+        try:
+            if rec is None or set(rec) != set(RECON_FIELDS):
+                raise ReplyError(f"the reply needs a 'recon' metric record with {RECON_FIELDS}")
+            part = {k: rec[k] for k in RECON_FIELDS}
+            if not all(np.isfinite(float(v)) for v in part.values()) or part["n"] < 0 or \
+                    not 0 <= part["hits"] <= part["n"] or not 0 <= part["users"] <= asked[n] \
+                    or part["sse"] < 0 or part["sae"] < 0:
+                raise ReplyError(f"its sums are not possible: {part}")
+            parts.append(part)
+        except ReplyError as e:
+            refusals.add("recon eval", n, str(e), asked[n])
+    out = finish_recon_sums(parts)
+    out["nodes_reporting"] = len(parts)
+    return out
+
+
+def wait_for_nodes(grid, min_nodes: int, seconds: float) -> list[int]:
+    """The connected nodes, once at least ``min_nodes`` are (or all there are after
+    ``seconds``; none at all is an error)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        nodes = sorted(int(n) for n in grid.get_node_ids())
+        if len(nodes) >= min_nodes or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if not nodes:
+        raise RuntimeError(f"no Flower node connected within {seconds:g} s; start SuperNodes "
+                           "pointing at this SuperLink's Fleet API")
+    if len(nodes) < min_nodes:
+        log.warning("fedcf.flower: only %d of min-nodes=%d nodes connected after %g s; going on",
+                    len(nodes), min_nodes, seconds)
+    return nodes
+
+
+def serve(grid, settings: Settings) -> dict:
+    """The whole server program: directory, user split, FedReconMF fit over the nodes,
+    federated ReconEval, saved model and result. Returns the result (also written to
+    ``settings.result_path``)."""
+    t0 = time.perf_counter()
+    refusals = Refusals()
+    nodes = wait_for_nodes(grid, int(settings.min_nodes), float(settings.wait_seconds))
+    directory = Directory.query(grid, nodes, settings.reply_timeout, refusals)
+    est = FedReconMF(**settings.params)
+    seed = est._seed()
+    f = float(settings.eval_fraction)
+    train, test = user_split_indices(len(directory.user_ids), (1 - f, f), seed) if f else \
+        (np.arange(len(directory.user_ids)), np.zeros(0, np.int64))
+    pop = FlowerPopulation(directory, train, None)
+    mu = pop.value_stats()["mean"] if est.biases else 0.0
+    pop.executor = FlowerExecutor(grid, directory, train, est, mu, settings.reply_timeout,
+                                  refusals)
+    est.fit(pop)
+    result = {"n_nodes": len(nodes), "n_train_users": len(train), "n_eval_users": len(test),
+              "n_items": len(directory.catalog), "params": json.loads(client_params(est))}
+    if len(test):
+        result["recon_eval"] = federated_recon_eval(
+            grid, directory, test, est, seed=seed,
+            support_fraction=settings.eval_support_fraction, timeout=settings.reply_timeout,
+            refusals=refusals)
+    if settings.model_path:
+        result["model_path"] = str(est.save(settings.model_path))
+    result.update(history=est.history_, refusals=refusals.items,
+                  seconds=time.perf_counter() - t0)
+    if settings.result_path:
+        from ..datasets._files import atomic_write
+
+        atomic_write(settings.result_path,
+                     lambda fh: fh.write(json.dumps(result, indent=1, default=float).encode()))
+    return result

@@ -1,0 +1,127 @@
+"""What crosses the wire between the fedcf ServerApp and ClientApp, and the checks every reply
+passes before the server uses it.
+
+Down (server → node), every message: record ``"global"`` (ArrayRecord: the item factors ``Q``,
+the item biases ``b`` and ``ids`` = [seed, round]) and record ``"config"`` (ConfigRecord: the raw
+ids of the node's users asked to work, their dense ids in the run, the FedReconMF parameters a
+client needs as JSON, μ, and for evaluation the rating scale and the split seed).
+
+Up (node → server) after training: record ``"upload"`` (ArrayRecord) with exactly the fields of
+``phases.ClientOutputs`` for the node's clients — sparse item-row deltas (``offsets``, ``items``,
+``d_Q``, ``d_b``), query sizes ``weights``, query losses ``losses`` and the dense ``clients``.
+After evaluation: record ``"recon"`` (MetricRecord) with sums over the query ratings. After the
+directory query: record ``"users"`` (ArrayRecord) — raw user ids, rating counts, per-user rating
+sums — and the item catalog. No message ever carries a user embedding or a user bias.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..federated.phases import ClientOutputs
+
+UPLOAD_FIELDS = ("offsets", "items", "d_Q", "d_b", "weights", "losses", "clients")
+DIRECTORY_FIELDS = ("users", "counts", "sums", "catalog")
+RECON_FIELDS = ("sse", "sae", "hits", "n", "users")
+# FedReconMF parameters that decide what a client computes (everything else is the server's)
+CLIENT_PARAMS = ("n_factors", "biases", "learning_rate", "batch_size", "update_steps",
+                 "update_epochs", "regularization", "init_scale", "split", "support_fraction",
+                 "reconstruction", "recon_steps", "recon_epochs", "recon_learning_rate",
+                 "recon_init", "recon_regularization", "joint", "dtype", "random_state")
+
+
+class ReplyError(ValueError):
+    """A reply the server refuses (the reason is logged; the round goes on without it)."""
+
+
+def flwr():
+    """The Flower modules fedcf uses, or an ImportError saying how to install them."""
+    try:
+        import flwr.app as app
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("fedcf.flower needs Flower: pip install 'fedcf[flower]' "
+                          "(or 'flwr[simulation]>=1.41')") from e
+    return app
+
+
+def arrays(**named) -> object:
+    """An ArrayRecord of NumPy arrays (C-contiguous copies)."""
+    app = flwr()
+    return app.ArrayRecord({k: app.Array(np.ascontiguousarray(v)) for k, v in named.items()})
+
+
+def read_arrays(content, record: str, fields) -> dict:
+    """The arrays ``fields`` of ``content[record]``; a missing record or field is a ReplyError."""
+    rec = content.array_records.get(record) if hasattr(content, "array_records") else None
+    if rec is None:
+        raise ReplyError(f"the reply has no {record!r} record")
+    missing = [f for f in fields if f not in rec]
+    if missing:
+        raise ReplyError(f"the {record!r} record lacks {missing}")
+    extra = sorted(set(rec) - set(fields))
+    if extra:
+        raise ReplyError(f"the {record!r} record has unexpected fields {extra}")
+    return {f: rec[f].numpy() for f in fields}
+
+
+def client_params(est) -> str:
+    """The JSON of the FedReconMF parameters a client needs."""
+    params = est.get_params(deep=False)
+    out = {k: params[k] for k in CLIENT_PARAMS}
+    out["dtype"] = np.dtype(out["dtype"]).name
+    out["random_state"] = est._seed()
+    return json.dumps(out, sort_keys=True)
+
+
+def encode_upload(out: ClientOutputs) -> object:
+    return arrays(**{f: getattr(out, f) for f in UPLOAD_FIELDS})
+
+
+def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray, weights: np.ndarray,
+                  n_items: int, K: int, dtype) -> ClientOutputs:
+    """The ClientOutputs of one node's reply, after checking it is what the server asked for:
+    the same clients in the same order, the layout the client program gives for their rating
+    counts (slots and query sizes), item ids in the catalog, K columns. Non-finite deltas pass
+    (the aggregator leaves such clients out and counts them, as in a simulation)."""
+    a = read_arrays(content, "upload", UPLOAD_FIELDS)
+    got = np.asarray(a["clients"])
+    if got.shape != clients.shape or not np.array_equal(got, clients):
+        raise ReplyError(f"it answers for clients {got[:5].tolist()}…, not the "
+                         f"{len(clients)} asked for")
+    offsets = np.asarray(a["offsets"])
+    expect = np.zeros(len(clients) + 1, np.int64)
+    np.cumsum(slots, out=expect[1:])
+    if offsets.shape != expect.shape or not np.array_equal(offsets, expect):
+        raise ReplyError("its delta slots do not match the clients' query sizes (offsets)")
+    total = int(expect[-1])
+    shapes = {"items": (total,), "d_Q": (total, K), "d_b": (total,),
+              "weights": (len(clients),), "losses": (len(clients),)}
+    for f, shape in shapes.items():
+        if a[f].shape != shape:
+            raise ReplyError(f"{f} has shape {a[f].shape}, expected {shape} (model with "
+                             f"{n_items} items and K={K})")
+    items = a["items"]
+    if not np.issubdtype(items.dtype, np.integer) or (total and (
+            items.min() < -1 or items.max() >= n_items)):
+        raise ReplyError(f"items must be integer ids in [-1, {n_items}) (the catalog)")
+    if not np.array_equal(np.asarray(a["weights"], np.float64), weights):
+        raise ReplyError("its weights are not the query sizes of the clients' data")
+    for f in ("d_Q", "d_b", "losses"):
+        if not np.issubdtype(a[f].dtype, np.floating):
+            raise ReplyError(f"{f} must be floating point, got {a[f].dtype}")
+    return ClientOutputs(expect, items.astype(np.int64), a["d_Q"].astype(dtype, copy=False),
+                         a["d_b"].astype(dtype, copy=False), weights,
+                         a["losses"].astype(np.float64), None, clients)
+
+
+def content_bytes(content) -> int:
+    """Bytes of a message's content as Flower ships it (its serialized objects), or, where that
+    internal API is missing, the records' own byte counts."""
+    try:
+        from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+        return sum(len(o.deflate()) for o in get_all_nested_objects(content).values())
+    except ImportError:  # pragma: no cover - another Flower version
+        return sum(r.count_bytes() for r in content.values())

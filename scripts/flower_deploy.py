@@ -1,0 +1,160 @@
+"""A real Flower deployment on this machine: a SuperLink and SuperNodes as separate processes on
+127.0.0.1, the fedcf app submitted with ``flwr run``, the result read back, everything shut down.
+
+    python scripts/flower_deploy.py --nodes 2 --rounds 3 --json /tmp/deploy.json
+
+Insecure mode (plain HTTP) on loopback only; for TLS give the SuperLink ``--ssl-certfile``,
+``--ssl-keyfile``, ``--ssl-ca-certfile``, the SuperNodes ``--root-certificates`` and the ``flwr``
+connection ``root-certificates`` instead of ``insecure = true`` (see README "Deploying with
+Flower"). Each process runs in its own process group under a deadline and is killed with its
+children (the ``flwr-serverapp`` / ``flwr-clientapp`` processes) when the run ends or fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc, seconds: float):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before listening")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {seconds:g} s")
+
+
+def members(groups) -> set[int]:
+    """The live processes of the given process groups (Linux ``ps``)."""
+    ps = subprocess.run(["ps", "-eo", "pid=,pgid=,stat="], capture_output=True,
+                        text=True).stdout
+    return {int(a) for a, b, st in (line.split()[:3] for line in ps.splitlines())
+            if int(b) in groups and not st.startswith("Z")}
+
+
+def listening(groups) -> list[str]:
+    """The TCP addresses that processes of the given process groups listen on (``ss``)."""
+    pids = members(groups)
+    ss = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    out = set()
+    for line in ss.splitlines():
+        owners = {int(x.split(",")[0]) for x in line.split("pid=")[1:]}
+        if owners & pids:
+            out.add(line.split()[3])
+    return sorted(out)
+
+
+def stop(procs, grace: float = 5.0):
+    """SIGTERM each process group, then SIGKILL what is left after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+
+
+def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0) -> dict:
+    """Start the SuperLink and ``nodes`` SuperNodes, ``flwr run`` the app with ``run_config``,
+    wait for its result file; always stop every process. Returns the ServerApp's result plus
+    the addresses the processes listened on and the seconds taken."""
+    from fedcf.flower import write_app
+
+    folder = Path(folder)
+    home = folder / "flwr_home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    link = free_port()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link}"\n'
+        "insecure = true\n")
+    result_path = folder / "result.json"
+    app = write_app(folder / "app", **{**run_config, "min-nodes": nodes,
+                                       "result-path": str(result_path)})
+    limit = ["timeout", "-s", "KILL", str(int(deadline) + 30)]
+    procs, t0 = [], time.monotonic()
+
+    def start(name, args):
+        log = open(folder / f"{name}.log", "w")
+        procs.append(subprocess.Popen(limit + args, stdout=log, stderr=subprocess.STDOUT,
+                                      env=env, cwd=folder, start_new_session=True))
+        return procs[-1]
+
+    try:
+        sl = start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1",
+                                 "--port", str(link), "--database", str(folder / "state.db"),
+                                 "--disable-runtime-dependency-installation"])
+        wait_port(link, sl, 60)
+        for k in range(nodes):
+            start(f"supernode{k}", [
+                "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}",
+                "--host", "127.0.0.1", "--port", str(free_port()),
+                "--node-config", f"partition-id={k} num-partitions={nodes}"])
+        run = subprocess.run(["flwr", "run", str(app), "local"], env=env, cwd=folder,
+                             capture_output=True, text=True, timeout=120)
+        if run.returncode != 0:
+            raise RuntimeError(f"flwr run failed ({run.returncode}): {run.stdout}{run.stderr}")
+        addresses = listening({p.pid for p in procs})
+        while not result_path.exists():
+            if time.monotonic() - t0 > deadline:
+                raise TimeoutError(f"no result after {deadline:g} s; logs in {folder}")
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"a Flower process exited early; logs in {folder}")
+            time.sleep(1)
+        result = json.loads(result_path.read_text())
+    finally:
+        stop(procs)
+    result.update(listening=addresses, deploy_seconds=time.monotonic() - t0,
+                  left_running=sorted(members({p.pid for p in procs})),
+                  flwr_run_output=run.stdout.strip().splitlines()[-1:])
+    return result
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dataset", default="synthetic", choices=["synthetic", "ml-100k", "file"])
+    ap.add_argument("--data-path", default="")
+    ap.add_argument("--deadline", type=float, default=300.0)
+    ap.add_argument("--folder", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    folder = Path(args.folder or tempfile.mkdtemp(prefix="fedcf_deploy_"))
+    params = {"n_factors": 8, "n_rounds": args.rounds, "clients_per_round": 10,
+              "random_state": 0}
+    config = {"dataset": args.dataset, "data-path": args.data_path,
+              "synthetic-users": 200, "synthetic-items": 60, "synthetic-ratings": 4000,
+              "fedcf-params": json.dumps(params), "model-path": str(folder / "model.npz")}
+    out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline)
+    text = json.dumps({k: v for k, v in out.items() if k != "history"}, indent=1)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,195 @@
+"""FedRecon through Flower's simulation engine vs the same FedReconMF fit in process.
+
+    python scripts/flower_simulation.py --json eval/results/flower.json          # ML-100K
+    python scripts/flower_simulation.py --dataset synthetic --quick               # smoke test
+
+Flower runs ``fedcf.flower``'s ServerApp and ClientApp on ``--partitions`` virtual SuperNodes,
+each holding a partition of the users (Flower's Ray backend). The same FedReconMF parameters are
+fitted in process on the same training users. Reported: whether the fitted item factors are
+identical bit for bit, federated ReconEval of both on the held-out users, bytes through Flower's
+messages per client per round against fedcf's own ``values_up``/``values_down`` accounting, and
+the fields every message carried (a recording client mod; no local parameter may appear).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ALLOWED = {  # record -> fields that may cross the wire (fedcf.flower.wire)
+    "global": {"Q", "b", "ids"}, "config": {"users", "clients", "params", "mu", "rating_scale",
+                                            "support", "seed"},
+    "upload": {"offsets", "items", "d_Q", "d_b", "weights", "losses", "clients"},
+    "users": {"users", "counts", "sums", "catalog"},
+    "recon": {"sse", "sae", "hits", "n", "users"},
+}
+
+
+def recorder(folder: str):
+    """A Flower client mod writing, per message in and out, its records' fields and shapes."""
+
+    def mod(msg, context, call_next):
+        reply = call_next(msg, context)
+        rows = []
+        for direction, m in (("down", msg), ("up", reply)):
+            if m.has_error():
+                rows.append({"dir": direction, "type": msg.metadata.message_type, "error": True})
+                continue
+            fields = {}
+            for name, rec in m.content.items():
+                fields[name] = {k: (list(v.shape) if hasattr(v, "shape") else type(v).__name__)
+                                for k, v in rec.items()}
+            rows.append({"dir": direction, "type": msg.metadata.message_type, "fields": fields})
+        with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+        return reply
+
+    return mod
+
+
+def check_messages(folder: Path) -> dict:
+    """Every recorded field is an allowed one; the count of messages by type and direction."""
+    seen, bad = {}, []
+    for file in folder.glob("*.jsonl"):
+        for line in file.read_text().splitlines():
+            r = json.loads(line)
+            key = f"{r['type']}/{r['dir']}"
+            seen[key] = seen.get(key, 0) + 1
+            for name, fields in r.get("fields", {}).items():
+                extra = set(fields) - ALLOWED.get(name, set())
+                if extra:
+                    bad.append(f"{key}: record {name!r} fields {sorted(extra)}")
+    return {"messages": seen, "unexpected_fields": bad}
+
+
+def simulate(args, params, data, folder) -> dict:
+    """The Flower run (Ray backend of Flower's simulation engine)."""
+    from flwr.simulation import run_simulation
+
+    from fedcf.flower import Settings, make_client_app, make_server_app
+
+    results = []
+    settings = Settings(params=params, eval_fraction=args.eval_fraction,
+                        min_nodes=args.partitions, model_path=str(folder / "flower_model.npz"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # run_simulation's deprecation note (flwr run is the CLI)
+        run_simulation(make_server_app(settings.check(), results.append),
+                       make_client_app([recorder(str(folder))], data=data),
+                       num_supernodes=args.partitions,
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                       "init_args": {"num_cpus": args.cpus,
+                                                     "include_dashboard": False}})
+    if not results:
+        raise RuntimeError("the Flower ServerApp did not finish; see the log above")
+    return results[0]
+
+
+def reference(args, params, data) -> tuple:
+    """The same fit in this process, on the same training users, and its federated ReconEval."""
+    from fedcf import FedReconMF
+    from fedcf.eval import federated_recon_eval
+    from fedcf.eval.splits import user_split_indices
+    from fedcf.flower.node import load_dataset
+
+    inter = load_dataset(data)
+    est = FedReconMF(**params)
+    f = args.eval_fraction
+    train, test = user_split_indices(inter.n_users, (1 - f, f), est._seed())
+    t0 = time.perf_counter()
+    est.fit(inter.subset_users(train))
+    seconds = time.perf_counter() - t0
+    return est, federated_recon_eval(est, inter.subset_users(test), seed=est._seed()), seconds
+
+
+def per_client_round(history, key) -> float:
+    """Mean of ``key`` per client asked to work (a node holding several asked users gets one
+    message for them all, so a deployment with one user per node pays ``per_message``)."""
+    asked = sum(r["clients_sampled"] - r["clients_dropped"] - r["clients_surplus"]
+                for r in history)
+    return float(sum(r[key] for r in history)) / max(asked, 1)
+
+
+def per_message(history, key) -> float:
+    return float(sum(r[key] for r in history)) / max(sum(r["flower_messages"] for r in history), 1)
+
+
+def run(args) -> dict:
+    from fedcf import FedReconMF
+
+    params = {"n_factors": args.factors, "n_rounds": args.rounds,
+              "clients_per_round": args.clients_per_round, "server_optimizer": "sgd",
+              "server_learning_rate": 1.0, "learning_rate": 0.1, "update_steps": 50,
+              "reconstruction": "als", "random_state": args.seed}
+    data = {"dataset": args.dataset, "data-path": args.data_path or ""}
+    if args.dataset == "synthetic":
+        data.update({"synthetic-users": 600, "synthetic-items": 120, "synthetic-ratings": 12_000,
+                     "synthetic-seed": 0})
+    folder = Path(tempfile.mkdtemp(prefix="fedcf_flower_"))
+    ref, ref_eval, ref_seconds = reference(args, params, data)
+    t0 = time.perf_counter()
+    res = simulate(args, params, data, folder)
+    flower_seconds = time.perf_counter() - t0
+    model = FedReconMF.load(res["model_path"])
+    hist = res["history"]
+    itemsize = np.dtype(params.get("dtype", "float32")).itemsize
+    return {
+        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "dataset": args.dataset, "partitions": args.partitions, "params": params,
+        "eval_fraction": args.eval_fraction,
+        "n_train_users": res["n_train_users"], "n_eval_users": res["n_eval_users"],
+        "identical_item_factors": bool(np.array_equal(model.item_factors_, ref.item_factors_)),
+        "identical_item_biases": bool(np.array_equal(model.item_biases_, ref.item_biases_)),
+        "max_abs_difference": float(np.max(np.abs(model.item_factors_.astype(np.float64)
+                                                  - ref.item_factors_))),
+        "flower_recon_eval": res["recon_eval"], "local_recon_eval": ref_eval,
+        "rmse_relative_difference": abs(res["recon_eval"]["rmse"] - ref_eval["rmse"])
+        / ref_eval["rmse"],
+        "bytes_down_per_client_round": per_client_round(hist, "flower_bytes_down"),
+        "bytes_up_per_client_round": per_client_round(hist, "flower_bytes_up"),
+        "values_down_per_client_round": per_client_round(hist, "values_down"),
+        "values_up_per_client_round": per_client_round(hist, "values_up"),
+        "bytes_down_per_message": per_message(hist, "flower_bytes_down"),
+        "bytes_up_per_message": per_message(hist, "flower_bytes_up"),
+        "clients_per_message": per_message(hist, "clients_used"),
+        "value_bytes": itemsize, "refusals": res["refusals"],
+        "flower_seconds": flower_seconds, "local_seconds": ref_seconds,
+        **check_messages(folder),
+    }
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default="ml-100k", choices=["ml-100k", "synthetic", "file"])
+    ap.add_argument("--data-path", default=None)
+    ap.add_argument("--partitions", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--clients-per-round", type=int, default=50)
+    ap.add_argument("--factors", type=int, default=20)
+    ap.add_argument("--eval-fraction", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpus", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="a small run (CI smoke test)")
+    ap.add_argument("--json", default=None, help="write the result here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.partitions, args.rounds, args.clients_per_round = 8, 3, 20
+    out = run(args)
+    text = json.dumps(out, indent=1)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,286 @@
+"""fedcf as a Flower app: the server loop over message-passing nodes gives the in-process
+FedReconMF bit for bit; bad replies are refused with a logged reason and the run goes on.
+
+Most tests run the real ClientApp and ServerApp code against an in-process grid (``FakeGrid``:
+Flower's Message and ClientApp objects, no network); test_flower_simulation runs Flower's
+simulation engine (Ray) on ML-100K, test_flower_deployment a SuperLink and SuperNodes."""
+
+import json
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from conftest import load_script  # noqa: E402
+from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from fedcf import FedReconMF  # noqa: E402
+from fedcf.eval import federated_recon_eval  # noqa: E402
+from fedcf.eval.splits import user_split_indices  # noqa: E402
+from fedcf.federated import TrimmedMean  # noqa: E402
+from fedcf.flower import Settings, make_client_app, serve, write_app  # noqa: E402
+from fedcf.flower.node import load_dataset  # noqa: E402
+from fedcf.flower.wire import UPLOAD_FIELDS, arrays  # noqa: E402
+
+DATA = {"dataset": "synthetic", "synthetic-users": 240, "synthetic-items": 50,
+        "synthetic-ratings": 4800, "synthetic-seed": 3}
+PARAMS = {"n_factors": 6, "n_rounds": 4, "clients_per_round": 30, "learning_rate": 0.1,
+          "random_state": 5}
+BIG = 2**63 + 11  # Flower node ids are uint64
+
+
+class FakeGrid:
+    """A Flower Grid in this process: each node is a ClientApp call with its own context.
+    ``tamper[node](message_type, reply) -> reply`` lets a test play a broken or hostile node;
+    ``log`` keeps every (type, direction, record -> fields) that crossed."""
+
+    def __init__(self, node_configs, run_config=None, tamper=None, app=None):
+        TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+        self.nodes = {BIG + k: cfg for k, cfg in enumerate(node_configs)}
+        self.run_config = dict(run_config or DATA)
+        self.tamper, self.log = tamper or {}, []
+        self.app = app or make_client_app()
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            node = int(msg.metadata.dst_node_id)
+            ctx = Context(1, node, self.nodes[node], RecordDict(), self.run_config)
+            reply = self.app(msg, ctx)
+            if node in self.tamper:
+                reply = self.tamper[node](msg, reply)
+            if reply is None:
+                continue  # the node never answers
+            for d, m in (("down", msg), ("up", reply)):
+                if not m.has_error():
+                    self.log.append((msg.metadata.message_type, d,
+                                     {k: sorted(r) for k, r in m.content.items()}))
+            replies.append(reply)
+        return replies
+
+
+def partitions(n):
+    return [{"partition-id": k, "num-partitions": n} for k in range(n)]
+
+
+def reference(params, eval_fraction=0.2):
+    inter = load_dataset(DATA)
+    est = FedReconMF(**params)
+    train, test = user_split_indices(inter.n_users, (1 - eval_fraction, eval_fraction),
+                                     est._seed())
+    est.fit(inter.subset_users(train))
+    return est, federated_recon_eval(est, inter.subset_users(test), seed=est._seed())
+
+
+def run(grid, tmp_path, params=PARAMS, **kw):
+    settings = Settings(params=dict(params), eval_fraction=0.2,
+                        model_path=str(tmp_path / "m.npz"), **kw).check()
+    res = serve(grid, settings)
+    return res, FedReconMF.load(res["model_path"])
+
+
+@pytest.mark.parametrize("aggregator", [None, {"name": "TrimmedMean", "beta": 0.1}])
+def test_same_model_as_in_process_fit(tmp_path, aggregator):
+    grid = FakeGrid(partitions(7))
+    res, model = run(grid, tmp_path, {**PARAMS, "aggregator": aggregator})
+    ref, ref_eval = reference({**PARAMS, "aggregator": aggregator and TrimmedMean(beta=0.1)})
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    np.testing.assert_array_equal(model.item_biases_, ref.item_biases_)
+    assert model.global_mean_ == ref.global_mean_
+    assert res["recon_eval"]["rmse"] == pytest.approx(ref_eval["rmse"], rel=1e-12)
+    assert res["recon_eval"]["n_ratings"] == ref_eval["n_ratings"] > 0
+    assert res["refusals"] == []
+    # the saved model is an ordinary FedReconMF: reconstruct / predict / recommend work
+    local = model.reconstruct(model.item_ids_[:5], [4.0, 3.0, 5.0, 2.0, 4.0])
+    assert np.isfinite(model.predict_local(local, model.item_ids_[5:9])).all()
+    assert len(model.recommend(model.item_ids_[:5], [4.0, 3.0, 5.0, 2.0, 4.0], n=3)) == 3
+    rec = res["history"][-1]
+    assert rec["flower_bytes_down"] > 4 * rec["values_down"] / rec["clients_sampled"]
+    assert rec["flower_messages"] <= 7
+
+
+def test_messages_carry_no_local_parameter(tmp_path):
+    grid = FakeGrid(partitions(3))
+    run(grid, tmp_path)
+    allowed = {"upload": sorted(UPLOAD_FIELDS),
+               "users": ["catalog", "counts", "sums", "users"],
+               "recon": ["hits", "n", "sae", "sse", "users"]}
+    kinds = set()
+    for kind, direction, records in grid.log:
+        kinds.add((kind, direction))
+        for name, fields in records.items():
+            if name == "config":
+                assert set(fields) <= {"users", "clients", "params", "mu", "rating_scale",
+                                       "support", "seed"}
+            elif name == "global":  # (evaluation messages have no round ids)
+                assert set(fields) in ({"Q", "b", "ids"}, {"Q", "b"}), (kind, direction)
+            else:
+                assert fields == allowed[name], (kind, direction, name)
+    assert {("train", "up"), ("evaluate", "up"), ("query", "up")} <= kinds
+
+
+def test_upload_rows_are_query_items_only(tmp_path):
+    """A client's upload has one row per item of its query set: the item ids it rated in the
+    query part, nothing about its embedding (the delta rows are item-row changes)."""
+    seen = []
+
+    def keep(msg, reply):
+        if msg.metadata.message_type == "train":
+            seen.append(reply.content["upload"]["d_Q"].numpy().shape)
+        return reply
+
+    run(FakeGrid(partitions(2), tamper={BIG: keep}), tmp_path)
+    assert seen and all(s[1] == PARAMS["n_factors"] for s in seen)
+
+
+def _replace_upload(field, value_fn):
+    def tamper(msg, reply):
+        if msg.metadata.message_type != "train":
+            return reply
+        rec = {k: v.numpy() for k, v in reply.content["upload"].items()}
+        rec[field] = value_fn(rec[field])
+        return Message(RecordDict({"upload": arrays(**rec)}), reply_to=msg)
+    return tamper
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (_replace_upload("d_Q", lambda a: a[:, :-1]), "d_Q has shape"),
+    (_replace_upload("items", lambda a: a + 10_000), "items must be integer ids"),
+    (_replace_upload("weights", lambda a: a * 2), "weights are not the query sizes"),
+    (_replace_upload("clients", lambda a: a[::-1] + 1), "answers for clients"),
+    (lambda msg, reply: Message(RecordDict({}), reply_to=msg)
+     if msg.metadata.message_type == "train" else reply, "no 'upload' record"),
+    (lambda msg, reply: None if msg.metadata.message_type == "train" else reply, "no reply"),
+])
+def test_bad_reply_is_refused_and_round_goes_on(tmp_path, caplog, tamper, reason):
+    grid = FakeGrid(partitions(4), tamper={BIG + 1: tamper})
+    with caplog.at_level(logging.WARNING, logger="fedcf.flower"):
+        res, model = run(grid, tmp_path)
+    refused = [r for r in res["refusals"] if r["stage"].startswith("round")]
+    assert refused and all(reason in r["reason"] and r["node"] == BIG + 1 for r in refused)
+    assert reason in caplog.text
+    assert len(res["history"]) == PARAMS["n_rounds"]
+    assert np.isfinite(model.item_factors_).all()
+    assert sum(r["flower_clients_refused"] for r in res["history"]) > 0
+
+
+def test_nan_from_a_client_is_left_out_and_logged(tmp_path):
+    grid = FakeGrid(partitions(4), tamper={BIG + 2: _replace_upload(
+        "d_Q", lambda a: np.full_like(a, np.nan))})
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        res, model = run(grid, tmp_path)
+    assert any("non-finite" in r["reason"] for r in res["refusals"])
+    assert sum(r["clients_nonfinite"] for r in res["history"]) > 0
+    assert np.isfinite(model.item_factors_).all()
+
+
+def test_node_without_partition_or_users_is_skipped(tmp_path):
+    configs = partitions(3) + [{}, {"partition-id": 9, "num-partitions": 3},
+                               {"partition-id": 0, "num-partitions": 3}]
+    res, model = run(FakeGrid(configs), tmp_path)
+    reasons = " | ".join(r["reason"] for r in res["refusals"])
+    assert "no 'partition-id'" in reasons and "partition-id=9 is not in [0" in reasons
+    assert "users another node holds" in reasons
+    assert res["n_nodes"] == 6 and res["n_train_users"] + res["n_eval_users"] == 240
+
+
+def test_empty_partition_and_bad_catalog_are_refused(tmp_path):
+    def other_catalog(msg, reply):
+        rec = {k: v.numpy() for k, v in reply.content["users"].items()}
+        rec["catalog"] = rec["catalog"][:-1]
+        return Message(RecordDict({"users": arrays(**rec)}), reply_to=msg)
+
+    configs = [{"partition-id": k, "num-partitions": 300} for k in (0, 1, 299)] + partitions(2)
+    grid = FakeGrid(configs, tamper={BIG + 1: other_catalog})
+    res, _ = run(grid, tmp_path)
+    reasons = " | ".join(r["reason"] for r in res["refusals"])
+    assert "holds no users" in reasons and "item catalog" in reasons
+
+
+def test_node_refuses_a_user_it_does_not_hold():
+    grid = FakeGrid(partitions(2))
+    glob = arrays(Q=np.zeros((50, 6), np.float32), b=np.zeros(50, np.float32),
+                  ids=np.zeros(2, np.uint64))
+    cfg = ConfigRecord({"users": [10**9], "clients": [0], "params": json.dumps(PARAMS),
+                        "mu": 3.0})
+    reply = grid.send_and_receive([Message(RecordDict({"global": glob, "config": cfg}), BIG,
+                                     "train")])[0]
+    assert reply.has_error() and "user 1000000000 is not held by this node" in reply.error.reason
+
+
+def test_no_node_or_bad_settings_fail_clearly(tmp_path):
+    with pytest.raises(RuntimeError, match="no Flower node connected"):
+        serve(FakeGrid([]), Settings(params=PARAMS, wait_seconds=0.2).check())
+    with pytest.raises(RuntimeError, match="no node answered the directory query"):
+        run(FakeGrid([{}]), tmp_path)
+    with pytest.raises(ValueError, match="not JSON"):
+        Settings.from_run_config({"fedcf-params": "{n_factors: 3"})
+    with pytest.raises(ValueError, match="unexpected keyword argument 'n_factor'"):
+        Settings(params={"n_factor": 3}).check()
+    with pytest.raises(ValueError, match="eval-fraction"):
+        Settings(eval_fraction=1.0).check()
+    with pytest.raises(ValueError, match="executor"):
+        Settings(params={"executor": "ray"}).check()
+    with pytest.raises(ValueError, match="aggregator name must be one of"):
+        Settings(params={"aggregator": {"name": "Mean"}}).check()
+    with pytest.raises(ValueError, match="n_factors"):
+        Settings(params={"n_factors": 0}).check()
+    s = Settings.from_run_config({"fedcf-params": json.dumps(PARAMS), "eval-fraction": 0.3,
+                                  "dataset": "synthetic", "model-path": ""})
+    assert s.eval_fraction == 0.3 and s.model_path is None and s.params["n_factors"] == 6
+
+
+def test_write_app_project(tmp_path):
+    d = write_app(tmp_path / "app", dataset="ml-100k", **{"fedcf-params": '{"a": "b\\"c"}',
+                                                           "min-nodes": 2, "flag": True})
+    import tomllib
+
+    conf = tomllib.loads((d / "pyproject.toml").read_text())
+    assert conf["tool"]["flwr"]["app"]["config"] == {
+        "dataset": "ml-100k", "fedcf-params": '{"a": "b\\"c"}', "min-nodes": 2, "flag": True}
+    assert conf["tool"]["flwr"]["app"]["components"]["clientapp"] == \
+        "fedcf_flower_app:client_app"
+    with pytest.raises(TypeError, match="run config 'x' must be str"):
+        write_app(tmp_path / "b", x=[1])
+
+
+@pytest.mark.network
+def test_flower_simulation_ml100k_matches_fedreconmf(tmp_path):
+    """Flower's simulation engine (Ray backend), 50 nodes holding ML-100K partitions, 20
+    rounds: the same model bit for bit as FedReconMF in process, and the same ReconEval."""
+    load_dataset({"dataset": "ml-100k"})  # skips the test when the data are unreachable
+    out = tmp_path / "flower.json"
+    proc = subprocess.run([sys.executable, str(load_script("flower_simulation").__file__),
+                           "--partitions", "50", "--rounds", "20", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["identical_item_factors"] and r["identical_item_biases"]
+    assert r["rmse_relative_difference"] < 1e-9
+    assert r["unexpected_fields"] == [] and r["refusals"] == []
+    assert r["messages"]["train/up"] >= 20 and r["messages"]["query/up"] == 50
+
+
+def test_flower_deployment_superlink_and_supernodes(tmp_path):
+    """A SuperLink and two SuperNodes as separate processes on 127.0.0.1, ``flwr run``: the
+    result is the in-process model, every socket is on loopback, every process is gone."""
+    deploy = load_script("flower_deploy")
+    params = {**PARAMS, "n_rounds": 2, "clients_per_round": 10}
+    config = {**DATA, "fedcf-params": json.dumps(params), "eval-fraction": 0.2,
+              "model-path": str(tmp_path / "deployed.npz")}
+    res = deploy.deploy(tmp_path / "run", nodes=2, run_config=config, deadline=240)
+    assert res["listening"] and all(a.startswith("127.0.0.1:") for a in res["listening"])
+    assert res["refusals"] == [] and res["n_nodes"] == 2
+    model = FedReconMF.load(res["model_path"])
+    ref, ref_eval = reference(params)
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    assert res["recon_eval"]["rmse"] == pytest.approx(ref_eval["rmse"], rel=1e-12)
+    assert res["left_running"] == []
