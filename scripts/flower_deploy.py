@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -124,6 +126,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0)
                 raise RuntimeError(f"a Flower process exited early; logs in {folder}")
             time.sleep(1)
         result = json.loads(result_path.read_text())
+        addresses = sorted(set(addresses) | set(listening({p.pid for p in procs})))
     finally:
         stop(procs)
     result.update(listening=addresses, deploy_seconds=time.monotonic() - t0,
@@ -136,23 +139,38 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients-per-round", type=int, default=20)
     ap.add_argument("--dataset", default="synthetic", choices=["synthetic", "ml-100k", "file"])
     ap.add_argument("--data-path", default="")
     ap.add_argument("--deadline", type=float, default=300.0)
     ap.add_argument("--folder", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    from fedcf import FedReconMF
+    from fedcf._provenance import run_meta, write_json
+    from fedcf.flower import fit_in_process
+
     folder = Path(args.folder or tempfile.mkdtemp(prefix="fedcf_deploy_"))
-    params = {"n_factors": 8, "n_rounds": args.rounds, "clients_per_round": 10,
-              "random_state": 0}
-    config = {"dataset": args.dataset, "data-path": args.data_path,
-              "synthetic-users": 200, "synthetic-items": 60, "synthetic-ratings": 4000,
-              "fedcf-params": json.dumps(params), "model-path": str(folder / "model.npz")}
+    params = {"n_factors": 20, "n_rounds": args.rounds, "clients_per_round":
+              args.clients_per_round, "learning_rate": 0.1, "random_state": 0}
+    data = {"dataset": args.dataset, "data-path": args.data_path, "synthetic-users": 200,
+            "synthetic-items": 60, "synthetic-ratings": 4000}
+    config = {**data, "fedcf-params": json.dumps(params), "eval-fraction": 0.1,
+              "model-path": str(folder / "model.npz")}
     out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline)
-    text = json.dumps({k: v for k, v in out.items() if k != "history"}, indent=1)
+    ref, ref_eval, _ = fit_in_process(params, data, 0.1)
+    model = FedReconMF.load(out["model_path"])
+    hist = out.pop("history")
+    out = {"meta": run_meta("flower_deploy.py", argv, packages=("flwr",)), "dataset":
+           args.dataset, "nodes": args.nodes, **out, "local_recon_eval": ref_eval,
+           "identical_item_factors": bool(np.array_equal(model.item_factors_,
+                                                         ref.item_factors_)),
+           "round_seconds": [r["seconds"] for r in hist],
+           "messages_per_round": [r["flower_messages"] for r in hist]}
+    out.pop("model_path")
     if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
+        write_json(args.json, out)
+    print(json.dumps(out, indent=1))
     return out
 
 

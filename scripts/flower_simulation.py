@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -93,23 +92,6 @@ def simulate(args, params, data, folder) -> dict:
     return results[0]
 
 
-def reference(args, params, data) -> tuple:
-    """The same fit in this process, on the same training users, and its federated ReconEval."""
-    from fedcf import FedReconMF
-    from fedcf.eval import federated_recon_eval
-    from fedcf.eval.splits import user_split_indices
-    from fedcf.flower.node import load_dataset
-
-    inter = load_dataset(data)
-    est = FedReconMF(**params)
-    f = args.eval_fraction
-    train, test = user_split_indices(inter.n_users, (1 - f, f), est._seed())
-    t0 = time.perf_counter()
-    est.fit(inter.subset_users(train))
-    seconds = time.perf_counter() - t0
-    return est, federated_recon_eval(est, inter.subset_users(test), seed=est._seed()), seconds
-
-
 def per_client_round(history, key) -> float:
     """Mean of ``key`` per client asked to work (a node holding several asked users gets one
     message for them all, so a deployment with one user per node pays ``per_message``)."""
@@ -134,7 +116,9 @@ def run(args) -> dict:
         data.update({"synthetic-users": 600, "synthetic-items": 120, "synthetic-ratings": 12_000,
                      "synthetic-seed": 0})
     folder = Path(tempfile.mkdtemp(prefix="fedcf_flower_"))
-    ref, ref_eval, ref_seconds = reference(args, params, data)
+    from fedcf.flower import fit_in_process
+
+    ref, ref_eval, ref_seconds = fit_in_process(params, data, args.eval_fraction)
     t0 = time.perf_counter()
     res = simulate(args, params, data, folder)
     flower_seconds = time.perf_counter() - t0
@@ -142,8 +126,6 @@ def run(args) -> dict:
     hist = res["history"]
     itemsize = np.dtype(params.get("dtype", "float32")).itemsize
     return {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
         "dataset": args.dataset, "partitions": args.partitions, "params": params,
         "eval_fraction": args.eval_fraction,
         "n_train_users": res["n_train_users"], "n_eval_users": res["n_eval_users"],
@@ -183,11 +165,12 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.quick:
         args.partitions, args.rounds, args.clients_per_round = 8, 3, 20
-    out = run(args)
-    text = json.dumps(out, indent=1)
+    from fedcf._provenance import run_meta, write_json
+
+    out = {"meta": run_meta("flower_simulation.py", argv, packages=("flwr", "ray")), **run(args)}
     if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
+        write_json(args.json, out)
+    print(json.dumps(out, indent=1))
     return out
 
 

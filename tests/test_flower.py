@@ -20,10 +20,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedcf import FedReconMF  # noqa: E402
-from fedcf.eval import federated_recon_eval  # noqa: E402
-from fedcf.eval.splits import user_split_indices  # noqa: E402
-from fedcf.federated import TrimmedMean  # noqa: E402
-from fedcf.flower import Settings, make_client_app, serve, write_app  # noqa: E402
+from fedcf.flower import Settings, fit_in_process, make_client_app, serve, write_app  # noqa: E402
 from fedcf.flower.node import load_dataset  # noqa: E402
 from fedcf.flower.wire import UPLOAD_FIELDS, arrays  # noqa: E402
 
@@ -72,12 +69,8 @@ def partitions(n):
 
 
 def reference(params, eval_fraction=0.2):
-    inter = load_dataset(DATA)
-    est = FedReconMF(**params)
-    train, test = user_split_indices(inter.n_users, (1 - eval_fraction, eval_fraction),
-                                     est._seed())
-    est.fit(inter.subset_users(train))
-    return est, federated_recon_eval(est, inter.subset_users(test), seed=est._seed())
+    model, evaluation, _ = fit_in_process(params, DATA, eval_fraction)
+    return model, evaluation
 
 
 def run(grid, tmp_path, params=PARAMS, **kw):
@@ -91,7 +84,7 @@ def run(grid, tmp_path, params=PARAMS, **kw):
 def test_same_model_as_in_process_fit(tmp_path, aggregator):
     grid = FakeGrid(partitions(7))
     res, model = run(grid, tmp_path, {**PARAMS, "aggregator": aggregator})
-    ref, ref_eval = reference({**PARAMS, "aggregator": aggregator and TrimmedMean(beta=0.1)})
+    ref, ref_eval = reference({**PARAMS, "aggregator": aggregator})
     np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
     np.testing.assert_array_equal(model.item_biases_, ref.item_biases_)
     assert model.global_mean_ == ref.global_mean_
@@ -233,16 +226,49 @@ def test_no_node_or_bad_settings_fail_clearly(tmp_path):
         Settings(params={"aggregator": {"name": "Mean"}}).check()
     with pytest.raises(ValueError, match="n_factors"):
         Settings(params={"n_factors": 0}).check()
+    from fedcf.federated import SecureAggregation
+
+    with pytest.raises(ValueError, match="would protect nothing"):
+        Settings(params={"aggregator": SecureAggregation()}).check()
     s = Settings.from_run_config({"fedcf-params": json.dumps(PARAMS), "eval-fraction": 0.3,
                                   "dataset": "synthetic", "model-path": ""})
     assert s.eval_fraction == 0.3 and s.model_path is None and s.params["n_factors"] == 6
 
 
+class Broken(FakeGrid):
+    """Loses the connection at the ``fail_at``-th training exchange."""
+
+    def __init__(self, *a, fail_at, **kw):
+        super().__init__(*a, **kw)
+        self.fail_at, self.trains = fail_at, 0
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == "train":
+            self.trains += 1
+            if self.trains == self.fail_at:
+                raise ConnectionError("SuperLink went away")
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_checkpoint_resume_and_periodic_eval(tmp_path):
+    """A server that dies mid-run resumes from its checkpoint to the uninterrupted model;
+    eval_every runs federated ReconEval into history_."""
+    params = {**PARAMS, "checkpoint_path": str(tmp_path / "ck.npz"), "checkpoint_every": 1,
+              "eval_every": 2}
+    with pytest.raises(ConnectionError, match="SuperLink went away"):
+        run(Broken(partitions(3), fail_at=3), tmp_path, params)
+    res, model = run(FakeGrid(partitions(3)), tmp_path, params)
+    ref, _ = reference({k: v for k, v in params.items() if k != "checkpoint_path"})
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    evals = [r["eval"]["rmse"] for r in res["history"] if "eval" in r]
+    assert len(evals) == 2 and np.isfinite(evals).all()
+
+
 def test_write_app_project(tmp_path):
     d = write_app(tmp_path / "app", dataset="ml-100k", **{"fedcf-params": '{"a": "b\\"c"}',
                                                            "min-nodes": 2, "flag": True})
-    import tomllib
-
+    tomllib = pytest.importorskip("tomllib")
     conf = tomllib.loads((d / "pyproject.toml").read_text())
     assert conf["tool"]["flwr"]["app"]["config"] == {
         "dataset": "ml-100k", "fedcf-params": '{"a": "b\\"c"}', "min-nodes": 2, "flag": True}

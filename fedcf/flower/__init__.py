@@ -6,11 +6,14 @@ ReconEval). The fitted model is an ordinary ``FedReconMF`` ``.npz``.
 - ``client_app`` / ``server_app``: the apps (``make_client_app`` / ``make_server_app`` build
   variants, e.g. with Flower mods or fixed settings);
 - ``write_app(directory, **run_config)``: the project ``flwr run`` takes;
+- ``fit_in_process``: the same fit without Flower (what a run must reproduce);
 - ``wire``: exactly what crosses the wire, and the checks of every reply.
 """
 
 from .app import client_app, make_client_app, make_server_app, server_app, write_app
+from .reference import fit_in_process
 from .server import Directory, FlowerExecutor, FlowerPopulation, Settings, serve
 
 __all__ = ["Directory", "FlowerExecutor", "FlowerPopulation", "Settings", "client_app",
+           "fit_in_process",
            "make_client_app", "make_server_app", "serve", "server_app", "write_app"]

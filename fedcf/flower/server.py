@@ -89,6 +89,10 @@ class Settings:
             if not float(getattr(self, key)) > 0:
                 raise ValueError(f"{key.replace('_', '-')} must be > 0 seconds")
         self.params = {**self.params, "aggregator": make_aggregator(self.params.get("aggregator"))}
+        if type(self.params["aggregator"]).__name__ == "SecureAggregation":
+            raise ValueError("aggregator=SecureAggregation simulates masking inside one process; "
+                             "in a Flower run the server receives every reply in the clear, so "
+                             "it would protect nothing. Use a plain, robust or DP aggregator")
         try:
             FedReconMF(**self.params)._check_params()  # names a bad parameter now, not mid-run
         except TypeError as e:
@@ -397,14 +401,17 @@ def serve(grid, settings: Settings) -> dict:
     mu = pop.value_stats()["mean"] if est.biases else 0.0
     pop.executor = FlowerExecutor(grid, directory, train, est, mu, settings.reply_timeout,
                                   refusals)
-    est.fit(pop)
+    evaluate = dict(seed=seed, support_fraction=settings.eval_support_fraction,
+                    timeout=settings.reply_timeout, refusals=refusals)
+    callback = None
+    if est.eval_every and len(test):  # federated ReconEval every eval_every rounds
+        def callback(model, done):
+            return federated_recon_eval(grid, directory, test, model, **evaluate)
+    est.fit(pop, callback=callback)
     result = {"n_nodes": len(nodes), "n_train_users": len(train), "n_eval_users": len(test),
               "n_items": len(directory.catalog), "params": json.loads(client_params(est))}
     if len(test):
-        result["recon_eval"] = federated_recon_eval(
-            grid, directory, test, est, seed=seed,
-            support_fraction=settings.eval_support_fraction, timeout=settings.reply_timeout,
-            refusals=refusals)
+        result["recon_eval"] = federated_recon_eval(grid, directory, test, est, **evaluate)
     if settings.model_path:
         result["model_path"] = str(est.save(settings.model_path))
     result.update(history=est.history_, refusals=refusals.items,

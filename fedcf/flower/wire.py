@@ -76,7 +76,11 @@ def client_params(est) -> str:
 
 
 def encode_upload(out: ClientOutputs) -> object:
-    return arrays(**{f: getattr(out, f) for f in UPLOAD_FIELDS})
+    """The upload record; item ids travel as int32 (a catalog below 2³¹ items)."""
+    fields = {f: getattr(out, f) for f in UPLOAD_FIELDS}
+    if len(out.items) and int(out.items.max()) < 2**31:
+        fields["items"] = out.items.astype(np.int32)
+    return arrays(**fields)
 
 
 def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray, weights: np.ndarray,
