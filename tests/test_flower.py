@@ -198,15 +198,34 @@ def test_empty_partition_and_bad_catalog_are_refused(tmp_path):
     assert "holds no users" in reasons and "item catalog" in reasons
 
 
-def test_node_refuses_a_user_it_does_not_hold():
+def _train_reply(users=(0,), clients=(0,), Q=(50, 6), dtype=np.float32, ids=2, params=None,
+                 kind="train"):
     grid = FakeGrid(partitions(2))
-    glob = arrays(Q=np.zeros((50, 6), np.float32), b=np.zeros(50, np.float32),
-                  ids=np.zeros(2, np.uint64))
-    cfg = ConfigRecord({"users": [10**9], "clients": [0], "params": json.dumps(PARAMS),
-                        "mu": 3.0})
-    reply = grid.send_and_receive([Message(RecordDict({"global": glob, "config": cfg}), BIG,
-                                     "train")])[0]
-    assert reply.has_error() and "user 1000000000 is not held by this node" in reply.error.reason
+    glob = arrays(Q=np.zeros(Q, dtype), b=np.zeros(Q[0], dtype), ids=np.zeros(ids, np.uint64))
+    cfg = ConfigRecord({"users": list(users), "clients": list(clients), "mu": 3.0,
+                        "params": json.dumps(PARAMS) if params is None else params,
+                        "rating_scale": [1.0, 5.0], "support": 0.5, "seed": 0})
+    return grid.send_and_receive([Message(RecordDict({"global": glob, "config": cfg}), BIG,
+                                          kind)])[0]
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"users": [10**9]}, "user 1000000000 is not held by this node"),
+    ({"Q": (49, 6)}, "this node's catalog and n_factors need Q (50, 6)"),
+    ({"Q": (50, 5)}, "need Q (50, 6)"),
+    ({"dtype": np.float64}, "dtype float64/float64, expected float32"),
+    ({"ids": 3}, "ids must be two integers"),
+    ({"users": [0, 2], "clients": [0, 0]}, "clients must be distinct"),
+    ({"clients": [-1]}, "clients must be distinct ids >= 0"),
+    ({"params": "{"}, "JSONDecodeError"),
+    ({"params": '{"n_factors": -1}'}, "n_factors"),
+    ({"Q": (49, 6), "kind": "evaluate"}, "need Q (50, 6)"),
+])
+def test_node_refuses_a_bad_message(kw, reason):
+    """A node answers a message it cannot serve with an error reply naming the problem (never a
+    crash inside a kernel)."""
+    reply = _train_reply(**kw)
+    assert reply.has_error() and reason in reply.error.reason, reply.error.reason
 
 
 def test_no_node_or_bad_settings_fail_clearly(tmp_path):

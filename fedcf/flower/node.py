@@ -105,12 +105,30 @@ def _rows(own: Interactions, raw_users) -> np.ndarray:
     return pos
 
 
+def global_model(own: Interactions, est, glob) -> tuple:
+    """(Q, b) of the message, checked against this node's catalog and the parameters (a wrong
+    shape would otherwise index past the arrays inside the kernels)."""
+    try:
+        Q, b = glob["Q"].numpy(), glob["b"].numpy()
+    except KeyError as e:
+        raise NodeDataError(f"the message's global record lacks {e}") from None
+    shape = (own.n_items, est.n_factors)
+    if Q.shape != shape or b.shape != shape[:1]:
+        raise NodeDataError(f"the message's model has Q {Q.shape} and b {b.shape}; this node's "
+                            f"catalog and n_factors need Q {shape} and b {shape[:1]}")
+    if Q.dtype != np.dtype(est.dtype) or b.dtype != Q.dtype:
+        raise NodeDataError(f"the message's model has dtype {Q.dtype}/{b.dtype}, expected "
+                            f"{np.dtype(est.dtype)}")
+    return Q, b
+
+
 def train(own: Interactions, config, glob) -> object:
     """FedRecon client work for the asked users: reconstruct, update, and the upload record."""
     rows = _rows(own, config["users"])
     clients = np.asarray(config["clients"], np.int64)
-    if len(clients) != len(rows) or (len(clients) and clients.min() < 0):
-        raise NodeDataError("the message's users and clients do not match")
+    if len(clients) != len(rows) or (len(clients) and clients.min() < 0) or \
+            len(np.unique(clients)) != len(clients):
+        raise NodeDataError("the message's clients must be distinct ids >= 0, one per user")
     est = FedReconMF(**json.loads(config["params"]))
     program = est._client_program(None, float(config["mu"]))
     sub = own.subset_users(rows)
@@ -125,8 +143,11 @@ def train(own: Interactions, config, glob) -> object:
     take = np.concatenate([np.arange(sub.indptr[r], sub.indptr[r + 1]) for r in order]) \
         if len(order) else np.zeros(0, np.int64)
     data = (indptr, sub.items[take], sub.values[take])
-    params = {"Q": glob["Q"].numpy(), "b": glob["b"].numpy()}
-    ids = glob["ids"].numpy().astype(np.uint64)
+    Q, b = global_model(own, est, glob)
+    ids = glob["ids"].numpy() if "ids" in glob else np.zeros(0)
+    if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):
+        raise NodeDataError("the message's ids must be two integers [seed, round]")
+    params, ids = {"Q": Q, "b": b}, ids.astype(np.uint64)
     out = LocalExecutor(program, data).run(Cohort(clients, len(clients), 0, 0), params, ids)
     return encode_upload(out)
 
@@ -136,7 +157,7 @@ def evaluate(own: Interactions, config, glob) -> dict:
     node reports sums over their query ratings (``eval.protocols.recon_sums``)."""
     rows = _rows(own, config["users"])
     est = FedReconMF(**json.loads(config["params"]))
-    est.item_factors_, est.item_biases_ = glob["Q"].numpy(), glob["b"].numpy()
+    est.item_factors_, est.item_biases_ = global_model(own, est, glob)
     est.global_mean_ = float(config["mu"])
     est.rating_scale_ = tuple(float(x) for x in config["rating_scale"])
     est.item_ids_, est.user_ids_ = own.item_ids, np.zeros(0, np.int64)

@@ -179,8 +179,11 @@ class Directory:
             try:
                 d = read_arrays(content, "users", DIRECTORY_FIELDS)
                 n = len(d["users"])
+                if not all(np.issubdtype(d[f].dtype, np.integer)
+                           for f in ("users", "counts", "catalog")):
+                    raise ReplyError("its users, counts and catalog must be integer arrays")
                 if d["counts"].shape != (n,) or d["sums"].shape != (n, 4) or \
-                        (n and d["counts"].min() < 1) or not np.isfinite(d["sums"][:, :2]).all():
+                        (n and d["counts"].min() < 1) or not np.isfinite(d["sums"]).all():
                     raise ReplyError("its users, counts and sums do not line up")
                 if n == 0:
                     raise ReplyError("it holds no users (an empty partition)")
