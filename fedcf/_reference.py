@@ -128,6 +128,36 @@ def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg):
     return out, out_bias
 
 
+def ridge_cg_rows(indptr, idx, vals, fixed, fixed_bias, cfg, steps, out, out_bias):
+    """Twin of ``als.ridge_cg_rows``: textbook conjugate gradient on each row's dense normal
+    equations, warm-started from (out, out_bias); returns new arrays."""
+    lam, lam0, offset = cfg[CFG_LAM], cfg[CFG_LAM0], cfg[CFG_OFFSET]
+    fit_bias = cfg[CFG_FIT_BIAS] != 0
+    P, c = np.array(out, np.float64), np.array(out_bias, np.float64)
+    for r in range(len(indptr) - 1):
+        s, e = indptr[r], indptr[r + 1]
+        Z = fixed[idx[s:e]].astype(np.float64)
+        if fit_bias:
+            Z = np.hstack([Z, np.ones((e - s, 1))])
+        x = np.r_[P[r], c[r]] if fit_bias else P[r].copy()
+        if e == s:
+            x[:] = 0.0
+        else:
+            A = Z.T @ Z + (lam * (e - s) + lam0) * np.eye(Z.shape[1])
+            res = Z.T @ (vals[s:e] - offset - fixed_bias[idx[s:e]]) - A @ x
+            p, rs = res.copy(), float(res @ res)
+            for _ in range(steps):
+                if rs == 0.0 or not float(p @ A @ p) > 0.0:
+                    break
+                alpha = rs / float(p @ A @ p)
+                x, res = x + alpha * p, res - alpha * (A @ p)
+                rs, rs_old = float(res @ res), rs
+                p = res + (rs / rs_old) * p
+        P[r] = x[:P.shape[1]]
+        c[r] = x[-1] if fit_bias else 0.0
+    return P, c
+
+
 def ridge_objective(idx, vals, fixed, fixed_bias, p, c, lam, lam0, offset):
     """The local objective ``ridge_solve_row`` minimises, at (p, c)."""
     e = np.asarray(vals) - offset - fixed_bias[idx] - c - fixed[idx].astype(np.float64) @ p

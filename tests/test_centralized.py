@@ -53,6 +53,20 @@ def test_recovers_low_rank_population(split, solver, kw):
     assert err < 0.75 * baseline, (err, baseline)
 
 
+def test_cg_solver_matches_cholesky_accuracy(split):
+    """als_solver='cg' (3 warm-started CG steps per row) reaches the exact solver's test RMSE
+    within 2 %, and cg_steps is validated."""
+    (train, test), _ = split
+    df = test.to_dataframe()
+    errs = {s: rmse(df.rating, CentralizedMF(n_factors=8, als_solver=s, random_state=0)
+                    .fit(train).predict(df)) for s in ("cholesky", "cg")}
+    assert errs["cg"] < 1.02 * errs["cholesky"], errs
+    with pytest.raises(ValueError, match="cg_steps"):
+        CentralizedMF(als_solver="cg", cg_steps=0).fit(train)
+    with pytest.raises(ValueError, match="als_solver must be one of"):
+        CentralizedMF(als_solver="lu").fit(train)
+
+
 def test_same_seed_same_model(split):
     (train, _), _ = split
     a = CentralizedMF(n_factors=4, solver="sgd", n_epochs=3, random_state=5).fit(train)

@@ -69,6 +69,45 @@ def test_ridge_rows_match_twin(dtype, fit_bias):
     assert np.all(out[empty] == 0) and np.all(ob[empty] == 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fit_bias", [True, False])
+@pytest.mark.parametrize("steps", [0, 1, 3])
+def test_ridge_cg_rows_match_twin(dtype, fit_bias, steps):
+    rng, indptr, idx, vals, Q, b = make_problem(1, dtype=dtype, dupes=True)
+    cfg = layout.ridge_cfg(0.1, 0.01, 3.2, fit_bias)
+    start = (rng.standard_normal((len(indptr) - 1, Q.shape[1])) * 0.1).astype(dtype)
+    start_b = (rng.standard_normal(len(indptr) - 1) * 0.1).astype(dtype)
+    out, ob = start.copy(), start_b.copy()
+    als.ridge_cg_rows(indptr, idx, vals, Q, b, cfg, steps, out, ob)
+    want, want_b = ref.ridge_cg_rows(indptr, idx, vals, Q, b, cfg, steps, start, start_b)
+    np.testing.assert_allclose(out, want, **tol(dtype))
+    np.testing.assert_allclose(ob, want_b, **tol(dtype))
+    empty = np.diff(indptr) == 0
+    assert np.all(out[empty] == 0) and np.all(ob[empty] == 0)
+
+
+def test_ridge_cg_converges_to_the_exact_solve():
+    """With d steps (d = K + 1 unknowns) CG is exact up to rounding; 3 warm steps already
+    lower each row's objective."""
+    _, indptr, idx, vals, Q, b = make_problem(2, dtype=np.float64, dupes=True)
+    cfg = layout.ridge_cfg(0.1, 0.01, 3.2, True)
+    n, K = len(indptr) - 1, Q.shape[1]
+    exact, exact_b = np.zeros((n, K)), np.zeros(n)
+    als.ridge_solve_rows(indptr, idx, vals, Q, b, cfg, exact, exact_b)
+    cg, cg_b = np.zeros((n, K)), np.zeros(n)
+    als.ridge_cg_rows(indptr, idx, vals, Q, b, cfg, 2 * (K + 1), cg, cg_b)
+    np.testing.assert_allclose(cg, exact, rtol=1e-8, atol=1e-8)
+    few, few_b = np.zeros((n, K)), np.zeros(n)
+    als.ridge_cg_rows(indptr, idx, vals, Q, b, cfg, 3, few, few_b)
+    for r in range(n):
+        s, e = indptr[r], indptr[r + 1]
+        if e > s:
+            def obj(p, c):
+                return ref.ridge_objective(idx[s:e], vals[s:e], Q, b, p, c, 0.1, 0.01, 3.2)
+            assert obj(exact[r], exact_b[r]) - 1e-9 <= obj(few[r], few_b[r]) <= obj(
+                np.zeros(K), 0.0) + 1e-9
+
+
 def test_ridge_one_rating_and_singular_systems():
     Q = np.array([[1.0, 0.0], [0.0, 1.0]])
     b = np.zeros(2)
@@ -201,13 +240,16 @@ def test_results_identical_with_one_and_two_threads():
             numba.set_num_threads(threads)
             o1, b1 = np.zeros((n, K), np.float32), np.zeros(n, np.float32)
             als.ridge_solve_rows(indptr, idx, vals, Q, b, layout.ridge_cfg(0.1, 0.0, 3.0, True), o1, b1)
+            o3, b3 = P.copy(), c.copy()
+            als.ridge_cg_rows(indptr, idx, vals, Q, b, layout.ridge_cfg(0.1, 0.0, 3.0, True), 3,
+                              o3, b3)
             o2, b2 = P.copy(), c.copy()
             sgd.sgd_reconstruct_rows(indptr, idx, vals, (Q, b), layout.sgd_hp(0.1, 0, 3, 5, 1, 3, True),
                                      layout.recon_init_cfg("uniform", 0.05), seeds_for(n), (o2, b2))
             out = (np.empty(nnz, np.int64), np.empty((nnz, K), np.float32), np.empty(nnz, np.float32))
             sgd.item_steps_rows(indptr, idx, vals, (Q, b), (P, c),
                                 layout.sgd_hp(0.5, 0, 3, 5, 1, 3, True), seeds_for(n), out)
-            results.append((o1, b1, o2, b2, *out))
+            results.append((o1, b1, o2, b2, o3, b3, *out))
     finally:
         numba.set_num_threads(before)
     for a, b_ in zip(*results):

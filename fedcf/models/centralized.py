@@ -8,7 +8,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 from tqdm.auto import tqdm
 
-from .._kernels.als import ridge_solve_rows
+from .._kernels.als import ridge_cg_rows, ridge_solve_rows
 from .._kernels.layout import ridge_cfg, sgd_epoch_cfg
 from .._kernels.predict import predict_pairs
 from .._kernels.sgd import sgd_epoch
@@ -27,6 +27,12 @@ class CentralizedMF(RatingScoreMixin, MFEstimatorBase):
     solver : {"als", "sgd"}
         "als": alternating exact ridge solves (per-rating regularization, ALS-WR);
         "sgd": classic per-rating SGD (Funk/Koren) in a fresh random order each epoch.
+    als_solver : {"cholesky", "cg"}
+        solver="als": each row's ridge system solved exactly (Cholesky), or approximately by
+        ``cg_steps`` conjugate-gradient steps warm-started from the row's current value (as
+        implicit's default solver; several times cheaper per epoch at K ≈ 50).
+    cg_steps : int >= 1
+        Conjugate-gradient steps per row and half-sweep (als_solver="cg").
     biases : bool
         Fit μ, item and user biases; False gives the plain p_u·q_i model of the paper.
     regularization : float
@@ -55,18 +61,22 @@ class CentralizedMF(RatingScoreMixin, MFEstimatorBase):
 
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
     _parameter_constraints = {
-        "n_factors": Int(1), "solver": Options("als", "sgd"), "biases": Bool(),
+        "n_factors": Int(1), "solver": Options("als", "sgd"),
+        "als_solver": Options("cholesky", "cg"), "cg_steps": Int(1, 10**4), "biases": Bool(),
         "regularization": Real(0.0), "n_epochs": Int(0, 10**7),
         "learning_rate": Real(0.0, low_open=True), "init_scale": Real(0.0, low_open=True),
         "rating_scale": RatingScale(), "dtype": Dtype(), "random_state": RandomState(),
         "verbose": Bool(),
     }
 
-    def __init__(self, n_factors=50, *, solver="als", biases=True, regularization=0.05,
-                 n_epochs=15, learning_rate=0.01, init_scale=0.1, rating_scale=None,
-                 dtype="float32", random_state=None, verbose=False):
+    def __init__(self, n_factors=50, *, solver="als", als_solver="cholesky", cg_steps=3,
+                 biases=True, regularization=0.05, n_epochs=15, learning_rate=0.01,
+                 init_scale=0.1, rating_scale=None, dtype="float32", random_state=None,
+                 verbose=False):
         self.n_factors = n_factors
         self.solver = solver
+        self.als_solver = als_solver
+        self.cg_steps = cg_steps
         self.biases = biases
         self.regularization = regularization
         self.n_epochs = n_epochs
@@ -76,6 +86,13 @@ class CentralizedMF(RatingScoreMixin, MFEstimatorBase):
         self.dtype = dtype
         self.random_state = random_state
         self.verbose = verbose
+
+    def _als_half(self, indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
+        """One ALS half-sweep: every row of the CSR solved against the frozen side."""
+        if self.als_solver == "cg":
+            ridge_cg_rows(indptr, idx, vals, fixed, fixed_bias, cfg, self.cg_steps, out, out_bias)
+        else:
+            ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias)
 
     @atomic_fit
     def fit(self, X, y=None, **data_kwargs):
@@ -113,8 +130,8 @@ class CentralizedMF(RatingScoreMixin, MFEstimatorBase):
             t0 = time.perf_counter()
             if self.solver == "als":
                 # users given items: target r − μ − b_i; items given users: target r − μ − c_u
-                ridge_solve_rows(inter.indptr, inter.items, inter.values, Q, b, cfg, P, c)
-                ridge_solve_rows(i_indptr, i_users, i_vals, P, c, cfg, Q, b)
+                self._als_half(inter.indptr, inter.items, inter.values, Q, b, cfg, P, c)
+                self._als_half(i_indptr, i_users, i_vals, P, c, cfg, Q, b)
                 pred = np.empty(inter.nnz)
                 predict_pairs(users, inter.items, (P, c), (Q, b), mu, pred)
                 sse = float(np.sum((inter.values - pred) ** 2))
