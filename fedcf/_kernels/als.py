@@ -107,6 +107,20 @@ def gram_upper(Zt, y, n, d, A, rhs):
 
 
 @njit(cache=True)
+def gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y):
+    """The row's design, transposed (Zt (d, n): columns z_j = [fixed[j]; 1 if d > K]), and its
+    targets y_j = r_j − offset − fixed_bias[j]."""
+    K, d = fixed.shape[1], Zt.shape[0]
+    for t in range(idx.shape[0]):
+        j = idx[t]
+        for a in range(K):
+            Zt[a, t] = fixed[j, a]
+        if d > K:
+            Zt[K, t] = 1.0
+        y[t] = vals[t] - cfg[CFG_OFFSET] - fixed_bias[j]
+
+
+@njit(cache=True)
 def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, buf):
     """Solve one row; returns d (= K + fit_bias) with the solution in rhs[:d]. Empty rows give 0.
 
@@ -124,13 +138,7 @@ def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, buf):
         return d
     Zt = buf[:d * n].reshape((d, n))
     y = buf[d * n:(d + 1) * n]
-    for t in range(n):
-        j = idx[t]
-        for a in range(K):
-            Zt[a, t] = fixed[j, a]
-        if fit_bias:
-            Zt[K, t] = 1.0
-        y[t] = vals[t] - cfg[CFG_OFFSET] - fixed_bias[j]
+    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y)
     gram_upper(Zt, y, n, d, A, rhs)
     for a in range(d):
         A[a, a] += reg
@@ -270,21 +278,15 @@ def cg_ridge_row(idx, vals, fixed, fixed_bias, cfg, steps, x, work, buf):
             x[a] = 0.0
         return
     Zt = buf[:d * n].reshape((d, n))
-    for t in range(n):
-        j = idx[t]
-        for a in range(K):
-            Zt[a, t] = fixed[j, a]
-        if d > K:
-            Zt[K, t] = 1.0
+    y = buf[d * n:(d + 1) * n]
+    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y)
     r, p, Ap, zp = work[:d], work[d:2 * d], work[2 * d:3 * d], work[3 * d:3 * d + n]
     normal_matvec(Zt, n, d, reg, x, Ap, zp)
-    for t in range(n):
-        zp[t] = vals[t] - cfg[CFG_OFFSET] - fixed_bias[idx[t]]
     rs = 0.0
-    for a in range(d):
+    for a in range(d):  # r = Z y − A x
         s = 0.0
         for t in range(n):
-            s += Zt[a, t] * zp[t]
+            s += Zt[a, t] * y[t]
         r[a] = s - Ap[a]
         p[a] = r[a]
         rs += r[a] * r[a]
