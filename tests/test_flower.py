@@ -239,6 +239,10 @@ def test_no_node_or_bad_settings_fail_clearly(tmp_path):
         Settings(params={"n_factor": 3}).check()
     with pytest.raises(ValueError, match="eval-fraction"):
         Settings(eval_fraction=1.0).check()
+    for bad in ({"min_nodes": "two"}, {"min_nodes": 1.5}, {"eval_fraction": float("nan")},
+                {"reply_timeout": True}):
+        with pytest.raises(TypeError, match=list(bad)[0].replace("_", "-")):
+            Settings(**bad).check()
     with pytest.raises(ValueError, match="executor"):
         Settings(params={"executor": "ray"}).check()
     with pytest.raises(ValueError, match="aggregator name must be one of"):

@@ -78,6 +78,13 @@ class Settings:
                 raise ValueError(f"fedcf-params {bad}={self.params[bad]!r} is not available in a "
                                  "Flower run (the nodes are the executor; hypergradients need "
                                  "a second message per round)")
+        for key, kind in (("eval_fraction", float), ("eval_support_fraction", float),
+                          ("min_nodes", int), ("wait_seconds", float), ("reply_timeout", float)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not np.isfinite(value) or (kind is int and value != int(value)):
+                raise TypeError(f"{key.replace('_', '-')} must be a finite {kind.__name__}, got "
+                                f"{value!r}")
         if not 0.0 <= float(self.eval_fraction) < 1.0:
             raise ValueError(f"eval-fraction must be in [0, 1), got {self.eval_fraction}")
         if not 0.0 < float(self.eval_support_fraction) < 1.0:
@@ -286,7 +293,8 @@ class FlowerExecutor:
     def run(self, cohort, params, ids) -> ClientOutputs:
         sent = self._messages(cohort, params, ids)
         msgs = [m for _, m in sent.values()]
-        down = sum(content_bytes(m.content) for m in msgs)
+        sizes = {}  # the shared global record is serialized once for the count, not per message
+        down = sum(content_bytes(m.content, sizes) for m in msgs)
         Q = params["Q"]
         parts, got, up = [], [], 0
         for node, content in exchange(self.grid, msgs, self.timeout, f"round {int(ids[1])}",

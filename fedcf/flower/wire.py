@@ -120,12 +120,18 @@ def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray, weights: n
                          a["losses"].astype(np.float64), None, clients)
 
 
-def content_bytes(content) -> int:
+def content_bytes(content, sizes: dict | None = None) -> int:
     """Bytes of a message's content as Flower ships it (its serialized objects), or, where that
-    internal API is missing, the records' own byte counts."""
+    internal API is missing, the records' own byte counts. ``sizes`` caches object sizes by
+    object id across the messages of a round (their global record is the same object)."""
+    sizes = {} if sizes is None else sizes
     try:
         from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-
-        return sum(len(o.deflate()) for o in get_all_nested_objects(content).values())
     except ImportError:  # pragma: no cover - another Flower version
         return sum(r.count_bytes() for r in content.values())
+    total = 0
+    for oid, obj in get_all_nested_objects(content).items():
+        if oid not in sizes:
+            sizes[oid] = len(obj.deflate())
+        total += sizes[oid]
+    return total
