@@ -83,3 +83,13 @@ IA_ALPHA, IA_LAM = range(2)
 
 def implicit_als_cfg(alpha, lam) -> np.ndarray:
     return np.array([float(alpha), float(lam)], dtype=np.float64)
+
+
+# ---------------------------------------------------------------- out-of-catalog items
+# [local item buckets B, row of the learned default in the global matrix (−1: none), ALS sweeps]
+OC_BUCKETS, OC_DEFAULT, OC_SWEEPS = range(3)
+
+
+def catalog_cfg(n_buckets: int, default_row: int, sweeps: int) -> np.ndarray:
+    """Local out-of-catalog rows, the learned default's row, alternating sweeps (catalog.py)."""
+    return np.array([n_buckets, default_row, sweeps], dtype=np.float64)
