@@ -4,6 +4,13 @@ Depends only on numpy, scipy and pandas.
 """
 
 from ._validation import DataValidationError
+from .features import (
+    ItemFeatures,
+    hash_buckets,
+    hashed_item_features,
+    movielens_item_features,
+    parse_movielens_items,
+)
 from .interactions import Interactions
 from .movielens import (
     VARIANTS,
@@ -36,6 +43,11 @@ __all__ = [
     "DataUnavailableError",
     "DataValidationError",
     "Interactions",
+    "ItemFeatures",
+    "hash_buckets",
+    "hashed_item_features",
+    "movielens_item_features",
+    "parse_movielens_items",
     "SyntheticPopulation",
     "SyntheticTruth",
     "clear_cache",

@@ -36,6 +36,8 @@ from .interactions import Interactions
 RECBOLE_WHEEL = "recbole==1.2.1"
 RECBOLE_MEMBER = "recbole/dataset_example/ml-100k/ml-100k.inter"
 RECBOLE_SHA256 = "4edb74e2a81178c2ba9ff381495f754f996c4aea351b1272ca36b43da0935eff"
+ITEM_MEMBER = "recbole/dataset_example/ml-100k/ml-100k.item"  # item side features
+ITEM_SHA256 = "51d7cdf777ce5c0f5b32c1d947a4a81fe07d75e78abbe761e0cd4d0756064532"
 
 # variant -> (zip url, member inside the zip, (n_ratings, n_users, n_items) or None)
 _GROUPLENS = {
@@ -197,7 +199,9 @@ def read_recbole_wheel(wheel: str | os.PathLike, verify: bool = True) -> bytes:
     return data
 
 
-def _pip_download_recbole(timeout: float = 300.0) -> bytes:
+def _pip_download_recbole(timeout: float = 300.0, item_folder: Path | None = None) -> bytes:
+    """The ratings member of the recbole wheel, fetched by pip; with ``item_folder`` its
+    ``ml-100k.item`` (checked) is also stored there."""
     with tempfile.TemporaryDirectory(prefix="fedcf-recbole-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "-q", "-d", tmp, RECBOLE_WHEEL]
@@ -212,7 +216,19 @@ def _pip_download_recbole(timeout: float = 300.0) -> bytes:
         wheels = list(Path(tmp).glob("recbole-*.whl"))
         if not wheels:
             raise DataUnavailableError(f"`pip download {RECBOLE_WHEEL}` produced no wheel")
+        if item_folder is not None:
+            _cache_item_member(wheels[0], Path(item_folder))
         return read_recbole_wheel(wheels[0])
+
+
+def _cache_item_member(wheel, folder: Path) -> None:
+    """Store the wheel's ``ml-100k.item`` in ``folder`` (checked against its sha256)."""
+    with zipfile.ZipFile(wheel) as zf:
+        data = zf.read(ITEM_MEMBER)
+    if sha256_bytes(data) != ITEM_SHA256:
+        raise DataUnavailableError(f"{wheel}: {ITEM_MEMBER} has sha256 {sha256_bytes(data)}, "
+                                   f"expected {ITEM_SHA256}")
+    _atomic_write(folder / "ml-100k.item", data)
 
 
 def _grouplens_download(variant: str, timeout: float = 30.0) -> bytes:
@@ -309,8 +325,8 @@ def fetch_movielens(variant: str = "100k", *, data_home_dir=None, download: bool
             failures.append(str(exc))
     if download and variant == "100k" and "pypi" in sources:
         try:
-            data = _pip_download_recbole()
             target = home / "movielens" / variant / "ml-100k.inter"
+            data = _pip_download_recbole(item_folder=target.parent)
             _atomic_write(target, data)
             return target
         except DataUnavailableError as exc:
