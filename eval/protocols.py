@@ -77,12 +77,12 @@ def recon_eval(model, users: Interactions, *, split: str = "random", support_fra
     """RECONEVAL: reconstruct each (unseen) user from a support part, score on the query part.
 
     Uses the model's own reconstruction (exact ridge, or its k_r SGD steps for FedReconMF with
-    reconstruction="sgd"). Users with an empty query part add nothing; query items the model
-    never saw are scored with the documented fallback (no item term).
+    reconstruction="sgd"; with out-of-catalog options, the user's local item rows too). Users
+    with an empty query part add nothing; query items the model never saw are scored with the
+    documented fallback (no item term) unless the model has UNK / adapter / local rows.
     """
     support, query = support_query_split(users, split, support_fraction, random_state)
-    P, c = model.reconstruct_users(support)
-    pred = model.predict_entries(query, P, c)
+    pred = model.recon_predict(support, query)
     return _report(model, query.user_ids[query.user_index()], query.values, pred, n_repeats,
                    random_state)
 
@@ -110,8 +110,7 @@ def recon_sums(model, users: Interactions, *, support_fraction: float = 0.5, see
     after reconstructing each user on its support set (``device_support_query_split``). The
     server adds the reports of all clients and calls ``finish_recon_sums``."""
     support, query = device_support_query_split(users, support_fraction, seed)
-    P, c = model.reconstruct_users(support)
-    pred = model.predict_entries(query, P, c)
+    pred = model.recon_predict(support, query)
     err = query.values - pred
     hit = np.abs(round_to_scale(pred, model.rating_scale_) - query.values) < 1e-9
     return {"sse": float(err @ err), "sae": float(np.abs(err).sum()), "hits": int(hit.sum()),

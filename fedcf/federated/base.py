@@ -64,6 +64,11 @@ class FederatedMFBase(MFEstimatorBase):
     rating_scale = None
 
     # ------------------------------------------------------------------ hooks
+    def _init_globals(self, inter, rng, dtype) -> dict:
+        """g(0): item factors uniform in ±init_scale, zero item biases."""
+        Q = rng.uniform(-self.init_scale, self.init_scale, (inter.n_items, self.n_factors))
+        return {"Q": Q.astype(dtype), "b": np.zeros(inter.n_items, dtype)}
+
     def _init_local_state(self, inter, rng, dtype):
         return None
 
@@ -215,8 +220,7 @@ class FederatedMFBase(MFEstimatorBase):
         dtype, K, seed = np.dtype(self.dtype), self.n_factors, self._seed()
         self._check_memory(inter, dtype)
         rng = np.random.default_rng([seed, 0xC0FFEE])
-        Q = rng.uniform(-self.init_scale, self.init_scale, (inter.n_items, K)).astype(dtype)
-        params = {"Q": Q, "b": np.zeros(inter.n_items, dtype)}
+        params = self._init_globals(inter, rng, dtype)
         local = self._init_local_state(inter, rng, dtype)
         stats = inter.value_stats()
         mu = stats["mean"] if self.biases else 0.0
@@ -240,7 +244,7 @@ class FederatedMFBase(MFEstimatorBase):
                   executor=self._make_executor(program, data, local),
                   aggregator=self._make_aggregator().bind(
                       {"n_eligible": len(eligible), "clients_per_round": self.clients_per_round,
-                       "n_rounds": self.n_rounds, "n_items": inter.n_items, "n_factors": K,
+                       "n_rounds": self.n_rounds, "n_items": len(params["b"]), "n_factors": K,
                        "seed": seed, "biases": bool(self.biases),
                        "eligible_weights": program.layout(counts[eligible])[0]}),
                   hyperparams=self._round_hyperparams(),

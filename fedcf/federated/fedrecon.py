@@ -15,6 +15,7 @@ from .._kernels.sgd import sgd_reconstruct_rows
 from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
 from ..models.base import RatingScoreMixin
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
+from .catalog import CATALOG_ARRAYS, CATALOG_CONSTRAINTS, CatalogMixin
 from .hyper import HYPER_CONSTRAINTS
 
 
@@ -46,7 +47,7 @@ class FedReconProgram:
         return losses, jvp
 
 
-class FedReconMF(RatingScoreMixin, FederatedMFBase):
+class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
     """Federated Reconstruction for biased matrix factorization (Singhal et al. 2021, Alg. 1).
 
     Global: item factors Q, item biases b (and the global mean μ). Local: the user's factors p and
@@ -125,8 +126,28 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         them (validation clients, as in the paper's appendix A.2) reports the derivatives, so the
         hyperparameters follow the loss of users the model has not fitted — what ReconEval
         measures. 0 uses the round's own training cohort (the paper's parallel form).
+    catalog : None, float in (0, 1] or list of raw item ids
+        The items with global rows: all training items (None), the most popular share of them
+        (by training interactions), or this list. Other items are *out of catalog* and scored
+        by the options below (without any: μ + c_u, no item term). See ``catalog.py``.
+    local_item_buckets : int >= 1 or None
+        B hashed local rows (raw item id → bucket) of out-of-catalog items: local parameters,
+        reconstructed with the user's embedding from the support set, never uploaded
+        (FedRecon §5.1.2; B = 1 is a personal "unknown item" row).
+    unknown_item_row : bool, default False
+        One shared global UNK row for out-of-catalog items (with item features: the adapter's
+        intercept).
+    learned_default : bool, default False
+        Learn a global default (p₀, c₀) of the local parameters: the prior mean of the ridge
+        reconstruction and the start of SGD reconstruction.
+    local_item_sweeps : int, default 3
+        Alternating exact solves (user, then local rows) of ALS reconstruction with local rows.
     random_state : int, RandomState or None
     verbose : bool, default False
+
+    ``fit(X, item_features=...)`` (``fedcf.datasets.ItemFeatures``, a DataFrame indexed by raw
+    item id, or an (item_ids, matrix) pair) adds a global linear adapter: an out-of-catalog
+    item's row is Σ x_f · W_f (plus its local row) — OOV expansion.
 
     Attributes
     ----------
@@ -146,6 +167,10 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         learned hyperparameters their values and hypergradients.
     learned_hyperparams_ : dict
         The final learned values (only with ``learn_hyperparams``).
+    adapter_factors_, adapter_biases_ : ndarray
+        With out-of-catalog options: the UNK row and one row per item feature.
+    default_params_ : ndarray (K + 1,) or None
+        The learned default [p₀; c₀].
     """
 
     _recon_lam_attr = "recon_regularization"
@@ -156,8 +181,11 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         "reconstruction": Options("als", "sgd"), "recon_steps": Int(0, 10**9),
         "recon_epochs": Int(1, 10**6), "recon_learning_rate": Real(0.0, low_open=True),
         "recon_init": Options("uniform", "zeros"), "recon_regularization": NoneOr(Real(0.0)),
-        "joint": Bool(), **HYPER_CONSTRAINTS,
+        "joint": Bool(), **HYPER_CONSTRAINTS, **CATALOG_CONSTRAINTS,
+        "local_item_buckets": NoneOr(Int(1, 2**31 - 1)), "unknown_item_row": Bool(),
+        "learned_default": Bool(), "local_item_sweeps": Int(1, 1000),
     }
+    _saved_arrays = (*FederatedMFBase._saved_arrays, *CATALOG_ARRAYS)
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
                  server_optimizer="sgd", server_learning_rate=1.0, server_optimizer_options=None,
@@ -169,8 +197,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
                  joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, executor=None, learn_hyperparams=None,
                  hyper_learning_rate=0.01, hyper_optimizer="adam", hyper_holdout=0.1,
-                 random_state=None,
-                 verbose=False):
+                 catalog=None, local_item_buckets=None, unknown_item_row=False,
+                 learned_default=False, local_item_sweeps=3, random_state=None, verbose=False):
         self.n_factors = n_factors
         self.biases = biases
         self.n_rounds = n_rounds
@@ -208,6 +236,11 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         self.hyper_learning_rate = hyper_learning_rate
         self.hyper_optimizer = hyper_optimizer
         self.hyper_holdout = hyper_holdout
+        self.catalog = catalog
+        self.local_item_buckets = local_item_buckets
+        self.unknown_item_row = unknown_item_row
+        self.learned_default = learned_default
+        self.local_item_sweeps = local_item_sweeps
         self.random_state = random_state
         self.verbose = verbose
 
@@ -228,6 +261,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
                       self.recon_epochs, mu, self.biases)
 
     def _client_program(self, inter, mu):
+        if self._catalog_active():
+            return self._catalog_program(inter, mu)
         cfg = client_cfg(self.split, self.support_fraction, self.reconstruction, self.recon_init,
                          self.init_scale, self._recon_lam(), self._recon_lam0())
         return FedReconProgram(cfg, self._recon_hp(mu), self._update_hp(mu, self.joint))

@@ -277,6 +277,12 @@ class MFEstimatorBase(BaseEstimator):
                       (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
         return self._clip(out, clip)
 
+    def recon_predict(self, support: Interactions, query: Interactions, *, clip: bool = True):
+        """Reconstruct each user of ``support`` and predict the entries of ``query`` (same users,
+        same order; e.g. the parts of ``support_query_split``) — ReconEval's step."""
+        P, c = self.reconstruct_users(support)
+        return self.predict_entries(query, P, c, clip=clip)
+
     def predict_local(self, local: LocalParams, items, *, clip: bool = True) -> np.ndarray:
         """Predicted ratings of a reconstructed user (``reconstruct``'s result) on raw items
         (unknown items: μ + c_u)."""
@@ -387,7 +393,8 @@ class MFEstimatorBase(BaseEstimator):
         meta = {
             "format_version": FORMAT_VERSION,
             "class": type(self).__name__,
-            "params": {k: (str(v) if isinstance(v, (np.dtype, type, os.PathLike)) else v)
+            "params": {k: (str(v) if isinstance(v, (np.dtype, type, os.PathLike)) else
+                           v.tolist() if isinstance(v, np.ndarray) else v)
                        for k, v in params.items()},
             "global_mean": float(self.global_mean_),
             "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
