@@ -1,0 +1,317 @@
+"""Out-of-catalog items (FedRecon §5.1.2, OOV expansion): the catalog kernel against its NumPy
+twin, local rows that never leave the device, the estimator API, and bad input."""
+
+import numba
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+from conftest import load_script
+from fedcf import FedReconMF
+from fedcf import _reference as ref
+from fedcf._kernels import catalog as kc
+from fedcf._kernels.layout import catalog_cfg, client_cfg, sgd_hp
+from fedcf._kernels.rng import stream_key
+from fedcf.datasets import (
+    DataValidationError,
+    ItemFeatures,
+    hash_buckets,
+    hashed_item_features,
+    movielens_item_features,
+)
+from fedcf.eval import recon_eval, support_query_split, user_split
+from fedcf.federated.catalog import CatalogLocalParams
+
+FIT = dict(n_factors=4, n_rounds=6, clients_per_round=40, learning_rate=0.1, random_state=3)
+
+
+# ---------------------------------------------------------------------- kernel vs twin
+def item_map(rng, C, F, O, B):
+    """Catalog items 0..C-1 (own row), then O items with 0..F random feature rows and a bucket."""
+    rptr, rows, coef, bucket = [0], [], [], []
+    for j in range(C):
+        rows.append(j)
+        coef.append(1.0)
+        rptr.append(len(rows))
+        bucket.append(-1)
+    for _ in range(O):
+        f = rng.choice(F, size=rng.integers(0, F + 1), replace=False)
+        rows += list(C + f)
+        coef += list(rng.uniform(0.5, 1.5, len(f)))
+        rptr.append(len(rows))
+        bucket.append(int(rng.integers(0, B)) if B else -1)
+    return (np.array(rptr, np.int64), np.array(rows, np.int64), np.array(coef),
+            np.array(bucket, np.int64))
+
+
+def one_client(recon, default, biases, B=3, threads=None):
+    rng = np.random.default_rng(0)
+    K, C, F, O = 4, 6, 3, 5
+    R = C + F + int(default)
+    G, gb = rng.normal(0, 0.3, (R, K)), rng.normal(0, 0.1, R)
+    imap = item_map(rng, C, F, O, B)
+    n = 9
+    items, vals = rng.integers(0, C + O, n).astype(np.int32), rng.integers(1, 6, n).astype(float)
+    cfg = client_cfg("random", 0.5, recon, "uniform", 0.05, 0.1, 1e-3)
+    cc = catalog_cfg(B, R - 1 if default else -1, 3)
+    rhp, uhp = sgd_hp(0.1, 0.01, 2, 5, 1, 3.0, biases), sgd_hp(0.2, 0.01, 2, 4, 1, 3.0, biases)
+    slots = n * 3 + 1
+    out = (np.array([0, slots], np.int64), np.empty(slots, np.int64), np.empty((slots, K)),
+           np.empty(slots), np.full(1, np.nan))
+    kc.catalog_clients((np.array([0, n], np.int64), items, vals), np.array([0], np.int64),
+                       (G, gb), imap, cfg, cc, rhp, uhp, np.array([7, 3], np.uint64), out)
+    st = ref.Stream(stream_key(7, 3, 0))
+    perm = np.arange(n)
+    st.shuffle(perm)
+    ns = int(np.ceil(n * 0.5 - 1e-9))
+    twin = ref.catalog_client(items[perm[:ns]], vals[perm[:ns]], items[perm[ns:]],
+                              vals[perm[ns:]], G, gb, imap, cfg, cc, rhp, uhp, st)
+    return out, twin, R
+
+
+@pytest.mark.parametrize("recon", ["als", "sgd"])
+@pytest.mark.parametrize("default", [True, False])
+@pytest.mark.parametrize("biases", [True, False])
+def test_catalog_kernel_matches_twin(recon, default, biases):
+    out, (loss, rows, dG, dgb), R = one_client(recon, default, biases)
+    keep = out[1] >= 0
+    assert out[4][0] == pytest.approx(loss, abs=1e-12)
+    np.testing.assert_array_equal(out[1][keep], rows)
+    np.testing.assert_allclose(out[2][keep], dG, atol=1e-12)
+    np.testing.assert_allclose(out[3][keep], dgb, atol=1e-12)
+    assert out[1].max() < R  # only global rows: the local rows have no slot to go to
+    if default:  # the learned default's delta comes last
+        assert out[1][keep][-1] == R - 1
+
+
+def test_default_step_is_the_query_loss_gradient():
+    """The learned default's delta is −lr ∂(query loss)/∂(p₀, c₀) through the ridge solve
+    (central finite differences of the twin's reconstruction + query loss)."""
+    rng = np.random.default_rng(1)
+    K, C = 3, 5
+    G, gb = rng.normal(0, 0.4, (C + 1, K)), rng.normal(0, 0.1, C + 1)
+    imap = item_map(rng, C, 1, 0, 0)
+    cfg = client_cfg("random", 0.5, "als", "zeros", 0.0, 0.3, 1e-3)
+    cc = catalog_cfg(0, C, 1)
+    s_items, s_vals = np.array([0, 1, 2]), np.array([4.0, 2.0, 5.0])
+    q_items, q_vals = np.array([3, 4]), np.array([3.0, 1.0])
+    uhp = sgd_hp(0.2, 0.0, 5, 0, 1, 3.0, True)
+
+    def query_loss(x0):
+        G2, gb2 = G.copy(), gb.copy()
+        G2[C], gb2[C] = x0[:K], x0[K]
+        x, lb, V, dv, _ = ref.catalog_reconstruct(s_items, s_vals, G2, gb2, imap, cfg, cc, uhp,
+                                                  None)
+        return np.mean((q_vals - ref.catalog_predict(q_items, x, lb, V, dv, G2, gb2, imap,
+                                                     3.0)) ** 2)
+
+    _, rows, dG, dgb = ref.catalog_client(s_items, s_vals, q_items, q_vals, G, gb, imap, cfg,
+                                          cc, uhp, uhp, None)
+    x0, h = np.append(G[C], gb[C]), 1e-6
+    num = [(query_loss(x0 + h * e) - query_loss(x0 - h * e)) / (2 * h) for e in np.eye(K + 1)]
+    assert rows[-1] == C
+    np.testing.assert_allclose(np.append(dG[-1], dgb[-1]), -0.2 * np.array(num), rtol=1e-5,
+                               atol=1e-9)
+
+
+def test_catalog_kernel_is_thread_independent():
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = one_client("sgd", True, True)[0]
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        two = one_client("sgd", True, True)[0]
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------- estimator
+@pytest.fixture(scope="module")
+def data(small_population):
+    inter, _ = small_population
+    train, _, test = user_split(inter, (0.8, 0.1, 0.1), random_state=0)
+    rng = np.random.default_rng(0)
+    feats = ItemFeatures.coerce(pd.DataFrame(rng.integers(0, 2, (inter.n_items, 5)) * 1.0,
+                                             index=inter.item_ids,
+                                             columns=[f"tag{k}" for k in range(5)]))
+    return train, test, feats
+
+
+def test_full_catalog_is_fedrecon(data):
+    """catalog=1.0 runs the catalog kernel with every item a global row: the same model as
+    FedReconMF's own kernel (same streams, same steps), up to the float32 Gram rounding of the
+    latter (it accumulates in the factors' dtype, the catalog kernel in float64)."""
+    train = data[0]
+    plain = FedReconMF(**FIT).fit(train)
+    full = FedReconMF(**FIT, catalog=1.0).fit(train)
+    np.testing.assert_allclose(plain.item_factors_, full.item_factors_, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(plain.item_biases_, full.item_biases_, rtol=1e-5, atol=1e-7)
+
+
+def test_out_of_catalog_options(data, tmp_path):
+    train, test, feats = data
+    m = FedReconMF(**FIT, catalog=0.3, unknown_item_row=True, local_item_buckets=7,
+                   learned_default=True).fit(train, item_features=feats)
+    C = int(np.ceil(0.3 * train.n_items))
+    assert m.item_factors_.shape == (C, 4) and m.adapter_factors_.shape == (6, 4)
+    assert m.default_params_.shape == (5,) and np.abs(m.default_params_).max() > 0
+    popular = np.argsort(-np.bincount(train.items, minlength=train.n_items), kind="stable")[:C]
+    assert set(m.item_ids_) == set(train.item_ids[popular])
+    # an out-of-catalog item gets an item term (UNK + adapter), not the fallback
+    out_item = next(i for i in train.item_ids if i not in set(m.item_ids_))
+    local = m.reconstruct([m.item_ids_[0], out_item], [5.0, 1.0])
+    assert isinstance(local, CatalogLocalParams) and len(local.buckets) == 1
+    assert local.buckets[0] == hash_buckets([out_item], 7)[0]
+    plain_local = CatalogLocalParams(local.factors, local.bias)
+    assert m.predict_local(local, [out_item])[0] != m.predict_local(plain_local, [out_item])[0]
+    rec = m.recommend([m.item_ids_[0]], [5.0], n=5, extra_items=[out_item, "brand-new"])
+    assert len(rec) == 5 and m.item_ids_[0] not in set(rec["item"])
+    full = m.recommend([m.item_ids_[0]], [5.0], n=C + 2, extra_items=[out_item, "brand-new"])
+    assert {out_item, "brand-new"} <= set(full["item"])
+    # evaluation, finetuning, and a saved model that predicts the same
+    r = recon_eval(m, test, n_repeats=2)
+    assert np.isfinite(r["rmse"])
+    sup, qry = support_query_split(test, "random", 0.5, 0)
+    assert not np.array_equal(m.recon_predict(sup, qry), m.recon_predict(sup, qry, finetune="all"))
+    pairs = pd.DataFrame({"user": [train.user_ids[0]] * 2, "item": [m.item_ids_[0], out_item]})
+    back = FedReconMF.load(m.save(tmp_path / "m"))
+    np.testing.assert_array_equal(back.predict_local(local, [out_item, m.item_ids_[1]]),
+                                  m.predict_local(local, [out_item, m.item_ids_[1]]))
+    assert np.isfinite(m.predict(pairs)).all()
+
+
+def test_predict_for_seen_users_uses_their_local_rows(data):
+    train = data[0]
+    m = FedReconMF(**FIT, catalog=0.3, local_item_buckets=3).fit(train)
+    u = train.user_ids[0]
+    items = train.item_ids[train.items[train.indptr[0]:train.indptr[1]]]
+    ratings = train.values[train.indptr[0]:train.indptr[1]]
+    direct = m.predict_local(m.reconstruct(items, ratings), items)
+    assert np.all(np.isfinite(m.predict(pd.DataFrame({"user": [u] * len(items), "item": items}))))
+    assert direct.shape == (len(items),)
+
+
+def test_learned_default_starts_users_without_ratings(data):
+    train, test, _ = data
+    m = FedReconMF(**FIT, catalog=0.5, learned_default=True).fit(train)
+    K = m.n_factors
+    p0, c0 = m.default_params_[:K], m.default_params_[K]
+    local = m.reconstruct([], [])
+    np.testing.assert_allclose(local.factors, p0, rtol=1e-5, atol=1e-7)
+    assert local.bias == pytest.approx(c0, abs=1e-6)
+
+
+# ---------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("params, match", [
+    ({"local_item_buckets": 0}, "local_item_buckets must be >= 1"),
+    ({"local_item_buckets": -3}, "local_item_buckets must be >= 1"),
+    ({"local_item_buckets": 2.5}, "local_item_buckets must be an integer"),
+    ({"catalog": 0.0}, r"catalog as a share .* \(0, 1\]"),
+    ({"catalog": 1.5}, r"catalog as a share .* \(0, 1\]"),
+    ({"catalog": [1, 2, 1]}, "appears twice"),
+    ({"catalog": []}, "at least one raw item id"),
+    ({"catalog": "abc"}, "catalog must be None"),
+    ({"catalog": 0.5, "joint": True}, "joint=True is not available"),
+    ({"local_item_sweeps": 0}, "local_item_sweeps must be >= 1"),
+])
+def test_bad_parameters(data, params, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        FedReconMF(**{**FIT, **params}).fit(data[0])
+
+
+def test_bad_item_features(data):
+    train, _, feats = data
+    ids = feats.item_ids
+    m = FedReconMF(**FIT, catalog=0.5)
+    with pytest.raises(DataValidationError, match="rows but there are"):
+        m.fit(train, item_features=(ids, np.ones((len(ids) - 1, 2))))
+    bad = np.ones((len(ids), 2))
+    bad[4, 1] = np.nan
+    with pytest.raises(DataValidationError, match=f"item {ids[4]} has a non-finite"):
+        m.fit(train, item_features=(ids, bad))
+    with pytest.raises(DataValidationError, match="appears twice"):
+        m.fit(train, item_features=(np.r_[ids[:-1], ids[0]], np.ones((len(ids), 2))))
+    with pytest.raises(DataValidationError, match="column 'genre' is not numeric"):
+        m.fit(train, item_features=pd.DataFrame({"genre": ["x"] * len(ids)}, index=ids))
+    with pytest.raises(TypeError, match="item_features must be"):
+        m.fit(train, item_features=[1, 2, 3])
+    assert not hasattr(m, "item_factors_")  # nothing half-fitted was left behind
+
+
+def test_bad_calls_on_a_fitted_model(data):
+    train, test, _ = data
+    m = FedReconMF(**FIT, catalog=0.5).fit(train)
+    sup, qry = support_query_split(test, "random", 0.5, 0)
+    with pytest.raises(ValueError, match="finetune must be"):
+        m.recon_predict(sup, qry, finetune="some")
+    with pytest.raises(ValueError, match="same users"):
+        m.recon_predict(sup.subset_users(np.arange(3)), qry)
+    with pytest.raises(DataValidationError, match="mismatched lengths"):
+        m.reconstruct([1, 2], [3.0])
+    with pytest.raises(DataValidationError, match="non-finite"):
+        m.reconstruct([1, 2], [3.0, np.inf])
+    plain = FedReconMF(**FIT).fit(train)
+    with pytest.raises(ValueError, match="extra_items needs"):
+        plain.recommend([train.item_ids[0]], extra_items=[5])
+    with pytest.raises(ValueError, match="finetune needs"):
+        plain.recon_predict(sup, qry, finetune="all")
+
+
+# ---------------------------------------------------------------------- features, benchmark
+ITEM_FILE = ("item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n"
+             "1\tToy Story\t1995\tAnimation Children's Comedy\n"
+             "2\tThe Story of Us\t1999\tComedy Drama\n"
+             "3\tNo Year\t\tDrama\n")
+
+
+def test_movielens_item_features_from_a_local_file(tmp_path):
+    path = tmp_path / "ml-100k.item"
+    path.write_text(ITEM_FILE, encoding="latin-1")
+    f = movielens_item_features(path=path, min_word_items=2)
+    assert list(f.item_ids) == [1, 2, 3]
+    names = list(f.names)
+    assert {"genre:Comedy", "genre:Children's", "decade:1990", "word:story"} <= set(names)
+    row = f.matrix[0].toarray()[0]
+    genres = [names.index(g) for g in ("genre:Animation", "genre:Children's", "genre:Comedy")]
+    np.testing.assert_allclose(row[genres], 1 / np.sqrt(3))
+    assert f.matrix[2, names.index("genre:Drama")] == 1.0  # no year: no decade feature
+    (tmp_path / "bad.item").write_text("user_id:token\n1\t2\n")
+    with pytest.raises(DataValidationError, match="header should start"):
+        movielens_item_features(path=tmp_path / "bad.item")
+    (tmp_path / "short.item").write_text(ITEM_FILE + "4\tonly two\n")
+    with pytest.raises(DataValidationError, match="line 5 has 2 fields"):
+        movielens_item_features(path=tmp_path / "short.item")
+
+
+def test_hashed_features_and_buckets():
+    assert np.array_equal(hash_buckets([7, "7", 8], 1000)[:2], hash_buckets(["7", 7], 1000))
+    f = hashed_item_features(np.arange(50), 8)
+    assert f.matrix.shape == (50, 8) and np.all(f.matrix.sum(axis=1) == 1)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="n_buckets must be a positive integer"):
+            hash_buckets([1], bad)
+
+
+def test_item_features_accepts_sparse_and_refuses_2d_ids():
+    f = ItemFeatures.coerce((np.array(["a", "b"]), sp.eye(2, format="coo")))
+    assert f.n_features == 2 and list(f.rows_of(["b", "z"])) == [1, -1]
+    with pytest.raises(DataValidationError, match="must be 1-D"):
+        ItemFeatures.coerce((np.array([["a"], ["b"]]), np.eye(2)))
+
+
+def test_benchmark_script_runs_small(tmp_path):
+    bench = load_script("out_of_catalog_benchmark")
+    out = tmp_path / "oc.json"
+    bench.main(["--json", str(out), "--datasets", "expression", "--catalogs", "0.25",
+                "--seeds", "1", "--rounds", "3", "--expression-users", "300"])
+    import json
+
+    doc = json.loads(out.read_text())
+    names = {r["method"] for r in doc["rows"]}
+    assert len(names) == len(bench.methods()) + 1
+    row = next(r for r in doc["rows"] if r["method"] == "FedRecon, 500 local rows")
+    assert row["values_up_per_client"] > 0 and 0 <= row["coverage"] <= 1
+    assert row["out_of_catalog"]["n"] + row["in_catalog"]["n"] == row["all"]["n"]
