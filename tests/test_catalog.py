@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
-
 from conftest import load_script
+
 from fedcf import FedReconMF
 from fedcf import _reference as ref
 from fedcf._kernels import catalog as kc
