@@ -616,6 +616,133 @@ def fill_blocks(text: str, blocks: dict) -> str:
                   flags=re.S)
 
 
+# ---------------------------------------------------------------------- CATALOG.md
+def _catalog_means(doc):
+    """{(dataset, catalog, method): mean over seeds of the row's fields (and SDs)}."""
+    groups = {}
+    for r in doc["rows"]:
+        groups.setdefault((r["dataset"], r["catalog"], r["method"]), []).append(r)
+
+    def mean(rows, *path):
+        vals = [_dig(r, path) for r in rows]
+        vals = [v for v in vals if v is not None]
+        return (float(np.mean(vals)), float(np.std(vals))) if vals else (None, None)
+
+    out = {}
+    for key, rows in groups.items():
+        out[key] = {f: mean(rows, *f.split(".")) for f in (
+            "all.rmse", "all.accuracy", "in_catalog.rmse", "out_of_catalog.rmse",
+            "out_of_catalog_recurring.rmse", "few_support_rmse", "coverage", "device_params",
+            "values_up_per_client")}
+        out[key]["n_seeds"] = len(rows)
+    return out
+
+
+def _dig(r, path):
+    for p in path:
+        r = r.get(p) if isinstance(r, dict) else None
+    return r
+
+
+def _f(v, digits=4):
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def catalog_table(means, dataset, catalog) -> str:
+    rows = [(m, v) for (d, c, m), v in means.items() if d == dataset and c in (catalog, 1.0)]
+    return table(["method", "RMSE all", "± sd", "accuracy", "RMSE in catalog",
+                  "RMSE out of catalog", "RMSE out, recurring", "RMSE ≤ few support",
+                  "coverage", "values on device", "values up / client / round"],
+                 [(m, _f(v["all.rmse"][0]), _f(v["all.rmse"][1]), pct(v["all.accuracy"][0]),
+                   _f(v["in_catalog.rmse"][0]), _f(v["out_of_catalog.rmse"][0]),
+                   _f(v["out_of_catalog_recurring.rmse"][0]), _f(v["few_support_rmse"][0]),
+                   pct(v["coverage"][0]), f"{v['device_params'][0]:,.0f}",
+                   f"{v['values_up_per_client'][0]:,.0f}") for m, v in rows])
+
+
+def _paired(doc, d, c, a, b, field, strict=True):
+    """Per-seed comparison of method a against b (lower is better): "met" when a is better in
+    every seed (or no worse, when not strict), "within noise" when only on average."""
+    def vals(m, cat):
+        rows = sorted((r for r in doc["rows"] if r["dataset"] == d and r["catalog"] == cat
+                       and r["method"] == m), key=lambda r: r["seed"])
+        return np.array([_dig(r, field.split(".")) for r in rows], float)
+
+    va, vb = vals(a, c), vals(b, 1.0 if b.startswith("oracle") else c)
+    diff = va - vb
+    ok = diff < 0 if strict else diff <= 0
+    verdict = "met" if ok.all() else "within noise" if diff.mean() < 0 else "**missed**"
+    return verdict, f"{_f(va.mean())} vs {_f(vb.mean())} ({int(ok.sum())} of {len(ok)} seeds)"
+
+
+def catalog_targets(doc, means, datasets, catalogs) -> str:
+    out_f, few = "out_of_catalog.rmse", "few_support_rmse"
+    lines = []
+    for d in datasets:
+        for c in catalogs:
+            at = f"{d}, {pct(c, 0)}"
+            for b in (100, 500):
+                lines.append((f"{at}: {b} local rows beat UNK out of catalog",
+                              *_paired(doc, d, c, f"FedRecon, {b} local rows",
+                                       "UNK (one global row)", out_f)))
+            checks = [("UNK beats the fallback out of catalog", "UNK (one global row)",
+                       "fallback (no item term)", out_f, True),
+                      ("OOV expansion beats 100 hashed local rows out of catalog",
+                       "OOV expansion (adapter)", "FedRecon, 100 local rows", out_f, True),
+                      ("FedRecon + finetune at least as good as FedRecon (500 local rows)",
+                       "FedRecon + finetune (500 local rows)", "FedRecon, 500 local rows",
+                       "all.rmse", False),
+                      (f"learned default helps users with ≤ {doc['few_support']} support "
+                       "ratings", "UNK, learned default", "UNK (one global row)", few, True)]
+            lines += [(f"{at}: {text}", *_paired(doc, d, c, a, b, f, strict))
+                      for text, a, b, f, strict in checks]
+        if 0.25 in catalogs:
+            def g(m, cat=0.25):
+                return means[(d, cat, m)]["all.rmse"][0]
+            fb, orc = g("fallback (no item term)"), g("oracle (full catalog)", 1.0)
+            best = min((g(f"FedRecon, {b} local rows"), b) for b in (1, 10, 100, 500))
+            closed = (fb - best[0]) / (fb - orc) if fb > orc else float("nan")
+            lines.append((f"{d}, 25 %: local rows close ≥ half the fallback → oracle gap",
+                          _verdict(closed >= 0.5), f"closed {pct(closed, 0)} (best: B = "
+                          f"{best[1]}, RMSE {_f(best[0])}; fallback {_f(fb)}; oracle {_f(orc)})"))
+    return table(["target", "result", "measured (RMSE, mean over seeds)"], lines)
+
+
+def _verdict(ok) -> str:
+    return "met" if ok else "**missed**"
+
+
+def catalog_values(doc) -> dict:
+    means = _catalog_means(doc)
+    s = doc["settings"]
+    datasets = list(dict.fromkeys(r["dataset"] for r in doc["rows"]))
+    catalogs = sorted({r["catalog"] for r in doc["rows"] if r["catalog"] < 1.0})
+    tables = "\n\n".join(f"### {d}, catalog = the most popular {pct(c, 0)} of training items"
+                          f"\n\n{catalog_table(means, d, c)}" for d in datasets
+                          for c in catalogs)
+    return {"provenance": provenance(doc["meta"], "out_of_catalog.json"),
+            "settings": (f"K = {s['factors']}, {s['rounds']} rounds × {s['clients']} clients, "
+                         f"client learning rate {s['learning_rate']}, exact (ALS) "
+                         f"reconstruction, {s['seeds']} seeds; ≤ {doc['few_support']} support "
+                         f"ratings for the few-support column; {doc['hashed_rows']} global hashed "
+                         "rows for the finetuning baselines"),
+            "tables": tables, "targets": catalog_targets(doc, means, datasets, catalogs)}
+
+
+def catalog_block(doc) -> str:
+    means = _catalog_means(doc)
+    keep = ("fallback (no item term)", "UNK (one global row)", "FedRecon, 1 local rows",
+            "FedRecon, 500 local rows", "OOV expansion (adapter)", "oracle (full catalog)")
+    rows = []
+    for (d, c, m), v in means.items():
+        if m in keep and c in (0.25, 1.0):
+            rows.append((d, m, _f(v["all.rmse"][0]), _f(v["out_of_catalog.rmse"][0]),
+                         pct(v["coverage"][0]), f"{v['values_up_per_client'][0]:,.0f}"))
+    return (table(["data", "method (catalog: 25 % of items)", "RMSE", "RMSE out of catalog",
+                   "coverage", "values up / client / round"], rows)
+            + f"\n\n{provenance(doc['meta'], 'out_of_catalog.json')}")
+
+
 # ---------------------------------------------------------------------- all documents
 def documents() -> dict[Path, str]:
     paper, cold = load("movielens_paper.json"), load("movielens_paper_cold.json")
@@ -640,6 +767,9 @@ def documents() -> dict[Path, str]:
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json"))})}
            if privacy else {}),
+        **({ROOT / "eval" / "CATALOG.md": render((TEMPLATES / "CATALOG.md").read_text(),
+                                                  catalog_values(load("out_of_catalog.json")))}
+           if load("out_of_catalog.json") else {}),
         **({ROOT / "eval" / "SCALE.md": render((TEMPLATES / "SCALE.md").read_text(),
                                                 scale_values(load("ray_scale.json")))}
            if load("ray_scale.json") else {}),
@@ -649,7 +779,9 @@ def documents() -> dict[Path, str]:
             **({"ray": scale_summary(load("ray_scale.json"))} if load("ray_scale.json")
                else {}),
             **({"flower": flower_block(load("flower.json"), load("flower_deploy.json"))}
-               if load("flower.json") else {})}),
+               if load("flower.json") else {}),
+            **({"catalog": catalog_block(load("out_of_catalog.json"))}
+               if load("out_of_catalog.json") else {})}),
     }
 
 

@@ -1,0 +1,216 @@
+#!/usr/bin/env python
+"""Items outside the global catalog: the recommender analogue of FedRecon's Table 2 (local OOV
+embeddings, finetuning) and of OOV expansion's Table 1.
+
+The global catalog is cut to the most popular share of the training items (by interactions);
+every method is trained with FedReconMF on the training users and evaluated by ReconEval on unseen
+test users: each reconstructs from a support set and is scored on a query set, split into
+in-catalog and out-of-catalog entries.
+
+Datasets: ML-100K (users 80/10/10; a test user's ratings split half/half at random; item features:
+genres, decade, title words from ``ml-100k.item``) and the expression simulator
+(``fedcf.eval.simulation``; a rating is the user's reaction score on each expression they share,
+clip(round(3 + 1.2 z + ε)) with z their standardized true affinity and ε ~ N(0, 0.5²); support =
+a test user's first period of shares, query = a second period, so a favourite expression recurs;
+item features: its type and four content tags, the signs of its first latent coordinates).
+
+    python scripts/out_of_catalog_benchmark.py --json eval/results/out_of_catalog.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import pandas as pd
+
+from fedcf import FedReconMF
+from fedcf._provenance import run_meta, write_json
+from fedcf.datasets import (
+    Interactions,
+    ItemFeatures,
+    hash_buckets,
+    hashed_item_features,
+    load_movielens,
+    movielens_item_features,
+)
+from fedcf.eval import support_query_split, user_split
+from fedcf.eval.metrics import rating_metrics
+from fedcf.eval.simulation import make_expression_population
+
+FEW = 3  # "few support ratings": the learned default is measured with at most this many
+HASHED = 500  # global hashed rows of the finetuning baselines (the paper's 500 OOV)
+
+
+def methods():
+    """(name, FedReconMF parameters, item features: None | "features" | "hashed", finetune)."""
+    rows = [("fallback (no item term)", {}, None, None),
+            ("UNK (one global row)", {"unknown_item_row": True}, None, None)]
+    rows += [(f"FedRecon, {b} local rows", {"local_item_buckets": b}, None, None)
+             for b in (1, 10, 100, 500)]
+    rows += [("FedRecon, UNK + 500 local rows", {"unknown_item_row": True,
+                                                  "local_item_buckets": 500}, None, None),
+             ("OOV expansion (adapter)", {"unknown_item_row": True}, "features", None),
+             ("OOV expansion + 100 local rows", {"unknown_item_row": True,
+                                                 "local_item_buckets": 100}, "features", None),
+             (f"OOV finetuning ({HASHED} global hashed rows)", {}, "hashed", "adapter"),
+             (f"full finetuning ({HASHED} global hashed rows)", {}, "hashed", "all"),
+             ("FedRecon + finetune (500 local rows)", {"local_item_buckets": 500}, None, "all"),
+             ("UNK, learned default", {"unknown_item_row": True, "learned_default": True}, None,
+              None)]
+    return rows
+
+
+# ---------------------------------------------------------------------- data
+def movielens(seed):
+    inter = load_movielens("100k")
+    train, _, test = user_split(inter, (0.8, 0.1, 0.1), random_state=seed)
+    support, query = support_query_split(test, "random", 0.5, seed)
+    return train, support, query, movielens_item_features(), inter.item_ids
+
+
+def expression_ratings(pop, users, seed):
+    """One period of shares of ``users`` with a reaction score each (see the module doc)."""
+    u, i = pop.sample_shares(users, pop.activity[users], random_state=seed)
+    key = np.unique(u * pop.n_items + i)
+    u, i = key // pop.n_items, key % pop.n_items
+    z = pop.affinity(u, i) - pop.log_popularity[i]
+    z = (z - z.mean()) / z.std()
+    rng = np.random.default_rng([seed, 7])
+    return u, i, np.clip(np.round(3 + 1.2 * z + rng.normal(0, 0.5, len(z))), 1, 5)
+
+
+def expression(seed, n_users=3000):
+    pop = make_expression_population(n_users, {"gif": 1500, "sticker": 1000, "emoji_kitchen": 300},
+                                     mean_shares=40, random_state=seed)
+    order = np.random.default_rng(seed).permutation(n_users)
+    tr, te = np.sort(order[:int(0.8 * n_users)]), np.sort(order[int(0.9 * n_users):])
+    items = np.arange(pop.n_items)
+
+    def inter(users, s):
+        u, i, r = expression_ratings(pop, users, s)
+        return Interactions.from_arrays(u, i, r, user_catalog=users, item_catalog=items)
+
+    both = np.intersect1d(np.unique(expression_ratings(pop, te, seed + 1)[0]),
+                          np.unique(expression_ratings(pop, te, seed + 2)[0]))
+    tags = np.column_stack([np.eye(len(pop.type_names))[pop.item_type] / 1.0,
+                            (pop.item_factors[:, :4] > 0) / 2.0])
+    feats = ItemFeatures.coerce((items, tags))
+    return inter(tr, seed), inter(both, seed + 1), inter(both, seed + 2), feats, items
+
+
+# ---------------------------------------------------------------------- metrics
+def split_metrics(y, pred, mask, scale):
+    if not mask.any():
+        return {"rmse": None, "accuracy": None, "n": 0}
+    m = rating_metrics(y[mask], pred[mask], scale)
+    return {"rmse": m["rmse"], "accuracy": m["accuracy"], "n": int(mask.sum())}
+
+
+def coverage(model, support, query, in_cat):
+    """Share of query entries scored with a learned item term: in the catalog, or outside it
+    with UNK / an adapter row / the user's reconstructed local row of the item's bucket."""
+    raw = query.item_ids[query.items]
+    covered = in_cat.copy()
+    if model.unknown_item_row:
+        covered[:] = True
+    feats = model._features()
+    if feats is not None:
+        rows = feats.rows_of(raw)
+        nnz = np.diff(feats.matrix.indptr)
+        covered |= (rows >= 0) & (nnz[np.maximum(rows, 0)] > 0)
+    B = model.local_item_buckets
+    if B:
+        s_raw = support.item_ids[support.items]
+        s_out = pd.Index(model.item_ids_).get_indexer(pd.Index(s_raw)) < 0
+        held = set(zip(support.user_index()[s_out], hash_buckets(s_raw[s_out], B)))
+        q_bk = hash_buckets(raw, B)
+        covered |= ~in_cat & np.array([(u, b) in held for u, b in zip(query.user_index(), q_bk)])
+    return float(covered.mean())
+
+
+def few_support(support, k=FEW):
+    """The support cut to each user's first k entries."""
+    rank = np.arange(support.nnz) - np.repeat(support.indptr[:-1], np.diff(support.indptr))
+    return support.take(rank < k)
+
+
+def recurring(support, query):
+    """Query entries whose (user, raw item) is also in the support set."""
+    seen = set(zip(support.user_ids[support.user_index()], support.item_ids[support.items]))
+    return np.array([(u, i) in seen for u, i in zip(query.user_ids[query.user_index()],
+                                                    query.item_ids[query.items])], bool)
+
+
+def evaluate(model, support, query, finetune):
+    pred = model.recon_predict(support, query, finetune=finetune)
+    y, scale = query.values, model.rating_scale_
+    in_cat = pd.Index(model.item_ids_).get_indexer(pd.Index(query.item_ids[query.items])) >= 0
+    again = recurring(support, query)
+    few = model.recon_predict(few_support(support), query, finetune=finetune)
+    hist = model.history_
+    K = model.n_factors
+    adapter = getattr(model, "adapter_biases_", None)
+    n_global = len(model.item_biases_) + (0 if adapter is None else len(adapter)) + \
+        int(model.learned_default)
+    return {"all": split_metrics(y, pred, np.ones(len(y), bool), scale),
+            "in_catalog": split_metrics(y, pred, in_cat, scale),
+            "out_of_catalog": split_metrics(y, pred, ~in_cat, scale),
+            "out_of_catalog_recurring": split_metrics(y, pred, ~in_cat & again, scale),
+            "few_support_rmse": rating_metrics(y, few, scale)["rmse"],
+            "coverage": coverage(model, support, query, in_cat),
+            "device_params": n_global * (K + 1) + 1 + (K + 1) * (1 + (model.local_item_buckets
+                                                                      or 0)),
+            "values_up_per_client": float(np.mean([h["values_up"] / max(h["clients_used"], 1)
+                                                   for h in hist])),
+            "values_down_per_client": n_global * (K + 1) + 1}
+
+
+# ---------------------------------------------------------------------- runs
+def run_one(data, name, params, feats_kind, finetune, catalog, common, seed):
+    train, support, query, feats, all_items = data
+    fk = {"features": feats, "hashed": hashed_item_features(all_items, HASHED),
+          None: None}[feats_kind]
+    t0 = time.perf_counter()
+    model = FedReconMF(**common, **params, catalog=catalog, random_state=seed).fit(
+        train, item_features=fk)
+    fit_s = time.perf_counter() - t0
+    return {"method": name, "catalog": catalog, "seed": seed, "fit_seconds": fit_s,
+            **evaluate(model, support, query, finetune)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--datasets", nargs="+", default=["ml-100k", "expression"],
+                    choices=["ml-100k", "expression"])
+    ap.add_argument("--catalogs", nargs="+", type=float, default=[0.1, 0.25, 0.5])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--factors", type=int, default=20)
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--expression-users", type=int, default=3000)
+    args = ap.parse_args(argv)
+    common = dict(n_factors=args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
+                  learning_rate=0.1)
+    rows = []
+    for ds in args.datasets:
+        for seed in range(args.seeds):
+            data = movielens(seed) if ds == "ml-100k" else expression(seed, args.expression_users)
+            todo = [("oracle (full catalog)", {}, None, None, 1.0)] + \
+                [(*m, c) for c in args.catalogs for m in methods()]
+            for name, params, fk, ft, cat in todo:
+                r = run_one(data, name, params, fk, ft, cat, common, seed)
+                rows.append({"dataset": ds, **r})
+                print(f"{ds} seed {seed} catalog {cat:.2f} {name:45s} RMSE all "
+                      f"{r['all']['rmse']:.4f} out {r['out_of_catalog']['rmse'] or 0:.4f} "
+                      f"few {r['few_support_rmse']:.4f}", flush=True)
+    meta = run_meta("out_of_catalog_benchmark.py", argv)
+    write_json(args.json, {"meta": meta, "settings": {**common, **vars(args)},
+                           "few_support": FEW, "hashed_rows": HASHED, "rows": rows})
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
