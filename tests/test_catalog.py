@@ -204,6 +204,24 @@ def test_learned_default_starts_users_without_ratings(data):
     assert local.bias == pytest.approx(c0, abs=1e-6)
 
 
+@pytest.mark.parametrize("extra", [
+    {"reconstruction": "sgd", "recon_steps": 5},
+    {"aggregator": "trimmed"},
+    {"aggregator": "dp"},
+])
+def test_catalog_runs_with_sgd_reconstruction_and_other_aggregators(data, extra):
+    from fedcf.federated import DPGaussianMean, TrimmedMean
+
+    agg = {"trimmed": TrimmedMean(0.1), "dp": DPGaussianMean(1.0, noise_multiplier=0.5,
+                                                             delta=1e-5)}
+    extra = {**extra, **({"aggregator": agg[extra["aggregator"]]} if "aggregator" in extra
+                         else {})}
+    m = FedReconMF(**{**FIT, **extra}, catalog=0.4, unknown_item_row=True,
+                   local_item_buckets=5, learned_default=True).fit(data[0])
+    assert np.isfinite(recon_eval(m, data[1], n_repeats=2)["rmse"])
+    assert all(h["values_up"] > 0 for h in m.history_)
+
+
 # ---------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("params, match", [
     ({"local_item_buckets": 0}, "local_item_buckets must be >= 1"),

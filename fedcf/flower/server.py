@@ -101,9 +101,14 @@ class Settings:
                              "in a Flower run the server receives every reply in the clear, so "
                              "it would protect nothing. Use a plain, robust or DP aggregator")
         try:
-            FedReconMF(**self.params)._check_params()  # names a bad parameter now, not mid-run
+            est = FedReconMF(**self.params)
+            est._check_params()  # names a bad parameter now, not mid-run
         except TypeError as e:
             raise ValueError(f"fedcf-params: {e}; see help(fedcf.FedReconMF) for the names") from e
+        if est._catalog_active():
+            raise ValueError("fedcf-params: catalog, local_item_buckets, unknown_item_row and "
+                             "learned_default are not available in a Flower run yet (its nodes "
+                             "run FedReconMF's full-catalog kernel); leave them unset")
         return self
 
 
