@@ -232,6 +232,7 @@ def test_catalog_runs_with_sgd_reconstruction_and_other_aggregators(data, extra)
     ({"catalog": [1, 2, 1]}, "appears twice"),
     ({"catalog": []}, "at least one raw item id"),
     ({"catalog": "abc"}, "catalog must be None"),
+    ({"catalog": ["no-such-item", "nor-this"]}, "none of its 2 item ids"),
     ({"catalog": 0.5, "joint": True}, "joint=True is not available"),
     ({"local_item_sweeps": 0}, "local_item_sweeps must be >= 1"),
 ])

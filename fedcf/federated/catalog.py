@@ -96,7 +96,6 @@ class CatalogProgram:
 class CatalogMixin:
     """FedReconMF's out-of-catalog behaviour (active when ``_catalog_active()``)."""
 
-
     def _catalog_active(self) -> bool:
         """Any out-of-catalog option is on (item features: given to this fit, or stored)."""
         feats = self._pending_features if hasattr(self, "_pending_features") else \
@@ -147,6 +146,10 @@ class CatalogMixin:
             counts = np.bincount(inter.items, minlength=inter.n_items)
             k = max(1, int(np.ceil(cat * inter.n_items - 1e-9)))
             return inter.item_ids[np.sort(np.argsort(-counts, kind="stable")[:k])]
+        if not (pd.Index(inter.item_ids).get_indexer(pd.Index(cat)) >= 0).any():
+            raise ValueError(f"catalog: none of its {len(cat)} item ids (e.g. {show(cat[0])}) is "
+                             "an item of the training data; pass raw ids as they appear there "
+                             "(the same type: 5 and '5' differ)")
         return cat
 
     def _set_features(self, feats):
