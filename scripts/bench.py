@@ -6,9 +6,11 @@ Sections (``--sections``, default all):
   als      one explicit ALS epoch vs one iteration of implicit's ALS (Cholesky and CG)
   sgd      one biased-MF SGD epoch vs cornac's Cython MF
   fedrecon paper-scale FedRecon (500 rounds x 100 clients) with SGD and ALS reconstruction,
-           1 vs 2 threads, and the same rounds as a plain per-client NumPy loop
+           1 vs 2 threads, and the same rounds as a plain per-client NumPy loop and (ALS) as
+           a round written as vectorized NumPy
   scaling  round time as clients per round and the catalog grow; peak memory
   dp       the dense noise step of user-level DP as the catalog grows, vs the sparse mean
+  memory   peak RSS of the main job and of a fit on 10^6 users (fresh processes)
   ceiling  measured GEMM GFLOP/s and memory bandwidth; each kernel's share of the GEMM peak
 
 Every timed row reports min and median of >= 3 repeats after a warm-up call (the warm-up of
@@ -239,6 +241,46 @@ def fedrecon_fit(inter, recon, rounds, clients, threads):
         numba.set_num_threads(before)
 
 
+def numpy_vectorized_round(data, clients, Q, b, mu, lam, lr, bs, max_steps, rng):
+    """One FedRecon round as a NumPy user would write it: every client at once on arrays padded
+    to the largest client, no per-client Python loop. Random half split, exact ridge
+    reconstruction of (p, c) by one batched solve, then up to ``max_steps`` mini-batch steps of
+    ``bs`` on each client's copies of its query rows; returns the weighted mean row delta. The
+    same algorithm as the kernels (its own random draws, so not the same numbers)."""
+    indptr, items, vals = data
+    K = Q.shape[1]
+    start, n = indptr[clients], indptr[clients + 1] - indptr[clients]
+    m, L = len(clients), int(n.max())
+    pos = np.arange(L)[None, :]
+    key = np.where(pos < n[:, None], rng.random((m, L)), np.inf)  # random split and order
+    idx = start[:, None] + np.minimum(np.argsort(key, axis=1), n[:, None] - 1)
+    I, R = items[idx], vals[idx]
+    ns = np.ceil(n * 0.5).astype(np.int64)
+    sup, qry = pos < ns[:, None], (pos >= ns[:, None]) & (pos < n[:, None])
+    Z = np.concatenate([Q[I], np.ones((m, L, 1))], axis=2) * sup[..., None]
+    A = np.einsum("mlk,mlj->mkj", Z, Z) + (lam * ns + 1e-6)[:, None, None] * np.eye(K + 1)
+    x = np.linalg.solve(A, np.einsum("mlk,ml->mk", Z, (R - mu - b[I]) * sup)[..., None])[..., 0]
+    p, c = x[:, :K], x[:, K]
+    Ql, bl = Q[I].astype(np.float64), b[I].astype(np.float64)
+    nq, rows = n - ns, np.arange(m)[:, None]
+    for s in range(max_steps):
+        cols = ns[:, None] + s * bs + np.arange(bs)[None, :]
+        live = cols < n[:, None]
+        if not live.any():
+            break
+        cols = np.minimum(cols, L - 1)
+        e = (R[rows, cols] - mu - bl[rows, cols] - c[:, None]
+             - np.einsum("mbk,mk->mb", Ql[rows, cols], p)) * live
+        step = 2 * lr / np.maximum(live.sum(1), 1)[:, None]
+        Ql[rows, cols] += (step * e)[..., None] * p[:, None, :]
+        bl[rows, cols] += step * e
+    w = nq.astype(np.float64)[:, None]
+    dQ, db = np.zeros_like(Q, dtype=np.float64), np.zeros(len(b))
+    np.add.at(dQ, I[qry], ((Ql - Q[I]) * w[..., None])[qry])
+    np.add.at(db, I[qry], ((bl - b[I]) * w)[qry])
+    return dQ / w.sum(), db / w.sum()
+
+
 def section_fedrecon(data, args):
     inter = data.get("synthetic-1m") or next(iter(data.values()))
     rounds = 20 if args.quick else 500
@@ -277,6 +319,18 @@ def section_fedrecon(data, args):
         add(f"FedRecon {rounds}x{clients} ({recon} recon) vs NumPy loop", best,
             (None, scaled, scaled), "plain per-client NumPy loop",
             note=f"NumPy: {n_ref} rounds timed, x{rounds // n_ref} scaled")
+        if recon == "als":  # the exact solve batches in NumPy; SGD reconstruction would not
+            n_vec = 2 if args.quick else 5
+            rng = np.random.default_rng(0)
+            t0 = time.perf_counter()
+            for t in range(n_vec):
+                numpy_vectorized_round((inter.indptr, inter.items, inter.values),
+                                       Selector(0, eligible, clients)(t).clients, Q, b,
+                                       model.global_mean_, 0.1, 0.5, 5, 50, rng)
+            vec = (time.perf_counter() - t0) / n_vec * rounds
+            add(f"FedRecon {rounds}x{clients} (als recon) vs vectorized NumPy", best,
+                (None, vec, vec), "a round as vectorized NumPy (all clients at once)",
+                note=f"NumPy: {n_vec} rounds timed, x{rounds // n_vec} scaled")
 
 
 def section_scaling(data, args):
@@ -332,6 +386,62 @@ def section_dp(args):
             n_items=n_items, note="speedup < 1: the dense DP step costs 1/speedup times the sparse mean")
 
 
+MILLION_USER_FIT = """
+import sys, time
+import numpy as np
+from fedcf import FedReconMF
+from fedcf.datasets import make_synthetic_ratings
+n_users, n_items, per_user = (int(a) for a in sys.argv[1:4])
+inter = make_synthetic_ratings(n_users, n_items, n_users * per_user, random_state=0)
+t0 = time.perf_counter()
+FedReconMF(n_factors=50, n_rounds=10, clients_per_round=100, random_state=0).fit(inter)
+print(time.perf_counter() - t0, inter.indptr.nbytes + inter.items.nbytes + inter.values.nbytes
+      + (inter.timestamps.nbytes if inter.timestamps is not None else 0))
+"""
+
+
+def peak_rss(cmd) -> tuple[float, float, str]:
+    """(seconds, peak RSS in MiB, stdout) of a command run in a child process."""
+    import subprocess
+    import sys
+
+    probe = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+             "out = subprocess.run(sys.argv[1:], capture_output=True, text=True, check=True); "
+             "print(time.perf_counter() - t, "
+             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024); "
+             "print(out.stdout.strip().splitlines()[-1] if out.stdout.strip() else '')")
+    res = subprocess.run([sys.executable, "-c", probe, *cmd], capture_output=True, text=True,
+                         check=True)
+    first, last = res.stdout.strip().splitlines()[:2]
+    secs, mib = (float(v) for v in first.split())
+    return secs, mib, last
+
+
+def section_memory(args):
+    """Peak resident memory of the main job (README's first command) and of a fit on a
+    population of 10⁶ users (10 rounds × 100 clients), each in a fresh process."""
+    import sys
+    import tempfile
+
+    n_users = 10_000 if args.quick else 1_000_000
+    secs, mib, out = peak_rss([sys.executable, "-c", MILLION_USER_FIT, str(n_users), "3706",
+                               "10"])
+    fit_s, data_bytes = (float(v) for v in out.split())
+    dense = n_users * 3706 * 4 / 2**30
+    add(f"peak memory, fit on {n_users:,} users", (None, secs, secs), None, None,
+        note=f"peak RSS {mib:,.0f} MiB (ratings {data_bytes / 2**20:,.0f} MiB; a users x items "
+             f"float32 array would be {dense:,.1f} GiB); fit {fit_s:.1f} s of the total",
+        peak_rss_mib=mib)
+    if args.quick:
+        return
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "movielens_benchmark.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        secs, mib, _ = peak_rss([sys.executable, script, "--json", os.path.join(tmp, "r.json"),
+                                 "--no-progress"])
+    add("peak memory, main job (movielens_benchmark.py)", (None, secs, secs), None, None,
+        note=f"peak RSS {mib:,.0f} MiB", peak_rss_mib=mib)
+
+
 def section_ceiling(args):
     n = 512 if args.quick else 2048
     A = np.random.default_rng(0).random((n, n), dtype=np.float32)
@@ -359,14 +469,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--sections", default="foldin,als,sgd,fedrecon,scaling,dp,ceiling")
+    ap.add_argument("--sections", default="foldin,als,sgd,fedrecon,scaling,dp,memory,ceiling")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     ROWS.clear()
     sections = set(args.sections.split(","))
-    unknown = sections - {"foldin", "als", "sgd", "fedrecon", "scaling", "dp", "ceiling"}
+    unknown = sections - {"foldin", "als", "sgd", "fedrecon", "scaling", "dp", "memory",
+                          "ceiling"}
     if unknown:
         raise SystemExit(f"unknown --sections {sorted(unknown)}")
     print(f"fedcf bench: {platform.machine()}, {os.cpu_count()} cpus, numba threads "
@@ -394,6 +505,8 @@ def main(argv=None):
         section_scaling(data, args)
     if "dp" in sections:
         section_dp(args)
+    if "memory" in sections:
+        section_memory(args)
     if "ceiling" in sections:
         section_ceiling(args)
     print(f"total {time.perf_counter() - t0:.1f} s")

@@ -258,7 +258,7 @@ def perf_values(bench) -> dict:
     main = [r for r in bench if r.get("peer_seconds") is not None or r["name"].startswith(
         ("FedRecon", "kernel compile"))]
     scaling = [r for r in bench if r["name"].startswith("round")]
-    ceiling = [r for r in bench if r["name"].startswith(("GEMM", "memory"))]
+    ceiling = [r for r in bench if r["name"].startswith(("GEMM", "memory", "peak memory"))]
     targets = []
     for text, pattern, field, bound in TARGETS:
         rows = [r for r in bench if re.search(pattern, r["name"]) and r.get(field) is not None
@@ -544,7 +544,10 @@ def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
                    f"caches and {cold[0]['meta']['total_seconds']:.0f} s on an empty cache "
                    f"(kernels compiled once), {paper[0]['meta']['date'][:10]}, "
                    f"{paper[0]['meta']['machine'].split(',')[0]}, "
-                   f"{paper[0]['meta']['machine'].split(',')[1].strip()}."),
+                   f"{paper[0]['meta']['machine'].split(',')[1].strip()}." + "".join(
+                       f" Peak memory {r['peak_rss_mib']:,.0f} MiB (scripts/bench.py, "
+                       f"{r['meta']['date'][:10]})." for r in bench
+                       if r["name"].startswith("peak memory, main job"))),
         "movielens": provenance(paper[0]["meta"], "movielens_paper.json") + "\n\n" + table(
             ["row (unseen users unless noted)", "RMSE", "accuracy"],
             [(n, f"{by[n]['rmse']:.3f}", pct(by[n]["accuracy"])) for n in keep]),

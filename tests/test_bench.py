@@ -12,7 +12,7 @@ def test_bench_quick_produces_every_row(tmp_path):
     rows = json.loads(out.read_text())
     names = [r["name"] for r in rows]
     for prefix in ("kernel compile", "fold-in", "ALS epoch", "SGD epoch", "FedRecon",
-                   "round time", "round, 100 clients", "GEMM", "memory copy"):
+                   "round time", "round, 100 clients", "GEMM", "memory copy", "peak memory, fit"):
         assert any(n.startswith(prefix) for n in names), prefix
     for r in rows:
         assert {"name", "fedcf_seconds", "peer", "peer_seconds", "speedup"} <= set(r)
@@ -20,3 +20,4 @@ def test_bench_quick_produces_every_row(tmp_path):
         if r["peer_seconds"] is not None and r["fedcf_seconds"] is not None:
             assert abs(r["speedup"] - r["peer_seconds"] / r["fedcf_seconds"]) < 1e-9
     assert any(r["name"].startswith("fold-in") and r["peer"] for r in rows)
+    assert any(r["name"].endswith("vs vectorized NumPy") and r["speedup"] for r in rows)
