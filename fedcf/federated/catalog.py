@@ -394,15 +394,8 @@ class CatalogMixin:
                 raise ValueError("extra_items needs a model with out-of-catalog items (catalog, "
                                  "local_item_buckets, unknown_item_row or item features)")
             return super().recommend(items, ratings, user=user, n=n, filter_seen=filter_seen)
-        self._check_fitted()
-        if (user is None) == (items is None):
-            raise ValueError("pass either items (with optional ratings) for a new user, or user=")
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"n must be a non-negative integer, got {n!r}")
+        u = self._check_recommend(items, user, n)
         if user is not None:
-            u = self._user_index([user])[0]
-            if u < 0:
-                raise KeyError(f"user {user!r} was not seen in fit; pass their items= to reconstruct")
             _, items, ratings = self._support_of(np.array([u]))
         items, ratings = _history(items, ratings)
         extra = np.asarray([] if extra_items is None else list(extra_items), dtype=object)

@@ -341,15 +341,8 @@ class MFEstimatorBase(BaseEstimator):
         fly and nothing is stored — or ``user=`` a raw id seen in fit. With ``filter_seen`` the
         user's own items are left out.
         """
-        self._check_fitted()
-        if (user is None) == (items is None):
-            raise ValueError("pass either items (with optional ratings) for a new user, or user=")
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"n must be a non-negative integer, got {n!r}")
+        u = self._check_recommend(items, user, n)
         if user is not None:
-            u = self._user_index([user])[0]
-            if u < 0:
-                raise KeyError(f"user {user!r} was not seen in fit; pass their items= to reconstruct")
             P, c = self._user_params(np.array([u]))
             local = LocalParams(P[0], float(c[0]))
             seen = self._seen_items(u) if filter_seen else None
@@ -362,6 +355,20 @@ class MFEstimatorBase(BaseEstimator):
             scores[seen] = -np.inf
         top = top_k(scores, min(int(n), int(np.isfinite(scores).sum())))
         return pd.DataFrame({"item": self.item_ids_[top], "score": scores[top]})
+
+    def _check_recommend(self, items, user, n) -> int:
+        """Check ``recommend``'s arguments; returns the dense id of ``user`` (−1 without one)."""
+        self._check_fitted()
+        if (user is None) == (items is None):
+            raise ValueError("pass either items (with optional ratings) for a new user, or user=")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"n must be a non-negative integer, got {n!r}")
+        if user is None:
+            return -1
+        u = self._user_index([user])[0]
+        if u < 0:
+            raise KeyError(f"user {user!r} was not seen in fit; pass their items= to reconstruct")
+        return u
 
     def _seen_items(self, u: int) -> np.ndarray:
         inter = getattr(self, "interactions_", None)
