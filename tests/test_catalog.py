@@ -270,6 +270,10 @@ def test_bad_calls_on_a_fitted_model(data):
         m.recon_predict(sup, qry, finetune="some")
     with pytest.raises(ValueError, match="same users"):
         m.recon_predict(sup.subset_users(np.arange(3)), qry)
+    with pytest.raises(TypeError, match="two Interactions"):
+        m.recon_predict(None, qry)
+    with pytest.raises(TypeError, match="extra_items must be a list"):
+        m.recommend([train.item_ids[0]], extra_items="abc")
     with pytest.raises(DataValidationError, match="mismatched lengths"):
         m.reconstruct([1, 2], [3.0])
     with pytest.raises(DataValidationError, match="non-finite"):

@@ -26,15 +26,13 @@ import numpy as np
 from numba import njit, prange
 
 from .als import cholesky_solve_inplace
-from .clients import split_client
+from .clients import client_sets
 from .layout import (
     CC_ALS_LAM,
     CC_ALS_LAM0,
     CC_INIT,
     CC_INIT_SCALE,
     CC_RECON,
-    CC_SPLIT,
-    CC_SUPPORT_FRAC,
     HP_BATCH,
     HP_EPOCHS,
     HP_FIT_BIAS,
@@ -46,9 +44,8 @@ from .layout import (
     OC_SWEEPS,
     RECON_ALS,
 )
-from .rng import stream_key
 from .sgd import init_local
-from .util import gather_entries, minibatch_schedule, unique_rows
+from .util import minibatch_schedule, unique_rows
 
 
 @njit(cache=True)
@@ -427,17 +424,10 @@ def catalog_clients(data, clients, glob, imap, cfg, cc, recon_hp, update_hp, ids
     out : (offsets (m+1,), d_items, d_Q, d_b, losses (m,)) as in clients.py; a client's slots
     must hold (query terms) + 1 when a default is learned.
     """
-    indptr, items, values = data[0], data[1], data[2]
     G, gb = glob[0], glob[1]
     offsets, losses = out[0], out[4]
     for k in prange(clients.shape[0]):
-        u = clients[k]
-        s0 = indptr[u]
-        n = indptr[u + 1] - s0
-        state = np.array([stream_key(ids[0], ids[1], u)])
-        perm, n_s, q_start = split_client(n, int(cfg[CC_SPLIT]), cfg[CC_SUPPORT_FRAC], state)
-        s_items, s_vals = gather_entries(items, values, s0, perm, 0, n_s)
-        q_items, q_vals = gather_entries(items, values, s0, perm, q_start, n)
+        state, s_items, s_vals, q_items, q_vals = client_sets(data, clients[k], cfg, ids)
         losses[k] = catalog_client(s_items, s_vals, q_items, q_vals, G, gb, imap, cfg, cc,
                                    recon_hp, update_hp, state, offsets[k],
                                    offsets[k + 1] - offsets[k], out)

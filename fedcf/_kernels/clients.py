@@ -68,6 +68,20 @@ def split_client(n, split, frac, state):
 
 
 @njit(cache=True)
+def client_sets(data, u, cfg, ids):
+    """Client u's random stream (seed, round, u) and its (support, query) items and values,
+    split as ``split_client`` says: (state, s_items, s_vals, q_items, q_vals)."""
+    indptr, items, values = data[0], data[1], data[2]
+    s0 = indptr[u]
+    n = indptr[u + 1] - s0
+    state = np.array([stream_key(ids[0], ids[1], u)])
+    perm, n_s, q_start = split_client(n, int(cfg[CC_SPLIT]), cfg[CC_SUPPORT_FRAC], state)
+    s_items, s_vals = gather_entries(items, values, s0, perm, 0, n_s)
+    q_items, q_vals = gather_entries(items, values, s0, perm, q_start, n)
+    return state, s_items, s_vals, q_items, q_vals
+
+
+@njit(cache=True)
 def reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb):
     """Local (p, cb) from the support set with (Q, b) frozen: exact ridge or k_r SGD steps."""
     K = Q.shape[1]
@@ -117,24 +131,17 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
     out : (offsets int64 (m+1,), d_items int64, d_Q float, d_b float, losses float64 (m,));
           offsets must equal the cumsum of query_sizes(counts of the clients)
     """
-    indptr, items, values = data[0], data[1], data[2]
     Q, b = glob[0], glob[1]
     offsets, d_items, d_Q, d_b, losses = out[0], out[1], out[2], out[3], out[4]
     K = Q.shape[1]
     mu = update_hp[HP_OFFSET]
     for k in prange(clients.shape[0]):
-        u = clients[k]
-        s0 = indptr[u]
-        n = indptr[u + 1] - s0
-        state = np.array([stream_key(ids[0], ids[1], u)])
-        perm, n_s, q_start = split_client(n, int(cfg[CC_SPLIT]), cfg[CC_SUPPORT_FRAC], state)
-        s_items, s_vals = gather_entries(items, values, s0, perm, 0, n_s)
-        q_items, q_vals = gather_entries(items, values, s0, perm, q_start, n)
+        state, s_items, s_vals, q_items, q_vals = client_sets(data, clients[k], cfg, ids)
         p = np.zeros(K)
         cb = np.zeros(1)
         reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb)
         losses[k] = query_loss(q_items, q_vals, Q, b, mu, p, cb[0])
-        work = item_work(n - q_start, K)
+        work = item_work(q_items.shape[0], K)
         m = item_steps_user(q_items, q_vals, Q, b, update_hp, p, cb, state, work)
         write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k], (d_items, d_Q, d_b))
 

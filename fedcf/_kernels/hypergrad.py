@@ -19,15 +19,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .clients import query_loss, split_client
+from .clients import client_sets, query_loss
 from .layout import (
     CC_ALS_LAM,
     CC_ALS_LAM0,
     CC_INIT,
     CC_INIT_SCALE,
     CC_RECON,
-    CC_SPLIT,
-    CC_SUPPORT_FRAC,
     HP_BATCH,
     HP_EPOCHS,
     HP_FIT_BIAS,
@@ -37,9 +35,8 @@ from .layout import (
     HP_STEPS,
     RECON_ALS,
 )
-from .rng import stream_key
 from .sgd import init_local
-from .util import gather_entries, minibatch_schedule
+from .util import minibatch_schedule
 
 
 @njit(cache=True)
@@ -167,19 +164,12 @@ def fedrecon_tangent_clients(data, clients, glob, tangents, cfg, recon_hp, mu, i
     tangents : (TQ float64 (H, n_items, K), Tb float64 (H, n_items)); other arguments as in
     ``fedrecon_clients`` (mu: the rating offset of the model, 0 without biases).
     """
-    indptr, items, values = data[0], data[1], data[2]
     Q, b = glob[0], glob[1]
     TQ, Tb = tangents[0], tangents[1]
     K, H = Q.shape[1], TQ.shape[0]
     fit_bias = recon_hp[HP_FIT_BIAS] != 0.0
     for k in prange(clients.shape[0]):
-        u = clients[k]
-        s0 = indptr[u]
-        n = indptr[u + 1] - s0
-        state = np.array([stream_key(ids[0], ids[1], u)])
-        perm, n_s, q_start = split_client(n, int(cfg[CC_SPLIT]), cfg[CC_SUPPORT_FRAC], state)
-        s_items, s_vals = gather_entries(items, values, s0, perm, 0, n_s)
-        q_items, q_vals = gather_entries(items, values, s0, perm, q_start, n)
+        state, s_items, s_vals, q_items, q_vals = client_sets(data, clients[k], cfg, ids)
         x = np.zeros(K + 1)
         dx = np.zeros((H, K + 1))
         if int(cfg[CC_RECON]) == RECON_ALS:

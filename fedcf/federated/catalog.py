@@ -293,6 +293,9 @@ class CatalogMixin:
                                  "catalog=1.0 for the full catalog)")
             return super().recon_predict(support, query, clip=clip)
         self._check_fitted()
+        if not (isinstance(support, Interactions) and isinstance(query, Interactions)):
+            raise TypeError(f"recon_predict takes two Interactions (support, query), got "
+                            f"{type(support).__name__} and {type(query).__name__}")
         if support.n_users != query.n_users or not np.array_equal(support.user_ids,
                                                                   query.user_ids):
             raise ValueError("support and query must hold the same users in the same order "
@@ -381,8 +384,7 @@ class CatalogMixin:
         counts = np.where(dense >= 0, inter.indptr[known + 1] - inter.indptr[known], 0)
         indptr = np.zeros(len(dense) + 1, np.int64)
         np.cumsum(counts, out=indptr[1:])
-        take = np.concatenate([np.arange(inter.indptr[u], inter.indptr[u] + n)
-                               for u, n in zip(known, counts)] + [np.zeros(0, np.int64)])
+        take = np.repeat(inter.indptr[known] - indptr[:-1], counts) + np.arange(indptr[-1])
         return indptr, inter.item_ids[inter.items[take]], inter.values[take]
 
     def recommend(self, items=None, ratings=None, *, user=None, n: int = 10,
@@ -398,6 +400,9 @@ class CatalogMixin:
         if user is not None:
             _, items, ratings = self._support_of(np.array([u]))
         items, ratings = _history(items, ratings)
+        if isinstance(extra_items, (str, bytes)):
+            raise TypeError(f"extra_items must be a list of raw item ids, got the string "
+                            f"{extra_items!r}; wrap one id in a list")
         extra = np.asarray([] if extra_items is None else list(extra_items), dtype=object)
         cand = pd.unique(np.concatenate([np.asarray(self.item_ids_, object), extra]))
         scores = self.predict_local(self.reconstruct(items, ratings), cand, clip=False)
