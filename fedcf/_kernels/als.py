@@ -27,12 +27,9 @@ _FAST = {"reassoc", "contract", "arcp"}
 
 
 @njit(cache=True, fastmath=_FAST)
-def cholesky_solve_inplace(A, x, d):
-    """Solve A x = rhs for SPD A[:d, :d]; ``x`` holds rhs on entry, the solution on exit.
-
-    A's lower triangle is overwritten by its Cholesky factor. Returns False when A is not
-    positive definite (x is then left untouched).
-    """
+def cholesky_factor(A, d):
+    """Overwrite A[:d, :d]'s lower triangle (A SPD) with its Cholesky factor L (A = L Lᵀ).
+    Returns False when A is not positive definite."""
     for j in range(d):
         s = A[j, j]
         for k in range(j):
@@ -47,16 +44,34 @@ def cholesky_solve_inplace(A, x, d):
             for k in range(j):
                 t -= A[i, k] * A[j, k]
             A[i, j] = t * inv
+    return True
+
+
+@njit(cache=True, fastmath=_FAST)
+def cholesky_substitute(L, x, d):
+    """Solve L Lᵀ x = rhs in place (``x`` holds rhs on entry) with L from ``cholesky_factor``."""
     for i in range(d):  # forward: L y = rhs
         t = x[i]
         for k in range(i):
-            t -= A[i, k] * x[k]
-        x[i] = t / A[i, i]
+            t -= L[i, k] * x[k]
+        x[i] = t / L[i, i]
     for i in range(d - 1, -1, -1):  # backward: Lᵀ x = y
         t = x[i]
         for k in range(i + 1, d):
-            t -= A[k, i] * x[k]
-        x[i] = t / A[i, i]
+            t -= L[k, i] * x[k]
+        x[i] = t / L[i, i]
+
+
+@njit(cache=True, fastmath=_FAST)
+def cholesky_solve_inplace(A, x, d):
+    """Solve A x = rhs for SPD A[:d, :d]; ``x`` holds rhs on entry, the solution on exit.
+
+    A's lower triangle is overwritten by its Cholesky factor. Returns False when A is not
+    positive definite (x is then left untouched).
+    """
+    if not cholesky_factor(A, d):
+        return False
+    cholesky_substitute(A, x, d)
     return True
 
 

@@ -76,8 +76,8 @@ def client_sets(data, u, cfg, ids):
     n = indptr[u + 1] - s0
     state = np.array([stream_key(ids[0], ids[1], u)])
     perm, n_s, q_start = split_client(n, int(cfg[CC_SPLIT]), cfg[CC_SUPPORT_FRAC], state)
-    s_items, s_vals = gather_entries(items, values, s0, perm, 0, n_s)
-    q_items, q_vals = gather_entries(items, values, s0, perm, q_start, n)
+    s_items, s_vals = gather_entries(items, values, s0, perm[:n_s])
+    q_items, q_vals = gather_entries(items, values, s0, perm[q_start:n])
     return state, s_items, s_vals, q_items, q_vals
 
 
@@ -167,7 +167,8 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out):
         p = np.empty(K)
         for a in range(K):
             p[a] = P[u, a]
-        cb = np.array([float(c[u])])
+        cb = np.zeros(1)
+        cb[0] = c[u]
         losses[k] = query_loss(items[s0:e0], values[s0:e0], Q, b, mu, p, cb[0])
         work = item_work(e0 - s0, K)
         m = item_steps_user(items[s0:e0], values[s0:e0], Q, b, update_hp, p, cb, state, work)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .als import cholesky_factor, cholesky_substitute
 from .clients import client_sets, query_loss
 from .layout import (
     CC_ALS_LAM,
@@ -62,7 +63,16 @@ def ridge_tangent(items, vals, Q, b, TQ, Tb, lam, mu, fit_bias, x, dx):
                 M[a, c] += z[a] * z[c]
     for a in range(d):
         M[a, a] += lam[0] * n + lam[1]
-    sol = np.linalg.solve(M, rhs) if n > 0 else np.zeros(d)
+    if n == 0:
+        x[:] = 0.0
+        dx[:, :] = 0.0
+        return
+    if not cholesky_factor(M, d):  # not SPD (only with lam = lam0 = 0): NaN, the client is dropped
+        x[:] = np.nan
+        dx[:, :] = np.nan
+        return
+    sol = rhs
+    cholesky_substitute(M, sol, d)
     R = np.zeros((d, H))
     for t in range(n):
         j = items[t]
@@ -79,14 +89,14 @@ def ridge_tangent(items, vals, Q, b, TQ, Tb, lam, mu, fit_bias, x, dx):
                 R[a, h] += TQ[h, j, a] * resid - z[a] * dzx
             if fit_bias:
                 R[K, h] -= dzx
-    dsol = np.linalg.solve(M, R) if n > 0 else np.zeros((d, H))
-    for a in range(K):
-        x[a] = sol[a]
-        for h in range(H):
-            dx[h, a] = dsol[a, h]
-    x[K] = sol[K] if fit_bias else 0.0
+    col = np.empty(d)
+    x[:] = 0.0
+    x[:d] = sol
+    dx[:, :] = 0.0
     for h in range(H):
-        dx[h, K] = dsol[K, h] if fit_bias else 0.0
+        col[:] = R[:, h]
+        cholesky_substitute(M, col, d)
+        dx[h, :d] = col
 
 
 @njit(cache=True)

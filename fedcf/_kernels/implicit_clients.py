@@ -60,12 +60,12 @@ def implicit_client_start(data, u, Q, gram, cfg, state):
     n = indptr[u + 1] - s0
     K = Q.shape[1]
     perm, n_s, q_start = split_client(n, int(cfg[IC_SPLIT]), cfg[IC_SUPPORT_FRAC], state)
-    s_items, s_vals = gather_entries(items, values, s0, perm, 0, n_s)
+    s_items, s_vals = gather_entries(items, values, s0, perm[:n_s])
     A = np.empty((K, K))
     p = np.empty(K)
     buf = np.empty((K + 1) * max(n_s, 1), Q.dtype)
     solve_implicit_row(s_items, s_vals, Q, gram, cfg[IC_ALPHA], cfg[IC_LAM], A, p, buf)
-    q_items, q_vals = gather_entries(items, values, s0, perm, q_start, n)
+    q_items, q_vals = gather_entries(items, values, s0, perm[q_start:n])
     return q_items, q_vals, p
 
 
@@ -145,7 +145,7 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
         loc = np.empty(max(n_q + n_neg, 1), np.int64)
         mrows = unique_rows(all_items, uniq, loc)
         Ql, G = local_rows(Q, uniq, mrows)
-        store(losses, k, confidence_loss(q_items, q_vals, Q, alpha, p))  # see util.store
+        store(losses, np.int64(k), confidence_loss(q_items, q_vals, Q, alpha, p))  # see util.store
         # k_u steps: step s covers visits [ends[s-1], ends[s]) and their negatives
         v = 0
         for s in range(steps):
@@ -200,7 +200,7 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
         loc = np.empty(max(n_q, 1), np.int64)
         m = unique_rows(q_items, uniq, loc)
         Ql, G = local_rows(Q, uniq, m)
-        store(losses, k, confidence_loss(q_items, q_vals, Q, alpha, p))
+        store(losses, np.int64(k), confidence_loss(q_items, q_vals, Q, alpha, p))
         visit, ends, steps = minibatch_schedule(n_q, int(hp[HP_BATCH]), int(hp[HP_STEPS]),
                                                 int(hp[HP_EPOCHS]), state)
         start = 0

@@ -31,7 +31,7 @@ def finite_clients(offsets, d_Q, d_b):
     m = offsets.shape[0] - 1
     ok = np.ones(m, np.bool_)
     for k in prange(m):
-        store(ok, k, _client_finite(d_Q, d_b, offsets[k], offsets[k + 1]))
+        store(ok, np.int64(k), _client_finite(d_Q, d_b, offsets[k], offsets[k + 1]))
     return ok
 
 
@@ -50,7 +50,7 @@ def sgd_rows(x, rows, delta, lr):
     ``rows`` must be distinct (they are: the aggregate's sorted unique items)."""
     ok = np.ones(rows.shape[0], np.bool_)
     for t in prange(rows.shape[0]):
-        store(ok, t, _sgd_row(x, rows[t], delta, t, lr))
+        store(ok, np.int64(t), _sgd_row(x, rows[t], delta, np.int64(t), lr))
     return ok.all()
 
 
@@ -70,7 +70,7 @@ def adagrad_rows(x, acc, rows, delta, lr, eps):
     """Adagrad on the given (distinct) rows with g = −delta: acc += g²; x −= lr g / (√acc + eps)."""
     ok = np.ones(rows.shape[0], np.bool_)
     for t in prange(rows.shape[0]):
-        store(ok, t, _adagrad_row(x, acc, rows[t], delta, t, lr, eps))
+        store(ok, np.int64(t), _adagrad_row(x, acc, rows[t], delta, np.int64(t), lr, eps))
     return ok.all()
 
 
@@ -125,7 +125,7 @@ def sum_sorted_runs(order, d_items, d_Q, d_b, scale, out_Q, out_b, out_items):
     """
     keep, starts, m = item_runs(order, d_items, scale, out_items)
     for r in prange(m):
-        _sum_run(keep, starts[r], starts[r + 1], d_Q, d_b, scale, out_Q, out_b, r)
+        _sum_run(keep, starts[r], starts[r + 1], d_Q, d_b, scale, out_Q, out_b, np.int64(r))
     return m
 
 
@@ -169,7 +169,7 @@ def robust_sorted_runs(order, d_items, d_Q, d_b, cover, beta, use_median, out):
     keep, starts, m = item_runs(order, d_items, cover, out_items)
     for r in prange(m):
         _robust_run(keep, starts[r], starts[r + 1], d_Q, d_b, cover, beta, use_median, out_Q,
-                    out_b, r)
+                    out_b, np.int64(r))
     return m
 
 

@@ -204,7 +204,7 @@ def sgd_reconstruct_rows(indptr, idx, vals, glob, hp, init, keys, out):
         sgd_reconstruct_user(idx[s:e], vals[s:e], Q, b, hp, p, cb, state)
         for a in range(K):
             P[r, a] = p[a]
-        store(c, r, cb[0] if hp[HP_FIT_BIAS] != 0.0 else 0.0)
+        store(c, np.int64(r), cb[0] if hp[HP_FIT_BIAS] != 0.0 else 0.0)
 
 
 @njit(cache=True, parallel=True)
