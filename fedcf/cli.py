@@ -1,4 +1,4 @@
-"""The ``fedcf`` command line: train, evaluate, recommend, benchmark, data, plot.
+"""The ``fedcf`` command line: train, evaluate, recommend, benchmark, data, plot, compile.
 
 Every command has ``--help``. Bad input (a missing file, a wrong column, an unknown model, a bad
 value) prints one line on stderr and exits with code 2; output files are written atomically, so
@@ -332,6 +332,23 @@ def cmd_benchmark(args):
         argparse.ArgumentParser.error = script_error
 
 
+def cmd_compile(args):
+    from ._numba_cache import cache_dir
+    from ._warmup import PATHS, compile_kernels
+
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    t0 = time.perf_counter()
+    try:
+        seconds = compile_kernels(args.paths, n_jobs=args.jobs)
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+    for path, sec in seconds.items():
+        _say(args, f"{path:<20} {sec:6.1f} s")
+    _say(args, f"{len(seconds)} of {len(PATHS)} paths in {time.perf_counter() - t0:.1f} s; "
+         f"cache: {cache_dir()}")
+
+
 def cmd_split(args):
     """Two CSV files from one ratings file: held-out users (``--by users``, for ReconEval) or
     each user's held-out rows (``--by rows``, random or latest by time, for StandardEval)."""
@@ -540,6 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train", help="output CSV of the training part")
     g.add_argument("--test", help="output CSV of the held-out part")
     _data_options(d)
+    c = sub.add_parser("compile", help="compile the Numba kernels now (e.g. after installing)",
+                       description="Compiles the kernels of the named code paths into the Numba "
+                       "cache, so later runs load them instead of compiling on first use.")
+    c.add_argument("--paths", help="comma-separated path names (default: all)")
+    c.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p = sub.add_parser("plot", help="plot a saved model's training history")
     p.add_argument("what", choices=("history",))
     p.add_argument("model")
@@ -554,7 +576,8 @@ def _version() -> str:
 
 
 COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "recommend": cmd_recommend,
-            "benchmark": cmd_benchmark, "data": cmd_data, "plot": cmd_plot}
+            "benchmark": cmd_benchmark, "data": cmd_data, "plot": cmd_plot,
+            "compile": cmd_compile}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,299 @@
+"""Compile fedcf's Numba kernels ahead of use: by named code path, in this process, in worker
+processes, or in the background while this process works.
+
+Numba compiles a kernel on its first call and keeps the machine code in the cache folder
+(``fedcf._numba_cache``), so only the first run on a machine pays. A *path* is a small fit and
+evaluation that calls exactly the kernels (and argument types) of one kind of job; compiling it in
+another process fills the shared cache, and this process then loads instead of compiling.
+``python -m fedcf compile`` runs every path (e.g. once after installing, in an image build).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import weakref
+
+from numba.core import event
+
+
+def _tiny():
+    from fedcf.datasets import make_synthetic_ratings
+    from fedcf.eval import per_user_time_split, user_split
+
+    inter = make_synthetic_ratings(60, 40, 1200, random_state=0)
+    train_t, _, test_t = per_user_time_split(inter, (0.8, 0.1, 0.1))
+    train_u, _, test_u = user_split(inter, (0.7, 0.1, 0.2), random_state=0)
+    return train_t, test_t, train_u, test_u
+
+
+def _evaluate(model, test_t=None, test_u=None):
+    from fedcf.eval import random_embedding_eval, recon_eval, standard_eval
+
+    if test_t is not None:
+        standard_eval(model, test_t, n_repeats=2)
+    if test_u is not None:
+        recon_eval(model, test_u, n_repeats=2)
+        random_embedding_eval(model, test_u, n_repeats=2)
+
+
+def _federated(cls, train, test_t, test_u, **params):
+    model = cls(n_factors=4, n_rounds=2, clients_per_round=8, random_state=0, **params)
+    _evaluate(model.fit(train), test_t, test_u)
+
+
+# the main job's FedRecon configurations (scripts/movielens_benchmark.py: PAPER, OURS)
+_PAPER = dict(biases=False, reconstruction="sgd", recon_steps=3, update_steps=3, batch_size=5,
+              split="random")
+_OURS = dict(biases=True, reconstruction="als")
+
+
+def _centralized(data):
+    from fedcf import CentralizedMF
+
+    train_t, test_t, train_u, test_u = data
+    _evaluate(CentralizedMF(n_factors=4, solver="als", n_epochs=1).fit(train_t), test_t)
+    _evaluate(CentralizedMF(n_factors=4, solver="als", n_epochs=1).fit(train_u), None, test_u)
+
+
+def _centralized_sgd(data):
+    from fedcf import CentralizedMF
+
+    _evaluate(CentralizedMF(n_factors=4, solver="sgd", n_epochs=1).fit(data[0]), data[1])
+
+
+def _fedavg(data):
+    from fedcf import FedAvgMF
+
+    train_t, test_t, train_u, test_u = data
+    _federated(FedAvgMF, train_t, test_t, None)
+    _federated(FedAvgMF, train_u, None, test_u)
+
+
+def _fedrecon_sgd(data):
+    from fedcf import FedReconMF
+
+    _federated(FedReconMF, data[2], None, data[3], **_PAPER)
+
+
+def _fedrecon_als(data):
+    from fedcf import FedReconMF
+
+    train_t, test_t, train_u, test_u = data
+    _federated(FedReconMF, train_u, None, test_u, **_OURS)
+    _federated(FedReconMF, train_t, test_t, None, **_OURS)
+
+
+def _hypergradient(data):
+    from fedcf import FedReconMF
+
+    _federated(FedReconMF, data[2], None, data[3], learn_hyperparams=["server_learning_rate"],
+               **_OURS)
+
+
+def _fedrecon_variants(data):
+    from fedcf import FedReconMF
+
+    for extra in (dict(split="none"), dict(joint=True), dict(server_optimizer="adagrad"),
+                  dict(server_optimizer="adam"), dict(server_optimizer="yogi")):
+        _federated(FedReconMF, data[2], None, data[3], **{**_PAPER, **extra})
+
+
+def _implicit(data):
+    from fedcf import FedReconImplicitMF, ImplicitMF
+
+    train = data[2]
+    ImplicitMF(n_factors=4, n_epochs=1).fit(train).recommend(train.user_ids[:3], n=5)
+    FedReconImplicitMF(n_factors=4, n_rounds=2, clients_per_round=8, random_state=0).fit(train)
+
+
+# in the order the main job (scripts/movielens_benchmark.py) first needs them
+PATHS = {"centralized": _centralized, "fedavg": _fedavg, "fedrecon-sgd": _fedrecon_sgd,
+         "fedrecon-als": _fedrecon_als, "hypergradient": _hypergradient,
+         "fedrecon-variants": _fedrecon_variants, "centralized-sgd": _centralized_sgd,
+         "implicit": _implicit}
+
+
+def check_paths(paths) -> list[str]:
+    """The named paths as a list (None = all), or a ValueError naming the unknown ones."""
+    if paths is None:
+        return list(PATHS)
+    if isinstance(paths, str):
+        paths = [p for p in paths.split(",") if p]
+    paths = list(paths)
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown or not paths:
+        raise ValueError(f"unknown compile path(s) {unknown} (choose from {list(PATHS)})"
+                         if unknown else f"no compile path given (choose from {list(PATHS)})")
+    return list(dict.fromkeys(paths))
+
+
+def _run_paths(paths, report=None) -> dict[str, float]:
+    """Run each path here; report(path, seconds, error) after each."""
+    data = _tiny()
+    seconds = {}
+    for path in paths:
+        t0 = time.perf_counter()
+        try:
+            PATHS[path](data)
+            error = None
+        except Exception as exc:  # a failing path must not stop the others (reported)
+            if report is None:
+                raise
+            error = f"{type(exc).__name__}: {exc}"
+        seconds[path] = time.perf_counter() - t0
+        if report is not None:
+            report(path, seconds[path], error)
+    return seconds
+
+
+def _worker(paths, *, nice: int = 0) -> subprocess.Popen:
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    preexec = (lambda: os.nice(nice)) if nice and hasattr(os, "nice") else None
+    return subprocess.Popen([sys.executable, "-m", "fedcf._warmup", *paths], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            preexec_fn=preexec)
+
+
+def _parse(line: str):
+    """A worker's report line "done <path> <seconds>" or "failed <path> <seconds> <error>"."""
+    parts = line.rstrip("\n").split(" ", 3)
+    if len(parts) < 3 or parts[0] not in ("done", "failed"):
+        return None
+    return parts[1], float(parts[2]), (parts[3] if len(parts) > 3 else "failed")
+
+
+def compile_kernels(paths=None, *, n_jobs: int = 1) -> dict[str, float]:
+    """Compile (or load from the cache) the kernels of the named paths (None = all of ``PATHS``).
+
+    ``n_jobs`` > 1 spreads the paths over that many worker processes (compilation is single
+    threaded, so this is how a second core helps). Returns the seconds each path took; raises
+    RuntimeError naming a path that failed.
+    """
+    paths = check_paths(paths)
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
+        raise ValueError(f"n_jobs must be a positive integer, got {n_jobs!r}")
+    if n_jobs == 1:
+        return _run_paths(paths)
+    workers = [_worker(paths[j::n_jobs]) for j in range(min(n_jobs, len(paths)))]
+    seconds, failed = {}, {}
+    for w in workers:
+        for line in w.stdout:
+            parsed = _parse(line)
+            if parsed:
+                seconds[parsed[0]] = parsed[1]
+                if line.startswith("failed"):
+                    failed[parsed[0]] = parsed[2]
+        w.wait()
+    missing = [p for p in paths if p not in seconds]
+    if failed or missing:
+        raise RuntimeError(f"compiling failed for {failed or missing}")
+    return {p: seconds[p] for p in paths}
+
+
+class BackgroundCompile:
+    """Compile paths in low-priority worker processes while this process works.
+
+    The paths are dealt to ``n_workers`` workers in turn (give them in the order the work needs
+    them). Call ``wait(path)`` before the work that needs a path: it returns once a worker has
+    finished it (this process then loads the kernels from the cache instead of compiling them),
+    at once if no worker compiles that path or its worker has died, and gives the seconds waited.
+    Workers are stopped by ``close()``, at the end of a ``with`` block, or when this object is
+    garbage collected.
+    """
+
+    def __init__(self, paths, *, n_workers: int = 2, nice: int = 10):
+        self.paths = check_paths(paths)
+        if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
+            raise ValueError(f"n_workers must be a positive integer, got {n_workers!r}")
+        self.done: dict[str, float] = {}
+        self.failed: dict[str, str] = {}
+        self.waited = 0.0
+        self._cond = threading.Condition()
+        shares = [self.paths[j::n_workers] for j in range(min(n_workers, len(self.paths)))]
+        self._owner = {p: j for j, share in enumerate(shares) for p in share}
+        self._ended: set[int] = set()
+        procs = [_worker(share, nice=nice) for share in shares]
+        self._finalizer = weakref.finalize(self, _stop, procs)
+        for j, proc in enumerate(procs):
+            threading.Thread(target=self._read, args=(j, proc), daemon=True).start()
+
+    def _read(self, j, proc):
+        for line in proc.stdout:
+            parsed = _parse(line)
+            if parsed:
+                with self._cond:
+                    self.done[parsed[0]] = parsed[1]
+                    if line.startswith("failed"):
+                        self.failed[parsed[0]] = parsed[2]
+                    self._cond.notify_all()
+        with self._cond:
+            self._ended.add(j)
+            self._cond.notify_all()
+
+    def wait(self, path: str) -> float:
+        check_paths([path])
+        t0 = time.perf_counter()
+        if path in self._owner:
+            with self._cond:
+                self._cond.wait_for(lambda: path in self.done or self._owner[path] in self._ended)
+        waited = time.perf_counter() - t0
+        self.waited += waited
+        return waited
+
+    def close(self):
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _stop(procs):
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+class CompileClock(event.Listener):
+    """Seconds this process spends compiling Numba kernels (outermost compilations only; loads
+    from the cache are not compilations): ``with CompileClock() as clock: ...; clock.seconds``."""
+
+    def __init__(self):
+        self.seconds, self.count, self._depth, self._t0 = 0.0, 0, 0, 0.0
+
+    def on_start(self, ev):
+        if self._depth == 0:
+            self._t0 = time.perf_counter()
+        self._depth += 1
+
+    def on_end(self, ev):
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._t0
+            self.count += 1
+
+    def __enter__(self):
+        event.register("numba:compile", self)
+        return self
+
+    def __exit__(self, *exc):
+        event.unregister("numba:compile", self)
+
+
+def _main(argv):
+    def report(path, seconds, error):
+        print(f"{'failed' if error else 'done'} {path} {seconds:.3f}"
+              + (f" {error}" if error else ""), flush=True)
+
+    _run_paths(check_paths(argv), report)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,105 @@
+"""Compiling kernels ahead of use (fedcf._warmup, ``fedcf compile``), and that its paths cover
+the main job: after they ran, the main job compiles nothing."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import load_script
+from numba import njit
+
+from fedcf import _warmup
+from fedcf._warmup import BackgroundCompile, CompileClock, check_paths, compile_kernels
+from fedcf.cli import main as cli
+
+
+def test_paths_are_checked_by_name():
+    assert check_paths(None) == list(_warmup.PATHS)
+    assert check_paths("fedavg,centralized,fedavg") == ["fedavg", "centralized"]
+    with pytest.raises(ValueError, match=r"unknown compile path\(s\) \['nope'\]"):
+        check_paths(["fedavg", "nope"])
+    with pytest.raises(ValueError, match="no compile path given"):
+        check_paths(",")
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="n_jobs must be a positive integer"):
+            compile_kernels(["centralized"], n_jobs=bad)
+        with pytest.raises(ValueError, match="n_workers must be a positive integer"):
+            BackgroundCompile(["centralized"], n_workers=bad)
+
+
+def test_cli_compile_refuses_bad_flags(capsys):
+    assert cli(["compile", "--jobs", "0"]) == 2
+    assert "--jobs must be at least 1" in capsys.readouterr().err
+    assert cli(["compile", "--paths", "centralized,typo"]) == 2
+    assert "unknown compile path(s) ['typo']" in capsys.readouterr().err
+
+
+def test_compile_clock_counts_compilations_not_calls():
+    @njit
+    def twice(x):
+        return 2 * x
+
+    with CompileClock() as clock:
+        twice(1.0)
+        twice(2.0)  # same types: no second compilation
+        twice(3)  # int: a second one
+    assert clock.count == 2 and clock.seconds > 0
+    with CompileClock() as again:
+        twice(4.0)
+    assert again.count == 0 and again.seconds == 0
+
+
+def test_main_job_compiles_nothing_after_its_paths():
+    """The paths call the main job's kernels with its argument types: a drift (a new kernel, a
+    new dtype) shows up here as a compilation."""
+    bench = load_script("movielens_benchmark")
+    compile_kernels(bench.BACKGROUND)
+    with CompileClock() as clock:
+        rows = bench.main(["--dataset", "synthetic", "--quick", "--no-progress",
+                           "--no-background-compile"])
+    assert clock.count == 0, clock.count
+    used = {bench.compile_path(getattr(bench, r["model"]), r["params"]) for r in rows}
+    assert used == set(bench.BACKGROUND)
+
+
+def test_worker_processes_compile_and_report(tmp_path):
+    seconds = compile_kernels(["centralized-sgd", "centralized"], n_jobs=2)
+    assert set(seconds) == {"centralized-sgd", "centralized"}
+    assert all(s > 0 for s in seconds.values())
+    assert cli(["-q", "compile", "--paths", "centralized-sgd"]) == 0
+
+
+def test_background_compile_waits_for_its_paths_and_stops():
+    with BackgroundCompile(["centralized-sgd"], n_workers=1) as bg:
+        t0 = time.perf_counter()
+        assert bg.wait("implicit") < 1.0  # not one of its paths: no wait
+        assert time.perf_counter() - t0 < 1.0
+        bg.wait("centralized-sgd")
+        assert "centralized-sgd" in bg.done and not bg.failed
+    with pytest.raises(ValueError, match="unknown compile path"):
+        bg.wait("nope")
+
+
+def test_background_compile_does_not_hang_when_a_worker_dies(monkeypatch):
+    def dying(paths, *, nice=0):
+        return subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"],
+                                stdout=subprocess.PIPE, text=True)
+
+    monkeypatch.setattr(_warmup, "_worker", dying)
+    bg = BackgroundCompile(["fedavg", "implicit"], n_workers=2)
+    bg.wait("fedavg")
+    bg.wait("implicit")
+    assert bg.done == {}
+    bg.close()
+    bg.close()  # twice is fine
+
+
+def test_a_failing_path_is_reported_not_raised_in_a_worker(monkeypatch, capsys):
+    monkeypatch.setitem(_warmup.PATHS, "centralized-sgd", lambda data: 1 / 0)
+    _warmup._main(["centralized-sgd"])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("failed centralized-sgd ") and "ZeroDivisionError" in line
+    assert _warmup._parse(line)[0] == "centralized-sgd"
+    with pytest.raises(ZeroDivisionError):
+        compile_kernels(["centralized-sgd"])
