@@ -10,12 +10,14 @@ another process fills the shared cache, and this process then loads instead of c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
 import threading
 import time
 import weakref
+from pathlib import Path
 
 from numba.core import event
 
@@ -131,6 +133,48 @@ def check_paths(paths) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
+def _stamp() -> str:
+    """Changes whenever Numba's cached kernels go stale: the kernel sources' modification times
+    and sizes (what Numba's own cache index checks), Numba, Python and the CPU."""
+    import llvmlite.binding as ll
+    import numba
+
+    from fedcf import _kernels
+
+    parts = [numba.__version__, sys.version, ll.get_host_cpu_name()]
+    for f in sorted(Path(_kernels.__file__).parent.glob("*.py")):
+        st = f.stat()
+        parts.append(f"{f.name} {st.st_mtime_ns} {st.st_size}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _marker(path: str) -> Path | None:
+    """The file that records "path compiled into this cache folder" (None: Numba has no cache
+    folder of its own here)."""
+    from numba.core import config
+
+    if not config.CACHE_DIR:
+        return None
+    return Path(config.CACHE_DIR) / "fedcf-paths" / f"{path}-{_stamp()}"
+
+
+def is_compiled(path: str) -> bool:
+    """Whether the path's kernels were compiled into the cache folder by this fedcf and Numba
+    (a later run loads them instead of compiling)."""
+    marker = _marker(check_paths([path])[0])
+    return marker is not None and marker.exists()
+
+
+def _mark(path: str) -> None:
+    marker = _marker(path)
+    if marker is not None:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:  # a read-only cache folder only costs later runs a background compile
+            pass
+
+
 def _run_paths(paths, report=None) -> dict[str, float]:
     """Run each path here; report(path, seconds, error) after each."""
     data = _tiny()
@@ -139,6 +183,7 @@ def _run_paths(paths, report=None) -> dict[str, float]:
         t0 = time.perf_counter()
         try:
             PATHS[path](data)
+            _mark(path)
             error = None
         except Exception as exc:  # a failing path must not stop the others (reported)
             if report is None:
@@ -197,8 +242,9 @@ def compile_kernels(paths=None, *, n_jobs: int = 1) -> dict[str, float]:
 class BackgroundCompile:
     """Compile paths in low-priority worker processes while this process works.
 
-    The paths are dealt to ``n_workers`` workers in turn (give them in the order the work needs
-    them). Call ``wait(path)`` before the work that needs a path: it returns once a worker has
+    Paths already compiled into the cache folder (``is_compiled``; listed in ``cached``) are
+    skipped; the others are dealt to ``n_workers`` workers in turn (give them in the order the
+    work needs them). Call ``wait(path)`` before the work that needs a path: it returns once a worker has
     finished it (this process then loads the kernels from the cache instead of compiling them),
     at once if no worker compiles that path or its worker has died, and gives the seconds waited.
     Workers are stopped by ``close()``, at the end of a ``with`` block, or when this object is
@@ -213,7 +259,9 @@ class BackgroundCompile:
         self.failed: dict[str, str] = {}
         self.waited = 0.0
         self._cond = threading.Condition()
-        shares = [self.paths[j::n_workers] for j in range(min(n_workers, len(self.paths)))]
+        self.cached = [p for p in self.paths if is_compiled(p)]
+        todo = [p for p in self.paths if p not in self.cached]
+        shares = [todo[j::n_workers] for j in range(min(n_workers, len(todo)))]
         self._owner = {p: j for j, share in enumerate(shares) for p in share}
         self._ended: set[int] = set()
         procs = [_worker(share, nice=nice) for share in shares]

@@ -70,7 +70,8 @@ def test_worker_processes_compile_and_report(tmp_path):
     assert cli(["-q", "compile", "--paths", "centralized-sgd"]) == 0
 
 
-def test_background_compile_waits_for_its_paths_and_stops():
+def test_background_compile_waits_for_its_paths_and_stops(monkeypatch):
+    monkeypatch.setattr(_warmup, "is_compiled", lambda path: False)
     with BackgroundCompile(["centralized-sgd"], n_workers=1) as bg:
         t0 = time.perf_counter()
         assert bg.wait("implicit") < 1.0  # not one of its paths: no wait
@@ -87,6 +88,7 @@ def test_background_compile_does_not_hang_when_a_worker_dies(monkeypatch):
                                 stdout=subprocess.PIPE, text=True)
 
     monkeypatch.setattr(_warmup, "_worker", dying)
+    monkeypatch.setattr(_warmup, "is_compiled", lambda path: False)
     bg = BackgroundCompile(["fedavg", "implicit"], n_workers=2)
     bg.wait("fedavg")
     bg.wait("implicit")
@@ -103,3 +105,28 @@ def test_a_failing_path_is_reported_not_raised_in_a_worker(monkeypatch, capsys):
     assert _warmup._parse(line)[0] == "centralized-sgd"
     with pytest.raises(ZeroDivisionError):
         compile_kernels(["centralized-sgd"])
+
+
+def test_compiled_paths_are_marked_in_the_cache_folder_and_skipped(monkeypatch, tmp_path):
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    assert not _warmup.is_compiled("fedavg")
+    _warmup._mark("fedavg")
+    assert _warmup.is_compiled("fedavg") and not _warmup.is_compiled("implicit")
+    monkeypatch.setattr("numba.__version__", "0.0.0")  # another Numba: the marks are stale
+    assert not _warmup.is_compiled("fedavg")
+    monkeypatch.undo()
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    started = []
+    monkeypatch.setattr(_warmup, "_worker", lambda paths, nice=0: started.append(paths) or
+                        subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE,
+                                         text=True))
+    with BackgroundCompile(["fedavg", "implicit"], n_workers=2) as bg:
+        assert bg.cached == ["fedavg"] and started == [["implicit"]]
+        assert bg.wait("fedavg") < 0.5
+    monkeypatch.setattr(config, "CACHE_DIR", "")
+    assert not _warmup.is_compiled("fedavg")  # no cache folder: nothing is marked
+    _warmup._mark("fedavg")
+    with pytest.raises(ValueError, match="unknown compile path"):
+        _warmup.is_compiled("nope")
