@@ -304,7 +304,11 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
     assert len(rows) == 14
     for r in rows:
         assert {"name", "protocol", "rmse", "accuracy", "seconds"} <= set(r)
-    tuned = bench.main(["--dataset", "synthetic", "--quick", "--no-progress", "--tune"])
+    meta = rows[0]["meta"]
+    assert meta["background_compile"] and meta["compile_seconds"] >= 0
+    assert 0 < meta["first_row_done_seconds"] < meta["total_seconds"]
+    tuned = bench.main(["--dataset", "synthetic", "--quick", "--no-progress", "--tune",
+                        "--no-background-compile"])
     names = [r["name"] for r in tuned]
     assert "FedRecon (paper config, lrs tuned on validation users)" in names
     assert sum(n.startswith("grid eta_s=") for n in names) == 12
