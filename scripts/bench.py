@@ -442,6 +442,42 @@ def section_memory(args):
         note=f"peak RSS {mib:,.0f} MiB", peak_rss_mib=mib)
 
 
+MAIN_JOB_PATHS = "centralized,fedavg,fedrecon-sgd,fedrecon-als,hypergradient,fedrecon-variants"
+
+
+def compile_run(cache, paths, jobs) -> float:
+    """Wall seconds of ``python -m fedcf compile`` in a fresh process with this cache folder."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FEDCF_NUMBA_CACHE": cache}
+    env.pop("NUMBA_CACHE_DIR", None)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "fedcf", "-q", "compile", "--paths", paths, "--jobs",
+                    str(jobs)], env=env, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def section_coldstart(args):
+    """What a fresh install pays before the kernels run: the main job's kernels compiled into an
+    empty cache folder (one process, then two), the first row's share (the centralized path),
+    and the same paths loaded from the filled cache (the peer: every later run)."""
+    import tempfile
+
+    paths = "centralized-sgd" if args.quick else MAIN_JOB_PATHS
+    with tempfile.TemporaryDirectory() as tmp:
+        first = compile_run(os.path.join(tmp, "first"), paths.split(",")[0], 1)
+        one = compile_run(os.path.join(tmp, "one"), paths, 1)
+        two = compile_run(os.path.join(tmp, "two"), paths, 2)
+        warm = compile_run(os.path.join(tmp, "one"), paths, 1)
+    add("kernels before the first row, empty cache", (None, first, first), None, None,
+        note="the first row's path; includes interpreter start and imports")
+    add("main job's kernels: cache load vs compile", (None, warm, warm), (None, one, one),
+        "compile, empty cache", note=f"paths {paths}")
+    add("main job's kernels compiled by 2 processes", (None, two, two), (None, one, one),
+        "1 process")
+
+
 def section_ceiling(args):
     n = 512 if args.quick else 2048
     A = np.random.default_rng(0).random((n, n), dtype=np.float32)
@@ -469,7 +505,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--sections", default="foldin,als,sgd,fedrecon,scaling,dp,memory,ceiling")
+    ap.add_argument("--sections",
+                    default="foldin,als,sgd,fedrecon,scaling,dp,memory,ceiling,coldstart")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
     ap.add_argument("--json", metavar="PATH")
@@ -477,7 +514,7 @@ def main(argv=None):
     ROWS.clear()
     sections = set(args.sections.split(","))
     unknown = sections - {"foldin", "als", "sgd", "fedrecon", "scaling", "dp", "memory",
-                          "ceiling"}
+                          "ceiling", "coldstart"}
     if unknown:
         raise SystemExit(f"unknown --sections {sorted(unknown)}")
     print(f"fedcf bench: {platform.machine()}, {os.cpu_count()} cpus, numba threads "
@@ -509,6 +546,8 @@ def main(argv=None):
         section_memory(args)
     if "ceiling" in sections:
         section_ceiling(args)
+    if "coldstart" in sections:
+        section_coldstart(args)
     print(f"total {time.perf_counter() - t0:.1f} s")
     if args.json:
         meta = run_meta("bench.py", argv, packages=("implicit", "cornac"))

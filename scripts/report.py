@@ -96,7 +96,7 @@ def results_values(paper, cold, tuned, sweeps, scale, random_rows) -> dict:
          "recon_steps": pc["recon_steps"], "update_steps": pc["update_steps"],
          "boot": recon["bootstrap_repeats"], "table_paper": paper_table(paper),
          "warm_s": f"{paper[0]['meta']['total_seconds']:.0f}",
-         "cold_s": f"{cold[0]['meta']['total_seconds']:.0f}",
+         "cold": cold_sentence(paper, cold),
          "cold_provenance": f"{cold[0]['meta']['date'][:10]}, `eval/results/"
                             "movielens_paper_cold.json`, run with an empty `FEDCF_NUMBA_CACHE`",
          "als": rmse_acc(als), "fedavg": rmse_acc(by["FedAvg + ReconEval"]),
@@ -248,6 +248,8 @@ TARGETS = [  # (text, row-name pattern, row field, bound: field >= low, or <= hi
     ("≥ 20× faster than the plain per-client NumPy loop", r"vs NumPy loop$", "speedup", 20.0),
     ("paper-scale FedRecon (500 × 100) ≤ 10 s", r"^FedRecon 500x100 \(\w+ recon\) \[",
      "fedcf_seconds", -10.0),
+    ("compilation before the main job's first row ≤ 10 s (empty cache)",
+     r"^kernels before the first row", "fedcf_seconds", -10.0),
 ]
 
 
@@ -256,7 +258,7 @@ def perf_values(bench) -> dict:
         return (r.get("note") or "").replace("|", "/")
 
     main = [r for r in bench if r.get("peer_seconds") is not None or r["name"].startswith(
-        ("FedRecon", "kernel compile"))]
+        ("FedRecon", "kernel"))]
     scaling = [r for r in bench if r["name"].startswith("round")]
     ceiling = [r for r in bench if r["name"].startswith(("GEMM", "memory", "peak memory"))]
     targets = []
@@ -535,14 +537,24 @@ def cli_block(session) -> str:
     return "\n".join([*lines, "```"])
 
 
+def cold_sentence(paper, cold) -> str:
+    """How the main job went on an empty Numba cache (movielens_paper_cold.json's meta)."""
+    w, c = paper[0]["meta"], cold[0]["meta"]
+    return (f"{c['total_seconds']:.0f} s on an empty cache: its first row was done after "
+            f"{c['first_row_done_seconds']:.0f} s ({w['first_row_done_seconds']:.0f} s warm), "
+            f"{c['first_row_wait_seconds']:.0f} s of it waiting for its kernels; two worker "
+            f"processes compiled the kernels while the rows ran, the job waited "
+            f"{c['background_wait_seconds']:.0f} s for them in all and compiled "
+            f"{c['compile_seconds']:.0f} s itself")
+
+
 def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
     by = {r["name"]: r for r in paper}
     keep = ["centralized + StandardEval", "centralized + ReconEval", "FedAvg + ReconEval",
             "FedRecon (ALS reconstruction, biases)", "FedRecon (paper config, SGD reconstruction)"]
     blocks = {
         "timing": (f"The main job took {paper[0]['meta']['total_seconds']:.0f} s with warm Numba "
-                   f"caches and {cold[0]['meta']['total_seconds']:.0f} s on an empty cache "
-                   f"(kernels compiled once), {paper[0]['meta']['date'][:10]}, "
+                   f"caches and {cold_sentence(paper, cold)}, {paper[0]['meta']['date'][:10]}, "
                    f"{paper[0]['meta']['machine'].split(',')[0]}, "
                    f"{paper[0]['meta']['machine'].split(',')[1].strip()}." + "".join(
                        f" Peak memory {r['peak_rss_mib']:,.0f} MiB (scripts/bench.py, "

@@ -12,7 +12,8 @@ def test_bench_quick_produces_every_row(tmp_path):
     rows = json.loads(out.read_text())
     names = [r["name"] for r in rows]
     for prefix in ("kernel compile", "fold-in", "ALS epoch", "SGD epoch", "FedRecon",
-                   "round time", "round, 100 clients", "GEMM", "memory copy", "peak memory, fit"):
+                   "round time", "round, 100 clients", "GEMM", "memory copy", "peak memory, fit",
+                   "kernels before the first row", "main job's kernels"):
         assert any(n.startswith(prefix) for n in names), prefix
     for r in rows:
         assert {"name", "fedcf_seconds", "peer", "peer_seconds", "speedup"} <= set(r)
