@@ -55,6 +55,22 @@ def test_stream_matches_python_twin():
 
 # ---------------------------------------------------------------- ridge
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gram_tiles_match_numpy_at_every_edge_size(dtype):
+    """The 2 × 4 tiled Gram: odd and even d, d below, at and past the tile, and n = 1."""
+    rng = np.random.default_rng(3)
+    for d in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13):
+        for n in (1, 2, 7, 33):
+            Zt = rng.normal(size=(d, n)).astype(dtype)
+            y = rng.normal(size=n).astype(dtype)
+            A, rhs = np.full((d + 2, d + 2), 7.0), np.full(d + 2, 7.0)
+            als.gram_upper(Zt, y, n, d, A, rhs)
+            Z64 = Zt.astype(np.float64)
+            np.testing.assert_allclose(A[:d, :d], Z64 @ Z64.T, **tol(dtype))
+            np.testing.assert_allclose(rhs[:d], Z64 @ y, **tol(dtype))
+            assert np.all(A[d:] == 7.0) and np.all(A[:, d:] == 7.0) and np.all(rhs[d:] == 7.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("fit_bias", [True, False])
 def test_ridge_rows_match_twin(dtype, fit_bias):
     _, indptr, idx, vals, Q, b = make_problem(0, dtype=dtype, dupes=True)
