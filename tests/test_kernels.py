@@ -230,6 +230,18 @@ def test_sgd_epoch_matches_twin(dtype):
     np.testing.assert_allclose(sse, rsse, rtol=1e-5)
 
 
+def test_gather_ratings_is_the_fancy_index():
+    rng = np.random.default_rng(3)
+    n = 1000
+    users, items, vals = rng.integers(0, 50, n), rng.integers(0, 40, n).astype(np.int32), \
+        rng.random(n)
+    order = rng.permutation(n)
+    out = (np.full(n, -1), np.full(n, -1, np.int32), np.full(n, np.nan))
+    sgd.gather_ratings(order, users, items, vals, *out)
+    for got, src in zip(out, (users, items, vals)):
+        np.testing.assert_array_equal(got, src[order])
+
+
 def test_predict_pairs_with_unknowns():
     rng = np.random.default_rng(0)
     P, c = rng.normal(size=(4, 3)), rng.normal(size=4)

@@ -243,13 +243,17 @@ def sgd_epoch(users, items, vals, user_params, item_params, cfg):
     c += lr (e − lam c);  b += lr (e − lam b);  p += lr (e q − lam p);  q += lr (e p − lam q)
     (p and q updated from their values before the step). Returns the sum of e² seen.
     Sequential by design: the result depends only on the order. The dot product and the two
-    axpy loops may be reassociated (SIMD); no NaN check depends on them.
+    axpy loops may be reassociated (SIMD); no NaN check depends on them. The two axpy
+    coefficients are rounded to the factors' dtype, so a float32 model's row update stays in
+    float32 (8-wide SIMD, no conversions); e and the biases are float64.
     """
     P, c = user_params[0], user_params[1]
     Q, b = item_params[0], item_params[1]
     lr, lam, mu, fit_bias = cfg[SE_LR], cfg[SE_LAM], cfg[SE_OFFSET], cfg[SE_FIT_BIAS] != 0.0
     K = Q.shape[1]
-    dec = 1.0 - lr * lam
+    coef = np.empty(2, P.dtype)  # [decay, lr·e] in the factors' dtype
+    coef[0] = 1.0 - lr * lam
+    dec = coef[0]
     sse = 0.0
     for t in range(users.shape[0]):
         u = users[t]
@@ -264,10 +268,23 @@ def sgd_epoch(users, items, vals, user_params, item_params, cfg):
         if fit_bias:
             c[u] += lr * (e - lam * c[u])
             b[i] += lr * (e - lam * b[i])
-        le = lr * e
+        coef[1] = lr * e
+        le = coef[1]
         for a in range(K):
             p0 = pu[a]
             q0 = qi[a]
             pu[a] = dec * p0 + le * q0
             qi[a] = dec * q0 + le * p0
     return sse
+
+
+@njit(cache=True, parallel=True)
+def gather_ratings(order, users, items, vals, out_users, out_items, out_vals):
+    """out_*[t] = *[order[t]]: one epoch's shuffle of the ratings, gathered contiguously for
+    ``sgd_epoch`` into buffers the caller reuses across epochs (no fresh pages per epoch).
+    Each output entry is written once, so the result does not depend on the thread count."""
+    for t in prange(order.shape[0]):
+        o = order[t]
+        out_users[t] = users[o]
+        out_items[t] = items[o]
+        out_vals[t] = vals[o]

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from .._kernels.als import ridge_cg_rows, ridge_solve_rows
 from .._kernels.layout import ridge_cfg, sgd_epoch_cfg
 from .._kernels.predict import predict_pairs
-from .._kernels.sgd import sgd_epoch
+from .._kernels.sgd import gather_ratings, sgd_epoch
 from .._validation import Bool, Dtype, Int, Options, RandomState, RatingScale, Real
 from ..datasets import Interactions
 from .base import MFEstimatorBase, RatingScoreMixin, atomic_fit, check_memory
@@ -124,6 +124,9 @@ class CentralizedMF(RatingScoreMixin, MFEstimatorBase):
         if self.solver == "als":
             i_indptr, i_users, i_vals = inter.to_item_csr()
             cfg = ridge_cfg(lam, 1e-6, mu, self.biases)
+        else:  # each epoch's shuffle is gathered into these, reused
+            shuffled = (np.empty_like(users), np.empty_like(inter.items),
+                        np.empty_like(inter.values))
         epochs = tqdm(range(self.n_epochs), desc=f"CentralizedMF[{self.solver}]",
                       disable=not self.verbose, leave=False)
         for epoch in epochs:
@@ -136,10 +139,10 @@ class CentralizedMF(RatingScoreMixin, MFEstimatorBase):
                 predict_pairs(users, inter.items, (P, c), (Q, b), mu, pred)
                 sse = float(np.sum((inter.values - pred) ** 2))
             else:
-                order = rng.permutation(inter.nnz)
+                gather_ratings(rng.permutation(inter.nnz), users, inter.items, inter.values,
+                               *shuffled)
                 cfg = sgd_epoch_cfg(self.learning_rate, lam, mu, self.biases)
-                sse = sgd_epoch(users[order], inter.items[order], inter.values[order], (P, c),
-                                (Q, b), cfg)
+                sse = sgd_epoch(*shuffled, (P, c), (Q, b), cfg)
             if not np.isfinite(sse):
                 big = float(np.abs(inter.values).max())
                 hint = (f"the ratings (largest |r| = {big:.3g}) overflow {np.dtype(dtype).name} "
