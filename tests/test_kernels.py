@@ -346,6 +346,16 @@ def test_tree_sum_runs_matches_its_twin_bit_for_bit(a, b, pre):
         np.testing.assert_allclose(results[0][3], [s_Q[items == j].sum(0) for j in range(12)])
 
 
+def test_tree_sums_rejects_nodes_outside_the_tree():
+    from fedcf.federated.partials import REDUCE_GROUPS, tree_sums
+
+    items, lo, lv = np.array([5, 5]), np.array([0, REDUCE_GROUPS + 6]), np.zeros(2, np.int64)
+    with pytest.raises(ValueError, match="outside groups"):
+        tree_sums(items, lo, lv, np.ones((2, 3)), np.ones(2))
+    got = tree_sums(items, np.array([0, 1]), lv, np.ones((2, 3)), np.ones(2))
+    np.testing.assert_array_equal(got[3], [[2.0, 2.0, 2.0]])
+
+
 def test_summing_subtrees_first_gives_the_same_bits():
     from fedcf._kernels.server import tree_sum_runs
 

@@ -212,6 +212,32 @@ def _tree_run(lo_, hi_, ent_lo, ent_level, work_Q, work_b, depth, a, b):
     return c
 
 
+ITEMS_PER_CHUNK = 64
+
+
+@njit(cache=True)
+def _tree_item(order, lo, hi, node_lo, node_level, s_Q, s_b, depth, a, b, scratch, dest,
+               out_lo, out_level, out_Q, out_b):
+    """One item's entries order[lo:hi] combined up the tree in ``scratch`` (so only the
+    remaining rows touch the outputs), written to output rows dest, dest + 1, ...; returns
+    their count."""
+    ent_lo, ent_level, work_Q, work_b = scratch
+    K = s_Q.shape[1]
+    for t in range(hi - lo):
+        e = order[lo + t]
+        ent_lo[t], ent_level[t] = node_lo[e], node_level[e]
+        for q in range(K):
+            work_Q[t, q] = s_Q[e, q]
+        work_b[t] = s_b[e]
+    c = _tree_run(0, hi - lo, ent_lo, ent_level, work_Q, work_b, depth, a, b)
+    for t in range(c):
+        for q in range(K):
+            out_Q[dest + t, q] = work_Q[t, q]
+        out_b[dest + t] = work_b[t]
+        out_lo[dest + t], out_level[dest + t] = ent_lo[t], ent_level[t]
+    return c
+
+
 @njit(cache=True, parallel=True)
 def tree_sum_runs(order, items, node_lo, node_level, s_Q, s_b, depth, a, b,
                   out_items, out_lo, out_level, out_Q, out_b):
@@ -222,7 +248,9 @@ def tree_sum_runs(order, items, node_lo, node_level, s_Q, s_b, depth, a, b,
     Per item, sibling nodes are added (left + right) up the tree while the parent lies inside
     groups [a, b) (all groups: the per-item total; a shard's range: its subtree sums). The
     result is the same wherever a subtree was summed first, so for any number of shards.
-    Writes the remaining entries to out_* (≥ len(order) rows) and returns their count.
+    Writes the remaining entries to out_* (≥ len(order) rows) and returns their count, or −1
+    when [a, b) spans the whole tree but an item does not reduce to one root (entries outside
+    the tree). Items are combined in parallel, each in a thread's scratch, in a fixed order.
     """
     n = order.shape[0]
     starts = np.empty(n + 1, np.int64)
@@ -232,27 +260,42 @@ def tree_sum_runs(order, items, node_lo, node_level, s_Q, s_b, depth, a, b,
             starts[m] = t
             m += 1
     starts[m] = n
-    K = s_Q.shape[1]
-    ent_lo = np.empty(n, np.int64)
-    ent_level = np.empty(n, np.int64)
+    whole = a <= 0 and b >= (1 << depth)  # one root per item: item r's row is r
     counts = np.empty(m, np.int64)
-    for r in prange(m):
-        for t in range(starts[r], starts[r + 1]):
-            e = order[t]
-            ent_lo[t], ent_level[t] = node_lo[e], node_level[e]
-            for q in range(K):
-                out_Q[t, q] = s_Q[e, q]
-            out_b[t] = s_b[e]
-        counts[r] = _tree_run(starts[r], starts[r + 1], ent_lo, ent_level, out_Q, out_b,
-                              depth, a, b)
+    n_chunks = (m + ITEMS_PER_CHUNK - 1) // ITEMS_PER_CHUNK
+    for ch in prange(n_chunks):
+        r0, r1 = ch * ITEMS_PER_CHUNK, min(m, (ch + 1) * ITEMS_PER_CHUNK)
+        longest = 1
+        for r in range(r0, r1):
+            longest = max(longest, starts[r + 1] - starts[r])
+        scratch = (np.empty(longest, np.int64), np.empty(longest, np.int64),
+                   np.empty((longest, s_Q.shape[1])), np.empty(longest))
+        for r in range(r0, r1):
+            counts[r] = _tree_item(order, starts[r], starts[r + 1], node_lo, node_level, s_Q,
+                                   s_b, depth, a, b, scratch, r if whole else starts[r],
+                                   out_lo, out_level, out_Q, out_b)
+    if whole:
+        for r in range(m):
+            if counts[r] != 1:
+                return -1
+            out_items[r] = items[order[starts[r]]]
+        return m
+    return _compact_runs(starts, counts, order, items, out_items, out_lo, out_level, out_Q,
+                         out_b)
+
+
+@njit(cache=True)
+def _compact_runs(starts, counts, order, items, out_items, out_lo, out_level, out_Q, out_b):
+    """Move item r's rows from starts[r] … to follow item r − 1's, in item order."""
+    K = out_Q.shape[1]
     w = 0
-    for r in range(m):  # compact, in item order
+    for r in range(counts.shape[0]):
         for t in range(starts[r], starts[r] + counts[r]):
             if w != t:
                 for q in range(K):
                     out_Q[w, q] = out_Q[t, q]
                 out_b[w] = out_b[t]
+                out_lo[w], out_level[w] = out_lo[t], out_level[t]
             out_items[w] = items[order[starts[r]]]
-            out_lo[w], out_level[w] = ent_lo[t], ent_level[t]
             w += 1
     return w

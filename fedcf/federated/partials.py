@@ -154,6 +154,9 @@ def tree_sums(items, lo, levels, s_Q, s_b, a=0, b=REDUCE_GROUPS):
     out = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
            np.empty((n, s_Q.shape[1])), np.empty(n))
     m = tree_sum_runs(order, items, lo, levels, s_Q, s_b, TREE_DEPTH, a, b, *out)
+    if m < 0:
+        raise ValueError(f"partial sums hold tree nodes outside groups [0, {REDUCE_GROUPS}): "
+                         "they were not made by group_sums/compact of this fedcf version")
     return tuple(o[:m] for o in out)
 
 
