@@ -273,7 +273,7 @@ def perf_values(bench) -> dict:
         if not rows:
             continue
         met = all(r[field] >= bound if bound >= 0 else r[field] <= -bound for r in rows)
-        shown = {"speedup": lambda x: f"{x:.2f}×", "gemm_fraction": lambda x: pct(x, 0),
+        shown = {"speedup": lambda x: f"{x:.3f}×", "gemm_fraction": lambda x: pct(x, 1),
                  "fedcf_seconds": lambda x: f"{x:.2f} s"}[field]
         targets.append((text, "met" if met else "**missed**",
                         "; ".join(f"{r['name']}: {shown(r[field])}" for r in rows)))
