@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from .layout import CFG_FIT_BIAS, CFG_LAM, CFG_LAM0, CFG_OFFSET, IA_ALPHA, IA_LAM
+from .util import chunk_span
 
 ROWS_PER_CHUNK = 32
 
@@ -191,10 +192,7 @@ def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
     for ch in prange(n_chunks):
         A = np.empty((K + 1, K + 1))
         rhs = np.empty(K + 1)
-        lo, hi = ch * ROWS_PER_CHUNK, min(n_rows, (ch + 1) * ROWS_PER_CHUNK)
-        n_max = 1
-        for r in range(lo, hi):
-            n_max = max(n_max, indptr[r + 1] - indptr[r])
+        lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
         buf = np.empty((K + 2) * n_max, fixed.dtype)
         for r in range(lo, hi):
             s, e = indptr[r], indptr[r + 1]
@@ -256,10 +254,7 @@ def implicit_solve_rows(indptr, idx, vals, fixed, gram, cfg, out):
     for ch in prange(n_chunks):
         A = np.empty((K, K))
         rhs = np.empty(K)
-        lo, hi = ch * ROWS_PER_CHUNK, min(n_rows, (ch + 1) * ROWS_PER_CHUNK)
-        n_max = 1
-        for r in range(lo, hi):
-            n_max = max(n_max, indptr[r + 1] - indptr[r])
+        lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
         buf = np.empty((K + 1) * n_max, fixed.dtype)
         for r in range(lo, hi):
             s, e = indptr[r], indptr[r + 1]
@@ -342,10 +337,7 @@ def ridge_cg_rows(indptr, idx, vals, fixed, fixed_bias, cfg, steps, out, out_bia
     fit_bias = cfg[CFG_FIT_BIAS] != 0.0
     n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
     for ch in prange(n_chunks):
-        lo, hi = ch * ROWS_PER_CHUNK, min(n_rows, (ch + 1) * ROWS_PER_CHUNK)
-        n_max = 1
-        for r in range(lo, hi):
-            n_max = max(n_max, indptr[r + 1] - indptr[r])
+        lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
         buf = np.empty((K + 2) * n_max, fixed.dtype)
         work = np.empty(3 * (K + 1) + n_max)
         x = np.empty(K + 1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .util import store
+from .util import chunk_span, store
 
 
 @njit(cache=True)
@@ -264,10 +264,7 @@ def tree_sum_runs(order, items, node_lo, node_level, s_Q, s_b, depth, a, b,
     counts = np.empty(m, np.int64)
     n_chunks = (m + ITEMS_PER_CHUNK - 1) // ITEMS_PER_CHUNK
     for ch in prange(n_chunks):
-        r0, r1 = ch * ITEMS_PER_CHUNK, min(m, (ch + 1) * ITEMS_PER_CHUNK)
-        longest = 1
-        for r in range(r0, r1):
-            longest = max(longest, starts[r + 1] - starts[r])
+        r0, r1, longest = chunk_span(starts, np.int64(ch), ITEMS_PER_CHUNK, m)
         scratch = (np.empty(longest, np.int64), np.empty(longest, np.int64),
                    np.empty((longest, s_Q.shape[1])), np.empty(longest))
         for r in range(r0, r1):

@@ -26,6 +26,17 @@ def store(arr, k, value):
 
 
 @njit(cache=True)
+def chunk_span(ptr, ch, size, n):
+    """Rows [lo, hi) of chunk ``ch`` (``size`` rows per chunk, n rows in all) of a CSR-style
+    pointer array, and the longest row among them (at least 1): a prange chunk's scratch size."""
+    lo, hi = ch * size, min(n, (ch + 1) * size)
+    longest = 1
+    for r in range(lo, hi):
+        longest = max(longest, ptr[r + 1] - ptr[r])
+    return lo, hi, longest
+
+
+@njit(cache=True)
 def write_outer(W, k, p, scale):
     """W[k] = scale · p pᵀ (through a call, see ``store``)."""
     K = p.shape[0]
