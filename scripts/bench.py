@@ -116,6 +116,14 @@ def random_model(inter):
     return rng, P, np.zeros(inter.n_users, np.float32), Q, np.zeros(inter.n_items, np.float32)
 
 
+def ridge_flops(counts, d=K + 1):
+    """Floating-point operations of the exact ridge solves of rows with these entry counts, in the
+    form ``ridge_solve_rows`` takes: n·d² + d³/3 (Gram, Cholesky) for n ≥ d, and n²·d + n³/3 + 2n·d
+    for the n × n (dual) system of a row with n < d entries."""
+    n = np.asarray(counts, np.float64)
+    return float(np.sum(np.where(n < d, n * n * d + n ** 3 / 3 + 2 * n * d, n * d * d + d ** 3 / 3)))
+
+
 # ---------------------------------------------------------------------- sections
 def section_foldin(data, args):
     for dname, inter in data.items():
@@ -127,7 +135,7 @@ def section_foldin(data, args):
         cfg = ridge_cfg(0.1, 1e-6, 3.5, True)
         f = timed(lambda: ridge_solve_rows(inter.indptr, inter.items, inter.values, Q, b, cfg,
                                            P, c), args.repeats)
-        flops = float(np.sum(inter.counts() * (K + 1) ** 2 + (K + 1) ** 3 / 3))
+        flops = ridge_flops(inter.counts())
         peer = None
         m = implicit_model(iterations=1)
         if m is not None:
@@ -162,7 +170,7 @@ def section_als(data, args):
             ridge_cg_rows(i_indptr, i_users, i_vals, P, c, cfg, steps, Q, b)
 
         f_cg = timed(cg_epoch, args.repeats)
-        flops = 2 * inter.nnz * (K + 1) ** 2 + (inter.n_users + inter.n_items) * (K + 1) ** 3 / 3
+        flops = ridge_flops(inter.counts()) + ridge_flops(np.diff(i_indptr))
         for use_cg in (False, True):
             peer = None
             csr = sp.csr_matrix(inter.to_csr().astype(np.float32))

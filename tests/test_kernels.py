@@ -87,6 +87,47 @@ def test_ridge_rows_match_twin(dtype, fit_bias):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("fit_bias", [True, False])
+@pytest.mark.parametrize("K", [1, 4, 9])
+def test_ridge_rows_either_side_of_the_dual_switch_match_twin(dtype, fit_bias, K):
+    """Rows with n < d unknowns take the n × n (dual) system, the others the d × d one: both
+    must give the twin's solution, at n = d - 1, d and d + 1 and with duplicated items."""
+    rng = np.random.default_rng(K)
+    d, n_cols = K + fit_bias, 3 * K + 5
+    rows = [rng.choice(n_cols, n, replace=False) for n in (0, 1, d - 1, d, d + 1, 2 * d)]
+    rows.append(np.array([2, 2, 2]))
+    indptr = np.r_[0, np.cumsum([len(r) for r in rows])].astype(np.int64)
+    idx = np.concatenate(rows).astype(np.int32)
+    vals = rng.uniform(1, 5, len(idx))
+    Q = rng.normal(0, 0.4, (n_cols, K)).astype(dtype)
+    b = rng.normal(0, 0.2, n_cols).astype(dtype)
+    for lam, lam0 in ((0.1, 0.0), (0.0, 0.3), (2.0, 1e-6)):
+        cfg = layout.ridge_cfg(lam, lam0, 3.2, fit_bias)
+        out, ob = np.full((len(rows), K), 9, dtype), np.full(len(rows), 9, dtype)
+        als.ridge_solve_rows(indptr, idx, vals, Q, b, cfg, out, ob)
+        want, want_b = ref.ridge_solve_rows(indptr, idx, vals, Q, b, cfg)
+        np.testing.assert_allclose(out, want, **tol(dtype))
+        np.testing.assert_allclose(ob, want_b, **tol(dtype))
+
+
+def test_cholesky_factor_and_substitute_match_numpy():
+    rng = np.random.default_rng(5)
+    for d in (1, 2, 3, 7, 16, 51):
+        Z = rng.normal(size=(d + 3, d))
+        A = Z.T @ Z + 0.1 * np.eye(d)
+        x = rng.normal(size=d)
+        L, sol = np.full((d + 1, d + 1), 7.0), x.copy()
+        L[:d, :d] = A
+        assert als.cholesky_factor(L, d)
+        np.testing.assert_allclose(np.tril(L[:d, :d]), np.linalg.cholesky(A), rtol=1e-10,
+                                   atol=1e-12)
+        als.cholesky_substitute(L, sol, d)
+        np.testing.assert_allclose(sol, np.linalg.solve(A, x), rtol=1e-9, atol=1e-12)
+        assert np.all(L[d] == 7.0) and np.all(L[:, d] == 7.0)
+    assert not als.cholesky_factor(-np.eye(3), 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fit_bias", [True, False])
 @pytest.mark.parametrize("steps", [0, 1, 3])
 def test_ridge_cg_rows_match_twin(dtype, fit_bias, steps):
     rng, indptr, idx, vals, Q, b = make_problem(1, dtype=dtype, dupes=True)

@@ -118,8 +118,9 @@ class FederatedMFBase(MFEstimatorBase):
         """Which stage made this round's mean query loss explode, from the worst client: its
         exact ridge reconstruction on the current global model (host side, a simulation-only
         diagnosis). If that fits far better than the kernel's, the reconstruction diverged; if
-        the client step is unstable for that embedding (η_u · 2(‖p‖² + 1) > 2, the curvature
-        of the per-example loss in an item row), the client update; else the server step."""
+        the client step is unstable for that embedding (η_u · 2(s + 1) > 2, with s the larger of
+        ‖p‖² and the mean |p·q|: the curvature of the per-example loss in an item row at
+        balanced factors), the client update; else the server step."""
         if summary.worst_client < 0 or not getattr(run.inter, "holds_ratings", True):
             return None  # (a deployment's server has no rating to diagnose with)
         sub = run.inter.subset_users(np.array([summary.worst_client]))
@@ -132,7 +133,11 @@ class FederatedMFBase(MFEstimatorBase):
         exact = float(np.mean((sub.values - pred) ** 2))
         if self._recon_can_diverge() and np.isfinite(exact) and exact < 1e-2 * summary.worst_loss:
             return "reconstruction"
-        if self.learning_rate * 2 * (float(P[0] @ P[0]) + float(self.biases)) > 2:
+        # SGD drifts towards balanced factors (‖p‖² ≈ |p·q|): judge the step on the larger, so
+        # an item matrix that has already grown (and left p small) does not hide it
+        inter_size = float(np.mean(np.abs(Q[sub.items].astype(np.float64) @ P[0])))
+        curv = max(float(P[0] @ P[0]), inter_size) + float(self.biases)
+        if self.learning_rate * 2 * curv > 2:
             return "client update"
         return "server step"
 
