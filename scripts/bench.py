@@ -550,14 +550,16 @@ def main(argv=None):
     add("kernel compile / cache load (FedRecon paths)", (None, warm, warm), None, None,
         note="one-time per install when the Numba cache is cold")
     print(f"{'row':<46} {'fedcf':>13} {'peer':>13} {'speedup':>7}")
+    # the thread-scaling rows first: in two full runs they came out markedly lower after the
+    # peers' sections (implicit, cornac and their thread pools) than in a process of their own
+    if "fedrecon" in sections:
+        section_fedrecon(data, args)
     if "foldin" in sections:
         section_foldin(data, args)
     if "als" in sections:
         section_als(data, args)
     if "sgd" in sections:
         section_sgd(data, args)
-    if "fedrecon" in sections:
-        section_fedrecon(data, args)
     if "scaling" in sections:
         section_scaling(data, args)
     if "dp" in sections:
