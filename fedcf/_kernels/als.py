@@ -133,16 +133,24 @@ def gram_upper(Zt, y, n, d, A, rhs):
 
 
 @njit(cache=True)
-def gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y):
-    """The row's design, transposed (Zt (d, n): columns z_j = [fixed[j]; 1 if d > K]), and its
-    targets y_j = r_j − offset − fixed_bias[j]."""
-    K, d = fixed.shape[1], Zt.shape[0]
+def gather_design(idx, vals, fixed, fixed_bias, cfg, Z, y, by_row):
+    """The row's design z_j = [fixed[j]; 1 if d > K] and its targets y_j = r_j − offset −
+    fixed_bias[j]. ``Z`` is (d, n) with the z_j as columns (transposed) or, with
+    ``by_row``, (n, d) with the z_j as rows."""
+    K, d = fixed.shape[1], (Z.shape[1] if by_row else Z.shape[0])
     for t in range(idx.shape[0]):
         j = idx[t]
-        for a in range(K):
-            Zt[a, t] = fixed[j, a]
+        if by_row:
+            for a in range(K):
+                Z[t, a] = fixed[j, a]
+        else:
+            for a in range(K):
+                Z[a, t] = fixed[j, a]
         if d > K:
-            Zt[K, t] = 1.0
+            if by_row:
+                Z[t, K] = 1.0
+            else:
+                Z[K, t] = 1.0
         y[t] = vals[t] - cfg[CFG_OFFSET] - fixed_bias[j]
 
 
@@ -167,7 +175,7 @@ def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, buf):
         return d
     Zt = buf[:d * n].reshape((d, n))
     y = buf[d * n:(d + 1) * n]
-    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y)
+    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y, False)
     gram_upper(Zt, y, n, d, A, rhs)
     for a in range(d):
         A[a, a] += reg
@@ -188,14 +196,7 @@ def solve_ridge_dual(idx, vals, fixed, fixed_bias, cfg, reg, d, A, rhs, buf):
     n = idx.shape[0]
     Z = buf[:n * d].reshape((n, d))
     y = buf[n * d:(d + 1) * n]
-    K = fixed.shape[1]
-    for t in range(n):
-        j = idx[t]
-        for a in range(K):
-            Z[t, a] = fixed[j, a]
-        if d > K:
-            Z[t, K] = 1.0
-        y[t] = vals[t] - cfg[CFG_OFFSET] - fixed_bias[j]
+    gather_design(idx, vals, fixed, fixed_bias, cfg, Z, y, True)
     gram_upper(Z, Z[0], d, n, A, rhs)  # A[:n, :n] = Z Zᵀ (rhs gets a by-product, overwritten)
     for t in range(n):
         A[t, t] += reg
@@ -340,7 +341,7 @@ def cg_ridge_row(idx, vals, fixed, fixed_bias, cfg, steps, x, work, buf):
         return
     Zt = buf[:d * n].reshape((d, n))
     y = buf[d * n:(d + 1) * n]
-    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y)
+    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y, False)
     r, p, Ap, zp = work[:d], work[d:2 * d], work[2 * d:3 * d], work[3 * d:3 * d + n]
     normal_matvec(Zt, n, d, reg, x, Ap, zp)
     rs = 0.0
