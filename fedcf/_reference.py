@@ -534,6 +534,23 @@ def tree_sum(items, node_lo, node_level, s_Q, s_b, depth, a, b):
             np.array([o[2] for o in out]), R[:, :-1], R[:, -1])
 
 
+def grouped_tree_sum(items, groups, scale, d_Q, d_b, depth):
+    """Twin of ``grouped_tree_sum``: per (item, group), Σ scale·delta in entry order from 0;
+    then ``tree_sum`` of those group sums over the whole tree. Returns (items, s_Q, s_b)."""
+    used = [e for e in range(len(items)) if items[e] >= 0 and scale[e] != 0.0]
+    keys = sorted({(int(items[e]), int(groups[e])) for e in used})
+    row = {k: i for i, k in enumerate(keys)}
+    S = np.zeros((len(keys), d_Q.shape[1] + 1))
+    for e in used:
+        S[row[(int(items[e]), int(groups[e]))]] += scale[e] * np.append(
+            d_Q[e].astype(np.float64), d_b[e])
+    it = np.array([k[0] for k in keys], np.int64)
+    lo = np.array([k[1] for k in keys], np.int64)
+    j, _, _, s_Q, s_b = tree_sum(it, lo, np.zeros_like(lo), S[:, :-1], S[:, -1], depth, 0,
+                                 2 ** depth)
+    return j, s_Q, s_b
+
+
 # ---------------------------------------------------------------------- catalog, local rows
 def catalog_base(items, G, gb, imap):
     """Dense twin of the item map: each entry's global item vector and bias."""

@@ -387,6 +387,57 @@ def test_tree_sum_runs_matches_its_twin_bit_for_bit(a, b, pre):
         np.testing.assert_allclose(results[0][3], [s_Q[items == j].sum(0) for j in range(12)])
 
 
+@pytest.mark.parametrize("depth,n_entries", [(4, 400), (6, 60), (1, 30), (6, 0)])
+def test_grouped_tree_sum_matches_its_twin_bit_for_bit(depth, n_entries):
+    from fedcf._kernels.server import grouped_tree_sum
+
+    rng = np.random.default_rng(depth * 100 + n_entries)
+    items = rng.integers(-1, 9, n_entries)  # −1: a padding slot
+    groups = rng.integers(0, 2 ** depth, n_entries)
+    scale = np.where(rng.random(n_entries) < 0.2, 0.0, rng.exponential(size=n_entries))
+    d_Q = rng.normal(size=(n_entries, 3)).astype(np.float32)
+    d_b = rng.normal(size=n_entries).astype(np.float32)
+    twin = ref.grouped_tree_sum(items, groups, scale, d_Q, d_b, depth)
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            out = [np.empty(n_entries, np.int64), np.empty((n_entries, 3)), np.empty(n_entries)]
+            m = grouped_tree_sum(items, groups, scale, d_Q, d_b, depth, *out)
+            for x, y in zip([o[:m] for o in out], twin):
+                np.testing.assert_array_equal(x, y)
+    finally:
+        numba.set_num_threads(before)
+    groups[np.flatnonzero((items >= 0) & (scale != 0))[:1]] = 2 ** depth  # outside the tree
+    out = [np.empty(n_entries, np.int64), np.empty((n_entries, 3)), np.empty(n_entries)]
+    assert grouped_tree_sum(items, groups, scale, d_Q, d_b, depth, *out) == (
+        -1 if len(twin[0]) else 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_non_finite_guards_match_numpy(dtype):
+    from fedcf._kernels.server import finite_clients, sgd_rows
+
+    rng = np.random.default_rng(3)
+    offsets = np.array([0, 0, 7, 20, 21, 40, 57], np.int64)  # client 0 sends nothing
+    d_Q = rng.normal(size=(57, 9)).astype(dtype)
+    d_b = rng.normal(size=57).astype(dtype)
+    d_Q[8, 8], d_Q[20, 0], d_b[39] = np.nan, np.inf, -np.inf  # clients 2, 3, 4
+    want = [bool(np.isfinite(d_Q[a:b]).all() and np.isfinite(d_b[a:b]).all())
+            for a, b in zip(offsets, offsets[1:])]
+    assert finite_clients(offsets, d_Q, d_b).tolist() == want == [True, True, False, False,
+                                                                   False, True]
+    x = rng.normal(size=(30, 9)).astype(dtype)
+    rows = np.array([1, 4, 29], np.int64)
+    delta = rng.normal(size=(3, 9))
+    want = x.copy()
+    want[rows] = (want[rows] + 0.5 * delta).astype(dtype)
+    assert sgd_rows(x, rows, delta, 0.5) and np.array_equal(x, want)
+    delta[2, 3] = np.finfo(dtype).max  # overflows the stored value
+    assert not sgd_rows(x, rows, delta, 4.0)
+    assert not sgd_rows(x, rows, np.full((3, 9), np.nan), 1.0)
+
+
 def test_tree_sums_rejects_nodes_outside_the_tree():
     from fedcf.federated.partials import REDUCE_GROUPS, tree_sums
 

@@ -115,13 +115,13 @@ def test_partial_sums_of_whole_groups_merge_to_the_same_bits_in_any_split(pop):
     run, cohort, ids = _one_round_outputs(pop)
     hp, agg = run.hyperparams, WeightedMean()
     ex = run.executor
-    whole = agg.reduce(ex.partials(cohort, run.params, ids, agg, hp))
+    whole = agg(ex.run(cohort, run.params, ids), hp)  # one pass, no per-group rows
     g = reduce_group(cohort.clients)
     for cuts in ([0, 64], [0, 32, 64], [0, 13, 26, 39, 52, 64], [0, 1, 40, 64]):
         ranges = list(zip(cuts, cuts[1:]))[::-1]  # shards = group ranges, in any order
-        parts = [ex.partials(dataclasses.replace(cohort, clients=cohort.clients[(g >= a) &
-                                                                                (g < b)]),
-                             run.params, ids, agg, hp).compact(a, b) for a, b in ranges]
+        parts = [agg.partials(ex.run(dataclasses.replace(
+            cohort, clients=cohort.clients[(g >= a) & (g < b)]), run.params, ids), hp
+            ).compact(a, b) for a, b in ranges]
         split = agg.reduce(PartialSums.concat(parts))
         np.testing.assert_array_equal(split.items, whole.items)
         np.testing.assert_array_equal(split.d_Q, whole.d_Q)

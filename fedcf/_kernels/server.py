@@ -12,17 +12,20 @@ from numba import njit, prange
 
 from .util import chunk_span, store
 
+# x·0 is 0 for a finite x and NaN otherwise, so a sum of such terms tells whether all are
+# finite in any order: "reassoc" lets it run in SIMD lanes ("nnan"/"ninf" stay off).
+_ANY_ORDER = {"reassoc"}
 
-@njit(cache=True)
+
+@njit(cache=True, fastmath=_ANY_ORDER)
 def _client_finite(d_Q, d_b, lo, hi):
     K = d_Q.shape[1]
+    acc = 0.0
     for e in range(lo, hi):
-        if not np.isfinite(d_b[e]):
-            return False
+        acc += d_b[e] * 0.0
         for a in range(K):
-            if not np.isfinite(d_Q[e, a]):
-                return False
-    return True
+            acc += d_Q[e, a] * 0.0
+    return acc == 0.0
 
 
 @njit(cache=True, parallel=True)
@@ -35,13 +38,13 @@ def finite_clients(offsets, d_Q, d_b):
     return ok
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=_ANY_ORDER)
 def _sgd_row(x, r, delta, t, lr):
-    ok = True
+    acc = 0.0
     for a in range(x.shape[1]):
         x[r, a] = x[r, a] + lr * delta[t, a]
-        ok = ok and np.isfinite(x[r, a])
-    return ok
+        acc += x[r, a] * 0.0
+    return acc == 0.0
 
 
 @njit(cache=True, parallel=True)
@@ -279,6 +282,112 @@ def tree_sum_runs(order, items, node_lo, node_level, s_Q, s_b, depth, a, b,
         return m
     return _compact_runs(starts, counts, order, items, out_items, out_lo, out_level, out_Q,
                          out_b)
+
+
+@njit(cache=True)
+def _counting_order(keys, src, n_keys):
+    """Positions ``src`` stably sorted by keys[src] (each in [0, n_keys)): a counting sort."""
+    ptr = np.zeros(n_keys + 1, np.int64)
+    for e in src:
+        ptr[keys[e] + 1] += 1
+    for k in range(n_keys):
+        ptr[k + 1] += ptr[k]
+    out = np.empty(src.shape[0], np.int64)
+    for e in src:
+        out[ptr[keys[e]]] = e
+        ptr[keys[e]] += 1
+    return out
+
+
+@njit(cache=True)
+def _msb_below(x, y):
+    """The highest set bit of x is below that of y (x, y ≥ 0)."""
+    return x < y and x < (x ^ y)
+
+
+@njit(cache=True)
+def _add_down(st_Q, st_b, t):
+    """Stack entry t − 1 becomes entry t − 1 + entry t (left + right)."""
+    for q in range(st_Q.shape[1]):
+        st_Q[t - 1, q] = st_Q[t - 1, q] + st_Q[t, q]
+    st_b[t - 1] = st_b[t - 1] + st_b[t]
+
+
+@njit(cache=True)
+def _grouped_item(ent, lo, hi, groups, scale, d_Q, d_b, stack, r, out_Q, out_b):
+    """One item's entries ent[lo:hi] (sorted by group, then cohort order) summed as
+    ``tree_sum_runs`` sums the per-group sums: each group's Σ scale·delta in that order, from
+    0, then sibling subtrees added left + right. Two present groups a < b meet at the level of
+    the highest bit of a ^ b, so the stack (subtree sums, left to right; st_x[j] = the last
+    group of entry j ^ the first of entry j + 1) adds its top two entries while they meet
+    below where the next group meets them. Row r of the outputs receives the total."""
+    st_x, st_Q, st_b = stack
+    K = d_Q.shape[1]
+    n = 0
+    for t in range(lo, hi):
+        e, w = ent[t], scale[ent[t]]
+        if t > lo and groups[e] == groups[ent[t - 1]]:
+            for q in range(K):
+                st_Q[n - 1, q] += w * d_Q[e, q]
+            st_b[n - 1] += w * d_b[e]
+            continue
+        if t > lo:  # a new group: first add the subtrees that meet below it
+            x = groups[ent[t - 1]] ^ groups[e]
+            while n >= 2 and _msb_below(st_x[n - 2], x):
+                _add_down(st_Q, st_b, n - 1)
+                n -= 1
+            st_x[n - 1] = x
+        for q in range(K):
+            st_Q[n, q] = 0.0 + w * d_Q[e, q]
+        st_b[n] = 0.0 + w * d_b[e]
+        n += 1
+    while n >= 2:
+        _add_down(st_Q, st_b, n - 1)
+        n -= 1
+    for q in range(K):
+        out_Q[r, q] = st_Q[0, q]
+    out_b[r] = st_b[0]
+
+
+@njit(cache=True, parallel=True)
+def grouped_tree_sum(items, groups, scale, d_Q, d_b, depth, out_items, out_Q, out_b):
+    """``tree_sum_runs`` over all groups of the per-(item, group) sums that ``sum_sorted_runs``
+    makes, in one pass and bit for bit the same: per item, each reduce group's Σ scale[e] ·
+    delta[e] over its entries in entry (cohort) order, from 0, then the groups added up the
+    fixed binary tree of 2**depth leaves (left + right; a lone child moves up).
+
+    Entries with item < 0 or scale 0 are skipped. Writes the m touched items in increasing
+    order with their sums to out_* (≥ m rows) and returns m, or −1 if a used entry's group is
+    outside [0, 2**depth). Entries are ordered by two counting sorts (group, then item); items
+    are summed in parallel, each by one thread in that fixed order.
+    """
+    n_groups = 1 << depth
+    used = np.empty(items.shape[0], np.int64)
+    nu, span = 0, 1
+    for e in range(items.shape[0]):
+        if items[e] >= 0 and scale[e] != 0.0:
+            if groups[e] < 0 or groups[e] >= n_groups:
+                return -1
+            used[nu] = e
+            nu += 1
+            span = max(span, items[e] + 1)
+    ent = _counting_order(items, _counting_order(groups, used[:nu], n_groups), span)
+    starts = np.empty(nu + 1, np.int64)
+    m = 0
+    for t in range(nu):
+        if t == 0 or items[ent[t]] != items[ent[t - 1]]:
+            starts[m] = t
+            out_items[m] = items[ent[t]]
+            m += 1
+    starts[m] = nu
+    n_chunks = (m + ITEMS_PER_CHUNK - 1) // ITEMS_PER_CHUNK
+    for ch in prange(n_chunks):
+        stack = (np.empty(depth + 1, np.int64), np.empty((depth + 1, d_Q.shape[1])),
+                 np.empty(depth + 1))  # at most one subtree per level
+        for r in range(ch * ITEMS_PER_CHUNK, min(m, (ch + 1) * ITEMS_PER_CHUNK)):
+            _grouped_item(ent, starts[r], starts[r + 1], groups, scale, d_Q, d_b, stack,
+                          r, out_Q, out_b)
+    return m
 
 
 @njit(cache=True)

@@ -11,7 +11,7 @@ import numpy as np
 from scipy import sparse
 
 from .._kernels.server import robust_sorted_runs
-from .partials import group_sums
+from .partials import merged_sums
 from .phases import (
     ClientOutputs,
     GlobalDelta,
@@ -232,8 +232,8 @@ class FoolsGoldMean(WeightedMean):
         """The mean with weights w_k·α_k (a client with α_k = 0 counts as not used)."""
         bad, w, _ = client_weights(out, hp)
         a = w * sybil_scores(out, w, self.kappa)
-        return self.reduce(group_sums(out, out.client_ids(), a, a, bad, (w == 0) & ~bad),
-                           round_idx)
+        return self.aggregate(merged_sums(out, out.client_ids(), a, a, bad, (w == 0) & ~bad),
+                              round_idx)
 
     def __repr__(self):
         return f"FoolsGoldMean(kappa={self.kappa})"

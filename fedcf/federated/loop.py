@@ -185,13 +185,14 @@ class Run:
         return {**self.hyper.values(), **rec}
 
     def client_work(self, cohort, ids, hp, t):
-        """Phases 2 and 3: (per-client outputs or None, the aggregate). A linear aggregator is
-        reduced from the executor's partial sums (on a cluster, no single upload travels to
-        the driver); the others, and learning the client-weighting exponent (its derivative
-        needs every upload), get the per-client outputs."""
+        """Phases 2 and 3: (per-client outputs or None, the aggregate). On a cluster (an
+        executor with ``partials``), a linear aggregator is reduced from the shards' partial
+        sums: no single upload travels to the driver. The others, learning the
+        client-weighting exponent (its derivative needs every upload), and an executor whose
+        outputs are here anyway give the aggregator the per-client outputs (the same bits)."""
         t0 = time.perf_counter()
-        if self.aggregator.reducible() and not (self.hyper is not None and
-                                           "weight_exponent" in self.hyper.names):
+        if hasattr(self.executor, "partials") and self.aggregator.reducible() and not (
+                self.hyper is not None and "weight_exponent" in self.hyper.names):
             outputs = None
             parts = self.executor.partials(cohort, self.params, ids, self.aggregator, hp)
             t1 = time.perf_counter()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .._kernels.server import sum_sorted_runs, tree_sum_runs
+from .._kernels.server import grouped_tree_sum, sum_sorted_runs, tree_sum_runs
 
 TREE_DEPTH = 6
 REDUCE_GROUPS = 2 ** TREE_DEPTH  # leaves of the reduction tree
@@ -71,14 +71,12 @@ class PartialSums:
         return cls(*(None if parts[0].rank is None and f.name == "rank" else
                      np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
 
-    def total(self, name: str) -> float:
-        """One counter summed over the groups in group order (deterministic)."""
-        order = np.argsort(self.stat_groups, kind="stable")
-        col = self.stats[order, STATS.index(name)]
-        acc = 0.0
-        for v in col:
-            acc += v
-        return acc
+    def totals(self) -> dict:
+        """Each counter summed over the groups one after another in group order, from 0
+        (deterministic)."""
+        rows = self.stats[np.argsort(self.stat_groups, kind="stable")]
+        acc = np.cumsum(np.vstack([np.zeros(len(STATS)), rows]), axis=0)[-1]
+        return {name: float(v) for name, v in zip(STATS, acc)}
 
 
 def group_sums(out, clients, num, w, bad, empty) -> PartialSums:
@@ -86,16 +84,35 @@ def group_sums(out, clients, num, w, bad, empty) -> PartialSums:
     (0 leaves them out), its weight w[k] (0: not used) counted in the denominator; ``clients``
     are the dense ids in cohort order, ``bad`` the non-finite uploads, ``empty`` the clients
     with nothing to send."""
+    parts, owner, valid = _group_counters(out, clients, num, w, bad, empty)
     K = out.d_Q.shape[1]
-    g_client = reduce_group(clients)
-    owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
-    valid = (out.items >= 0) & (num[owner] != 0)
     span = int(out.items.max()) + 1 if len(out.items) else 1
-    keys = np.where(valid, g_client[owner] * span + out.items, -1)
+    keys = np.where(valid, reduce_group(clients)[owner] * span + out.items, -1)
     order = np.argsort(keys, kind="stable")  # by group, item, then cohort position
     n = int(valid.sum())
     dq, db, key = np.empty((n, K)), np.empty(n), np.empty(n, np.int64)
     r = sum_sorted_runs(order[len(order) - n:], keys, out.d_Q, out.d_b, num[owner], dq, db, key)
+    return replace(parts, groups=key[:r] // span, items=key[:r] % span, s_Q=dq[:r], s_b=db[:r])
+
+
+def merged_sums(out, clients, num, w, bad, empty) -> Merged:
+    """``merge(group_sums(...))``, bit for bit, in one pass over the entries without making
+    a row per group and item (for client outputs that are all in this process)."""
+    parts, owner, _ = _group_counters(out, clients, num, w, bad, empty)
+    n = len(out.items)
+    items, dq, db = np.empty(n, np.int64), np.empty((n, out.d_Q.shape[1])), np.empty(n)
+    m = grouped_tree_sum(out.items, reduce_group(clients)[owner], num[owner], out.d_Q,
+                         out.d_b, TREE_DEPTH, items, dq, db)
+    return Merged(items[:m], dq[:m], db[:m], *_merge_counters(parts))
+
+
+def _group_counters(out, clients, num, w, bad, empty):
+    """(PartialSums with the per-group counters and no rows, owner of each entry, entries
+    that count)."""
+    K = out.d_Q.shape[1]
+    g_client = reduce_group(clients)
+    owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+    valid = (out.items >= 0) & (num[owner] != 0)
     used = w > 0
     present = np.unique(g_client)
     at = np.searchsorted(present, g_client)
@@ -117,8 +134,10 @@ def group_sums(out, clients, num, w, bad, empty) -> PartialSums:
         rank = np.zeros((len(present), K, K))
         for k in np.flatnonzero(used):
             rank[at[k]] += num[k] * out.rank_terms[k]
-    return PartialSums(key[:r] // span, key[:r] % span, dq[:r], db[:r], present, stats,
-                       worst_c, worst_l, rank)
+    none = np.zeros(0, np.int64)
+    parts = PartialSums(none, none, np.zeros((0, K)), np.zeros(0), present, stats, worst_c,
+                        worst_l, rank)
+    return parts, owner, valid
 
 
 def _worst(present, at, clients, losses, has_query):
@@ -164,16 +183,21 @@ def merge(parts: PartialSums) -> Merged:
     """Add the groups' sums per item up the whole tree; counters in group order."""
     items, _, _, dq, db = tree_sums(parts.items, parts.groups, parts.node_levels(),
                                     parts.s_Q, parts.s_b)
+    return Merged(items, dq, db, *_merge_counters(parts))
+
+
+def _merge_counters(parts: PartialSums):
+    """(rank, totals, worst client, its loss) over the groups, in group order."""
     K = parts.s_Q.shape[1]
-    totals = {name: parts.total(name) for name in STATS}
+    totals = parts.totals()
     rank = None
     if parts.rank is not None:
         rank = np.zeros((K, K))
         for g in np.argsort(parts.stat_groups, kind="stable"):
             rank += parts.rank[g]
-    worst = -1, -np.inf
-    for g in np.argsort(parts.stat_groups, kind="stable"):
-        c, loss = int(parts.worst_client[g]), float(parts.worst_loss[g])
-        if c >= 0 and (loss > worst[1] or (loss == worst[1] and c < worst[0])):
-            worst = c, loss
-    return Merged(items, dq, db, rank, totals, worst[0], worst[1])
+    c, loss = parts.worst_client, parts.worst_loss
+    has = np.flatnonzero(c >= 0)
+    if not len(has):
+        return rank, totals, -1, -np.inf
+    g = has[np.lexsort((c[has], -loss[has]))[0]]  # largest loss, then smallest id
+    return rank, totals, int(c[g]), float(loss[g])

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._kernels.server import finite_clients
-from .partials import Merged, PartialSums, group_sums, merge
+from .partials import Merged, PartialSums, group_sums, merge, merged_sums
 
 
 @dataclass(frozen=True)
@@ -172,11 +172,6 @@ class LocalExecutor:
         return ClientOutputs(offsets, out[1], out[2], out[3], weights.astype(np.float64), out[4],
                              rank_terms, clients)
 
-    def partials(self, cohort: Cohort, params: dict, ids: np.ndarray, aggregator,
-                 hp: RoundHyperparams) -> PartialSums:
-        """The cohort's PartialSums for a linear aggregator (what a cluster shard returns)."""
-        return aggregator.partials(self.run(cohort, params, ids), hp)
-
     def tangents(self, cohort: Cohort, params: dict, tangents, ids: np.ndarray):
         """The cohort's query losses at ``params`` and their derivatives along ``tangents``
         (federated hypergradients, see hyper.py): (losses (m,), jvp (m, H), query sizes (m,))."""
@@ -237,8 +232,8 @@ class GlobalDelta:
 def summarize(out: ClientOutputs, hp: RoundHyperparams) -> RoundSummary:
     """The RoundSummary of per-client outputs (for aggregators that need every upload)."""
     bad, w, _ = client_weights(out, hp)
-    return RoundSummary.from_merged(merge(group_sums(
-        out, out.client_ids(), np.zeros(out.n_clients), w, bad, (w == 0) & ~bad)))
+    return RoundSummary.from_merged(merged_sums(
+        out, out.client_ids(), np.zeros(out.n_clients), w, bad, (w == 0) & ~bad))
 
 
 def empty_delta(K: int, summary: RoundSummary, client_w=None) -> GlobalDelta:
@@ -281,23 +276,31 @@ class WeightedMean:
         return delta
 
     def partials(self, out: ClientOutputs, hp: RoundHyperparams) -> PartialSums:
-        bad, w, _ = client_weights(out, hp)
-        num = np.where(w > 0, self.client_numerators(out, w), 0.0)
-        return group_sums(out, out.client_ids(), num, w, bad, (w == 0) & ~bad)
+        """Sums per reduce group (what a cluster's shard sends; ``reduce`` ends them)."""
+        return self._sums(out, hp, group_sums)
 
     def reduce(self, parts: PartialSums, round_idx: int = 0) -> GlobalDelta:
-        mg = merge(parts)
-        summary = RoundSummary.from_merged(mg)
-        denom = self.denominator(mg.totals)
-        if not denom > 0:
-            return self.finish(empty_delta(parts.s_Q.shape[1], summary), round_idx)
-        rank = None if mg.rank is None else mg.rank / denom
-        return self.finish(GlobalDelta(mg.items, mg.s_Q / denom, mg.s_b / denom, rank, summary,
-                                       int(mg.totals["values_up"])), round_idx)
+        return self.aggregate(merge(parts), round_idx)
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
-        return self.reduce(self.partials(out, hp), round_idx)
+        """``reduce(partials(out, hp))`` bit for bit, without the per-group rows."""
+        return self.aggregate(self._sums(out, hp, merged_sums), round_idx)
+
+    def _sums(self, out: ClientOutputs, hp: RoundHyperparams, how):
+        bad, w, _ = client_weights(out, hp)
+        num = np.where(w > 0, self.client_numerators(out, w), 0.0)
+        return how(out, out.client_ids(), num, w, bad, (w == 0) & ~bad)
+
+    def aggregate(self, mg: Merged, round_idx: int) -> GlobalDelta:
+        """The aggregate from the cohort's merged sums."""
+        summary = RoundSummary.from_merged(mg)
+        denom = self.denominator(mg.totals)
+        if not denom > 0:
+            return self.finish(empty_delta(mg.s_Q.shape[1], summary), round_idx)
+        rank = None if mg.rank is None else mg.rank / denom
+        return self.finish(GlobalDelta(mg.items, mg.s_Q / denom, mg.s_b / denom, rank, summary,
+                                       int(mg.totals["values_up"])), round_idx)
 
 
 def client_weights(out: ClientOutputs, hp: RoundHyperparams):

@@ -250,9 +250,10 @@ def _cohort(clients) -> Cohort:
 
 
 class BoundRayExecutor:
-    """The executor of one run (made by ``RayExecutor.bind``); same interface as
-    ``LocalExecutor``: ``run``, ``partials``, ``tangents``, ``counts``, plus ``round_stats``
-    (restarts and the seconds of broadcast, client work and reduce) and ``close``."""
+    """The executor of one run (made by ``RayExecutor.bind``): ``LocalExecutor``'s ``run``,
+    ``tangents`` and ``counts``, plus ``partials`` (the shards' sums, which the loop reduces),
+    ``round_stats`` (restarts and the seconds of broadcast, client work and reduce) and
+    ``close``."""
 
     def __init__(self, spec: RayExecutor, data):
         ray = connect(spec.address)

@@ -329,9 +329,6 @@ class FlowerExecutor:
             return _no_outputs(Q)
         return ClientOutputs.concat(parts).take(cohort_order(cohort, got))
 
-    def partials(self, cohort, params, ids, aggregator, hp):
-        return aggregator.partials(self.run(cohort, params, ids), hp)
-
     def tangents(self, cohort, params, tangents, ids):
         raise NotImplementedError("learned hyperparameters are not available in a Flower run")
 
