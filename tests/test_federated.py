@@ -126,11 +126,17 @@ def test_client_output_carries_no_local_params(small_population):
     cfg = client_cfg("time", 0.5, "als", "uniform", 0.05, 0.1, 1e-4)
     qs = kcl.query_sizes(inter.counts()[clients], SPLIT_TIME, 0.5)
     offsets = np.r_[0, np.cumsum(qs)].astype(np.int64)
-    out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
-           np.empty(offsets[-1]), np.full(10, np.nan))
-    kcl.fedrecon_clients((inter.indptr, inter.items, inter.values), clients, (Q, b), cfg,
-                          sgd_hp(0.1, 0, 5, 50, 1, 3.5, True), sgd_hp(0.5, 0, 5, 50, 1, 3.5, True),
-                          np.array([1, 0], np.uint64), out)
+    outs = []
+    for n_workers in (1, 2, 3, 16):  # threads taking clients: the same outputs
+        out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
+               np.empty(offsets[-1]), np.full(10, np.nan))
+        kcl.fedrecon_clients((inter.indptr, inter.items, inter.values), clients, (Q, b), cfg,
+                              sgd_hp(0.1, 0, 5, 50, 1, 3.5, True),
+                              sgd_hp(0.5, 0, 5, 50, 1, 3.5, True),
+                              np.array([1, 0], np.uint64), out, n_workers)
+        for x, y in zip(out, outs[0] if outs else out):
+            np.testing.assert_array_equal(x, y)
+        outs.append(out)
     # the only outputs: item ids, item-row deltas, item-bias deltas, losses
     _, d_items, d_Q, d_b, losses = out
     assert d_Q.shape == (offsets[-1], K) and d_b.shape == (offsets[-1],)

@@ -414,6 +414,37 @@ def test_grouped_tree_sum_matches_its_twin_bit_for_bit(depth, n_entries):
         -1 if len(twin[0]) else 0)
 
 
+def test_threads_take_each_client_once_from_the_queue_largest_first():
+    from numba import njit, prange
+
+    from fedcf._kernels.util import claim, largest_first
+
+    @njit(parallel=True)
+    def take(n, n_workers):
+        queue, taken = np.zeros(1, np.int64), np.zeros(n, np.int64)
+        for _ in prange(n_workers):
+            while True:
+                i = claim(queue)
+                if i >= n:
+                    break
+                taken[i] += 1
+        return taken
+
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            for n_workers in (1, 2, 5):
+                assert np.all(take(5000, n_workers) == 1)
+    finally:
+        numba.set_num_threads(before)
+    indptr = np.array([0, 5, 5, 9, 30, 34], np.int64)  # rows 5, 0, 4, 21, 4
+    order = largest_first(indptr, np.array([4, 1, 0, 3, 2], np.int64), 16.0)
+    assert order.tolist() == [3, 2, 0, 4, 1]  # 21, 5, then the 4s by position, then 0
+    with pytest.raises(Exception, match="int64"):
+        njit(lambda a: claim(a))(np.zeros(1))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_non_finite_guards_match_numpy(dtype):
     from fedcf._kernels.server import finite_clients, sgd_rows

@@ -31,7 +31,9 @@ from .layout import (
 )
 from .rng import shuffle_inplace, stream_key
 from .sgd import init_local, item_steps_user, item_work, sgd_reconstruct_user, write_delta
-from .util import gather_entries
+from .util import claim, gather_entries, largest_first
+
+CLIENT_FIXED_COST = 16.0  # a client's work beyond its ratings, in ratings (load balance only)
 
 
 @njit(cache=True)
@@ -119,7 +121,7 @@ def query_loss(items, vals, Q, b, mu, p, c):
 
 
 @njit(cache=True, parallel=True)
-def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
+def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out, n_workers):
     """Federated Reconstruction ClientUpdate for every sampled client (Algorithm 1).
 
     data : (indptr int64, items int, values float64) user-grouped CSR of the training population
@@ -130,20 +132,30 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
     ids : uint64 (2,) = [seed, round] — each client's stream is stream_key(seed, round, client)
     out : (offsets int64 (m+1,), d_items int64, d_Q float, d_b float, losses float64 (m,));
           offsets must equal the cumsum of query_sizes(counts of the clients)
+    n_workers : how many threads take clients, largest first, from a shared queue (the
+          thread count); only the timing depends on it
     """
     Q, b = glob[0], glob[1]
     offsets, d_items, d_Q, d_b, losses = out[0], out[1], out[2], out[3], out[4]
     K = Q.shape[1]
     mu = update_hp[HP_OFFSET]
-    for k in prange(clients.shape[0]):
-        state, s_items, s_vals, q_items, q_vals = client_sets(data, clients[k], cfg, ids)
-        p = np.zeros(K)
-        cb = np.zeros(1)
-        reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb)
-        losses[k] = query_loss(q_items, q_vals, Q, b, mu, p, cb[0])
-        work = item_work(q_items.shape[0], K)
-        m = item_steps_user(q_items, q_vals, Q, b, update_hp, p, cb, state, work)
-        write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k], (d_items, d_Q, d_b))
+    order = largest_first(data[0], clients, CLIENT_FIXED_COST)
+    queue = np.zeros(1, np.int64)
+    for _ in prange(max(n_workers, 1)):
+        while True:
+            i = claim(queue)
+            if i >= order.shape[0]:
+                break
+            k = order[i]
+            state, s_items, s_vals, q_items, q_vals = client_sets(data, clients[k], cfg, ids)
+            p = np.zeros(K)
+            cb = np.zeros(1)
+            reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb)
+            losses[k] = query_loss(q_items, q_vals, Q, b, mu, p, cb[0])
+            work = item_work(q_items.shape[0], K)
+            m = item_steps_user(q_items, q_vals, Q, b, update_hp, p, cb, state, work)
+            write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k],
+                        (d_items, d_Q, d_b))
 
 
 @njit(cache=True, parallel=True)

@@ -14,7 +14,9 @@ pass ``np.int64(k)`` instead.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .rng import shuffle_inplace
 
@@ -34,6 +36,34 @@ def chunk_span(ptr, ch, size, n):
     for r in range(lo, hi):
         longest = max(longest, ptr[r + 1] - ptr[r])
     return lo, hi, longest
+
+
+@intrinsic
+def claim(typingctx, counter):
+    """counter[0] += 1 as one atomic step; returns the value before (a shared work queue for
+    the threads of a ``prange``: each value is handed out exactly once)."""
+    sig = types.int64(counter)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, signature.args[0], ary,
+                                       [context.get_constant(types.intp, 0)])
+        return builder.atomic_rmw("add", ptr, context.get_constant(types.int64, 1), "monotonic")
+
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        raise TypeError("claim needs an int64 array")
+    return sig, codegen
+
+
+@njit(cache=True)
+def largest_first(indptr, clients, fixed):
+    """Positions of ``clients`` by decreasing work (row count plus ``fixed``; ties by position):
+    the order in which threads take them from a shared queue (``claim``), so that no thread
+    is left with a large client at the end. Only the timing depends on it."""
+    cost = np.empty(clients.shape[0])
+    for k in range(clients.shape[0]):
+        cost[k] = indptr[clients[k] + 1] - indptr[clients[k]] + fixed
+    return np.argsort(-cost, kind="mergesort")
 
 
 @njit(cache=True)
