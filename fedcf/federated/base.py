@@ -253,7 +253,8 @@ class FederatedMFBase(MFEstimatorBase):
                        "seed": seed, "biases": bool(self.biases),
                        "eligible_weights": program.layout(counts[eligible])[0]}),
                   hyperparams=self._round_hyperparams(),
-                  fingerprint=data_fingerprint(inter, seed),
+                  fingerprint=None if self.checkpoint_path is None else  # only to resume
+                  data_fingerprint(inter, seed),
                   run_params={k: v for k, v in self.get_params(deep=False).items()
                               if k not in RESUME_FREE},
                   usable_loss=self._usable_loss(inter), hyper=self._make_hyper(),
