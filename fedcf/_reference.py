@@ -534,9 +534,11 @@ def tree_sum(items, node_lo, node_level, s_Q, s_b, depth, a, b):
             np.array([o[2] for o in out]), R[:, :-1], R[:, -1])
 
 
-def grouped_tree_sum(items, groups, scale, d_Q, d_b, depth):
+def grouped_tree_sum(offsets, items, group, scale, d_Q, d_b, depth):
     """Twin of ``grouped_tree_sum``: per (item, group), Σ scale·delta in entry order from 0;
     then ``tree_sum`` of those group sums over the whole tree. Returns (items, s_Q, s_b)."""
+    owner = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    groups, scale = group[owner], scale[owner]
     used = [e for e in range(len(items)) if items[e] >= 0 and scale[e] != 0.0]
     keys = sorted({(int(items[e]), int(groups[e])) for e in used})
     row = {k: i for i, k in enumerate(keys)}
@@ -549,6 +551,30 @@ def grouped_tree_sum(items, groups, scale, d_Q, d_b, depth):
     j, _, _, s_Q, s_b = tree_sum(it, lo, np.zeros_like(lo), S[:, :-1], S[:, -1], depth, 0,
                                  2 ** depth)
     return j, s_Q, s_b
+
+
+def group_counters(clients, group, offsets, items, num, w, bad, empty, losses, weights,
+                   values_per_row, rank_values, n_groups):
+    """Twin of ``group_counters``: each counter column by ``np.bincount`` over the clients'
+    groups (it adds in input order), the worst client by a lexsort per group."""
+    owner = np.repeat(np.arange(len(clients)), np.diff(offsets))
+    sent = np.bincount(owner[(items >= 0) & (num[owner] != 0)], minlength=len(clients))
+    used, finite = w > 0, np.isfinite(losses)
+    loss_w = np.where(used & finite, weights, 0.0)
+    cols = [np.where(used, w, 0.0), np.ones(len(clients)), used * 1.0, bad * 1.0,
+            (bad & ~finite) * 1.0, empty * 1.0, sent * values_per_row + used * rank_values,
+            loss_w * np.where(loss_w > 0, losses, 0.0), loss_w]
+    present = np.unique(group)
+    at = np.searchsorted(present, group)
+    stats = np.stack([np.bincount(at, weights=c, minlength=len(present)) for c in cols], 1)
+    key = np.where(finite, losses, np.inf)
+    worst_c, worst_l = np.full(len(present), -1, np.int64), np.full(len(present), -np.inf)
+    for s in range(len(present)):
+        k = np.flatnonzero((at == s) & (weights > 0))
+        if len(k):
+            best = k[np.lexsort((clients[k], -key[k]))[0]]
+            worst_c[s], worst_l[s] = clients[best], key[best]
+    return present, stats.reshape(len(present), len(cols)), worst_c, worst_l
 
 
 # ---------------------------------------------------------------------- catalog, local rows

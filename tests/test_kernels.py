@@ -387,31 +387,57 @@ def test_tree_sum_runs_matches_its_twin_bit_for_bit(a, b, pre):
         np.testing.assert_allclose(results[0][3], [s_Q[items == j].sum(0) for j in range(12)])
 
 
+def _cohort(rng, n_clients, n_entries, n_groups):
+    """Client slots (offsets), entries with padding (item −1), groups, factors (some 0)."""
+    cuts = np.sort(rng.integers(0, n_entries + 1, n_clients - 1))
+    offsets = np.r_[0, cuts, n_entries].astype(np.int64)
+    items = rng.integers(-1, 9, n_entries)
+    group = rng.integers(0, n_groups, n_clients)
+    scale = np.where(rng.random(n_clients) < 0.2, 0.0, rng.exponential(size=n_clients))
+    return offsets, items, group, scale
+
+
 @pytest.mark.parametrize("depth,n_entries", [(4, 400), (6, 60), (1, 30), (6, 0)])
 def test_grouped_tree_sum_matches_its_twin_bit_for_bit(depth, n_entries):
     from fedcf._kernels.server import grouped_tree_sum
 
     rng = np.random.default_rng(depth * 100 + n_entries)
-    items = rng.integers(-1, 9, n_entries)  # −1: a padding slot
-    groups = rng.integers(0, 2 ** depth, n_entries)
-    scale = np.where(rng.random(n_entries) < 0.2, 0.0, rng.exponential(size=n_entries))
+    offsets, items, group, scale = _cohort(rng, 25, n_entries, 2 ** depth)
     d_Q = rng.normal(size=(n_entries, 3)).astype(np.float32)
     d_b = rng.normal(size=n_entries).astype(np.float32)
-    twin = ref.grouped_tree_sum(items, groups, scale, d_Q, d_b, depth)
+    twin = ref.grouped_tree_sum(offsets, items, group, scale, d_Q, d_b, depth)
     before = numba.get_num_threads()
     try:
         for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(threads)
             out = [np.empty(n_entries, np.int64), np.empty((n_entries, 3)), np.empty(n_entries)]
-            m = grouped_tree_sum(items, groups, scale, d_Q, d_b, depth, *out)
+            m = grouped_tree_sum(offsets, items, group, scale, d_Q, d_b, depth, *out)
             for x, y in zip([o[:m] for o in out], twin):
                 np.testing.assert_array_equal(x, y)
     finally:
         numba.set_num_threads(before)
-    groups[np.flatnonzero((items >= 0) & (scale != 0))[:1]] = 2 ** depth  # outside the tree
+    group[scale > 0] = 2 ** depth  # outside the tree
     out = [np.empty(n_entries, np.int64), np.empty((n_entries, 3)), np.empty(n_entries)]
-    assert grouped_tree_sum(items, groups, scale, d_Q, d_b, depth, *out) == (
-        -1 if len(twin[0]) else 0)
+    assert grouped_tree_sum(offsets, items, group, scale, d_Q, d_b, depth, *out) == -1
+
+
+@pytest.mark.parametrize("rank", [False, True])
+def test_group_counters_match_their_twin_bit_for_bit(rank):
+    from fedcf._kernels.server import group_counters
+
+    rng = np.random.default_rng(int(rank))
+    m = 300
+    offsets, items, group, num = _cohort(rng, m, 2000, 64)
+    clients = rng.choice(10_000, m, replace=False).astype(np.int64)
+    w = np.where(rng.random(m) < 0.1, 0.0, rng.exponential(size=m))
+    bad, empty = rng.random(m) < 0.1, rng.random(m) < 0.1
+    losses = np.round(rng.exponential(size=m), 1)  # ties: the smaller id is the worst
+    losses[rng.random(m) < 0.05] = np.nan
+    weights = np.where(rng.random(m) < 0.1, 0.0, rng.integers(1, 50, m) * 1.0)
+    args = (clients, group, offsets, items, num, w, bad, empty, losses, weights, 9.0,
+            64.0 if rank else 0.0, 64)
+    for x, y in zip(group_counters(*args), ref.group_counters(*args)):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_threads_take_each_client_once_from_the_queue_largest_first():

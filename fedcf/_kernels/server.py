@@ -350,28 +350,34 @@ def _grouped_item(ent, lo, hi, groups, scale, d_Q, d_b, stack, r, out_Q, out_b):
 
 
 @njit(cache=True, parallel=True)
-def grouped_tree_sum(items, groups, scale, d_Q, d_b, depth, out_items, out_Q, out_b):
+def grouped_tree_sum(offsets, items, group, scale, d_Q, d_b, depth, out_items, out_Q, out_b):
     """``tree_sum_runs`` over all groups of the per-(item, group) sums that ``sum_sorted_runs``
-    makes, in one pass and bit for bit the same: per item, each reduce group's Σ scale[e] ·
-    delta[e] over its entries in entry (cohort) order, from 0, then the groups added up the
+    makes, in one pass and bit for bit the same: per item, each reduce group's Σ scale ·
+    delta over its entries in entry (cohort) order, from 0, then the groups added up the
     fixed binary tree of 2**depth leaves (left + right; a lone child moves up).
 
-    Entries with item < 0 or scale 0 are skipped. Writes the m touched items in increasing
-    order with their sums to out_* (≥ m rows) and returns m, or −1 if a used entry's group is
-    outside [0, 2**depth). Entries are ordered by two counting sorts (group, then item); items
-    are summed in parallel, each by one thread in that fixed order.
+    Client k owns entries [offsets[k], offsets[k + 1]), is in reduce group group[k] and
+    weighs its entries by scale[k] (0: left out); entries with item < 0 are skipped. Writes
+    the m touched items in increasing order with their sums to out_* (≥ m rows) and returns
+    m, or −1 if a used client's group is outside [0, 2**depth). Entries are ordered by two
+    counting sorts (group, then item); items are summed in parallel, each by one thread in
+    that fixed order.
     """
-    n_groups = 1 << depth
-    used = np.empty(items.shape[0], np.int64)
+    n = items.shape[0]
+    used = np.empty(n, np.int64)
+    eg, es = np.empty(n, np.int64), np.empty(n)
     nu, span = 0, 1
-    for e in range(items.shape[0]):
-        if items[e] >= 0 and scale[e] != 0.0:
-            if groups[e] < 0 or groups[e] >= n_groups:
-                return -1
-            used[nu] = e
-            nu += 1
-            span = max(span, items[e] + 1)
-    ent = _counting_order(items, _counting_order(groups, used[:nu], n_groups), span)
+    for k in range(offsets.shape[0] - 1):
+        if scale[k] == 0.0:
+            continue
+        if group[k] < 0 or group[k] >= (1 << depth):
+            return -1
+        for e in range(offsets[k], offsets[k + 1]):
+            if items[e] >= 0:
+                used[nu], eg[e], es[e] = e, group[k], scale[k]
+                nu += 1
+                span = max(span, items[e] + 1)
+    ent = _counting_order(items, _counting_order(eg, used[:nu], 1 << depth), span)
     starts = np.empty(nu + 1, np.int64)
     m = 0
     for t in range(nu):
@@ -385,9 +391,56 @@ def grouped_tree_sum(items, groups, scale, d_Q, d_b, depth, out_items, out_Q, ou
         stack = (np.empty(depth + 1, np.int64), np.empty((depth + 1, d_Q.shape[1])),
                  np.empty(depth + 1))  # at most one subtree per level
         for r in range(ch * ITEMS_PER_CHUNK, min(m, (ch + 1) * ITEMS_PER_CHUNK)):
-            _grouped_item(ent, starts[r], starts[r + 1], groups, scale, d_Q, d_b, stack,
-                          r, out_Q, out_b)
+            _grouped_item(ent, starts[r], starts[r + 1], eg, es, d_Q, d_b, stack, r, out_Q,
+                          out_b)
     return m
+
+
+@njit(cache=True)
+def group_counters(clients, group, offsets, items, num, w, bad, empty, losses, weights,
+                   values_per_row, rank_values, n_groups):
+    """Per reduce group present (ascending): the counters of ``partials.STATS`` summed over
+    its clients in cohort order from 0 (as ``np.bincount`` adds them), and its worst client
+    (largest query loss, a non-finite one counting as largest, ties to the smaller id; only
+    clients with a query set; −1 and −inf if none). Client k: dense id clients[k], group
+    group[k] in [0, n_groups), entries [offsets[k], offsets[k + 1]) (item −1: padding),
+    factor num[k] (its entries count in values_up when ≠ 0), weight w[k] (used when > 0),
+    flags bad[k] (non-finite upload) and empty[k], query loss losses[k] and size weights[k].
+    A sent row counts values_per_row numbers (K + 1); a used client sends rank_values more
+    (K² for a rank map, else 0).
+    Returns (present, stats (g, 9), worst_client, worst_loss)."""
+    slot = np.full(n_groups, -1, np.int64)
+    for k in range(clients.shape[0]):
+        slot[group[k]] = 0
+    present = np.flatnonzero(slot == 0)
+    for s in range(present.shape[0]):
+        slot[present[s]] = s
+    stats = np.zeros((present.shape[0], 9))
+    worst_c = np.full(present.shape[0], -1, np.int64)
+    worst_l = np.full(present.shape[0], -np.inf)
+    for k in range(clients.shape[0]):
+        s = slot[group[k]]
+        used = w[k] > 0
+        finite = np.isfinite(losses[k])
+        loss_w = weights[k] if used and finite else 0.0
+        n_sent = 0
+        if num[k] != 0:
+            for e in range(offsets[k], offsets[k + 1]):
+                n_sent += items[e] >= 0
+        stats[s, 0] += w[k] if used else 0.0
+        stats[s, 1] += 1.0
+        stats[s, 2] += 1.0 if used else 0.0
+        stats[s, 3] += 1.0 if bad[k] else 0.0
+        stats[s, 4] += 1.0 if bad[k] and not finite else 0.0
+        stats[s, 5] += 1.0 if empty[k] else 0.0
+        stats[s, 6] += n_sent * values_per_row + (rank_values if used else 0.0)
+        stats[s, 7] += loss_w * (losses[k] if loss_w > 0 else 0.0)
+        stats[s, 8] += loss_w
+        key = losses[k] if finite else np.inf
+        if weights[k] > 0 and (key > worst_l[s] or (key == worst_l[s] and
+                                                    clients[k] < worst_c[s])):
+            worst_c[s], worst_l[s] = clients[k], key
+    return present, stats, worst_c, worst_l
 
 
 @njit(cache=True)

@@ -7,7 +7,9 @@ up a fixed binary tree (left + right at every node). A shard of a cluster holds 
 range of groups and returns the sums of the largest subtrees inside it (``compact``) — never
 one client's upload, and at most a row per item per subtree — and the driver's ``merge`` ends
 the tree: bit for bit what the local executor gives, for any number of shards (a float sum
-depends on its order; the tree fixes the order).
+depends on its order; the tree fixes the order). The local executor's clients are all in one
+process, so it takes ``merged_sums``: the same additions in the same order, in one pass, without
+a row per group and item.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .._kernels.server import grouped_tree_sum, sum_sorted_runs, tree_sum_runs
+from .._kernels.server import group_counters, grouped_tree_sum, sum_sorted_runs, tree_sum_runs
 
 TREE_DEPTH = 6
 REDUCE_GROUPS = 2 ** TREE_DEPTH  # leaves of the reduction tree
@@ -84,8 +86,10 @@ def group_sums(out, clients, num, w, bad, empty) -> PartialSums:
     (0 leaves them out), its weight w[k] (0: not used) counted in the denominator; ``clients``
     are the dense ids in cohort order, ``bad`` the non-finite uploads, ``empty`` the clients
     with nothing to send."""
-    parts, owner, valid = _group_counters(out, clients, num, w, bad, empty)
+    parts = _group_counters(out, clients, num, w, bad, empty)
     K = out.d_Q.shape[1]
+    owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+    valid = (out.items >= 0) & (num[owner] != 0)
     span = int(out.items.max()) + 1 if len(out.items) else 1
     keys = np.where(valid, reduce_group(clients)[owner] * span + out.items, -1)
     order = np.argsort(keys, kind="stable")  # by group, item, then cohort position
@@ -98,59 +102,32 @@ def group_sums(out, clients, num, w, bad, empty) -> PartialSums:
 def merged_sums(out, clients, num, w, bad, empty) -> Merged:
     """``merge(group_sums(...))``, bit for bit, in one pass over the entries without making
     a row per group and item (for client outputs that are all in this process)."""
-    parts, owner, _ = _group_counters(out, clients, num, w, bad, empty)
+    parts = _group_counters(out, clients, num, w, bad, empty)
     n = len(out.items)
     items, dq, db = np.empty(n, np.int64), np.empty((n, out.d_Q.shape[1])), np.empty(n)
-    m = grouped_tree_sum(out.items, reduce_group(clients)[owner], num[owner], out.d_Q,
-                         out.d_b, TREE_DEPTH, items, dq, db)
+    m = grouped_tree_sum(out.offsets, out.items, reduce_group(clients),
+                         np.asarray(num, np.float64), out.d_Q, out.d_b, TREE_DEPTH, items, dq, db)
     return Merged(items[:m], dq[:m], db[:m], *_merge_counters(parts))
 
 
-def _group_counters(out, clients, num, w, bad, empty):
-    """(PartialSums with the per-group counters and no rows, owner of each entry, entries
-    that count)."""
+def _group_counters(out, clients, num, w, bad, empty) -> PartialSums:
+    """PartialSums with the per-group counters and no rows."""
     K = out.d_Q.shape[1]
     g_client = reduce_group(clients)
-    owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
-    valid = (out.items >= 0) & (num[owner] != 0)
-    used = w > 0
-    present = np.unique(g_client)
-    at = np.searchsorted(present, g_client)
-    loss_w = np.where(used & np.isfinite(out.losses), out.weights, 0.0)
-    cols = {"weight": np.where(used, w, 0.0),
-            "n_clients": np.ones(out.n_clients), "n_used": used.astype(float),
-            "n_nonfinite": bad.astype(float),
-            "n_nonfinite_recon": (bad & ~np.isfinite(out.losses)).astype(float),
-            "n_empty": empty.astype(float),
-            "values_up": np.bincount(owner[valid], minlength=out.n_clients) * (K + 1.0) +
-            (used * K * K if out.rank_terms is not None else 0.0),
-            "loss_sum": loss_w * np.where(loss_w > 0, out.losses, 0.0), "loss_weight": loss_w}
-    stats = np.zeros((len(present), len(STATS)))
-    for j, name in enumerate(STATS):  # bincount adds in cohort order within a group
-        stats[:, j] = np.bincount(at, weights=cols[name], minlength=len(present))
-    worst_c, worst_l = _worst(present, at, clients, out.losses, out.weights > 0)
+    present, stats, worst_c, worst_l = group_counters(
+        np.asarray(clients, np.int64), g_client, out.offsets, out.items,
+        np.asarray(num, np.float64), np.asarray(w, np.float64), np.asarray(bad, bool),
+        np.asarray(empty, bool), out.losses, out.weights, K + 1.0,
+        float(K * K) if out.rank_terms is not None else 0.0, REDUCE_GROUPS)
     rank = None
     if out.rank_terms is not None:
         rank = np.zeros((len(present), K, K))
-        for k in np.flatnonzero(used):
+        at = np.searchsorted(present, g_client)
+        for k in np.flatnonzero(w > 0):
             rank[at[k]] += num[k] * out.rank_terms[k]
     none = np.zeros(0, np.int64)
-    parts = PartialSums(none, none, np.zeros((0, K)), np.zeros(0), present, stats, worst_c,
-                        worst_l, rank)
-    return parts, owner, valid
-
-
-def _worst(present, at, clients, losses, has_query):
-    """Per group, the client with the largest query loss (non-finite counts as largest; ties
-    go to the smaller id; clients without a query set are skipped), for the diagnosis."""
-    key = np.where(np.isfinite(losses), losses, np.inf)
-    worst_c = np.full(len(present), -1, np.int64)
-    worst_l = np.full(len(present), -np.inf)
-    k = np.flatnonzero(has_query)
-    order = k[np.lexsort((clients[k], -key[k], at[k]))]  # per group: largest loss, smallest id
-    first = order[np.r_[True, at[order][1:] != at[order][:-1]]] if len(order) else order
-    worst_c[at[first]], worst_l[at[first]] = clients[first], key[first]
-    return worst_c, worst_l
+    return PartialSums(none, none, np.zeros((0, K)), np.zeros(0), present, stats, worst_c,
+                       worst_l, rank)
 
 
 @dataclass(frozen=True)
