@@ -314,31 +314,32 @@ def _add_down(st_Q, st_b, t):
 
 
 @njit(cache=True)
-def _grouped_item(lo, hi, groups, rows, rows_b, stack, r, out_Q, out_b):
-    """One item's terms rows[lo:hi] (scale · delta, sorted by group ``groups``, then cohort
-    order) summed as ``tree_sum_runs`` sums the per-group sums: each group's terms in that
-    order, from 0, then sibling subtrees added left + right. Two present groups a < b meet at
-    the level of the highest bit of a ^ b, so the stack (subtree sums, left to right; st_x[j]
-    = the last group of entry j ^ the first of entry j + 1) adds its top two entries while
-    they meet below where the next group meets them. Row r of the outputs gets the total."""
+def _grouped_item(ent, lo, hi, groups, scale, d_Q, d_b, stack, r, out_Q, out_b):
+    """One item's entries ent[lo:hi] (sorted by group, then cohort order) summed as
+    ``tree_sum_runs`` sums the per-group sums: each group's Σ scale·delta in that order, from
+    0, then sibling subtrees added left + right. Two present groups a < b meet at the level of
+    the highest bit of a ^ b, so the stack (subtree sums, left to right; st_x[j] = the last
+    group of entry j ^ the first of entry j + 1) adds its top two entries while they meet
+    below where the next group meets them. Row r of the outputs receives the total."""
     st_x, st_Q, st_b = stack
-    K = rows.shape[1]
+    K = d_Q.shape[1]
     n = 0
     for t in range(lo, hi):
-        if t > lo and groups[t] == groups[t - 1]:
+        e, w = ent[t], scale[ent[t]]
+        if t > lo and groups[e] == groups[ent[t - 1]]:
             for q in range(K):
-                st_Q[n - 1, q] += rows[t, q]
-            st_b[n - 1] += rows_b[t]
+                st_Q[n - 1, q] += w * d_Q[e, q]
+            st_b[n - 1] += w * d_b[e]
             continue
         if t > lo:  # a new group: first add the subtrees that meet below it
-            x = groups[t - 1] ^ groups[t]
+            x = groups[ent[t - 1]] ^ groups[e]
             while n >= 2 and _msb_below(st_x[n - 2], x):
                 _add_down(st_Q, st_b, n - 1)
                 n -= 1
             st_x[n - 1] = x
         for q in range(K):
-            st_Q[n, q] = 0.0 + rows[t, q]
-        st_b[n] = 0.0 + rows_b[t]
+            st_Q[n, q] = 0.0 + w * d_Q[e, q]
+        st_b[n] = 0.0 + w * d_b[e]
         n += 1
     while n >= 2:
         _add_down(st_Q, st_b, n - 1)
@@ -346,22 +347,6 @@ def _grouped_item(lo, hi, groups, rows, rows_b, stack, r, out_Q, out_b):
     for q in range(K):
         out_Q[r, q] = st_Q[0, q]
     out_b[r] = st_b[0]
-
-
-@njit(cache=True)
-def _gather_terms(ent, lo, hi, eg, es, d_Q, d_b):
-    """The terms scale · delta of entries ent[lo:hi], with their groups, in contiguous rows
-    (one tight loop of independent loads, ahead of the branchy sums)."""
-    K = d_Q.shape[1]
-    rows, rows_b, groups = np.empty((hi - lo, K)), np.empty(hi - lo), np.empty(hi - lo, np.int64)
-    for t in range(hi - lo):
-        e = ent[lo + t]
-        w = es[e]
-        for q in range(K):
-            rows[t, q] = w * d_Q[e, q]
-        rows_b[t] = w * d_b[e]
-        groups[t] = eg[e]
-    return rows, rows_b, groups
 
 
 @njit(cache=True, parallel=True)
@@ -405,12 +390,9 @@ def grouped_tree_sum(offsets, items, group, scale, d_Q, d_b, depth, out_items, o
     for ch in prange(n_chunks):
         stack = (np.empty(depth + 1, np.int64), np.empty((depth + 1, d_Q.shape[1])),
                  np.empty(depth + 1))  # at most one subtree per level
-        r0, r1 = ch * ITEMS_PER_CHUNK, min(m, (ch + 1) * ITEMS_PER_CHUNK)
-        base = starts[r0]
-        rows, rows_b, groups = _gather_terms(ent, base, starts[r1], eg, es, d_Q, d_b)
-        for r in range(r0, r1):
-            _grouped_item(starts[r] - base, starts[r + 1] - base, groups, rows, rows_b, stack,
-                          r, out_Q, out_b)
+        for r in range(ch * ITEMS_PER_CHUNK, min(m, (ch + 1) * ITEMS_PER_CHUNK)):
+            _grouped_item(ent, starts[r], starts[r + 1], eg, es, d_Q, d_b, stack, r, out_Q,
+                          out_b)
     return m
 
 
