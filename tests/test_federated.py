@@ -343,7 +343,7 @@ def test_stateful_kernel_updates_exactly_the_sampled_user_rows(small_population)
            np.empty(offsets[-1]), np.full(3, np.nan))
     kcl.stateful_clients((inter.indptr, inter.items, inter.values), clients, (Q, b), (P, c),
                           sgd_hp(0.1, 0, 5, 50, 1, 3.5, True, True), np.array([0, 0], np.uint64),
-                          out)
+                          out, 3)
     changed = np.flatnonzero(np.any(P != P0, axis=1))
     assert changed.tolist() == clients.tolist()
     assert np.all(c[clients] != 0) and np.all(np.isfinite(out[4]))

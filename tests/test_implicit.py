@@ -88,9 +88,13 @@ def test_implicit_client_kernel_matches_twin(clicks, split, neg):
     offsets = np.r_[0, np.cumsum(slots)].astype(np.int64)
     out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
            np.full(4, np.nan))
-    kfed.fedrecon_implicit_clients((train.indptr, train.items, train.values), clients,
-                                   (Q, item_gram(Q)), cfg, hp, np.array([9, 3], np.uint64),
-                                   train.n_items, out)
+    for n_workers in (3, 1):  # threads taking clients: the same outputs
+        first = [o.copy() for o in out]
+        kfed.fedrecon_implicit_clients((train.indptr, train.items, train.values), clients,
+                                       (Q, item_gram(Q)), cfg, hp, np.array([9, 3], np.uint64),
+                                       train.n_items, out, n_workers)
+    for x, y in zip(out[1:], first[1:]):
+        np.testing.assert_array_equal(x, y)
     for k, u in enumerate(clients):
         s0, e0 = train.indptr[u], train.indptr[u + 1]
         uniq, dq, loss = ref.fedrecon_implicit_client(
@@ -145,7 +149,7 @@ def test_full_negative_client_equals_dense_explicit_steps(clicks):
            np.full(3, np.nan), W)
     kfed.fedrecon_implicit_full_clients((train.indptr, train.items, train.values), clients,
                                         (Q, item_gram(Q)), cfg, hp, np.array([4, 1], np.uint64),
-                                        train.n_items, out)
+                                        train.n_items, out, 2)
     for k, u in enumerate(clients):
         s0, e0 = train.indptr[u], train.indptr[u + 1]
         dense, loss = ref.fedrecon_implicit_full_client(

@@ -31,9 +31,7 @@ from .layout import (
 )
 from .rng import shuffle_inplace, stream_key
 from .sgd import init_local, item_steps_user, item_work, sgd_reconstruct_user, write_delta
-from .util import claim, gather_entries, largest_first
-
-CLIENT_FIXED_COST = 16.0  # a client's work beyond its ratings, in ratings (load balance only)
+from .util import CLIENT_FIXED_COST, claim, gather_entries, largest_first
 
 
 @njit(cache=True)
@@ -159,12 +157,14 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out, n_
 
 
 @njit(cache=True, parallel=True)
-def stateful_clients(data, clients, glob, local, update_hp, ids, out):
+def stateful_clients(data, clients, glob, local, update_hp, ids, out, n_workers):
     """FedAvg / FedPer / FURL ClientUpdate: joint steps on the user's row and the item rows.
 
     local : (P (n_users, K), c (n_users,)) persistent user parameters; row ``clients[k]`` is read
     and overwritten with the client's trained value (clients are distinct, so no two threads share
     a row). update_hp should have joint = 1. Items as in ``fedrecon_clients``; no split.
+    n_workers : how many threads take clients, largest first, from a shared queue (the
+    thread count); only the timing depends on it.
     """
     indptr, items, values = data[0], data[1], data[2]
     Q, b = glob[0], glob[1]
@@ -172,23 +172,30 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out):
     offsets, d_items, d_Q, d_b, losses = out[0], out[1], out[2], out[3], out[4]
     K = Q.shape[1]
     mu = update_hp[HP_OFFSET]
-    for k in prange(clients.shape[0]):
-        u = clients[k]
-        s0, e0 = indptr[u], indptr[u + 1]
-        state = np.array([stream_key(ids[0], ids[1], u)])
-        p = np.empty(K)
-        for a in range(K):
-            p[a] = P[u, a]
-        cb = np.zeros(1)
-        cb[0] = c[u]
-        losses[k] = query_loss(items[s0:e0], values[s0:e0], Q, b, mu, p, cb[0])
-        work = item_work(e0 - s0, K)
-        m = item_steps_user(items[s0:e0], values[s0:e0], Q, b, update_hp, p, cb, state, work)
-        write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k], (d_items, d_Q, d_b))
-        finite = np.isfinite(cb[0])
-        for a in range(K):
-            finite = finite and np.isfinite(p[a])
-        if finite:  # a diverged client keeps its old row; the server drops its item delta too
+    order = largest_first(data[0], clients, CLIENT_FIXED_COST)
+    queue = np.zeros(1, np.int64)
+    for _ in prange(max(n_workers, 1)):
+        while True:
+            i = claim(queue)
+            if i >= order.shape[0]:
+                break
+            k = order[i]
+            u = clients[k]
+            s0, e0 = indptr[u], indptr[u + 1]
+            state = np.array([stream_key(ids[0], ids[1], u)])
+            p = np.empty(K)
             for a in range(K):
-                P[u, a] = p[a]
-            c[u] = cb[0]
+                p[a] = P[u, a]
+            cb = np.zeros(1)
+            cb[0] = c[u]
+            losses[k] = query_loss(items[s0:e0], values[s0:e0], Q, b, mu, p, cb[0])
+            work = item_work(e0 - s0, K)
+            m = item_steps_user(items[s0:e0], values[s0:e0], Q, b, update_hp, p, cb, state, work)
+            write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k], (d_items, d_Q, d_b))
+            finite = np.isfinite(cb[0])
+            for a in range(K):
+                finite = finite and np.isfinite(p[a])
+            if finite:  # a diverged client keeps its old row; the server drops its item delta too
+                for a in range(K):
+                    P[u, a] = p[a]
+                c[u] = cb[0]

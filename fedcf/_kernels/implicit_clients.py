@@ -28,7 +28,10 @@ from .layout import (
 from .rng import next_below, stream_key
 from .sgd import write_rows
 from .util import (
+    CLIENT_FIXED_COST,
+    claim,
     gather_entries,
+    largest_first,
     minibatch_schedule,
     processed_examples,
     store,
@@ -107,7 +110,7 @@ def positive_grad(r, strength, alpha, l2, B, p, Ql, G):
 
 
 @njit(cache=True, parallel=True)
-def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
+def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out, n_workers):
     """FedRecon ClientUpdate for implicit feedback (weighted-ALS reconstruction, sampled negatives).
 
     data : (indptr, items, strengths) user-grouped CSR;  glob : (Q (n_items, K), gram = QᵀQ (K, K)
@@ -120,6 +123,8 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
         (1/B) Σ_pos (1 + alpha·r)(1 − p·q_i)² + ν (1/(B·m)) Σ_neg (p·q_j)² + L2,
     an unbiased mini-batch estimate of mean-over-positives + ν·mean-over-catalog. p is
     reconstructed exactly (``solve_implicit_row``) from the support set and frozen.
+    n_workers : how many threads take clients, largest first, from a shared queue (the
+    thread count); only the timing depends on it.
     """
     Q, gram = glob[0], glob[1]
     offsets, d_items, d_Q, losses = out[0], out[1], out[2], out[3]
@@ -127,52 +132,59 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
     alpha = cfg[IC_ALPHA]
     m_neg, nu = int(cfg[IC_NEG]), cfg[IC_NEG_WEIGHT]
     lr, l2 = hp[HP_LR], hp[HP_LAM]
-    for k in prange(clients.shape[0]):
-        u = clients[k]
-        state = np.array([stream_key(ids[0], ids[1], u)])
-        q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
-        n_q = q_items.shape[0]
-        # the visit order of the query positives, then the negatives drawn for each visit
-        visit, ends, steps = minibatch_schedule(n_q, int(hp[HP_BATCH]), int(hp[HP_STEPS]),
-                                                int(hp[HP_EPOCHS]), state)
-        n_neg = m_neg * (ends[steps - 1] if steps > 0 else 0)
-        all_items = np.empty(n_q + n_neg, np.int64)
-        for t in range(n_q):
-            all_items[t] = q_items[t]
-        for t in range(n_neg):
-            all_items[n_q + t] = next_below(state, n_items)
-        uniq = np.empty(max(n_q + n_neg, 1), np.int64)
-        loc = np.empty(max(n_q + n_neg, 1), np.int64)
-        mrows = unique_rows(all_items, uniq, loc)
-        Ql, G = local_rows(Q, uniq, mrows)
-        store(losses, np.int64(k), confidence_loss(q_items, q_vals, Q, alpha, p))  # see util.store
-        # k_u steps: step s covers visits [ends[s-1], ends[s]) and their negatives
-        v = 0
-        for s in range(steps):
-            end = ends[s]
-            B = end - v
-            for t in range(v, end):
-                positive_grad(loc[visit[t]], q_vals[visit[t]], alpha, l2, B, p, Ql, G)
-                for h in range(m_neg):
-                    rn = loc[n_q + t * m_neg + h]
-                    dn = 0.0
-                    for a in range(K):
-                        dn += p[a] * Ql[rn, a]
-                    gn = 2.0 * nu * dn / (B * m_neg)
-                    for a in range(K):
-                        G[rn, a] += gn * p[a]
-            for t in range(v, end):
-                for h in range(1 + m_neg):
-                    r = loc[visit[t]] if h == 0 else loc[n_q + t * m_neg + h - 1]
-                    for a in range(K):
-                        Ql[r, a] -= lr * G[r, a]
-                        G[r, a] = 0.0
-            v = end
-        write_rows(uniq, mrows, Ql, Q, offsets[k], offsets[k + 1] - offsets[k], d_items, d_Q)
+    order = largest_first(data[0], clients, CLIENT_FIXED_COST)
+    queue = np.zeros(1, np.int64)
+    for _ in prange(max(n_workers, 1)):
+        while True:
+            i = claim(queue)
+            if i >= order.shape[0]:
+                break
+            k = order[i]
+            u = clients[k]
+            state = np.array([stream_key(ids[0], ids[1], u)])
+            q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
+            n_q = q_items.shape[0]
+            # the visit order of the query positives, then the negatives drawn for each visit
+            visit, ends, steps = minibatch_schedule(n_q, int(hp[HP_BATCH]), int(hp[HP_STEPS]),
+                                                    int(hp[HP_EPOCHS]), state)
+            n_neg = m_neg * (ends[steps - 1] if steps > 0 else 0)
+            all_items = np.empty(n_q + n_neg, np.int64)
+            for t in range(n_q):
+                all_items[t] = q_items[t]
+            for t in range(n_neg):
+                all_items[n_q + t] = next_below(state, n_items)
+            uniq = np.empty(max(n_q + n_neg, 1), np.int64)
+            loc = np.empty(max(n_q + n_neg, 1), np.int64)
+            mrows = unique_rows(all_items, uniq, loc)
+            Ql, G = local_rows(Q, uniq, mrows)
+            store(losses, np.int64(k), confidence_loss(q_items, q_vals, Q, alpha, p))  # see util.store
+            # k_u steps: step s covers visits [ends[s-1], ends[s]) and their negatives
+            v = 0
+            for s in range(steps):
+                end = ends[s]
+                B = end - v
+                for t in range(v, end):
+                    positive_grad(loc[visit[t]], q_vals[visit[t]], alpha, l2, B, p, Ql, G)
+                    for h in range(m_neg):
+                        rn = loc[n_q + t * m_neg + h]
+                        dn = 0.0
+                        for a in range(K):
+                            dn += p[a] * Ql[rn, a]
+                        gn = 2.0 * nu * dn / (B * m_neg)
+                        for a in range(K):
+                            G[rn, a] += gn * p[a]
+                for t in range(v, end):
+                    for h in range(1 + m_neg):
+                        r = loc[visit[t]] if h == 0 else loc[n_q + t * m_neg + h - 1]
+                        for a in range(K):
+                            Ql[r, a] -= lr * G[r, a]
+                            G[r, a] = 0.0
+                v = end
+            write_rows(uniq, mrows, Ql, Q, offsets[k], offsets[k + 1] - offsets[k], d_items, d_Q)
 
 
 @njit(cache=True, parallel=True)
-def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, out):
+def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, out, n_workers):
     """Like ``fedrecon_implicit_clients`` but with the exact full-catalog negative term.
 
     Local loss per step: (1/B) Σ_pos c (1 − p·q_i)² + ν · (1/n_items) Σ_all j (p·q_j)² + L2.
@@ -184,6 +196,8 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
     under secure aggregation.)
 
     out : (offsets (query sizes), d_items, d_Q, losses, W (m, K, K) float64).
+    n_workers : how many threads take clients, largest first, from a shared queue (the
+    thread count); only the timing depends on it.
     """
     Q, gram = glob[0], glob[1]
     offsets, d_items, d_Q, losses, Wm = out[0], out[1], out[2], out[3], out[4]
@@ -191,43 +205,50 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
     alpha, nu = cfg[IC_ALPHA], cfg[IC_NEG_WEIGHT]
     lr, l2 = hp[HP_LR], hp[HP_LAM]
     eta = lr * 2.0 * nu / n_items
-    for k in prange(clients.shape[0]):
-        u = clients[k]
-        state = np.array([stream_key(ids[0], ids[1], u)])
-        q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
-        n_q = q_items.shape[0]
-        uniq = np.empty(max(n_q, 1), np.int64)
-        loc = np.empty(max(n_q, 1), np.int64)
-        m = unique_rows(q_items, uniq, loc)
-        Ql, G = local_rows(Q, uniq, m)
-        store(losses, np.int64(k), confidence_loss(q_items, q_vals, Q, alpha, p))
-        visit, ends, steps = minibatch_schedule(n_q, int(hp[HP_BATCH]), int(hp[HP_STEPS]),
-                                                int(hp[HP_EPOCHS]), state)
-        start = 0
-        for s in range(steps):
-            end = ends[s]
-            B = end - start
-            for t in range(start, end):
-                positive_grad(loc[visit[t]], q_vals[visit[t]], alpha, l2, B, p, Ql, G)
-            for r in range(m):  # every positive row also feels the negative term
+    order = largest_first(data[0], clients, CLIENT_FIXED_COST)
+    queue = np.zeros(1, np.int64)
+    for _ in prange(max(n_workers, 1)):
+        while True:
+            i = claim(queue)
+            if i >= order.shape[0]:
+                break
+            k = order[i]
+            u = clients[k]
+            state = np.array([stream_key(ids[0], ids[1], u)])
+            q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
+            n_q = q_items.shape[0]
+            uniq = np.empty(max(n_q, 1), np.int64)
+            loc = np.empty(max(n_q, 1), np.int64)
+            m = unique_rows(q_items, uniq, loc)
+            Ql, G = local_rows(Q, uniq, m)
+            store(losses, np.int64(k), confidence_loss(q_items, q_vals, Q, alpha, p))
+            visit, ends, steps = minibatch_schedule(n_q, int(hp[HP_BATCH]), int(hp[HP_STEPS]),
+                                                    int(hp[HP_EPOCHS]), state)
+            start = 0
+            for s in range(steps):
+                end = ends[s]
+                B = end - start
+                for t in range(start, end):
+                    positive_grad(loc[visit[t]], q_vals[visit[t]], alpha, l2, B, p, Ql, G)
+                for r in range(m):  # every positive row also feels the negative term
+                    dot = 0.0
+                    for a in range(K):
+                        dot += p[a] * Ql[r, a]
+                    for a in range(K):
+                        Ql[r, a] -= lr * G[r, a] + eta * dot * p[a]
+                        G[r, a] = 0.0
+                start = end
+            pp = 0.0
+            for a in range(K):
+                pp += p[a] * p[a]
+            gamma = 1.0 - (1.0 - eta * pp) ** steps if pp > 0 else 0.0
+            scale = gamma / pp if pp > 0 else 0.0
+            write_outer(Wm, k, p, scale)
+            base = offsets[k]
+            write_rows(uniq, m, Ql, Q, base, offsets[k + 1] - base, d_items, d_Q)
+            for r in range(m):  # exact delta minus the rank-1 part the server applies, rounded once
                 dot = 0.0
                 for a in range(K):
-                    dot += p[a] * Ql[r, a]
+                    dot += p[a] * Q[uniq[r], a]
                 for a in range(K):
-                    Ql[r, a] -= lr * G[r, a] + eta * dot * p[a]
-                    G[r, a] = 0.0
-            start = end
-        pp = 0.0
-        for a in range(K):
-            pp += p[a] * p[a]
-        gamma = 1.0 - (1.0 - eta * pp) ** steps if pp > 0 else 0.0
-        scale = gamma / pp if pp > 0 else 0.0
-        write_outer(Wm, k, p, scale)
-        base = offsets[k]
-        write_rows(uniq, m, Ql, Q, base, offsets[k + 1] - base, d_items, d_Q)
-        for r in range(m):  # exact delta minus the rank-1 part the server applies, rounded once
-            dot = 0.0
-            for a in range(K):
-                dot += p[a] * Q[uniq[r], a]
-            for a in range(K):
-                d_Q[base + r, a] = (Ql[r, a] - Q[uniq[r], a]) + scale * dot * p[a]
+                    d_Q[base + r, a] = (Ql[r, a] - Q[uniq[r], a]) + scale * dot * p[a]

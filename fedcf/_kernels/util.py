@@ -38,6 +38,9 @@ def chunk_span(ptr, ch, size, n):
     return lo, hi, longest
 
 
+CLIENT_FIXED_COST = 16.0  # a client's work beyond its ratings, in ratings (load balance only)
+
+
 @intrinsic
 def claim(typingctx, counter):
     """counter[0] += 1 as one atomic step; returns the value before (a shared work queue for

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from .._kernels.clients import stateful_clients
@@ -64,7 +65,8 @@ class StatefulProgram:
         return q, q
 
     def run(self, data, clients, params, local, ids, out):
-        stateful_clients(data, clients, (params["Q"], params["b"]), local, self.update_hp, ids, out)
+        stateful_clients(data, clients, (params["Q"], params["b"]), local, self.update_hp, ids, out,
+                         numba.get_num_threads())
         return None
 
     def tangents(self, data, clients, params, local, tangents, ids):
