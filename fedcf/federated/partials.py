@@ -23,7 +23,8 @@ from .._kernels.server import group_counters, grouped_tree_sum, sum_sorted_runs,
 TREE_DEPTH = 6
 REDUCE_GROUPS = 2 ** TREE_DEPTH  # leaves of the reduction tree
 
-# per-group counters, in this order in PartialSums.stats
+# per-group counters, in this order in PartialSums.stats (the columns _kernels.server.group_counters
+# writes)
 STATS = ("weight", "n_clients", "n_used", "n_nonfinite", "n_nonfinite_recon", "n_empty",
          "values_up", "loss_sum", "loss_weight")
 
