@@ -88,13 +88,9 @@ def test_implicit_client_kernel_matches_twin(clicks, split, neg):
     offsets = np.r_[0, np.cumsum(slots)].astype(np.int64)
     out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
            np.full(4, np.nan))
-    for n_workers in (3, 1):  # threads taking clients: the same outputs
-        first = [o.copy() for o in out]
-        kfed.fedrecon_implicit_clients((train.indptr, train.items, train.values), clients,
-                                       (Q, item_gram(Q)), cfg, hp, np.array([9, 3], np.uint64),
-                                       train.n_items, out, n_workers)
-    for x, y in zip(out[1:], first[1:]):
-        np.testing.assert_array_equal(x, y)
+    kfed.fedrecon_implicit_clients((train.indptr, train.items, train.values), clients,
+                                   (Q, item_gram(Q)), cfg, hp, np.array([9, 3], np.uint64),
+                                   train.n_items, out)
     for k, u in enumerate(clients):
         s0, e0 = train.indptr[u], train.indptr[u + 1]
         uniq, dq, loss = ref.fedrecon_implicit_client(
@@ -149,7 +145,7 @@ def test_full_negative_client_equals_dense_explicit_steps(clicks):
            np.full(3, np.nan), W)
     kfed.fedrecon_implicit_full_clients((train.indptr, train.items, train.values), clients,
                                         (Q, item_gram(Q)), cfg, hp, np.array([4, 1], np.uint64),
-                                        train.n_items, out, 2)
+                                        train.n_items, out)
     for k, u in enumerate(clients):
         s0, e0 = train.indptr[u], train.indptr[u + 1]
         dense, loss = ref.fedrecon_implicit_full_client(
@@ -171,3 +167,22 @@ def test_full_negatives_estimator_trains(clicks):
                            random_state=0).fit(train)
     assert np.all(np.isfinite(m.item_factors_))
     assert m.history_[-1]["loss"] < m.history_[0]["loss"]
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_federated_implicit_is_identical_with_one_and_two_threads(clicks, full):
+    import numba
+
+    from fedcf import FedReconImplicitMF
+
+    train = clicks[0]
+    before, got = numba.get_num_threads(), []
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            m = FedReconImplicitMF(n_factors=4, n_rounds=3, clients_per_round=40,
+                                   full_negatives=full, random_state=5).fit(train)
+            got.append(m.item_factors_.copy())
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(got[0], got[1])

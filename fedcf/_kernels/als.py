@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from .layout import CFG_FIT_BIAS, CFG_LAM, CFG_LAM0, CFG_OFFSET, IA_ALPHA, IA_LAM
-from .util import chunk_span
+from .util import QUEUE_WORKERS, chunk_span, claim
 
 ROWS_PER_CHUNK = 32
 
@@ -234,17 +234,21 @@ def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
     n_rows = indptr.shape[0] - 1
     K = fixed.shape[1]
     n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
-    for ch in prange(n_chunks):
-        A = np.empty((K + 1, K + 1))
-        rhs = np.empty(K + 1)
-        lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
-        buf = np.empty((K + 2) * n_max, fixed.dtype)
-        for r in range(lo, hi):
-            s, e = indptr[r], indptr[r + 1]
-            d = solve_ridge_row(idx[s:e], vals[s:e], fixed, fixed_bias, cfg, A, rhs, buf)
-            for a in range(K):
-                out[r, a] = rhs[a]
-            out_bias[r] = rhs[K] if d > K else 0.0
+    queue = np.zeros(1, np.int64)  # chunks are taken in turn by whichever thread is free
+    for _ in prange(QUEUE_WORKERS):
+        ch = claim(queue)
+        while ch < n_chunks:
+            A = np.empty((K + 1, K + 1))
+            rhs = np.empty(K + 1)
+            lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
+            buf = np.empty((K + 2) * n_max, fixed.dtype)
+            for r in range(lo, hi):
+                s, e = indptr[r], indptr[r + 1]
+                d = solve_ridge_row(idx[s:e], vals[s:e], fixed, fixed_bias, cfg, A, rhs, buf)
+                for a in range(K):
+                    out[r, a] = rhs[a]
+                out_bias[r] = rhs[K] if d > K else 0.0
+            ch = claim(queue)
 
 
 @njit(cache=True)
@@ -296,16 +300,20 @@ def implicit_solve_rows(indptr, idx, vals, fixed, gram, cfg, out):
     K = fixed.shape[1]
     alpha, lam = cfg[IA_ALPHA], cfg[IA_LAM]
     n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
-    for ch in prange(n_chunks):
-        A = np.empty((K, K))
-        rhs = np.empty(K)
-        lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
-        buf = np.empty((K + 1) * n_max, fixed.dtype)
-        for r in range(lo, hi):
-            s, e = indptr[r], indptr[r + 1]
-            solve_implicit_row(idx[s:e], vals[s:e], fixed, gram, alpha, lam, A, rhs, buf)
-            for a in range(K):
-                out[r, a] = rhs[a]
+    queue = np.zeros(1, np.int64)  # chunks are taken in turn by whichever thread is free
+    for _ in prange(QUEUE_WORKERS):
+        ch = claim(queue)
+        while ch < n_chunks:
+            A = np.empty((K, K))
+            rhs = np.empty(K)
+            lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
+            buf = np.empty((K + 1) * n_max, fixed.dtype)
+            for r in range(lo, hi):
+                s, e = indptr[r], indptr[r + 1]
+                solve_implicit_row(idx[s:e], vals[s:e], fixed, gram, alpha, lam, A, rhs, buf)
+                for a in range(K):
+                    out[r, a] = rhs[a]
+            ch = claim(queue)
 
 
 # ---------------------------------------------------------------------- conjugate gradient
@@ -381,17 +389,21 @@ def ridge_cg_rows(indptr, idx, vals, fixed, fixed_bias, cfg, steps, out, out_bia
     K = fixed.shape[1]
     fit_bias = cfg[CFG_FIT_BIAS] != 0.0
     n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
-    for ch in prange(n_chunks):
-        lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
-        buf = np.empty((K + 2) * n_max, fixed.dtype)
-        work = np.empty(3 * (K + 1) + n_max)
-        x = np.empty(K + 1)
-        for r in range(lo, hi):
-            for a in range(K):
-                x[a] = out[r, a]
-            x[K] = out_bias[r] if fit_bias else 0.0
-            s, e = indptr[r], indptr[r + 1]
-            cg_ridge_row(idx[s:e], vals[s:e], fixed, fixed_bias, cfg, steps, x, work, buf)
-            for a in range(K):
-                out[r, a] = x[a]
-            out_bias[r] = x[K] if fit_bias else 0.0
+    queue = np.zeros(1, np.int64)  # chunks are taken in turn by whichever thread is free
+    for _ in prange(QUEUE_WORKERS):
+        ch = claim(queue)
+        while ch < n_chunks:
+            lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
+            buf = np.empty((K + 2) * n_max, fixed.dtype)
+            work = np.empty(3 * (K + 1) + n_max)
+            x = np.empty(K + 1)
+            for r in range(lo, hi):
+                for a in range(K):
+                    x[a] = out[r, a]
+                x[K] = out_bias[r] if fit_bias else 0.0
+                s, e = indptr[r], indptr[r + 1]
+                cg_ridge_row(idx[s:e], vals[s:e], fixed, fixed_bias, cfg, steps, x, work, buf)
+                for a in range(K):
+                    out[r, a] = x[a]
+                out_bias[r] = x[K] if fit_bias else 0.0
+            ch = claim(queue)

@@ -31,7 +31,7 @@ from .layout import (
 )
 from .rng import shuffle_inplace, stream_key
 from .sgd import init_local, item_steps_user, item_work, sgd_reconstruct_user, write_delta
-from .util import CLIENT_FIXED_COST, claim, gather_entries, largest_first
+from .util import CLIENT_FIXED_COST, QUEUE_WORKERS, claim, gather_entries, largest_first
 
 
 @njit(cache=True)
@@ -119,7 +119,7 @@ def query_loss(items, vals, Q, b, mu, p, c):
 
 
 @njit(cache=True, parallel=True)
-def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out, n_workers):
+def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
     """Federated Reconstruction ClientUpdate for every sampled client (Algorithm 1).
 
     data : (indptr int64, items int, values float64) user-grouped CSR of the training population
@@ -130,8 +130,8 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out, n_
     ids : uint64 (2,) = [seed, round] — each client's stream is stream_key(seed, round, client)
     out : (offsets int64 (m+1,), d_items int64, d_Q float, d_b float, losses float64 (m,));
           offsets must equal the cumsum of query_sizes(counts of the clients)
-    n_workers : how many threads take clients, largest first, from a shared queue (the
-          thread count); only the timing depends on it
+    The threads take clients, largest first, from a shared queue; only the timing depends on
+    which thread runs which client.
     """
     Q, b = glob[0], glob[1]
     offsets, d_items, d_Q, d_b, losses = out[0], out[1], out[2], out[3], out[4]
@@ -139,11 +139,9 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out, n_
     mu = update_hp[HP_OFFSET]
     order = largest_first(data[0], clients, CLIENT_FIXED_COST)
     queue = np.zeros(1, np.int64)
-    for _ in prange(max(n_workers, 1)):
-        while True:
-            i = claim(queue)
-            if i >= order.shape[0]:
-                break
+    for _ in prange(QUEUE_WORKERS):
+        i = claim(queue)
+        while i < order.shape[0]:
             k = order[i]
             state, s_items, s_vals, q_items, q_vals = client_sets(data, clients[k], cfg, ids)
             p = np.zeros(K)
@@ -154,17 +152,17 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out, n_
             m = item_steps_user(q_items, q_vals, Q, b, update_hp, p, cb, state, work)
             write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k],
                         (d_items, d_Q, d_b))
+            i = claim(queue)
 
 
 @njit(cache=True, parallel=True)
-def stateful_clients(data, clients, glob, local, update_hp, ids, out, n_workers):
+def stateful_clients(data, clients, glob, local, update_hp, ids, out):
     """FedAvg / FedPer / FURL ClientUpdate: joint steps on the user's row and the item rows.
 
     local : (P (n_users, K), c (n_users,)) persistent user parameters; row ``clients[k]`` is read
     and overwritten with the client's trained value (clients are distinct, so no two threads share
     a row). update_hp should have joint = 1. Items as in ``fedrecon_clients``; no split.
-    n_workers : how many threads take clients, largest first, from a shared queue (the
-    thread count); only the timing depends on it.
+    Clients are taken largest first from a shared queue, as in ``fedrecon_clients``.
     """
     indptr, items, values = data[0], data[1], data[2]
     Q, b = glob[0], glob[1]
@@ -174,11 +172,9 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out, n_workers)
     mu = update_hp[HP_OFFSET]
     order = largest_first(data[0], clients, CLIENT_FIXED_COST)
     queue = np.zeros(1, np.int64)
-    for _ in prange(max(n_workers, 1)):
-        while True:
-            i = claim(queue)
-            if i >= order.shape[0]:
-                break
+    for _ in prange(QUEUE_WORKERS):
+        i = claim(queue)
+        while i < order.shape[0]:
             k = order[i]
             u = clients[k]
             s0, e0 = indptr[u], indptr[u + 1]
@@ -199,3 +195,4 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out, n_workers)
                 for a in range(K):
                     P[u, a] = p[a]
                 c[u] = cb[0]
+            i = claim(queue)

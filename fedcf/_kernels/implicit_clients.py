@@ -29,6 +29,7 @@ from .rng import next_below, stream_key
 from .sgd import write_rows
 from .util import (
     CLIENT_FIXED_COST,
+    QUEUE_WORKERS,
     claim,
     gather_entries,
     largest_first,
@@ -110,7 +111,7 @@ def positive_grad(r, strength, alpha, l2, B, p, Ql, G):
 
 
 @njit(cache=True, parallel=True)
-def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out, n_workers):
+def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
     """FedRecon ClientUpdate for implicit feedback (weighted-ALS reconstruction, sampled negatives).
 
     data : (indptr, items, strengths) user-grouped CSR;  glob : (Q (n_items, K), gram = QᵀQ (K, K)
@@ -123,8 +124,7 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out, n
         (1/B) Σ_pos (1 + alpha·r)(1 − p·q_i)² + ν (1/(B·m)) Σ_neg (p·q_j)² + L2,
     an unbiased mini-batch estimate of mean-over-positives + ν·mean-over-catalog. p is
     reconstructed exactly (``solve_implicit_row``) from the support set and frozen.
-    n_workers : how many threads take clients, largest first, from a shared queue (the
-    thread count); only the timing depends on it.
+    Clients are taken largest first from a shared queue, as in ``fedrecon_clients``.
     """
     Q, gram = glob[0], glob[1]
     offsets, d_items, d_Q, losses = out[0], out[1], out[2], out[3]
@@ -134,11 +134,9 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out, n
     lr, l2 = hp[HP_LR], hp[HP_LAM]
     order = largest_first(data[0], clients, CLIENT_FIXED_COST)
     queue = np.zeros(1, np.int64)
-    for _ in prange(max(n_workers, 1)):
-        while True:
-            i = claim(queue)
-            if i >= order.shape[0]:
-                break
+    for _ in prange(QUEUE_WORKERS):
+        i = claim(queue)
+        while i < order.shape[0]:
             k = order[i]
             u = clients[k]
             state = np.array([stream_key(ids[0], ids[1], u)])
@@ -181,10 +179,11 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out, n
                             G[r, a] = 0.0
                 v = end
             write_rows(uniq, mrows, Ql, Q, offsets[k], offsets[k + 1] - offsets[k], d_items, d_Q)
+            i = claim(queue)
 
 
 @njit(cache=True, parallel=True)
-def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, out, n_workers):
+def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, out):
     """Like ``fedrecon_implicit_clients`` but with the exact full-catalog negative term.
 
     Local loss per step: (1/B) Σ_pos c (1 − p·q_i)² + ν · (1/n_items) Σ_all j (p·q_j)² + L2.
@@ -196,8 +195,7 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
     under secure aggregation.)
 
     out : (offsets (query sizes), d_items, d_Q, losses, W (m, K, K) float64).
-    n_workers : how many threads take clients, largest first, from a shared queue (the
-    thread count); only the timing depends on it.
+    Clients are taken largest first from a shared queue, as in ``fedrecon_clients``.
     """
     Q, gram = glob[0], glob[1]
     offsets, d_items, d_Q, losses, Wm = out[0], out[1], out[2], out[3], out[4]
@@ -207,11 +205,9 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
     eta = lr * 2.0 * nu / n_items
     order = largest_first(data[0], clients, CLIENT_FIXED_COST)
     queue = np.zeros(1, np.int64)
-    for _ in prange(max(n_workers, 1)):
-        while True:
-            i = claim(queue)
-            if i >= order.shape[0]:
-                break
+    for _ in prange(QUEUE_WORKERS):
+        i = claim(queue)
+        while i < order.shape[0]:
             k = order[i]
             u = clients[k]
             state = np.array([stream_key(ids[0], ids[1], u)])
@@ -252,3 +248,4 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
                     dot += p[a] * Q[uniq[r], a]
                 for a in range(K):
                     d_Q[base + r, a] = (Ql[r, a] - Q[uniq[r], a]) + scale * dot * p[a]
+            i = claim(queue)

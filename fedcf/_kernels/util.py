@@ -39,6 +39,9 @@ def chunk_span(ptr, ch, size, n):
 
 
 CLIENT_FIXED_COST = 16.0  # a client's work beyond its ratings, in ratings (load balance only)
+# ``for _ in prange(QUEUE_WORKERS)`` around a ``claim`` loop: each thread's first worker drains
+# the shared queue beside the others (any thread count up to this), the rest find it empty
+QUEUE_WORKERS = 64
 
 
 @intrinsic

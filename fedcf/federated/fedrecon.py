@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from .._kernels.clients import fedrecon_clients, query_sizes
@@ -35,7 +34,7 @@ class FedReconProgram:
 
     def run(self, data, clients, params, local, ids, out):
         fedrecon_clients(data, clients, (params["Q"], params["b"]), self.cfg, self.recon_hp,
-                         self.update_hp, ids, out, numba.get_num_threads())
+                         self.update_hp, ids, out)
         return None
 
     def tangents(self, data, clients, params, local, tangents, ids):

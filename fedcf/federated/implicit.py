@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from .._kernels.clients import query_sizes
@@ -40,12 +39,11 @@ class ImplicitProgram:
         glob = (Q, item_gram(Q))
         if not self.full_negatives:
             fedrecon_implicit_clients(data, clients, glob, self.cfg, self.hp, ids, Q.shape[0],
-                                      (offsets, d_items, d_Q, losses), numba.get_num_threads())
+                                      (offsets, d_items, d_Q, losses))
             return None
         W = np.zeros((len(clients), Q.shape[1], Q.shape[1]))
         fedrecon_implicit_full_clients(data, clients, glob, self.cfg, self.hp, ids, Q.shape[0],
-                                       (offsets, d_items, d_Q, losses, W),
-                                       numba.get_num_threads())
+                                       (offsets, d_items, d_Q, losses, W))
         return W
 
 

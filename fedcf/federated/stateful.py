@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from .._kernels.clients import stateful_clients
@@ -65,8 +64,7 @@ class StatefulProgram:
         return q, q
 
     def run(self, data, clients, params, local, ids, out):
-        stateful_clients(data, clients, (params["Q"], params["b"]), local, self.update_hp, ids, out,
-                         numba.get_num_threads())
+        stateful_clients(data, clients, (params["Q"], params["b"]), local, self.update_hp, ids, out)
         return None
 
     def tangents(self, data, clients, params, local, tangents, ids):
