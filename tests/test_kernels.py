@@ -440,33 +440,32 @@ def test_group_counters_match_their_twin_bit_for_bit(rank):
         np.testing.assert_array_equal(x, y)
 
 
-def test_threads_take_each_client_once_from_the_queue_largest_first():
+def test_threads_take_each_task_once_from_the_queue_largest_client_first():
     from numba import njit, prange
 
-    from fedcf._kernels.util import claim, largest_first
+    from fedcf._kernels.util import QUEUE_WORKERS, claim, client_queue, take, task_queue
 
     @njit(parallel=True)
-    def take(n, n_workers):
-        queue, taken = np.zeros(1, np.int64), np.zeros(n, np.int64)
-        for _ in prange(n_workers):
-            while True:
-                i = claim(queue)
-                if i >= n:
-                    break
-                taken[i] += 1
+    def drain(queue, n):
+        taken = np.zeros(n, np.int64)
+        for _ in prange(QUEUE_WORKERS):
+            k = take(queue)
+            while k >= 0:
+                taken[k] += 1
+                k = take(queue)
         return taken
 
     before = numba.get_num_threads()
     try:
         for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(threads)
-            for n_workers in (1, 2, 5):
-                assert np.all(take(5000, n_workers) == 1)
+            assert np.all(drain(task_queue(5000), 5000) == 1)
+            assert len(drain(task_queue(0), 0)) == 0
     finally:
         numba.set_num_threads(before)
     indptr = np.array([0, 5, 5, 9, 30, 34], np.int64)  # rows 5, 0, 4, 21, 4
-    order = largest_first(indptr, np.array([4, 1, 0, 3, 2], np.int64), 16.0)
-    assert order.tolist() == [3, 2, 0, 4, 1]  # 21, 5, then the 4s by position, then 0
+    queue = client_queue(indptr, np.array([4, 1, 0, 3, 2], np.int64))
+    assert [take(queue) for _ in range(6)] == [3, 2, 0, 4, 1, -1]  # 21, 5, the 4s, then 0
     with pytest.raises(Exception, match="int64"):
         njit(lambda a: claim(a))(np.zeros(1))
 

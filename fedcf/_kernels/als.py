@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from .layout import CFG_FIT_BIAS, CFG_LAM, CFG_LAM0, CFG_OFFSET, IA_ALPHA, IA_LAM
-from .util import QUEUE_WORKERS, chunk_span, claim
+from .util import QUEUE_WORKERS, chunk_span, take, task_queue
 
 ROWS_PER_CHUNK = 32
 
@@ -234,10 +234,10 @@ def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
     n_rows = indptr.shape[0] - 1
     K = fixed.shape[1]
     n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
-    queue = np.zeros(1, np.int64)  # chunks are taken in turn by whichever thread is free
+    queue = task_queue(n_chunks)  # chunks go to whichever thread is free
     for _ in prange(QUEUE_WORKERS):
-        ch = claim(queue)
-        while ch < n_chunks:
+        ch = take(queue)
+        while ch >= 0:
             A = np.empty((K + 1, K + 1))
             rhs = np.empty(K + 1)
             lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
@@ -248,7 +248,7 @@ def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
                 for a in range(K):
                     out[r, a] = rhs[a]
                 out_bias[r] = rhs[K] if d > K else 0.0
-            ch = claim(queue)
+            ch = take(queue)
 
 
 @njit(cache=True)
@@ -300,10 +300,10 @@ def implicit_solve_rows(indptr, idx, vals, fixed, gram, cfg, out):
     K = fixed.shape[1]
     alpha, lam = cfg[IA_ALPHA], cfg[IA_LAM]
     n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
-    queue = np.zeros(1, np.int64)  # chunks are taken in turn by whichever thread is free
+    queue = task_queue(n_chunks)  # chunks go to whichever thread is free
     for _ in prange(QUEUE_WORKERS):
-        ch = claim(queue)
-        while ch < n_chunks:
+        ch = take(queue)
+        while ch >= 0:
             A = np.empty((K, K))
             rhs = np.empty(K)
             lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
@@ -313,7 +313,7 @@ def implicit_solve_rows(indptr, idx, vals, fixed, gram, cfg, out):
                 solve_implicit_row(idx[s:e], vals[s:e], fixed, gram, alpha, lam, A, rhs, buf)
                 for a in range(K):
                     out[r, a] = rhs[a]
-            ch = claim(queue)
+            ch = take(queue)
 
 
 # ---------------------------------------------------------------------- conjugate gradient
@@ -389,10 +389,10 @@ def ridge_cg_rows(indptr, idx, vals, fixed, fixed_bias, cfg, steps, out, out_bia
     K = fixed.shape[1]
     fit_bias = cfg[CFG_FIT_BIAS] != 0.0
     n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
-    queue = np.zeros(1, np.int64)  # chunks are taken in turn by whichever thread is free
+    queue = task_queue(n_chunks)  # chunks go to whichever thread is free
     for _ in prange(QUEUE_WORKERS):
-        ch = claim(queue)
-        while ch < n_chunks:
+        ch = take(queue)
+        while ch >= 0:
             lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
             buf = np.empty((K + 2) * n_max, fixed.dtype)
             work = np.empty(3 * (K + 1) + n_max)
@@ -406,4 +406,4 @@ def ridge_cg_rows(indptr, idx, vals, fixed, fixed_bias, cfg, steps, out, out_bia
                 for a in range(K):
                     out[r, a] = x[a]
                 out_bias[r] = x[K] if fit_bias else 0.0
-            ch = claim(queue)
+            ch = take(queue)

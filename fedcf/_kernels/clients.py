@@ -31,7 +31,7 @@ from .layout import (
 )
 from .rng import shuffle_inplace, stream_key
 from .sgd import init_local, item_steps_user, item_work, sgd_reconstruct_user, write_delta
-from .util import CLIENT_FIXED_COST, QUEUE_WORKERS, claim, gather_entries, largest_first
+from .util import QUEUE_WORKERS, client_queue, gather_entries, take
 
 
 @njit(cache=True)
@@ -137,12 +137,10 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
     offsets, d_items, d_Q, d_b, losses = out[0], out[1], out[2], out[3], out[4]
     K = Q.shape[1]
     mu = update_hp[HP_OFFSET]
-    order = largest_first(data[0], clients, CLIENT_FIXED_COST)
-    queue = np.zeros(1, np.int64)
+    queue = client_queue(data[0], clients)
     for _ in prange(QUEUE_WORKERS):
-        i = claim(queue)
-        while i < order.shape[0]:
-            k = order[i]
+        k = take(queue)
+        while k >= 0:
             state, s_items, s_vals, q_items, q_vals = client_sets(data, clients[k], cfg, ids)
             p = np.zeros(K)
             cb = np.zeros(1)
@@ -152,7 +150,7 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
             m = item_steps_user(q_items, q_vals, Q, b, update_hp, p, cb, state, work)
             write_delta(work, m, Q, b, offsets[k], offsets[k + 1] - offsets[k],
                         (d_items, d_Q, d_b))
-            i = claim(queue)
+            k = take(queue)
 
 
 @njit(cache=True, parallel=True)
@@ -170,12 +168,10 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out):
     offsets, d_items, d_Q, d_b, losses = out[0], out[1], out[2], out[3], out[4]
     K = Q.shape[1]
     mu = update_hp[HP_OFFSET]
-    order = largest_first(data[0], clients, CLIENT_FIXED_COST)
-    queue = np.zeros(1, np.int64)
+    queue = client_queue(data[0], clients)
     for _ in prange(QUEUE_WORKERS):
-        i = claim(queue)
-        while i < order.shape[0]:
-            k = order[i]
+        k = take(queue)
+        while k >= 0:
             u = clients[k]
             s0, e0 = indptr[u], indptr[u + 1]
             state = np.array([stream_key(ids[0], ids[1], u)])
@@ -195,4 +191,4 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out):
                 for a in range(K):
                     P[u, a] = p[a]
                 c[u] = cb[0]
-            i = claim(queue)
+            k = take(queue)

@@ -28,14 +28,13 @@ from .layout import (
 from .rng import next_below, stream_key
 from .sgd import write_rows
 from .util import (
-    CLIENT_FIXED_COST,
     QUEUE_WORKERS,
-    claim,
+    client_queue,
     gather_entries,
-    largest_first,
     minibatch_schedule,
     processed_examples,
     store,
+    take,
     unique_rows,
     write_outer,
 )
@@ -132,12 +131,10 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
     alpha = cfg[IC_ALPHA]
     m_neg, nu = int(cfg[IC_NEG]), cfg[IC_NEG_WEIGHT]
     lr, l2 = hp[HP_LR], hp[HP_LAM]
-    order = largest_first(data[0], clients, CLIENT_FIXED_COST)
-    queue = np.zeros(1, np.int64)
+    queue = client_queue(data[0], clients)
     for _ in prange(QUEUE_WORKERS):
-        i = claim(queue)
-        while i < order.shape[0]:
-            k = order[i]
+        k = take(queue)
+        while k >= 0:
             u = clients[k]
             state = np.array([stream_key(ids[0], ids[1], u)])
             q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
@@ -179,7 +176,7 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
                             G[r, a] = 0.0
                 v = end
             write_rows(uniq, mrows, Ql, Q, offsets[k], offsets[k + 1] - offsets[k], d_items, d_Q)
-            i = claim(queue)
+            k = take(queue)
 
 
 @njit(cache=True, parallel=True)
@@ -203,12 +200,10 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
     alpha, nu = cfg[IC_ALPHA], cfg[IC_NEG_WEIGHT]
     lr, l2 = hp[HP_LR], hp[HP_LAM]
     eta = lr * 2.0 * nu / n_items
-    order = largest_first(data[0], clients, CLIENT_FIXED_COST)
-    queue = np.zeros(1, np.int64)
+    queue = client_queue(data[0], clients)
     for _ in prange(QUEUE_WORKERS):
-        i = claim(queue)
-        while i < order.shape[0]:
-            k = order[i]
+        k = take(queue)
+        while k >= 0:
             u = clients[k]
             state = np.array([stream_key(ids[0], ids[1], u)])
             q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
@@ -248,4 +243,4 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
                     dot += p[a] * Q[uniq[r], a]
                 for a in range(K):
                     d_Q[base + r, a] = (Ql[r, a] - Q[uniq[r], a]) + scale * dot * p[a]
-            i = claim(queue)
+            k = take(queue)

@@ -39,7 +39,7 @@ def chunk_span(ptr, ch, size, n):
 
 
 CLIENT_FIXED_COST = 16.0  # a client's work beyond its ratings, in ratings (load balance only)
-# ``for _ in prange(QUEUE_WORKERS)`` around a ``claim`` loop: each thread's first worker drains
+# ``for _ in prange(QUEUE_WORKERS)`` around a ``take`` loop: each thread's first worker drains
 # the shared queue beside the others (any thread count up to this), the rest find it empty
 QUEUE_WORKERS = 64
 
@@ -62,14 +62,34 @@ def claim(typingctx, counter):
 
 
 @njit(cache=True)
-def largest_first(indptr, clients, fixed):
-    """Positions of ``clients`` by decreasing work (row count plus ``fixed``; ties by position):
-    the order in which threads take them from a shared queue (``claim``), so that no thread
-    is left with a large client at the end. Only the timing depends on it."""
+def client_queue(indptr, clients):
+    """A work queue (see ``take``) of the positions of ``clients``, by decreasing work (row
+    count plus CLIENT_FIXED_COST; ties by position), so that no thread is left with a large
+    client at the end. Only the timing depends on the order."""
     cost = np.empty(clients.shape[0])
     for k in range(clients.shape[0]):
-        cost[k] = indptr[clients[k] + 1] - indptr[clients[k]] + fixed
-    return np.argsort(-cost, kind="mergesort")
+        cost[k] = indptr[clients[k] + 1] - indptr[clients[k]] + CLIENT_FIXED_COST
+    queue = np.empty(clients.shape[0] + 1, np.int64)
+    queue[0] = 0
+    queue[1:] = np.argsort(-cost, kind="mergesort")
+    return queue
+
+
+@njit(cache=True)
+def task_queue(n):
+    """A work queue (see ``take``) of the tasks 0 … n − 1 in order."""
+    queue = np.arange(-1, n)
+    queue[0] = 0
+    return queue
+
+
+@njit(cache=True)
+def take(queue):
+    """The next task of a queue made by ``client_queue`` / ``task_queue`` (queue[0] counts
+    what was handed out, atomically), or −1 when none is left. Threads of a ``prange`` over
+    QUEUE_WORKERS call it in turn; each task goes to exactly one of them."""
+    i = claim(queue)
+    return queue[i + 1] if i + 1 < queue.shape[0] else np.int64(-1)
 
 
 @njit(cache=True)
