@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcf import _reference as ref
-from fedcf._kernels import als, layout, predict, sgd
+from fedcf._kernels import als, gram, layout, predict, sgd
 from fedcf._kernels import rng as krng
 
 
@@ -68,6 +68,80 @@ def test_gram_tiles_match_numpy_at_every_edge_size(dtype):
             np.testing.assert_allclose(A[:d, :d], Z64 @ Z64.T, **tol(dtype))
             np.testing.assert_allclose(rhs[:d], Z64 @ y, **tol(dtype))
             assert np.all(A[d:] == 7.0) and np.all(A[:, d:] == 7.0) and np.all(rhs[d:] == 7.0)
+
+
+@numba.njit
+def call_gram_panel(Z, n, a, c0, nblk, out):
+    gram.gram_panel(Z, n, a, c0, nblk, out)  # an intrinsic: callable from jitted code only
+
+
+def test_gram_panel_refuses_mixed_or_strided_arrays():
+    Z = np.ones((4, 16), np.float32)
+    for out in (np.ones((16, 16)), np.ones((16, 32), np.float32)[:, ::2], np.ones((16, 16), int)):
+        with pytest.raises(TypeError, match="C-contiguous 2-d float"):
+            call_gram_panel(Z, 4, 0, 0, 1, out)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gram_panel_matches_twin_and_writes_only_its_panel(dtype):
+    """Every panel width (1 … GRAM_BLOCKS vectors, and out-of-range widths that write nothing),
+    no ratings, one, and more than a vector's worth; entries outside the panel stay as they were."""
+    rng = np.random.default_rng(5)
+    lanes = gram.VECTOR_BYTES // np.dtype(dtype).itemsize
+    R, W = gram.GRAM_ROWS, (gram.GRAM_BLOCKS + 1) * lanes
+    for n in (0, 1, 5, 40):
+        Z = rng.normal(size=(n + 1, W)).astype(dtype)
+        for nblk in range(gram.GRAM_BLOCKS + 2):
+            for a, c0 in ((0, 0), (3, lanes), (W - R, W - nblk * lanes)):
+                out = np.full((W, W), 7.0, dtype)
+                call_gram_panel(Z, n, a, max(c0, 0), nblk, out)
+                mask = np.zeros_like(out, bool)
+                if 1 <= nblk <= gram.GRAM_BLOCKS:
+                    mask[a:a + R, c0:c0 + nblk * lanes] = True
+                    want = ref.gram_panel(Z, n, a, c0, R, nblk * lanes)
+                    np.testing.assert_allclose(out[mask].reshape(want.shape), want, **tol(dtype))
+                assert np.all(out[~mask] == 7.0), (n, nblk, a, c0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gram_rows_match_twin_at_every_edge_size(dtype):
+    """d on either side of the panel height and of one, two and several SIMD vectors."""
+    rng = np.random.default_rng(6)
+    for d in (1, 2, 5, 6, 7, 8, 15, 16, 17, 31, 47, 51, 64, 65, 100):
+        W = gram.design_width(d, np.dtype(dtype).itemsize)
+        rows = -(-d // gram.GRAM_ROWS) * gram.GRAM_ROWS
+        assert W >= max(d + 1, rows) and W * np.dtype(dtype).itemsize % gram.VECTOR_BYTES == 0
+        for n in (1, 2, 33):
+            Z = np.zeros((n, W), dtype)
+            Z[:, :d + 1] = rng.normal(size=(n, d + 1))
+            A, rhs = np.full((d + 1, d + 1), 7.0), np.full(d + 1, 7.0)
+            gram.gram_rows(Z, n, d, np.full((rows, W), np.nan, dtype), A, rhs)
+            want_A, want_rhs = ref.gram_rows(Z, n, d)
+            np.testing.assert_allclose(A[:d, :d], want_A, **tol(dtype))
+            np.testing.assert_allclose(rhs[:d], want_rhs, **tol(dtype))
+            assert np.all(A[d] == 7.0) and np.all(A[:, d] == 7.0) and rhs[d] == 7.0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("K", [15, 50, 70])
+def test_ridge_rows_with_many_factors_match_twin(dtype, K):
+    """Factor counts whose Gram spans several panels and column blocks (K = 70: five float32
+    vectors a row, nine float64 ones), rows from fewer entries than K to many."""
+    rng = np.random.default_rng(K)
+    n_cols = 3 * K
+    rows = [rng.choice(n_cols, n, replace=False) for n in (0, 3, K, K + 1, 2 * K + 7)]
+    indptr = np.r_[0, np.cumsum([len(r) for r in rows])].astype(np.int64)
+    idx = np.concatenate(rows).astype(np.int32)
+    vals = rng.uniform(1, 5, len(idx))
+    Q = rng.normal(0, 0.4, (n_cols, K)).astype(dtype)
+    b = rng.normal(0, 0.2, n_cols).astype(dtype)
+    for fit_bias in (True, False):
+        cfg = layout.ridge_cfg(0.1, 0.01, 3.2, fit_bias)
+        out, ob = np.full((len(rows), K), 9, dtype), np.full(len(rows), 9, dtype)
+        als.ridge_solve_rows(indptr, idx, vals, Q, b, cfg, out, ob)
+        want, want_b = ref.ridge_solve_rows(indptr, idx, vals, Q, b, cfg)
+        np.testing.assert_allclose(out, want, **tol(dtype))
+        np.testing.assert_allclose(ob, want_b, **tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

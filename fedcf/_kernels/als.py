@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .gram import GRAM_ROWS, design_width, gram_rows
 from .layout import CFG_FIT_BIAS, CFG_LAM, CFG_LAM0, CFG_OFFSET, IA_ALPHA, IA_LAM
 from .util import QUEUE_WORKERS, chunk_span, take, task_queue
 
@@ -133,50 +134,65 @@ def gram_upper(Zt, y, n, d, A, rhs):
 
 
 @njit(cache=True)
-def gather_design(idx, vals, fixed, fixed_bias, cfg, Z, y, by_row):
-    """The row's design z_j = [fixed[j]; 1 if d > K] and its targets y_j = r_j − offset −
-    fixed_bias[j]. ``Z`` is (d, n) with the z_j as columns (transposed) or, with
-    ``by_row``, (n, d) with the z_j as rows."""
-    K, d = fixed.shape[1], (Z.shape[1] if by_row else Z.shape[0])
+def gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y):
+    """The row's design z_j = [fixed[j]; 1 if d > K] as the columns of ``Zt`` (d, n), and its
+    targets y_j = r_j − offset − fixed_bias[j]."""
+    K, d = fixed.shape[1], Zt.shape[0]
     for t in range(idx.shape[0]):
         j = idx[t]
-        if by_row:
-            for a in range(K):
-                Z[t, a] = fixed[j, a]
-        else:
-            for a in range(K):
-                Z[a, t] = fixed[j, a]
+        for a in range(K):
+            Zt[a, t] = fixed[j, a]
         if d > K:
-            if by_row:
-                Z[t, K] = 1.0
-            else:
-                Z[K, t] = 1.0
+            Zt[K, t] = 1.0
         y[t] = vals[t] - cfg[CFG_OFFSET] - fixed_bias[j]
+
+
+@njit(cache=True)
+def gather_rows(idx, vals, fixed, fixed_bias, cfg, d, Z):
+    """The row's design by rows, as ``gram_rows`` takes it: Z[t] = [fixed[j]; 1 if d > K; y_j;
+    zeros to Z's width] with y_j = r_j − offset − fixed_bias[j]."""
+    K = fixed.shape[1]
+    for t in range(idx.shape[0]):
+        j = idx[t]
+        zt = Z[t]
+        for a in range(K):
+            zt[a] = fixed[j, a]
+        zt[K] = 1.0  # overwritten by y when d = K
+        zt[d] = vals[t] - cfg[CFG_OFFSET] - fixed_bias[j]
+        for a in range(d + 1, zt.shape[0]):
+            zt[a] = 0.0
+
+
+@njit(cache=True)
+def ridge_scratch(fixed, n_max):
+    """Scratch for ``solve_ridge_row`` on rows of up to n_max entries, in ``fixed``'s dtype."""
+    d = fixed.shape[1] + 1
+    W = design_width(d, fixed.itemsize)
+    return np.empty((max(n_max, 1) + d + GRAM_ROWS) * W, fixed.dtype)
 
 
 @njit(cache=True)
 def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, buf):
     """Solve one row; returns d (= K + fit_bias) with the solution in rhs[:d]. Empty rows give 0.
 
-    A (d×d) and rhs (d,) are float64 scratch; ``buf`` is scratch in ``fixed``'s dtype of at least
-    (d + 1) × n entries (the gathered, transposed design matrix and targets).
+    A (d×d) and rhs (d,) are float64 scratch; ``buf`` is ``ridge_scratch`` for at least n entries.
     """
     K = fixed.shape[1]
-    fit_bias = cfg[CFG_FIT_BIAS] != 0.0
-    d = K + 1 if fit_bias else K
+    d = K + 1 if cfg[CFG_FIT_BIAS] != 0.0 else K
     n = idx.shape[0]
     reg = cfg[CFG_LAM] * n + cfg[CFG_LAM0]
     if n == 0:
         for a in range(d):
             rhs[a] = 0.0
         return d
+    W = design_width(d, fixed.itemsize)
+    Z = buf[:n * W].reshape((n, W))
+    gather_rows(idx, vals, fixed, fixed_bias, cfg, d, Z)
     if n < d and reg > 0.0:
-        solve_ridge_dual(idx, vals, fixed, fixed_bias, cfg, reg, d, A, rhs, buf)
+        solve_ridge_dual(Z, n, d, reg, A, rhs)
         return d
-    Zt = buf[:d * n].reshape((d, n))
-    y = buf[d * n:(d + 1) * n]
-    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y, False)
-    gram_upper(Zt, y, n, d, A, rhs)
+    rows = (d + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
+    gram_rows(Z, n, d, buf[n * W:(n + rows) * W].reshape((rows, W)), A, rhs)
     for a in range(d):
         A[a, a] += reg
     if not cholesky_solve_inplace(A, rhs, d):
@@ -186,21 +202,18 @@ def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, buf):
 
 
 @njit(cache=True)
-def solve_ridge_dual(idx, vals, fixed, fixed_bias, cfg, reg, d, A, rhs, buf):
-    """``solve_ridge_row`` for a row with fewer entries than unknowns (n < d) and reg > 0.
+def solve_ridge_dual(Z, n, d, reg, A, rhs):
+    """``solve_ridge_row`` for a row with fewer entries than unknowns (n < d) and reg > 0, from
+    its design ``Z`` by rows (``gather_rows``).
 
     (ZᵀZ + reg I)⁻¹ Zᵀy = Zᵀ (ZZᵀ + reg I)⁻¹ y: the same solution from an n × n system, so
-    the Gram costs n²d instead of nd² and the Cholesky n³/3 instead of d³/3. Z's rows are
-    gathered as they lie in ``fixed`` (no transpose). Row n of A (free, as n < d) accumulates x.
+    the Gram costs n²d instead of nd² and the Cholesky n³/3 instead of d³/3. Row n of A (free,
+    as n < d) accumulates x.
     """
-    n = idx.shape[0]
-    Z = buf[:n * d].reshape((n, d))
-    y = buf[n * d:(d + 1) * n]
-    gather_design(idx, vals, fixed, fixed_bias, cfg, Z, y, True)
     gram_upper(Z, Z[0], d, n, A, rhs)  # A[:n, :n] = Z Zᵀ (rhs gets a by-product, overwritten)
     for t in range(n):
         A[t, t] += reg
-        rhs[t] = y[t]
+        rhs[t] = Z[t, d]
     if not cholesky_solve_inplace(A, rhs, n):
         for a in range(d):
             rhs[a] = np.nan
@@ -241,7 +254,7 @@ def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
             A = np.empty((K + 1, K + 1))
             rhs = np.empty(K + 1)
             lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
-            buf = np.empty((K + 2) * n_max, fixed.dtype)
+            buf = ridge_scratch(fixed, n_max)
             for r in range(lo, hi):
                 s, e = indptr[r], indptr[r + 1]
                 d = solve_ridge_row(idx[s:e], vals[s:e], fixed, fixed_bias, cfg, A, rhs, buf)
@@ -259,7 +272,7 @@ def solve_implicit_row(idx, vals, fixed, gram, alpha, lam, A, rhs, buf):
     entries and p_j = 0, c_j = 1 elsewhere, via
         (YᵀY + Σ_entries (c_j − 1) y_j y_jᵀ + lam I) x = Σ_entries c_j y_j,
     so a row costs O(n·K² + K³), not O(n_items·K²). ``gram`` = YᵀY (K×K float64) is shared.
-    The solution lands in rhs[:K]; A, rhs float64 scratch; buf in fixed's dtype ≥ (K + 1)·n.
+    The solution lands in rhs[:K]; A, rhs float64 scratch; buf is ``ridge_scratch`` for n entries.
     """
     K = fixed.shape[1]
     n = idx.shape[0]
@@ -269,16 +282,17 @@ def solve_implicit_row(idx, vals, fixed, gram, alpha, lam, A, rhs, buf):
             acc += (1.0 + alpha * vals[t]) * fixed[idx[t], a]
         rhs[a] = acc
     if n > 0:
-        Zt = buf[:K * n].reshape((K, n))
-        y = buf[K * n:(K + 1) * n]
-        for t in range(n):
+        W = design_width(K, fixed.itemsize)
+        Z = buf[:n * W].reshape((n, W))
+        for t in range(n):  # rows [y_j · sqrt(c_j − 1); 0 …] (column K, the target, unused)
             w = np.sqrt(max(alpha * vals[t], 0.0))
             j = idx[t]
             for a in range(K):
-                Zt[a, t] = fixed[j, a] * w
-            y[t] = 0.0
-        x_dummy = np.empty(K)
-        gram_upper(Zt, y, n, K, A, x_dummy)
+                Z[t, a] = fixed[j, a] * w
+            for a in range(K, W):
+                Z[t, a] = 0.0
+        rows = (K + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
+        gram_rows(Z, n, K, buf[n * W:(n + rows) * W].reshape((rows, W)), A, np.empty(K))
     else:
         for a in range(K):
             for c in range(K):
@@ -307,7 +321,7 @@ def implicit_solve_rows(indptr, idx, vals, fixed, gram, cfg, out):
             A = np.empty((K, K))
             rhs = np.empty(K)
             lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
-            buf = np.empty((K + 1) * n_max, fixed.dtype)
+            buf = ridge_scratch(fixed, n_max)
             for r in range(lo, hi):
                 s, e = indptr[r], indptr[r + 1]
                 solve_implicit_row(idx[s:e], vals[s:e], fixed, gram, alpha, lam, A, rhs, buf)
@@ -349,7 +363,7 @@ def cg_ridge_row(idx, vals, fixed, fixed_bias, cfg, steps, x, work, buf):
         return
     Zt = buf[:d * n].reshape((d, n))
     y = buf[d * n:(d + 1) * n]
-    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y, False)
+    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y)
     r, p, Ap, zp = work[:d], work[d:2 * d], work[2 * d:3 * d], work[3 * d:3 * d + n]
     normal_matvec(Zt, n, d, reg, x, Ap, zp)
     rs = 0.0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .als import solve_ridge_row
+from .als import ridge_scratch, solve_ridge_row
 from .layout import (
     CC_ALS_LAM,
     CC_ALS_LAM0,
@@ -90,7 +90,7 @@ def reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb):
         A, rhs = np.empty((K + 1, K + 1)), np.empty(K + 1)
         ridge = np.array([cfg[CC_ALS_LAM], cfg[CC_ALS_LAM0], recon_hp[HP_OFFSET],
                           1.0 if fit_bias else 0.0])
-        buf = np.empty((K + 2) * max(s_items.shape[0], 1), Q.dtype)
+        buf = ridge_scratch(Q, s_items.shape[0])
         solve_ridge_row(s_items, s_vals, Q, b, ridge, A, rhs, buf)
         for a in range(K):
             p[a] = rhs[a]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .als import solve_implicit_row
+from .als import ridge_scratch, solve_implicit_row
 from .clients import query_sizes, split_client
 from .layout import (
     HP_BATCH,
@@ -66,7 +66,7 @@ def implicit_client_start(data, u, Q, gram, cfg, state):
     s_items, s_vals = gather_entries(items, values, s0, perm[:n_s])
     A = np.empty((K, K))
     p = np.empty(K)
-    buf = np.empty((K + 1) * max(n_s, 1), Q.dtype)
+    buf = ridge_scratch(Q, n_s)
     solve_implicit_row(s_items, s_vals, Q, gram, cfg[IC_ALPHA], cfg[IC_LAM], A, p, buf)
     q_items, q_vals = gather_entries(items, values, s0, perm[q_start:n])
     return q_items, q_vals, p

@@ -1,0 +1,128 @@
+"""The Gram matrix of a row's design, A = ZᵀZ, as a register-tiled micro-kernel.
+
+A ridge solve's Gram (n · d² of its n · d² + d³/3 flops) is a small GEMM with a long inner
+dimension (the row's n ratings) and d = K + 1 outputs a side. Written as dot products along the
+rating axis, every one of the d²/2 entries ends in a horizontal reduction of a SIMD register and
+a scalar tail; at K = 50 and ~100 ratings per row those cost as much as the multiply-adds.
+
+Here the design is laid out by rows, each padded with zeros to ``W``, a multiple of the SIMD width
+(the values of Z's dtype in 64 bytes: 16 float32, 8 float64), and the Gram is built from rank-one
+updates like a GEMM micro-kernel: ``gram_panel`` keeps a panel of ``GRAM_ROWS`` rows × up to
+``GRAM_BLOCKS`` SIMD vectors of A in registers while it runs over the ratings (one vector load per
+block and one broadcast per row feed GRAM_ROWS × blocks fused multiply-adds), and writes the
+panel once. No reductions, no tails. Numba cannot keep vector accumulators in registers across a
+loop from Python source (the stores to A may alias Z's loads), so the panel is an ``intrinsic``
+that emits the LLVM vector loop directly; on CPUs narrower than 64 bytes LLVM splits each vector
+into two or four.
+
+Each entry is summed over the ratings in order, in Z's dtype: deterministic, and independent of
+the thread count. ``_reference.gram_panel`` is the NumPy twin.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+GRAM_ROWS = 6  # rows of A per panel: 6 × 4 accumulators + 4 loads + 1 broadcast ≤ 32 registers
+GRAM_BLOCKS = 4  # SIMD vectors per panel row
+VECTOR_BYTES = 64
+
+
+@njit(cache=True)
+def design_width(d, itemsize):
+    """W: the padded width of a design row [z (d values), y, zeros] of ``itemsize``-byte floats —
+    room for y in column d and for the last panel's rows (A's rows are read from Z's columns),
+    rounded up to whole 64-byte vectors."""
+    step = VECTOR_BYTES // itemsize
+    need = max(d + 1, (d + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS)
+    return (need + step - 1) // step * step
+
+
+def _splat(builder, value, vty):
+    """A vector of vty with every lane = value."""
+    one = builder.insert_element(ir.Constant(vty, ir.Undefined), value,
+                                 ir.Constant(ir.IntType(32), 0))
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), vty.count), [0] * vty.count)
+    return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), mask)
+
+
+def _panel_loop(builder, fma, vty, z_ptr, o_ptr, dims, nblk):
+    """The panel with exactly ``nblk`` vectors per row: accumulate over the ratings, store."""
+    n, a, c0, z_w, o_w = dims
+    i64 = ir.IntType(64)
+
+    def vec(base, width, row, col):
+        ptr = builder.gep(base, [builder.add(builder.mul(row, width), col)])
+        return builder.bitcast(ptr, vty.as_pointer())
+
+    cols = [builder.add(c0, ir.Constant(i64, b * vty.count)) for b in range(nblk)]
+    acc = [[cgutils.alloca_once_value(builder, ir.Constant(vty, None)) for _ in range(nblk)]
+           for _ in range(GRAM_ROWS)]  # allocas: promoted to registers by LLVM
+    with cgutils.for_range(builder, n) as loop:
+        zs = [builder.load(vec(z_ptr, z_w, loop.index, c), align=4) for c in cols]
+        for r in range(GRAM_ROWS):
+            col = builder.add(a, ir.Constant(i64, r))
+            w = builder.load(builder.gep(z_ptr, [builder.add(builder.mul(loop.index, z_w), col)]))
+            wv = _splat(builder, w, vty)
+            for b in range(nblk):
+                builder.store(builder.call(fma, [wv, zs[b], builder.load(acc[r][b])]), acc[r][b])
+    for r in range(GRAM_ROWS):
+        row = builder.add(a, ir.Constant(i64, r))
+        for b in range(nblk):
+            builder.store(builder.load(acc[r][b]), vec(o_ptr, o_w, row, cols[b]), align=4)
+
+
+@intrinsic
+def gram_panel(typingctx, Z, n, a, c0, nblk, out):
+    """out[a + r, c0 : c0 + nblk·L] = Σ_{t<n} Z[t, a + r] · Z[t, c0 : c0 + nblk·L] for
+    r < GRAM_ROWS, where L = values of Z's dtype per 64-byte vector and 1 ≤ nblk ≤ GRAM_BLOCKS
+    (other nblk: nothing is written). Z (≥ n rows) and out are C-contiguous arrays of one float
+    dtype; the caller keeps every index in bounds."""
+    ok = (isinstance(Z, types.Array) and isinstance(out, types.Array) and Z.ndim == out.ndim == 2
+          and Z.dtype == out.dtype and Z.dtype in (types.float32, types.float64)
+          and Z.layout == out.layout == "C")
+    if not ok:
+        raise TypeError("gram_panel needs two C-contiguous 2-d float arrays of one dtype")
+    sig = types.none(Z, types.int64, types.int64, types.int64, types.int64, out)
+
+    def codegen(context, builder, signature, args):
+        z_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        o_arr = context.make_array(signature.args[5])(context, builder, args[5])
+        sty = context.get_value_type(Z.dtype)
+        vty = ir.VectorType(sty, VECTOR_BYTES // context.get_abi_sizeof(sty))
+        suffix = f"v{vty.count}{'f32' if Z.dtype == types.float32 else 'f64'}"
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
+                                             f"llvm.fma.{suffix}")
+        n_, a_, c0_, nblk_ = (context.cast(builder, v, t, types.int64)
+                              for v, t in zip(args[1:5], signature.args[1:5]))
+        dims = (n_, a_, c0_, builder.extract_value(z_arr.shape, 1),
+                builder.extract_value(o_arr.shape, 1))
+        for k in range(1, GRAM_BLOCKS + 1):
+            with builder.if_then(builder.icmp_signed("==", nblk_, ir.Constant(ir.IntType(64), k))):
+                _panel_loop(builder, fma, vty, z_arr.data, o_arr.data, dims, k)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def gram_rows(Z, n, d, acc, A, rhs):
+    """A[:d, :d] = Z[:n, :d]ᵀ Z[:n, :d] (float64, both triangles) and rhs[:d] = Z[:n, :d]ᵀ
+    Z[:n, d], for a design ``Z`` of rows [z, y, zeros] (``design_width`` columns). ``acc`` is
+    scratch in Z's dtype, at least (rows of the last panel) × W."""
+    W = Z.shape[1]
+    step = VECTOR_BYTES // Z.itemsize  # values per SIMD vector
+    for a in range(0, d, GRAM_ROWS):
+        c = a // step * step  # the panel's upper triangle starts in this vector
+        while c < W:
+            nblk = min(GRAM_BLOCKS, (W - c) // step)
+            gram_panel(Z, np.int64(n), np.int64(a), np.int64(c), np.int64(nblk), acc)
+            c += nblk * step
+    for a in range(d):
+        for c in range(a, d):
+            A[a, c] = A[c, a] = acc[a, c]
+        rhs[a] = acc[a, d]
