@@ -50,7 +50,16 @@ def _splat(builder, value, vty):
     return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), mask)
 
 
-def _panel_loop(builder, fma, vty, z_ptr, o_ptr, dims, nblk):
+def _fma(builder, a, b, c):
+    """a·b + c, fused where the CPU has FMA (``contract``), a multiply and an add elsewhere."""
+    prod = builder.fmul(a, b)
+    prod.flags.append("contract")
+    out = builder.fadd(prod, c)
+    out.flags.append("contract")
+    return out
+
+
+def _panel_loop(builder, vty, z_ptr, o_ptr, dims, nblk):
     """The panel with exactly ``nblk`` vectors per row: accumulate over the ratings, store."""
     n, a, c0, z_w, o_w = dims
     i64 = ir.IntType(64)
@@ -69,7 +78,7 @@ def _panel_loop(builder, fma, vty, z_ptr, o_ptr, dims, nblk):
             w = builder.load(builder.gep(z_ptr, [builder.add(builder.mul(loop.index, z_w), col)]))
             wv = _splat(builder, w, vty)
             for b in range(nblk):
-                builder.store(builder.call(fma, [wv, zs[b], builder.load(acc[r][b])]), acc[r][b])
+                builder.store(_fma(builder, wv, zs[b], builder.load(acc[r][b])), acc[r][b])
     for r in range(GRAM_ROWS):
         row = builder.add(a, ir.Constant(i64, r))
         for b in range(nblk):
@@ -94,16 +103,13 @@ def gram_panel(typingctx, Z, n, a, c0, nblk, out):
         o_arr = context.make_array(signature.args[5])(context, builder, args[5])
         sty = context.get_value_type(Z.dtype)
         vty = ir.VectorType(sty, VECTOR_BYTES // context.get_abi_sizeof(sty))
-        suffix = f"v{vty.count}{'f32' if Z.dtype == types.float32 else 'f64'}"
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
-                                             f"llvm.fma.{suffix}")
         n_, a_, c0_, nblk_ = (context.cast(builder, v, t, types.int64)
                               for v, t in zip(args[1:5], signature.args[1:5]))
         dims = (n_, a_, c0_, builder.extract_value(z_arr.shape, 1),
                 builder.extract_value(o_arr.shape, 1))
         for k in range(1, GRAM_BLOCKS + 1):
             with builder.if_then(builder.icmp_signed("==", nblk_, ir.Constant(ir.IntType(64), k))):
-                _panel_loop(builder, fma, vty, z_arr.data, o_arr.data, dims, k)
+                _panel_loop(builder, vty, z_arr.data, o_arr.data, dims, k)
         return context.get_dummy_value()
 
     return sig, codegen
