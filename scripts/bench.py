@@ -14,7 +14,8 @@ Sections (``--sections``, default all):
   ceiling  measured GEMM GFLOP/s and memory bandwidth; each kernel's share of the GEMM peak
 
 Every timed row reports min and median of >= 3 repeats (the thread-scaling rows: >= 5, the
-one- and two-thread runs alternated) after a warm-up call (the warm-up of
+one- and two-thread runs alternated; the fold-in and its GEMM ceiling, and the SGD epoch and
+seeded cornac, likewise timed in turn) after a warm-up call (the warm-up of
 fedcf kernels, i.e. Numba compilation or cache load, is reported as a row of its own). Ratios are
 ``speedup = peer_seconds / fedcf_seconds`` (both min). Peers run with BLAS limited to one thread
 inside their own threading, as implicit recommends.
@@ -57,17 +58,34 @@ ROWS: list[dict] = []
 warnings.filterwarnings("ignore", message="OpenBLAS is configured", category=RuntimeWarning)
 
 
-def timed(fn, repeats):
-    """(warm-up seconds, min, median) of fn()."""
-    t0 = time.perf_counter()
-    fn()
-    warm = time.perf_counter() - t0
-    ts = []
-    for _ in range(repeats):
+def paired(fns, repeats):
+    """[(warm-up seconds, min, median)] of each of ``fns``, called in turn: a warm-up round, then
+    ``repeats`` rounds of one call each. On a machine whose speed drifts within minutes, the
+    functions compared in one ratio then see the same conditions."""
+    warm = []
+    for fn in fns:
         t0 = time.perf_counter()
         fn()
-        ts.append(time.perf_counter() - t0)
-    return warm, min(ts), statistics.median(ts)
+        warm.append(time.perf_counter() - t0)
+    ts = [[] for _ in fns]
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            ts[k].append(time.perf_counter() - t0)
+    return [(w, min(t), statistics.median(t)) for w, t in zip(warm, ts)]
+
+
+def timed(fn, repeats):
+    """(warm-up seconds, min, median) of fn()."""
+    return paired([fn], repeats)[0]
+
+
+def gemm_peak(quick):
+    """A float32 GEMM on every thread (the compute ceiling): (the call, its flops)."""
+    n = 512 if quick else 2048
+    A = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    return (lambda: A @ A), 2.0 * n ** 3
 
 
 def add(name, fedcf=None, peer=None, peer_name=None, flops=None, **extra):
@@ -134,8 +152,9 @@ def section_foldin(data, args):
         P = np.zeros((inter.n_users, K), np.float32)
         c = np.zeros(inter.n_users, np.float32)
         cfg = ridge_cfg(0.1, 1e-6, 3.5, True)
-        f = timed(lambda: ridge_solve_rows(inter.indptr, inter.items, inter.values, Q, b, cfg,
-                                           P, c), args.repeats)
+        gemm, gemm_flops = gemm_peak(args.quick)
+        f, g = paired([lambda: ridge_solve_rows(inter.indptr, inter.items, inter.values, Q, b,
+                                                cfg, P, c), gemm], max(args.repeats, 7))
         flops = ridge_flops(inter.counts())
         peer = None
         m = implicit_model(iterations=1)
@@ -150,8 +169,9 @@ def section_foldin(data, args):
         us = f[1] / inter.n_users * 1e6
         add(f"fold-in all users [{dname}]", f, peer, "implicit recalculate_user (Cholesky)",
             flops, note=f"{us:.1f} us/user fedcf" + (
-                f", {peer[1] / inter.n_users * 1e6:.1f} us/user peer" if peer else ""),
-            us_per_user=us)
+                f", {peer[1] / inter.n_users * 1e6:.1f} us/user peer" if peer else "")
+            + f"; GEMM share against a GEMM timed in turn with it, {gemm_flops / g[1] / 1e9:.1f}"
+            " GFLOP/s", us_per_user=us, gemm_fraction=(flops / f[1]) / (gemm_flops / g[1]))
 
 
 def section_als(data, args):
@@ -227,24 +247,27 @@ def section_sgd(data, args):
             gather_ratings(order, users, inter.items, inter.values, *bufs)
             return sgd_epoch(*bufs, (P, c), (Q, b), cfg)
 
-        f = timed(epoch, args.repeats)
         peer = None
-        if Dataset is not None:
+        if Dataset is None:
+            f = timed(epoch, args.repeats)
+        else:
             uir = list(zip(users.tolist(), inter.items.tolist(), inter.values.tolist()))
             ds = Dataset.from_uir(uir, seed=0)
 
-            def epoch_time(**kw):  # an epoch: 11 iterations minus 1 (setup cancels out)
-                def fit(iters):
-                    MF(k=K, max_iter=iters, learning_rate=0.005, lambda_reg=0.02,
-                       use_bias=True, early_stop=False, verbose=False, **kw).fit(ds)
-                one = timed(lambda: fit(1), args.repeats)
-                eleven = timed(lambda: fit(11), args.repeats)
+            def fit(iters, **kw):
+                return lambda: MF(k=K, max_iter=iters, learning_rate=0.005, lambda_reg=0.02,
+                                  use_bias=True, early_stop=False, verbose=False, **kw).fit(ds)
+
+            def epoch_time(one, eleven):  # an epoch: 11 iterations minus 1 (setup cancels out)
                 return tuple(max((t11 - t1) / 10, 1e-9) for t1, t11 in zip(one, eleven))
 
-            # cornac forces one thread when seeded; unseeded it runs Hogwild on every core
-            peer = epoch_time(seed=0)
-            add(f"SGD epoch, biased MF [{dname}]", f, epoch_time(), "cornac MF, all cores "
-                "(Hogwild, not reproducible)", 6.0 * inter.nnz * K)
+            # cornac forces one thread when seeded (the target's peer, timed in turn with
+            # fedcf's epoch); unseeded it runs Hogwild on every core
+            f, one, eleven = paired([epoch, fit(1, seed=0), fit(11, seed=0)], args.repeats)
+            peer = epoch_time(one, eleven)
+            add(f"SGD epoch, biased MF [{dname}]", f, epoch_time(*paired([fit(1), fit(11)],
+                                                                         args.repeats)),
+                "cornac MF, all cores (Hogwild, not reproducible)", 6.0 * inter.nnz * K)
         add(f"SGD epoch, biased MF [{dname}]", f, peer, "cornac MF, seeded (1 thread)",
             6.0 * inter.nnz * K)
 
@@ -504,10 +527,10 @@ def section_coldstart(args):
 
 
 def section_ceiling(args):
-    n = 512 if args.quick else 2048
-    A = np.random.default_rng(0).random((n, n), dtype=np.float32)
-    g = timed(lambda: A @ A, args.repeats)
-    gemm = 2 * n**3 / g[1] / 1e9
+    fn, flops = gemm_peak(args.quick)
+    n = round((flops / 2) ** (1 / 3))
+    g = timed(fn, args.repeats)
+    gemm = flops / g[1] / 1e9
     add(f"GEMM float32 {n}x{n} (BLAS, all threads)", g, None, None,
         note=f"{gemm:.1f} GFLOP/s", gflops=gemm)
     mb = 64 if args.quick else 512
@@ -517,8 +540,8 @@ def section_ceiling(args):
     bw = 2 * x.nbytes / cpy[1] / 1e9
     add(f"memory copy {mb} MiB", cpy, None, None, note=f"{bw:.1f} GB/s (read + write)",
         gbytes_per_second=bw)
-    for r in ROWS:
-        if r.get("gflops") and not r["name"].startswith("GEMM"):
+    for r in ROWS:  # the fold-in rows keep the share against their own, paired GEMM timing
+        if r.get("gflops") and not r["name"].startswith("GEMM") and "gemm_fraction" not in r:
             r["gemm_fraction"] = r["gflops"] / gemm
     print("\nshare of the measured GEMM peak (compute roofline; these kernels are compute bound):")
     for r in ROWS:

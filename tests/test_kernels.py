@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcf import _reference as ref
-from fedcf._kernels import als, gram, layout, predict, sgd
+from fedcf._kernels import als, gram, layout, predict, sgd, util
 from fedcf._kernels import rng as krng
 
 
@@ -355,6 +355,25 @@ def test_gather_ratings_is_the_fancy_index():
     sgd.gather_ratings(order, users, items, vals, *out)
     for got, src in zip(out, (users, items, vals)):
         np.testing.assert_array_equal(got, src[order])
+
+
+@numba.njit
+def prefetch_every_row(arr):
+    for r in range(arr.shape[0]):
+        util.prefetch_row(arr, np.int64(r))  # an intrinsic: callable from jitted code only
+    return arr.sum()
+
+
+def test_prefetch_row_is_only_a_hint():
+    """Every row of arrays narrower and wider than its lines, the last row included (the lines
+    past the end are asked for too): nothing changes, nothing faults; other layouts refused."""
+    for arr in (np.arange(12.0).reshape(6, 2), np.ones((3, 300), np.float32),
+                np.arange(50, dtype=np.int64).reshape(1, 50)):
+        before = arr.copy()
+        assert prefetch_every_row(arr) == before.sum()
+        np.testing.assert_array_equal(arr, before)
+    with pytest.raises(TypeError, match="C-contiguous 2-d"):
+        prefetch_every_row(np.ones((4, 4))[:, ::2])
 
 
 def test_predict_pairs_with_unknowns():

@@ -36,7 +36,9 @@ from .layout import (
     SE_OFFSET,
 )
 from .rng import next_float
-from .util import minibatch_schedule, store, unique_rows
+from .util import minibatch_schedule, prefetch_row, store, unique_rows
+
+PREFETCH_AHEAD = 8  # ratings between a row's prefetch in ``sgd_epoch`` and its use
 
 
 @njit(cache=True)
@@ -245,7 +247,9 @@ def sgd_epoch(users, items, vals, user_params, item_params, cfg):
     Sequential by design: the result depends only on the order. The dot product and the two
     axpy loops may be reassociated (SIMD); no NaN check depends on them. The two axpy
     coefficients are rounded to the factors' dtype, so a float32 model's row update stays in
-    float32 (8-wide SIMD, no conversions); e and the biases are float64.
+    float32 (8-wide SIMD, no conversions); e and the biases are float64. The factor rows of the
+    rating PREFETCH_AHEAD steps ahead are prefetched (the rows are random accesses; a hint,
+    with no effect on any value).
     """
     P, c = user_params[0], user_params[1]
     Q, b = item_params[0], item_params[1]
@@ -255,7 +259,11 @@ def sgd_epoch(users, items, vals, user_params, item_params, cfg):
     coef[0] = 1.0 - lr * lam
     dec = coef[0]
     sse = 0.0
-    for t in range(users.shape[0]):
+    n = users.shape[0]
+    for t in range(n):
+        if t + PREFETCH_AHEAD < n:  # the rows a few ratings ahead: their loads overlap this step
+            prefetch_row(P, np.int64(users[t + PREFETCH_AHEAD]))
+            prefetch_row(Q, np.int64(items[t + PREFETCH_AHEAD]))
         u = users[t]
         i = items[t]
         pu = P[u]

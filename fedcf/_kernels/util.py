@@ -14,6 +14,7 @@ pass ``np.int64(k)`` instead.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -58,6 +59,40 @@ def claim(typingctx, counter):
 
     if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
         raise TypeError("claim needs an int64 array")
+    return sig, codegen
+
+
+PREFETCH_LINES = 4  # cache lines of a row ``prefetch_row`` asks for, at most
+
+
+@intrinsic
+def prefetch_row(typingctx, arr, row):
+    """Ask the CPU to start loading row ``row`` of the C-contiguous 2-d ``arr`` into cache: the
+    PREFETCH_LINES cache lines from its start (all of a K = 50 float32 row, which may straddle
+    one line more than its 200 bytes fill). A hint: no effect on any value, and no fault even past
+    the array's end; the caller passes a valid row."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C"):
+        raise TypeError("prefetch_row needs a C-contiguous 2-d array")
+    sig = types.none(arr, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        row_bytes = builder.mul(builder.extract_value(ary.shape, 1),
+                                ir.Constant(i64, context.get_abi_sizeof(
+                                    context.get_value_type(arr.dtype))))
+        byte_ptr = ir.IntType(8).as_pointer()
+        start = builder.gep(builder.bitcast(ary.data, byte_ptr),
+                            [builder.mul(context.cast(builder, args[1], signature.args[1],
+                                                      types.int64), row_bytes)])
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        for k in range(PREFETCH_LINES):  # no branch: a prefetch past the row is harmless
+            builder.call(fn, [builder.gep(start, [ir.Constant(i64, 64 * k)]), ir.Constant(i32, 0),
+                              ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
     return sig, codegen
 
 
