@@ -108,14 +108,14 @@ def predict_pairs(users, items, user_params, item_params, mu):
 
 # ---------------------------------------------------------------------- ridge solves
 def gram_panel(Z, n, a, c0, rows, width):
-    """Twin of ``gram.gram_panel``: rows a … a + rows − 1 and columns c0 … c0 + width − 1 of
+    """Twin of ``dense.gram_panel``: rows a … a + rows − 1 and columns c0 … c0 + width − 1 of
     Z[:n]ᵀ Z[:n], in float64."""
     Z64 = np.asarray(Z[:n], np.float64)
     return Z64[:, a:a + rows].T @ Z64[:, c0:c0 + width]
 
 
 def gram_rows(Z, n, d):
-    """Twin of ``gram.gram_rows``: the Gram of Z[:n]'s first d columns and their products with
+    """Twin of ``dense.gram_rows``: the Gram of Z[:n]'s first d columns and their products with
     column d (the targets)."""
     Z64 = np.asarray(Z[:n], np.float64)
     return Z64[:, :d].T @ Z64[:, :d], Z64[:, :d].T @ Z64[:, d]

@@ -15,7 +15,7 @@ Sections (``--sections``, default all):
 
 Every timed row reports min and median of >= 3 repeats (the thread-scaling rows: >= 5, the
 one- and two-thread runs alternated; the fold-in and its GEMM ceiling, and the SGD epoch and
-seeded cornac, likewise timed in turn) after a warm-up call (the warm-up of
+seeded cornac, timed in turn in short blocks) after a warm-up call (the warm-up of
 fedcf kernels, i.e. Numba compilation or cache load, is reported as a row of its own). Ratios are
 ``speedup = peer_seconds / fedcf_seconds`` (both min). Peers run with BLAS limited to one thread
 inside their own threading, as implicit recommends.
@@ -58,10 +58,12 @@ ROWS: list[dict] = []
 warnings.filterwarnings("ignore", message="OpenBLAS is configured", category=RuntimeWarning)
 
 
-def paired(fns, repeats):
-    """[(warm-up seconds, min, median)] of each of ``fns``, called in turn: a warm-up round, then
-    ``repeats`` rounds of one call each. On a machine whose speed drifts within minutes, the
-    functions compared in one ratio then see the same conditions."""
+def paired(fns, repeats, block=1):
+    """[(warm-up seconds, min, median)] of each of ``fns``, timed in turn: a warm-up call of each,
+    then ``repeats`` rounds in which each function is called ``block`` times in a row. On a
+    machine whose speed drifts within minutes, the functions compared in one ratio are then
+    sampled over the same minutes; with block > 1, the later calls of a block run after calls of
+    the same function (not in the wake of another's load, e.g. an all-core GEMM)."""
     warm = []
     for fn in fns:
         t0 = time.perf_counter()
@@ -70,9 +72,10 @@ def paired(fns, repeats):
     ts = [[] for _ in fns]
     for _ in range(repeats):
         for k, fn in enumerate(fns):
-            t0 = time.perf_counter()
-            fn()
-            ts[k].append(time.perf_counter() - t0)
+            for _ in range(block):
+                t0 = time.perf_counter()
+                fn()
+                ts[k].append(time.perf_counter() - t0)
     return [(w, min(t), statistics.median(t)) for w, t in zip(warm, ts)]
 
 
@@ -154,7 +157,7 @@ def section_foldin(data, args):
         cfg = ridge_cfg(0.1, 1e-6, 3.5, True)
         gemm, gemm_flops = gemm_peak(args.quick)
         f, g = paired([lambda: ridge_solve_rows(inter.indptr, inter.items, inter.values, Q, b,
-                                                cfg, P, c), gemm], max(args.repeats, 7))
+                                                cfg, P, c), gemm], max(args.repeats, 5), block=3)
         flops = ridge_flops(inter.counts())
         peer = None
         m = implicit_model(iterations=1)
@@ -170,8 +173,9 @@ def section_foldin(data, args):
         add(f"fold-in all users [{dname}]", f, peer, "implicit recalculate_user (Cholesky)",
             flops, note=f"{us:.1f} us/user fedcf" + (
                 f", {peer[1] / inter.n_users * 1e6:.1f} us/user peer" if peer else "")
-            + f"; GEMM share against a GEMM timed in turn with it, {gemm_flops / g[1] / 1e9:.1f}"
-            " GFLOP/s", us_per_user=us, gemm_fraction=(flops / f[1]) / (gemm_flops / g[1]))
+            + f"; GEMM share against a GEMM timed in turn with it (blocks of 3 calls), "
+            f"{gemm_flops / g[1] / 1e9:.1f} GFLOP/s",
+            us_per_user=us, gemm_fraction=(flops / f[1]) / (gemm_flops / g[1]))
 
 
 def section_als(data, args):
@@ -263,7 +267,8 @@ def section_sgd(data, args):
 
             # cornac forces one thread when seeded (the target's peer, timed in turn with
             # fedcf's epoch); unseeded it runs Hogwild on every core
-            f, one, eleven = paired([epoch, fit(1, seed=0), fit(11, seed=0)], args.repeats)
+            f, one, eleven = paired([epoch, fit(1, seed=0), fit(11, seed=0)], args.repeats,
+                                    block=2)
             peer = epoch_time(one, eleven)
             add(f"SGD epoch, biased MF [{dname}]", f, epoch_time(*paired([fit(1), fit(11)],
                                                                          args.repeats)),

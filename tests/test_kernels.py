@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcf import _reference as ref
-from fedcf._kernels import als, gram, layout, predict, sgd, util
+from fedcf._kernels import als, dense, layout, predict, sgd, util
 from fedcf._kernels import rng as krng
 
 
@@ -54,25 +54,9 @@ def test_stream_matches_python_twin():
 
 
 # ---------------------------------------------------------------- ridge
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gram_tiles_match_numpy_at_every_edge_size(dtype):
-    """The 2 × 4 tiled Gram: odd and even d, d below, at and past the tile, and n = 1."""
-    rng = np.random.default_rng(3)
-    for d in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13):
-        for n in (1, 2, 7, 33):
-            Zt = rng.normal(size=(d, n)).astype(dtype)
-            y = rng.normal(size=n).astype(dtype)
-            A, rhs = np.full((d + 2, d + 2), 7.0), np.full(d + 2, 7.0)
-            als.gram_upper(Zt, y, n, d, A, rhs)
-            Z64 = Zt.astype(np.float64)
-            np.testing.assert_allclose(A[:d, :d], Z64 @ Z64.T, **tol(dtype))
-            np.testing.assert_allclose(rhs[:d], Z64 @ y, **tol(dtype))
-            assert np.all(A[d:] == 7.0) and np.all(A[:, d:] == 7.0) and np.all(rhs[d:] == 7.0)
-
-
 @numba.njit
 def call_gram_panel(Z, n, a, c0, nblk, out):
-    gram.gram_panel(Z, n, a, c0, nblk, out)  # an intrinsic: callable from jitted code only
+    dense.gram_panel(Z, n, a, c0, nblk, out)  # an intrinsic: callable from jitted code only
 
 
 def test_gram_panel_refuses_mixed_or_strided_arrays():
@@ -87,16 +71,16 @@ def test_gram_panel_matches_twin_and_writes_only_its_panel(dtype):
     """Every panel width (1 … GRAM_BLOCKS vectors, and out-of-range widths that write nothing),
     no ratings, one, and more than a vector's worth; entries outside the panel stay as they were."""
     rng = np.random.default_rng(5)
-    lanes = gram.VECTOR_BYTES // np.dtype(dtype).itemsize
-    R, W = gram.GRAM_ROWS, (gram.GRAM_BLOCKS + 1) * lanes
+    lanes = dense.VECTOR_BYTES // np.dtype(dtype).itemsize
+    R, W = dense.GRAM_ROWS, (dense.GRAM_BLOCKS + 1) * lanes
     for n in (0, 1, 5, 40):
         Z = rng.normal(size=(n + 1, W)).astype(dtype)
-        for nblk in range(gram.GRAM_BLOCKS + 2):
+        for nblk in range(dense.GRAM_BLOCKS + 2):
             for a, c0 in ((0, 0), (3, lanes), (W - R, W - nblk * lanes)):
                 out = np.full((W, W), 7.0, dtype)
                 call_gram_panel(Z, n, a, max(c0, 0), nblk, out)
                 mask = np.zeros_like(out, bool)
-                if 1 <= nblk <= gram.GRAM_BLOCKS:
+                if 1 <= nblk <= dense.GRAM_BLOCKS:
                     mask[a:a + R, c0:c0 + nblk * lanes] = True
                     want = ref.gram_panel(Z, n, a, c0, R, nblk * lanes)
                     np.testing.assert_allclose(out[mask].reshape(want.shape), want, **tol(dtype))
@@ -108,18 +92,59 @@ def test_gram_rows_match_twin_at_every_edge_size(dtype):
     """d on either side of the panel height and of one, two and several SIMD vectors."""
     rng = np.random.default_rng(6)
     for d in (1, 2, 5, 6, 7, 8, 15, 16, 17, 31, 47, 51, 64, 65, 100):
-        W = gram.design_width(d, np.dtype(dtype).itemsize)
-        rows = -(-d // gram.GRAM_ROWS) * gram.GRAM_ROWS
-        assert W >= max(d + 1, rows) and W * np.dtype(dtype).itemsize % gram.VECTOR_BYTES == 0
+        W = dense.design_width(d, np.dtype(dtype).itemsize)
+        rows = -(-d // dense.GRAM_ROWS) * dense.GRAM_ROWS
+        assert W >= max(d + 1, rows) and W * np.dtype(dtype).itemsize % dense.VECTOR_BYTES == 0
         for n in (1, 2, 33):
             Z = np.zeros((n, W), dtype)
             Z[:, :d + 1] = rng.normal(size=(n, d + 1))
-            A, rhs = np.full((d + 1, d + 1), 7.0), np.full(d + 1, 7.0)
-            gram.gram_rows(Z, n, d, np.full((rows, W), np.nan, dtype), A, rhs)
+            U = np.full((d + 2, d + 2), 7.0)
+            dense.gram_rows(Z, n, d, np.full((rows, W), np.nan, dtype), U)
             want_A, want_rhs = ref.gram_rows(Z, n, d)
-            np.testing.assert_allclose(A[:d, :d], want_A, **tol(dtype))
-            np.testing.assert_allclose(rhs[:d], want_rhs, **tol(dtype))
-            assert np.all(A[d] == 7.0) and np.all(A[:, d] == 7.0) and rhs[d] == 7.0
+            upper = np.triu(np.ones((d, d), bool))
+            np.testing.assert_allclose(U[:d, :d][upper], want_A[upper], **tol(dtype))
+            np.testing.assert_allclose(U[:d, d], want_rhs, **tol(dtype))
+            written = np.zeros(U.shape, bool)
+            written[:d, :d] = upper
+            written[:d, d] = True
+            assert np.all(U[~written] == 7.0)
+
+
+@numba.njit
+def factor_and_solve(A, b, d):
+    work = dense.solve_square(d)
+    work[:] = np.nan  # all but A's upper triangle and b: left over from anything before
+    U, S = work[0], work[1]
+    for a in range(d):
+        for c in range(a, d):
+            U[a, c] = A[a, c]
+        U[a, d] = b[a]
+    x = np.full(d, 7.0)
+    ok = dense.cholesky_solve_panels(U, S, d, x)
+    return ok, x
+
+
+def test_cholesky_panels_solve_spd_systems_at_every_edge_size():
+    """d below, at and across panel heights and float64 vectors; well and badly conditioned
+    systems against NumPy's solve, with NaN in every scratch entry; not positive definite (and
+    NaN) systems refused, x untouched."""
+    rng = np.random.default_rng(7)
+    for d in (1, 2, 5, 6, 7, 8, 9, 13, 16, 17, 51, 64, 70):
+        for cond in (1.0, 1e6):
+            Qm, _ = np.linalg.qr(rng.normal(size=(d, d)))
+            A = (Qm * np.geomspace(1.0, 1.0 / cond, d)) @ Qm.T
+            A = (A + A.T) / 2
+            b = rng.normal(size=d)
+            ok, x = factor_and_solve(A, b, d)
+            assert ok
+            np.testing.assert_allclose(A @ x, b, rtol=0, atol=1e-9 * cond)
+        bad = -np.eye(d)
+        ok, x = factor_and_solve(bad, np.ones(d), d)
+        assert not ok and np.all(x == 7.0)
+        nan = np.eye(d)
+        nan[d - 1, d - 1] = np.nan
+        ok, x = factor_and_solve(nan, np.ones(d), d)
+        assert not ok and np.all(x == 7.0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

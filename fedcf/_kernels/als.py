@@ -8,10 +8,11 @@ users when solving items), each row's parameters x = [p; c] minimise
 over the row's n entries j — the per-rating (ALS-WR) weighting of the regularization, so that the
 solve is the exact minimiser of the same per-example loss the SGD paths use, plus a constant floor
 ``lam0`` that keeps rows with fewer entries than factors well posed. Without a bias the last
-coordinate is dropped. The Gram matrix is accumulated in the factors' dtype (float32 models: 8-wide
-SIMD, ~1e-7 relative error against float64), the (K+1)×(K+1) Cholesky solve runs in float64. A row
-with fewer entries than unknowns (and a positive regularization) solves the equivalent n × n system
-instead (``solve_ridge_dual``): same solution, less work.
+coordinate is dropped. The Gram matrix is accumulated in the factors' dtype (float32 models: 16-wide
+SIMD, ~1e-7 relative error against float64), the (K+1)×(K+1) Cholesky solve runs in float64; both
+are the register-tiled kernels of ``dense``. A row with fewer entries than unknowns (and a positive
+regularization) solves the equivalent n × n system instead (``solve_ridge_dual``): same solution,
+less work.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .gram import GRAM_ROWS, design_width, gram_rows
+from .dense import GRAM_ROWS, cholesky_solve_panels, design_width, gram_rows, solve_square
 from .layout import CFG_FIT_BIAS, CFG_LAM, CFG_LAM0, CFG_OFFSET, IA_ALPHA, IA_LAM
 from .util import QUEUE_WORKERS, chunk_span, take, task_queue
 
@@ -80,59 +81,6 @@ def cholesky_solve_inplace(A, x, d):
     return True
 
 
-@njit(cache=True, fastmath=_FAST)
-def gram_upper(Zt, y, n, d, A, rhs):
-    """A[:d, :d] = Zt Ztᵀ and rhs = Zt y over the first n ≥ 1 columns (Zt: d × n, C-contiguous).
-
-    Dot products along the contiguous rating axis, accumulated in Zt's dtype (float32 models get
-    8-wide SIMD). The upper triangle is computed in 2 × 4 register tiles (two rows of A against
-    four columns: 6 loads feed 8 multiply-adds per rating, which keeps 8 vector accumulators and
-    the loaded rows within AVX2's 16 registers) and mirrored.
-    """
-    zero = Zt[0, 0] - Zt[0, 0]
-    for a in range(d):
-        za = Zt[a]
-        s = zero
-        for t in range(n):
-            s += za[t] * y[t]
-        rhs[a] = s
-    for a in range(0, d, 2):
-        za = Zt[a]
-        zb = Zt[a + 1] if a + 1 < d else za  # odd d: the last row pairs with itself
-        c = a
-        while c + 4 <= d:
-            z0, z1, z2, z3 = Zt[c], Zt[c + 1], Zt[c + 2], Zt[c + 3]
-            s0 = s1 = s2 = s3 = u0 = u1 = u2 = u3 = zero
-            for t in range(n):
-                w, v = za[t], zb[t]
-                x0, x1, x2, x3 = z0[t], z1[t], z2[t], z3[t]
-                s0 += w * x0
-                s1 += w * x1
-                s2 += w * x2
-                s3 += w * x3
-                u0 += v * x0
-                u1 += v * x1
-                u2 += v * x2
-                u3 += v * x3
-            A[a, c], A[a, c + 1], A[a, c + 2], A[a, c + 3] = s0, s1, s2, s3
-            if a + 1 < d:
-                A[a + 1, c], A[a + 1, c + 1], A[a + 1, c + 2], A[a + 1, c + 3] = u0, u1, u2, u3
-            c += 4
-        while c < d:
-            zc = Zt[c]
-            s0 = u0 = zero
-            for t in range(n):
-                s0 += za[t] * zc[t]
-                u0 += zb[t] * zc[t]
-            A[a, c] = s0
-            if a + 1 < d:
-                A[a + 1, c] = u0
-            c += 1
-    for a in range(d):
-        for c in range(a + 1, d):
-            A[c, a] = A[a, c]
-
-
 @njit(cache=True)
 def gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y):
     """The row's design z_j = [fixed[j]; 1 if d > K] as the columns of ``Zt`` (d, n), and its
@@ -175,7 +123,8 @@ def ridge_scratch(fixed, n_max):
 def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, buf):
     """Solve one row; returns d (= K + fit_bias) with the solution in rhs[:d]. Empty rows give 0.
 
-    A (d×d) and rhs (d,) are float64 scratch; ``buf`` is ``ridge_scratch`` for at least n entries.
+    A is ``dense.solve_square(K + 1)``, rhs float64 (K + 1,); ``buf`` is ``ridge_scratch`` for at
+    least n entries.
     """
     K = fixed.shape[1]
     d = K + 1 if cfg[CFG_FIT_BIAS] != 0.0 else K
@@ -185,46 +134,56 @@ def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, buf):
         for a in range(d):
             rhs[a] = 0.0
         return d
+    if n < d and reg > 0.0:
+        solve_ridge_dual(idx, vals, fixed, fixed_bias, cfg, reg, d, A, rhs, buf)
+        return d
     W = design_width(d, fixed.itemsize)
     Z = buf[:n * W].reshape((n, W))
     gather_rows(idx, vals, fixed, fixed_bias, cfg, d, Z)
-    if n < d and reg > 0.0:
-        solve_ridge_dual(Z, n, d, reg, A, rhs)
-        return d
     rows = (d + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
-    gram_rows(Z, n, d, buf[n * W:(n + rows) * W].reshape((rows, W)), A, rhs)
+    U = A[0]
+    gram_rows(Z, n, d, buf[n * W:(n + rows) * W].reshape((rows, W)), U)
     for a in range(d):
-        A[a, a] += reg
-    if not cholesky_solve_inplace(A, rhs, d):
+        U[a, a] += reg
+    if not cholesky_solve_panels(U, A[1], d, rhs):
         for a in range(d):
             rhs[a] = np.nan
     return d
 
 
 @njit(cache=True)
-def solve_ridge_dual(Z, n, d, reg, A, rhs):
-    """``solve_ridge_row`` for a row with fewer entries than unknowns (n < d) and reg > 0, from
-    its design ``Z`` by rows (``gather_rows``).
+def solve_ridge_dual(idx, vals, fixed, fixed_bias, cfg, reg, d, A, rhs, buf):
+    """``solve_ridge_row`` for a row with fewer entries than unknowns (n < d) and reg > 0.
 
     (ZᵀZ + reg I)⁻¹ Zᵀy = Zᵀ (ZZᵀ + reg I)⁻¹ y: the same solution from an n × n system, so
-    the Gram costs n²d instead of nd² and the Cholesky n³/3 instead of d³/3. Row n of A (free,
-    as n < d) accumulates x.
+    the Gram costs n²d instead of nd² and the Cholesky n³/3 instead of d³/3. The design is
+    gathered transposed (its d rows padded to whole vectors), so that ZZᵀ runs on the same
+    Gram micro-kernel as ZᵀZ; row n of A[0] (free, as n < d) accumulates x = Zᵀα.
     """
-    gram_upper(Z, Z[0], d, n, A, rhs)  # A[:n, :n] = Z Zᵀ (rhs gets a by-product, overwritten)
+    n = idx.shape[0]
+    Wt = design_width(n, fixed.itemsize)
+    rows = (n + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
+    Zt = buf[:d * Wt].reshape((d, Wt))
+    y = buf[d * Wt:(d + 1) * Wt]
+    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y)
+    for a in range(d):
+        for t in range(n, Wt):
+            Zt[a, t] = 0.0
+    U = A[0]
+    gram_rows(Zt, d, n, buf[(d + 1) * Wt:(d + 1 + rows) * Wt].reshape((rows, Wt)), U)
     for t in range(n):
-        A[t, t] += reg
-        rhs[t] = Z[t, d]
-    if not cholesky_solve_inplace(A, rhs, n):
+        U[t, t] += reg
+        U[t, n] = y[t]
+    if not cholesky_solve_panels(U, A[1], n, rhs):  # α = (ZZᵀ + reg I)⁻¹ y
         for a in range(d):
             rhs[a] = np.nan
         return
-    x = A[n]
+    x = U[n]
     for a in range(d):
-        x[a] = 0.0
-    for t in range(n):
-        w = rhs[t]
-        for a in range(d):
-            x[a] += w * Z[t, a]
+        s = 0.0
+        for t in range(n):
+            s += Zt[a, t] * rhs[t]
+        x[a] = s
     for a in range(d):
         rhs[a] = x[a]
 
@@ -251,7 +210,7 @@ def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
     for _ in prange(QUEUE_WORKERS):
         ch = take(queue)
         while ch >= 0:
-            A = np.empty((K + 1, K + 1))
+            A = solve_square(K + 1)
             rhs = np.empty(K + 1)
             lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
             buf = ridge_scratch(fixed, n_max)
@@ -272,15 +231,12 @@ def solve_implicit_row(idx, vals, fixed, gram, alpha, lam, A, rhs, buf):
     entries and p_j = 0, c_j = 1 elsewhere, via
         (YᵀY + Σ_entries (c_j − 1) y_j y_jᵀ + lam I) x = Σ_entries c_j y_j,
     so a row costs O(n·K² + K³), not O(n_items·K²). ``gram`` = YᵀY (K×K float64) is shared.
-    The solution lands in rhs[:K]; A, rhs float64 scratch; buf is ``ridge_scratch`` for n entries.
+    The solution lands in rhs[:K]; A is ``dense.solve_square(K)``, rhs float64 (K,); buf is
+    ``ridge_scratch`` for n entries.
     """
     K = fixed.shape[1]
     n = idx.shape[0]
-    for a in range(K):
-        acc = 0.0
-        for t in range(n):
-            acc += (1.0 + alpha * vals[t]) * fixed[idx[t], a]
-        rhs[a] = acc
+    U = A[0]
     if n > 0:
         W = design_width(K, fixed.itemsize)
         Z = buf[:n * W].reshape((n, W))
@@ -292,16 +248,20 @@ def solve_implicit_row(idx, vals, fixed, gram, alpha, lam, A, rhs, buf):
             for a in range(K, W):
                 Z[t, a] = 0.0
         rows = (K + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
-        gram_rows(Z, n, K, buf[n * W:(n + rows) * W].reshape((rows, W)), A, np.empty(K))
+        gram_rows(Z, n, K, buf[n * W:(n + rows) * W].reshape((rows, W)), U)
     else:
         for a in range(K):
-            for c in range(K):
-                A[a, c] = 0.0
+            for c in range(a, K):
+                U[a, c] = 0.0
     for a in range(K):
-        for c in range(K):
-            A[a, c] += gram[a, c]
-        A[a, a] += lam
-    if not cholesky_solve_inplace(A, rhs, K):
+        acc = 0.0
+        for t in range(n):
+            acc += (1.0 + alpha * vals[t]) * fixed[idx[t], a]
+        U[a, K] = acc
+        for c in range(a, K):
+            U[a, c] += gram[a, c]
+        U[a, a] += lam
+    if not cholesky_solve_panels(U, A[1], K, rhs):
         for a in range(K):
             rhs[a] = np.nan
 
@@ -318,7 +278,7 @@ def implicit_solve_rows(indptr, idx, vals, fixed, gram, cfg, out):
     for _ in prange(QUEUE_WORKERS):
         ch = take(queue)
         while ch >= 0:
-            A = np.empty((K, K))
+            A = solve_square(K)
             rhs = np.empty(K)
             lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
             buf = ridge_scratch(fixed, n_max)

@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from .als import ridge_scratch, solve_ridge_row
+from .dense import solve_square
 from .layout import (
     CC_ALS_LAM,
     CC_ALS_LAM0,
@@ -87,7 +88,7 @@ def reconstruct_local(s_items, s_vals, Q, b, cfg, recon_hp, state, p, cb):
     K = Q.shape[1]
     fit_bias = recon_hp[HP_FIT_BIAS] != 0.0
     if int(cfg[CC_RECON]) == RECON_ALS:
-        A, rhs = np.empty((K + 1, K + 1)), np.empty(K + 1)
+        A, rhs = solve_square(K + 1), np.empty(K + 1)
         ridge = np.array([cfg[CC_ALS_LAM], cfg[CC_ALS_LAM0], recon_hp[HP_OFFSET],
                           1.0 if fit_bias else 0.0])
         buf = ridge_scratch(Q, s_items.shape[0])

@@ -12,6 +12,7 @@ from numba import njit, prange
 
 from .als import ridge_scratch, solve_implicit_row
 from .clients import query_sizes, split_client
+from .dense import solve_square
 from .layout import (
     HP_BATCH,
     HP_EPOCHS,
@@ -64,7 +65,7 @@ def implicit_client_start(data, u, Q, gram, cfg, state):
     K = Q.shape[1]
     perm, n_s, q_start = split_client(n, int(cfg[IC_SPLIT]), cfg[IC_SUPPORT_FRAC], state)
     s_items, s_vals = gather_entries(items, values, s0, perm[:n_s])
-    A = np.empty((K, K))
+    A = solve_square(K)
     p = np.empty(K)
     buf = ridge_scratch(Q, n_s)
     solve_implicit_row(s_items, s_vals, Q, gram, cfg[IC_ALPHA], cfg[IC_LAM], A, p, buf)
