@@ -11,8 +11,8 @@ solve is the exact minimiser of the same per-example loss the SGD paths use, plu
 coordinate is dropped. The Gram matrix is accumulated in the factors' dtype (float32 models: 16-wide
 SIMD, ~1e-7 relative error against float64), the (K+1)×(K+1) Cholesky solve runs in float64; both
 are the register-tiled kernels of ``dense``. A row with fewer entries than unknowns (and a positive
-regularization) solves the equivalent n × n system instead (``solve_ridge_dual``): same solution,
-less work.
+regularization) solves the equivalent n × n system instead (see ``solve_ridge_row``): same
+solution, less work.
 """
 
 from __future__ import annotations
@@ -113,10 +113,11 @@ def gather_rows(idx, vals, fixed, fixed_bias, cfg, d, Z):
 
 @njit(cache=True)
 def ridge_scratch(fixed, n_max):
-    """Scratch for ``solve_ridge_row`` on rows of up to n_max entries, in ``fixed``'s dtype."""
+    """Scratch for ``solve_ridge_row`` on rows of up to n_max entries, in ``fixed``'s dtype: a design
+    of up to max(n_max, d) + 1 rows and a Gram panel of up to d + GRAM_ROWS − 1 rows."""
     d = fixed.shape[1] + 1
     W = design_width(d, fixed.itemsize)
-    return np.empty((max(n_max, 1) + d + GRAM_ROWS) * W, fixed.dtype)
+    return np.empty((max(n_max, d) + 1 + d + GRAM_ROWS) * W, fixed.dtype)
 
 
 @njit(cache=True)
@@ -124,7 +125,10 @@ def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, buf):
     """Solve one row; returns d (= K + fit_bias) with the solution in rhs[:d]. Empty rows give 0.
 
     A is ``dense.solve_square(K + 1)``, rhs float64 (K + 1,); ``buf`` is ``ridge_scratch`` for at
-    least n entries.
+    least n entries. A row with fewer entries than unknowns (n < d) and reg > 0 takes the dual
+    form (ZᵀZ + reg I)⁻¹ Zᵀy = Zᵀ (ZZᵀ + reg I)⁻¹ y: the same solution from an n × n system (Gram
+    n²d instead of nd², Cholesky n³/3 instead of d³/3), from the design gathered transposed. Both
+    forms then share one Gram and one Cholesky call (one inlined copy each: compile time).
     """
     K = fixed.shape[1]
     d = K + 1 if cfg[CFG_FIT_BIAS] != 0.0 else K
@@ -134,58 +138,38 @@ def solve_ridge_row(idx, vals, fixed, fixed_bias, cfg, A, rhs, buf):
         for a in range(d):
             rhs[a] = 0.0
         return d
-    if n < d and reg > 0.0:
-        solve_ridge_dual(idx, vals, fixed, fixed_bias, cfg, reg, d, A, rhs, buf)
-        return d
-    W = design_width(d, fixed.itemsize)
-    Z = buf[:n * W].reshape((n, W))
-    gather_rows(idx, vals, fixed, fixed_bias, cfg, d, Z)
-    rows = (d + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
+    dual = n < d and reg > 0.0
+    inner, dim = (d, n) if dual else (n, d)  # the Gram's inner length and its size
+    W = design_width(dim, fixed.itemsize)
+    design = buf[:(inner + 1) * W].reshape((inner + 1, W))  # + 1: the dual's targets
+    if dual:
+        gather_design(idx, vals, fixed, fixed_bias, cfg, design[:d], design[d])
+        for a in range(d):
+            for t in range(n, W):
+                design[a, t] = 0.0
+    else:
+        gather_rows(idx, vals, fixed, fixed_bias, cfg, d, design)
+    rows = (dim + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
     U = A[0]
-    gram_rows(Z, n, d, buf[n * W:(n + rows) * W].reshape((rows, W)), U)
-    for a in range(d):
+    gram_rows(design, inner, dim, buf[(inner + 1) * W:(inner + 1 + rows) * W].reshape((rows, W)),
+              U)
+    for a in range(dim):
         U[a, a] += reg
-    if not cholesky_solve_panels(U, A[1], d, rhs):
+        if dual:  # the Gram's column n is the transposed design's zero padding
+            U[a, n] = design[d, a]
+    if not cholesky_solve_panels(U, A[1], dim, rhs):
         for a in range(d):
             rhs[a] = np.nan
+    elif dual:  # x = Zᵀα, accumulated in row n of U (free, as n < d)
+        x = U[n]
+        for a in range(d):
+            s = 0.0
+            for t in range(n):
+                s += design[a, t] * rhs[t]
+            x[a] = s
+        for a in range(d):
+            rhs[a] = x[a]
     return d
-
-
-@njit(cache=True)
-def solve_ridge_dual(idx, vals, fixed, fixed_bias, cfg, reg, d, A, rhs, buf):
-    """``solve_ridge_row`` for a row with fewer entries than unknowns (n < d) and reg > 0.
-
-    (ZᵀZ + reg I)⁻¹ Zᵀy = Zᵀ (ZZᵀ + reg I)⁻¹ y: the same solution from an n × n system, so
-    the Gram costs n²d instead of nd² and the Cholesky n³/3 instead of d³/3. The design is
-    gathered transposed (its d rows padded to whole vectors), so that ZZᵀ runs on the same
-    Gram micro-kernel as ZᵀZ; row n of A[0] (free, as n < d) accumulates x = Zᵀα.
-    """
-    n = idx.shape[0]
-    Wt = design_width(n, fixed.itemsize)
-    rows = (n + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
-    Zt = buf[:d * Wt].reshape((d, Wt))
-    y = buf[d * Wt:(d + 1) * Wt]
-    gather_design(idx, vals, fixed, fixed_bias, cfg, Zt, y)
-    for a in range(d):
-        for t in range(n, Wt):
-            Zt[a, t] = 0.0
-    U = A[0]
-    gram_rows(Zt, d, n, buf[(d + 1) * Wt:(d + 1 + rows) * Wt].reshape((rows, Wt)), U)
-    for t in range(n):
-        U[t, t] += reg
-        U[t, n] = y[t]
-    if not cholesky_solve_panels(U, A[1], n, rhs):  # α = (ZZᵀ + reg I)⁻¹ y
-        for a in range(d):
-            rhs[a] = np.nan
-        return
-    x = U[n]
-    for a in range(d):
-        s = 0.0
-        for t in range(n):
-            s += Zt[a, t] * rhs[t]
-        x[a] = s
-    for a in range(d):
-        rhs[a] = x[a]
 
 
 @njit(cache=True, parallel=True)
