@@ -111,6 +111,30 @@ def test_gram_rows_match_twin_at_every_edge_size(dtype):
 
 
 @numba.njit
+def call_row_update(dst, drow, src, srow, a, c, v0, nvec):
+    dense.row_update(dst, drow, src, srow, a, c, v0, nvec)  # an intrinsic
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_update_is_whole_vectors_of_a_times_dst_minus_c_times_src(dtype):
+    """Any run of vectors (none, one, all), a row updated from itself; nothing else changes."""
+    rng = np.random.default_rng(8)
+    L = dense.VECTOR_BYTES // np.dtype(dtype).itemsize
+    src = rng.normal(size=(3, 4 * L)).astype(dtype)
+    for v0, nvec in ((0, 0), (1, 1), (0, 4), (2, 2)):
+        for same in (False, True):
+            dst = rng.normal(size=(3, 4 * L)).astype(dtype)
+            want = dst.copy()
+            s_arr, srow = (dst, 1) if same else (src, 2)
+            cols = slice(v0 * L, (v0 + nvec) * L)
+            want[1, cols] = 0.5 * dst[1, cols] - 2.0 * s_arr[srow, cols]
+            call_row_update(dst, 1, s_arr, srow, 0.5, 2.0, v0, nvec)
+            np.testing.assert_allclose(dst, want, **tol(dtype))
+    with pytest.raises(TypeError, match="C-contiguous 2-d float"):
+        call_row_update(np.ones((2, 16)), 0, np.ones((2, 16), np.float32), 0, 1.0, 1.0, 0, 1)
+
+
+@numba.njit
 def factor_and_solve(A, b, d):
     work = dense.solve_square(d)
     work[:] = np.nan  # all but A's upper triangle and b: left over from anything before

@@ -53,6 +53,26 @@ def design_width(d, itemsize):
     return (need + step - 1) // step * step
 
 
+def _float_arrays(name, *arrays):
+    """The vector type's element for C-contiguous 2-d float arrays of one dtype, else TypeError."""
+    ok = all(isinstance(x, types.Array) and x.ndim == 2 and x.layout == "C" for x in arrays)
+    if not (ok and len({x.dtype for x in arrays}) == 1
+            and arrays[0].dtype in (types.float32, types.float64)):
+        raise TypeError(f"{name} needs C-contiguous 2-d float arrays of one dtype")
+    return arrays[0].dtype
+
+
+def _vector_type(context, dtype):
+    sty = context.get_value_type(dtype)
+    return ir.VectorType(sty, VECTOR_BYTES // context.get_abi_sizeof(sty))
+
+
+def _vector_at(builder, vty, data, width, row, col):
+    """Pointer to the vector at (row, col) of a C-contiguous array ``width`` values wide."""
+    ptr = builder.gep(data, [builder.add(builder.mul(row, width), col)])
+    return builder.bitcast(ptr, vty.as_pointer())
+
+
 def _splat(builder, value, vty):
     """A vector of vty with every lane = value."""
     one = builder.insert_element(ir.Constant(vty, ir.Undefined), value,
@@ -74,16 +94,12 @@ def _panel_loop(builder, vty, z_ptr, o_ptr, dims, nblk):
     """The panel with exactly ``nblk`` vectors per row: accumulate over the ratings, store."""
     n, a, c0, z_w, o_w = dims
     i64 = ir.IntType(64)
-
-    def vec(base, width, row, col):
-        ptr = builder.gep(base, [builder.add(builder.mul(row, width), col)])
-        return builder.bitcast(ptr, vty.as_pointer())
-
     cols = [builder.add(c0, ir.Constant(i64, b * vty.count)) for b in range(nblk)]
     acc = [[cgutils.alloca_once_value(builder, ir.Constant(vty, None)) for _ in range(nblk)]
            for _ in range(GRAM_ROWS)]  # allocas: promoted to registers by LLVM
     with cgutils.for_range(builder, n) as loop:
-        zs = [builder.load(vec(z_ptr, z_w, loop.index, c), align=4) for c in cols]
+        zs = [builder.load(_vector_at(builder, vty, z_ptr, z_w, loop.index, c), align=4)
+              for c in cols]
         for r in range(GRAM_ROWS):
             col = builder.add(a, ir.Constant(i64, r))
             w = builder.load(builder.gep(z_ptr, [builder.add(builder.mul(loop.index, z_w), col)]))
@@ -93,7 +109,8 @@ def _panel_loop(builder, vty, z_ptr, o_ptr, dims, nblk):
     for r in range(GRAM_ROWS):
         row = builder.add(a, ir.Constant(i64, r))
         for b in range(nblk):
-            builder.store(builder.load(acc[r][b]), vec(o_ptr, o_w, row, cols[b]), align=4)
+            builder.store(builder.load(acc[r][b]),
+                          _vector_at(builder, vty, o_ptr, o_w, row, cols[b]), align=4)
 
 
 @intrinsic
@@ -102,18 +119,13 @@ def gram_panel(typingctx, Z, n, a, c0, nblk, out):
     r < GRAM_ROWS, where L = values of Z's dtype per 64-byte vector and 1 ≤ nblk ≤ GRAM_BLOCKS
     (other nblk: nothing is written). Z (≥ n rows) and out are C-contiguous arrays of one float
     dtype; the caller keeps every index in bounds."""
-    ok = (isinstance(Z, types.Array) and isinstance(out, types.Array) and Z.ndim == out.ndim == 2
-          and Z.dtype == out.dtype and Z.dtype in (types.float32, types.float64)
-          and Z.layout == out.layout == "C")
-    if not ok:
-        raise TypeError("gram_panel needs two C-contiguous 2-d float arrays of one dtype")
+    dtype = _float_arrays("gram_panel", Z, out)
     sig = types.none(Z, types.int64, types.int64, types.int64, types.int64, out)
 
     def codegen(context, builder, signature, args):
         z_arr = context.make_array(signature.args[0])(context, builder, args[0])
         o_arr = context.make_array(signature.args[5])(context, builder, args[5])
-        sty = context.get_value_type(Z.dtype)
-        vty = ir.VectorType(sty, VECTOR_BYTES // context.get_abi_sizeof(sty))
+        vty = _vector_type(context, dtype)
         n_, a_, c0_, nblk_ = (context.cast(builder, v, t, types.int64)
                               for v, t in zip(args[1:5], signature.args[1:5]))
         dims = (n_, a_, c0_, builder.extract_value(z_arr.shape, 1),
@@ -131,29 +143,23 @@ def row_update(typingctx, dst, drow, src, srow, a, c, v0, nvec):
     """dst[drow, v·L : (v + 1)·L] = a · dst[…] − c · src[srow, …] for the 64-byte vectors
     v0 ≤ v < v0 + nvec (L values each): whole vectors, no tail. dst and src are C-contiguous 2-d
     arrays of one float dtype; the caller keeps every index in bounds."""
-    ok = (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == src.ndim
-          == 2 and dst.dtype == src.dtype and dst.dtype in (types.float32, types.float64)
-          and dst.layout == src.layout == "C")
-    if not ok:
-        raise TypeError("row_update needs two C-contiguous 2-d float arrays of one dtype")
+    dtype = _float_arrays("row_update", dst, src)
     i64 = types.int64
     sig = types.none(dst, i64, src, i64, types.float64, types.float64, i64, i64)
 
     def codegen(context, builder, signature, args):
         d_arr = context.make_array(signature.args[0])(context, builder, args[0])
         s_arr = context.make_array(signature.args[2])(context, builder, args[2])
-        sty = context.get_value_type(dst.dtype)
-        vty = ir.VectorType(sty, VECTOR_BYTES // context.get_abi_sizeof(sty))
+        vty = _vector_type(context, dtype)
         drow_, srow_, v0_, nvec_ = (context.cast(builder, args[k], signature.args[k], i64)
                                     for k in (1, 3, 6, 7))
-        av, cv = (_splat(builder, context.cast(builder, args[k], signature.args[k], dst.dtype),
-                         vty) for k in (4, 5))
-        d0 = builder.mul(drow_, builder.extract_value(d_arr.shape, 1))
-        s0 = builder.mul(srow_, builder.extract_value(s_arr.shape, 1))
+        av, cv = (_splat(builder, context.cast(builder, args[k], signature.args[k], dtype), vty)
+                  for k in (4, 5))
+        d_w, s_w = (builder.extract_value(x.shape, 1) for x in (d_arr, s_arr))
         with cgutils.for_range(builder, nvec_) as loop:
             col = builder.mul(builder.add(v0_, loop.index), ir.Constant(ir.IntType(64), vty.count))
-            dp = builder.bitcast(builder.gep(d_arr.data, [builder.add(d0, col)]), vty.as_pointer())
-            sp = builder.bitcast(builder.gep(s_arr.data, [builder.add(s0, col)]), vty.as_pointer())
+            dp = _vector_at(builder, vty, d_arr.data, d_w, drow_, col)
+            sp = _vector_at(builder, vty, s_arr.data, s_w, srow_, col)
             ax = builder.fmul(av, builder.load(dp, align=4))
             out = builder.fsub(ax, builder.fmul(cv, builder.load(sp, align=4)))
             builder.store(out, dp, align=4)
