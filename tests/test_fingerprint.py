@@ -1,0 +1,121 @@
+"""The refactor guard: every estimator, server optimizer and aggregator gives the model it gave
+before the round's contracts were introduced (fingerprints taken at 9556698).
+
+Each case fits a small population and compares the item factors, item biases, per-round losses
+and predictions with ``tests/data/fingerprints.npz``. The tolerance admits only the last-bit
+differences a different SIMD width gives (a changed formula moves them by far more).
+
+When a change is *meant* to move a case (say, DP noise from the OS instead of the seed), update
+that case's construction or drop it here and say so in the commit; regenerate with
+``python tests/test_fingerprint.py --write`` only for cases whose change is intended.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcf import FURLMF, CentralizedMF, FedAvgMF, FedReconImplicitMF, FedReconMF, ImplicitMF
+from fedcf.datasets import make_synthetic_ratings
+from fedcf.federated import (
+    CoordinateMedian,
+    DPGaussianMean,
+    FoolsGoldMean,
+    NormClippedMean,
+    SecureAggregation,
+    TrimmedMean,
+)
+
+STORE = Path(__file__).parent / "data" / "fingerprints.npz"
+FED = dict(n_factors=4, n_rounds=5, clients_per_round=30, random_state=0)
+
+
+def _fedrecon(**kw):
+    return lambda: FedReconMF(**{**FED, **kw})
+
+
+CASES = {
+    "fedrecon-als": _fedrecon(),
+    "fedrecon-sgd": _fedrecon(reconstruction="sgd", recon_steps=5),
+    "fedrecon-time-joint": _fedrecon(split="time", joint=True, update_steps=5),
+    "fedrecon-nobias": _fedrecon(biases=False, client_weighting="uniform"),
+    "fedrecon-momentum": _fedrecon(server_optimizer="momentum", server_learning_rate=0.5),
+    "fedrecon-adagrad": _fedrecon(server_optimizer="adagrad", server_learning_rate=0.1),
+    "fedrecon-adam": _fedrecon(server_optimizer="adam", server_learning_rate=0.01,
+                               server_optimizer_options={"beta1": 0.8}),
+    "fedrecon-yogi": _fedrecon(server_optimizer="yogi", server_learning_rate=0.01),
+    "fedrecon-dropout": _fedrecon(dropout=0.2, oversample=0.5, min_examples=5),
+    "fedrecon-float64": _fedrecon(dtype="float64"),
+    "agg-normclip": _fedrecon(aggregator=NormClippedMean(0.5)),
+    "agg-dp": _fedrecon(aggregator=DPGaussianMean(1.0, 0.3)),
+    "agg-dp-capped": _fedrecon(aggregator=DPGaussianMean(1.0, target_epsilon=20.0, delta=1e-4,
+                                                         weight_cap=10)),
+    "agg-trimmed": _fedrecon(aggregator=TrimmedMean(0.1)),
+    "agg-median": _fedrecon(aggregator=CoordinateMedian(row_clip=1.0)),
+    "agg-foolsgold": _fedrecon(aggregator=FoolsGoldMean()),
+    "agg-secagg": _fedrecon(aggregator=SecureAggregation(value_bound=100.0)),
+    "hyper-lr": _fedrecon(learn_hyperparams=["server_learning_rate"], n_rounds=6),
+    "hyper-momentum": _fedrecon(learn_hyperparams=["momentum", "weight_exponent"],
+                                server_optimizer="momentum", hyper_holdout=0.0),
+    "catalog-buckets": _fedrecon(catalog=0.7, local_item_buckets=3, unknown_item_row=True),
+    "catalog-default": _fedrecon(catalog=0.7, learned_default=True, reconstruction="sgd",
+                                 recon_steps=4),
+    "fedavg": lambda: FedAvgMF(**FED),
+    "furl": lambda: FURLMF(**FED),
+    "implicit-fedrecon": lambda: FedReconImplicitMF(**FED),
+    "implicit-fedrecon-full": lambda: FedReconImplicitMF(full_negatives=True, **FED),
+    "centralized-als": lambda: CentralizedMF(n_factors=4, n_epochs=3, random_state=0),
+    "centralized-sgd": lambda: CentralizedMF(n_factors=4, n_epochs=3, solver="sgd",
+                                             random_state=0),
+    "implicit-als": lambda: ImplicitMF(n_factors=4, n_epochs=3, random_state=0),
+}
+
+
+def _data():
+    return make_synthetic_ratings(150, 60, 3000, n_factors=3, random_state=4).to_dataframe()
+
+
+def fingerprint(name: str, df) -> dict:
+    """The arrays a case is judged by: the global model, the losses, and predictions."""
+    model = CASES[name]().fit(df)
+    out = {"Q": model.item_factors_, "b": model.item_biases_,
+           "pred": np.asarray(model.predict(df.iloc[:300]), np.float64)}
+    losses = [r["loss"] for r in getattr(model, "history_", []) if "loss" in r]
+    if losses:
+        out["loss"] = np.asarray(losses, np.float64)
+    return {f"{name}/{k}": np.asarray(v) for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def stored():
+    with np.load(STORE) as z:
+        return dict(z)
+
+
+@pytest.fixture(scope="module")
+def df():
+    return _data()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_same_model_as_before(name, stored, df):
+    got = fingerprint(name, df)
+    assert sorted(got) == sorted(k for k in stored if k.startswith(name + "/"))
+    for key, value in got.items():
+        want = stored[key]
+        assert value.shape == want.shape and value.dtype == want.dtype, key
+        tol = 2e-5 if value.dtype == np.float32 else 1e-9
+        np.testing.assert_allclose(value, want, rtol=tol, atol=tol, err_msg=key)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    data = _data()
+    arrays = {}
+    for case in sorted(CASES):
+        arrays.update(fingerprint(case, data))
+    STORE.parent.mkdir(exist_ok=True)
+    np.savez_compressed(STORE, **arrays)
+    print(f"wrote {len(arrays)} arrays of {len(CASES)} cases to {STORE}")
