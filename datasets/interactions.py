@@ -85,6 +85,11 @@ class Interactions:
     user_ids: np.ndarray
     item_ids: np.ndarray
 
+    # as a population of a federated fit (fedcf.federated.contracts.Population): its ratings
+    # are here, and its clients run wherever the estimator's executor says
+    executor = None
+    holds_ratings = True
+
     def __post_init__(self):
         """Check a hand-built instance (the kernels trust these invariants: an item index past
         the catalog would read out of bounds)."""

@@ -145,29 +145,6 @@ def Dict():
     return rule
 
 
-def Executor():
-    def rule(name, v):
-        from .federated.ray_executor import RayExecutor
-
-        if not (isinstance(v, str) and v in ("local", "ray")) and not isinstance(v, RayExecutor):
-            raise TypeError(f"{name} must be None, 'local', 'ray' (RayExecutor() with its "
-                            f"defaults) or a fedcf.federated.RayExecutor, got {v!r}")
-        return v
-    return rule
-
-
-def Aggregator():
-    def rule(name, v):
-        from .federated.phases import WeightedMean
-
-        if not isinstance(v, WeightedMean):
-            raise TypeError(f"{name} must be None or an aggregator from fedcf.federated "
-                            "(WeightedMean, NormClippedMean, DPGaussianMean, SecureAggregation, "
-                            f"TrimmedMean, CoordinateMedian, FoolsGoldMean), got {v!r}")
-        return v
-    return rule
-
-
 def check_params(est) -> dict:
     """Apply ``est._parameter_constraints``; returns {name: cleaned value}."""
     return {name: rule(name, getattr(est, name)) for name, rule in est._parameter_constraints.items()}

@@ -421,7 +421,13 @@ def section_scaling(data, args):
 def section_dp(args):
     """The dense noise step of user-level DP (DPGaussianMean) as the catalog grows: noise on every
     row of Q and b each round, against the sparse mean of the same 100 clients' uploads."""
-    from fedcf.federated import ClientOutputs, DPGaussianMean, RoundHyperparams, WeightedMean
+    from fedcf.federated import (
+        ClientOutputs,
+        DPGaussianMean,
+        RoundHyperparams,
+        RunContext,
+        WeightedMean,
+    )
 
     rng = np.random.default_rng(0)
     hp = RoundHyperparams(1.0, {}, 1.0)
@@ -430,9 +436,9 @@ def section_dp(args):
         out = ClientOutputs(np.arange(0, per * m + 1, per), rng.integers(0, n_items, per * m),
                             rng.normal(0, 0.01, (per * m, K)).astype(np.float32),
                             np.zeros(per * m, np.float32), np.full(m, float(per)), np.zeros(m))
-        dp = DPGaussianMean(1.0, 1.0).bind({"n_eligible": 10 * m, "clients_per_round": m,
-                                            "n_rounds": 1, "n_items": n_items, "n_factors": K,
-                                            "seed": 0, "biases": True})
+        dp = DPGaussianMean(1.0, 1.0).bind(RunContext(
+            n_eligible=10 * m, clients_per_round=m, n_rounds=1, n_items=n_items, n_factors=K,
+            seed=0, biases=True))
         add(f"DP aggregation, 100 clients, {n_items:,} items", timed(lambda: dp(out, hp, 0),
                                                                      args.repeats),
             timed(lambda: WeightedMean()(out, hp, 0), args.repeats), "sparse weighted mean",

@@ -52,15 +52,8 @@ def fit_once(args) -> dict:
         t0 = time.perf_counter()
         data = spec.to_interactions()
         build = time.perf_counter() - t0
-    holder = {}
-
-    class Measured(FedReconMF):
-        def _make_executor(self, program, d, local):
-            holder["ex"] = super()._make_executor(program, d, local)
-            return holder["ex"]
-
     t0 = time.perf_counter()
-    model = Measured(**kw, executor=executor).fit(data)
+    model = FedReconMF(**kw, executor=executor).fit(data)
     fit_s = time.perf_counter() - t0
     data = model.interactions_
     build = getattr(data, "build_seconds", build)  # Ray: actors up and shards built
@@ -70,7 +63,7 @@ def fit_once(args) -> dict:
         vals = [h[key] for h in timed if key in h]
         return float(np.median(vals)) if vals else None
 
-    workers = getattr(holder["ex"], "worker_peak_bytes", None)
+    workers = getattr(data.executor, "worker_peak_bytes", None)  # Ray: the shards' peaks
     return {"executor": args.executor, "users": args.users, "items": args.items,
             "ratings": int(data.nnz), "clients_per_round": args.clients_per_round,
             "shards": args.shards if args.executor == "ray" else None,

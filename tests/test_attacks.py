@@ -27,8 +27,8 @@ def test_attacks_rewrite_only_the_malicious_uploads(pop, kind):
     run = honest._start(pop, None)
     cohort = run.select(0)
     clean = run.executor.run(cohort, run.params, np.array([0, 0], np.uint64))
-    ex = AttackedExecutor(run.executor.program, run.executor.data, kind=kind, fraction=0.3,
-                          scale=4.0, target_item=7)
+    ex = AttackedExecutor(kind=kind, fraction=0.3, scale=4.0, target_item=7).bind(
+        run.executor.program, run.executor.data)
     out = ex.run(cohort, run.params, np.array([0, 0], np.uint64))
     bad = malicious(cohort.clients, 0.3)
     owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
@@ -41,7 +41,7 @@ def test_attacks_rewrite_only_the_malicious_uploads(pop, kind):
         assert set(sent[sent >= 0].tolist()) <= {7}
         assert np.all(out.d_b[~good][sent >= 0] == 4.0)
     with pytest.raises(ValueError, match="attack kind must be one of"):
-        AttackedExecutor(run.executor.program, run.executor.data, kind="bribe")
+        AttackedExecutor(kind="bribe")
 
 
 def test_a_sign_flip_attack_hurts_the_mean_more_than_the_median(pop):
@@ -79,7 +79,7 @@ def _round_outputs(pop, **attack):
     clean = run.executor.run(cohort, run.params, ids)
     if not attack:
         return clean, cohort, None
-    ex = AttackedExecutor(run.executor.program, run.executor.data, **attack)
+    ex = AttackedExecutor(**attack).bind(run.executor.program, run.executor.data)
     return clean, cohort, ex.run(cohort, run.params, ids)
 
 

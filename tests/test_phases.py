@@ -9,6 +9,7 @@ import pytest
 from fedcf import FedReconImplicitMF, FedReconMF
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import ClientOutputs, LocalExecutor, RoundHyperparams, WeightedMean
+from fedcf.federated.contracts import RoundExecutor
 
 FAST = dict(n_factors=3, n_rounds=4, clients_per_round=40, random_state=3)
 
@@ -26,43 +27,39 @@ def test_client_outputs_have_no_field_for_local_parameters():
 
 
 class ShardedExecutor(LocalExecutor):
-    """Runs a cohort as several groups and joins their outputs, like a cluster of shards."""
+    """Runs a cohort as several groups and joins their outputs, like a cluster of shards: a new
+    executor is a class with ``bind`` and a round executor with ``run``."""
 
-    def __init__(self, *a, shards=3, **k):
-        super().__init__(*a, **k)
-        self.shards, self.calls = shards, 0
+    def __init__(self, shards=3):
+        self.shards = shards
+
+    def bind(self, program, data, local_state=None):
+        return ShardedRound(super().bind(program, data, local_state), self.shards)
+
+
+class ShardedRound(RoundExecutor):
+    def __init__(self, inner, shards):
+        self.inner, self.counts, self.shards, self.calls = inner, inner.counts, shards, 0
 
     def run(self, cohort, params, ids):
         self.calls += 1
-        parts = [super(ShardedExecutor, self).run(dataclasses.replace(cohort, clients=c), params,
-                                                  ids)
+        parts = [self.inner.run(dataclasses.replace(cohort, clients=c), params, ids)
                  for c in np.array_split(cohort.clients, self.shards)]
         return ClientOutputs.concat(parts)
 
 
-class Sharded(FedReconMF):
-    def _make_executor(self, program, data, local):
-        self.executor_ = ShardedExecutor(program, data, local)
-        return self.executor_
-
-
-class ShardedImplicit(FedReconImplicitMF):
-    def _make_executor(self, program, data, local):
-        return ShardedExecutor(program, data, local)
-
-
-@pytest.mark.parametrize("cls,base,kw", [(Sharded, FedReconMF, {}),
-                                         (Sharded, FedReconMF, {"reconstruction": "sgd"}),
-                                         (ShardedImplicit, FedReconImplicitMF,
-                                          {"full_negatives": True})])
-def test_replacing_the_executor_changes_nothing_else(pop, cls, base, kw):
+@pytest.mark.parametrize("base,kw", [(FedReconMF, {}), (FedReconMF, {"reconstruction": "sgd"}),
+                                     (FedReconImplicitMF, {"full_negatives": True})])
+def test_replacing_the_executor_changes_nothing_else(pop, base, kw):
     ref = base(**FAST, **kw).fit(pop)
-    m = cls(**FAST, **kw).fit(pop)
+    m = base(**FAST, **kw, executor=ShardedExecutor()).fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
     assert [h["loss"] for h in m.history_] == [h["loss"] for h in ref.history_]
 
 
 class Recording(WeightedMean):
+    linear = False  # it overrides __call__: it sees every upload
+
     def __init__(self):
         self.seen = []
 
@@ -73,12 +70,8 @@ class Recording(WeightedMean):
 
 def test_replacing_the_aggregator_and_reading_hyperparameters_from_one_place(pop):
     rec = Recording()
-
-    class WithRecorder(FedReconMF):
-        def _make_aggregator(self):
-            return rec
-
-    m = WithRecorder(**FAST, server_learning_rate=0.7, client_weighting="uniform").fit(pop)
+    m = FedReconMF(**FAST, server_learning_rate=0.7, client_weighting="uniform",
+                   aggregator=rec).fit(pop)
     ref = FedReconMF(**FAST, server_learning_rate=0.7, client_weighting="uniform").fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
     assert [r for _, _, r in rec.seen] == list(range(FAST["n_rounds"]))

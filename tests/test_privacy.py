@@ -16,6 +16,7 @@ from fedcf.federated import (
     DPGaussianMean,
     NormClippedMean,
     RoundHyperparams,
+    RunContext,
     TrimmedMean,
 )
 from fedcf.federated.accounting import epsilon, noise_for_epsilon
@@ -69,9 +70,9 @@ def outputs(norm_scales=(10.0, 0.5), n_items=4000, K=2):
 
 
 def bound_dp(sigma, n_items=4000, biases=True):
-    return DPGaussianMean(1.0, sigma).bind({"n_eligible": 1000, "clients_per_round": 10,
-                                            "n_rounds": 5, "n_items": n_items, "n_factors": 2,
-                                            "seed": 3, "biases": biases})
+    return DPGaussianMean(1.0, sigma).bind(RunContext(
+        n_eligible=1000, clients_per_round=10, n_rounds=5, n_items=n_items, n_factors=2, seed=3,
+        biases=biases))
 
 
 def test_dp_clips_each_upload_sums_equally_and_divides_by_expected_cohort():
@@ -123,8 +124,10 @@ def test_bad_combinations_are_refused(pop):
         FedReconMF(n_rounds=1, aggregator=DPGaussianMean(1.0, 1.0, delta=0.01)).fit(pop)
     with pytest.raises(ValueError, match="oversample must be 0"):
         FedReconMF(n_rounds=1, oversample=0.2, aggregator=DPGaussianMean(1.0, 1.0)).fit(pop)
-    with pytest.raises(TypeError, match="aggregator must be None or an aggregator"):
-        FedReconMF(n_rounds=1, aggregator="median").fit(pop)
+    with pytest.raises(ValueError, match="'medain' is not a registered aggregator; use one of"):
+        FedReconMF(n_rounds=1, aggregator="medain").fit(pop)
+    with pytest.raises(TypeError, match="aggregator must be one of .* fedcf.federated.Aggregator"):
+        FedReconMF(n_rounds=1, aggregator=3).fit(pop)
 
 
 # ---------------------------------------------------------------- robust aggregators
@@ -189,9 +192,9 @@ def test_per_round_accountant_equals_a_fresh_accountant():
 def test_weighted_dp_caps_weights_and_keeps_the_sensitivity():
     out = ClientOutputs(np.array([0, 1, 2]), np.array([0, 1]), np.array([[10.0, 0.0], [0.0, 0.3]]),
                         np.zeros(2), np.array([50.0, 5.0]), np.zeros(2))
-    agg = DPGaussianMean(1.0, 1e-9, weight_cap=10).bind({
-        "n_eligible": 100, "clients_per_round": 10, "n_rounds": 1, "n_items": 3, "n_factors": 2,
-        "seed": 0, "biases": True, "eligible_weights": np.full(100, 5.0)})
+    agg = DPGaussianMean(1.0, 1e-9, weight_cap=10).bind(RunContext(
+        n_eligible=100, clients_per_round=10, n_rounds=1, n_items=3, n_factors=2, seed=0,
+        biases=True, eligible_weights=np.full(100, 5.0)))
     d = agg(out, HP, 0)
     denom = 0.1 * 100 * 0.5  # q · Σ min(n, 10)/10 over the eligible users
     np.testing.assert_allclose(d.d_Q[0], [1.0 / denom, 0.0], atol=1e-6)  # weight capped at 1

@@ -86,9 +86,9 @@ def test_a_linear_aggregate_never_brings_one_clients_upload_to_the_driver(pop, m
 def test_a_killed_actor_is_restarted_and_the_round_retried(pop):
     bound = {}
 
-    class Captured(FedReconMF):
-        def _make_executor(self, program, data, local):
-            bound["ex"] = super()._make_executor(program, data, local)
+    class Captured(RayExecutor):  # a new executor is a subclass with its own bind
+        def bind(self, program, data, local_state=None):
+            bound["ex"] = super().bind(program, data, local_state)
             return bound["ex"]
 
     def kill(model, done):
@@ -96,7 +96,7 @@ def test_a_killed_actor_is_restarted_and_the_round_retried(pop):
             ray.kill(bound["ex"].actors[1], no_restart=True)
 
     ref = FedReconMF(**KW).fit(pop)
-    m = Captured(**KW, eval_every=1, executor=RayExecutor(2)).fit(pop, callback=kill)
+    m = FedReconMF(**KW, eval_every=1, executor=Captured(2)).fit(pop, callback=kill)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
     assert [h["shard_restarts"] for h in m.history_] == [0, 0, 1, 0]
 
@@ -123,8 +123,23 @@ def test_settings_the_cluster_cannot_meet_are_refused_before_training(pop):
         FedReconMF(**KW, executor=RayExecutor(4)).fit(tiny)
     with pytest.raises(ValueError, match="need more than the cluster's 2 CPUs"):
         FedReconMF(**KW, executor=RayExecutor(3, num_cpus=1)).fit(pop)
-    with pytest.raises(TypeError, match="executor must be None, 'local', 'ray'"):
+    with pytest.raises(ValueError, match="executor='Ray': 'Ray' is not a registered executor; "
+                                         r"use one of \['local', 'ray'\]"):
         FedReconMF(**KW, executor="Ray").fit(pop)
+    with pytest.raises(TypeError, match="executor must be one of .* fedcf.federated.Executor"):
+        FedReconMF(**KW, executor=RayExecutor).fit(pop)  # the class, not an object
+
+
+class OpenedRay(RayExecutor):
+    """A RayExecutor that keeps the round executor of the population it opens (where the
+    population is built, on the shards); module level, so a fitted model pickles."""
+
+    opened: dict = {}
+
+    def open(self, source):
+        pop = super().open(source)
+        self.opened["ex"] = pop.executor
+        return pop
 
 
 def test_a_population_spec_is_built_on_the_workers_never_on_the_driver(monkeypatch):
@@ -138,19 +153,15 @@ def test_a_population_spec_is_built_on_the_workers_never_on_the_driver(monkeypat
 
     monkeypatch.setattr(SyntheticPopulation, "build", refuse)  # this process only
     monkeypatch.setattr(SyntheticPopulation, "to_interactions", refuse)
-    bound = {}
-
-    class Captured(FedReconMF):
-        def _make_executor(self, program, data, local):
-            bound["ex"] = super()._make_executor(program, data, local)
-            return bound["ex"]
+    bound = OpenedRay.opened
 
     def kill(model, done):  # a restarted actor rebuilds its shard from the spec
         if done == 1:
             ray.kill(bound["ex"].actors[0], no_restart=True)
 
     for n_shards in (1, 3):
-        m = Captured(**KW, eval_every=1, executor=RayExecutor(n_shards)).fit(spec, callback=kill)
+        m = FedReconMF(**KW, eval_every=1, executor=OpenedRay(n_shards)).fit(spec,
+                                                                            callback=kill)
         np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
         assert m.global_mean_ == ref.global_mean_
         assert [h["shard_restarts"] for h in m.history_] == [0, 1, 0, 0]

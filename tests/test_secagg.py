@@ -6,7 +6,13 @@ import pytest
 
 from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
-from fedcf.federated import ClientOutputs, RoundHyperparams, SecureAggregation, WeightedMean
+from fedcf.federated import (
+    ClientOutputs,
+    RoundHyperparams,
+    RunContext,
+    SecureAggregation,
+    WeightedMean,
+)
 from fedcf.federated.secagg import P, masked, shamir_recover, shamir_shares
 
 HP = RoundHyperparams(1.0, {}, 1.0)
@@ -28,7 +34,9 @@ def dense(delta):
 
 
 def bound(**kw):
-    return SecureAggregation(**kw).bind({"n_items": N_ITEMS, "seed": 1, "clients_per_round": 12})
+    return SecureAggregation(**kw).bind(RunContext(n_eligible=1000, clients_per_round=12,
+                                                   n_rounds=3, n_items=N_ITEMS, n_factors=K,
+                                                   seed=1))
 
 
 def test_shamir_any_t_shares_recover_the_secret_fewer_do_not():
@@ -125,8 +133,8 @@ def test_secure_aggregation_with_server_noise_dp():
     assert len({h["clients_sampled"] for h in m.history_}) > 1  # Poisson sampling
     # the unmasked sum is the DP sum: same result as DPGaussianMean alone on the same cohort
     out = cohort()
-    ctx = {"n_items": N_ITEMS, "seed": 1, "clients_per_round": 12, "n_eligible": 1000,
-           "n_rounds": 3, "n_factors": K, "biases": True}
+    ctx = RunContext(n_items=N_ITEMS, seed=1, clients_per_round=12, n_eligible=1000,
+                     n_rounds=3, n_factors=K, biases=True)
     dp = DPGaussianMean(0.1, 1.0, delta=1e-4)
     a = SecureAggregation(value_bound=1.0, dp=dp).bind(ctx)(out, HP, 2)
     b = dp.bind(ctx)(out, HP, 2)
@@ -140,8 +148,8 @@ def test_distributed_noise_comes_from_the_clients_and_covers_the_threshold(thres
     from fedcf.federated import DPGaussianMean
 
     out = cohort()
-    ctx = {"n_items": 2000, "seed": 1, "clients_per_round": 12, "n_eligible": 1000,
-           "n_rounds": 3, "n_factors": K, "biases": True}
+    ctx = RunContext(n_items=2000, seed=1, clients_per_round=12, n_eligible=1000,
+                     n_rounds=3, n_factors=K, biases=True)
 
     def run(sigma, noise):
         agg = SecureAggregation(threshold, value_bound=1.0, noise=noise,
@@ -150,7 +158,7 @@ def test_distributed_noise_comes_from_the_clients_and_covers_the_threshold(thres
 
     agg, noisy = run(1.0, "distributed")
     _, clean = run(1e-12, "distributed")
-    denominator = agg.dp.context["denominator"]
+    denominator = agg.dp.denominator_
     err = np.concatenate([(noisy.d_Q - clean.d_Q).ravel(), noisy.d_b - clean.d_b]) * denominator
     # 12 clients each add N(0, σ²C²/t): the sum has variance (12/t)·σ²C², never less than σ²C²
     assert np.std(err) == pytest.approx(0.1 * np.sqrt(12 / threshold), rel=0.05)

@@ -2,6 +2,14 @@
 and the phases a round is composed of (to replace one: a custom executor or aggregator)."""
 
 from .aggregators import CoordinateMedian, DPGaussianMean, FoolsGoldMean, NormClippedMean, TrimmedMean
+from .contracts import (
+    Aggregator,
+    ClientProgram,
+    Executor,
+    Population,
+    RoundExecutor,
+    RunContext,
+)
 from .fedrecon import FedReconMF
 from .implicit import FedReconImplicitMF
 from .optimizers import OPTIMIZERS, make_server_optimizer
@@ -19,9 +27,17 @@ from .ray_executor import RayExecutor
 from .secagg import SecureAggregation
 from .stateful import FURLMF, FedAvgMF
 
-__all__ = ["CoordinateMedian", "DPGaussianMean", "FoolsGoldMean", "NormClippedMean", "RayExecutor",
-           "SecureAggregation",
-           "TrimmedMean",
-           "FURLMF", "OPTIMIZERS", "ClientOutputs", "Cohort", "FedAvgMF", "FedReconImplicitMF",
-           "FedReconMF", "GlobalDelta", "LocalExecutor", "RoundHyperparams", "Selector",
-           "WeightedMean", "make_server_optimizer", "server_update"]
+__all__ = [
+    # contracts
+    "Aggregator", "ClientProgram", "Executor", "Population", "RoundExecutor", "RunContext",
+    # estimators
+    "FedReconMF", "FedReconImplicitMF", "FedAvgMF", "FURLMF",
+    # aggregators
+    "WeightedMean", "NormClippedMean", "DPGaussianMean", "SecureAggregation", "TrimmedMean",
+    "CoordinateMedian", "FoolsGoldMean",
+    # executors
+    "LocalExecutor", "RayExecutor",
+    # the round
+    "ClientOutputs", "Cohort", "GlobalDelta", "RoundHyperparams", "Selector", "server_update",
+    "OPTIMIZERS", "make_server_optimizer",
+]

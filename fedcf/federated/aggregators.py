@@ -11,6 +11,7 @@ import numpy as np
 from scipy import sparse
 
 from .._kernels.server import robust_sorted_runs
+from .contracts import RunContext
 from .partials import merged_sums
 from .phases import (
     ClientOutputs,
@@ -35,16 +36,30 @@ def _positive(name, value, *, upper=None):
 
 class NormClippedMean(WeightedMean):
     """Weighted mean after clipping each client's whole upload to L2 norm ``clip_norm`` (bounds
-    what one client, honest or not, can move the model; no noise)."""
+    what one client, honest or not, can move the model; no noise).
 
-    def __init__(self, clip_norm: float):
-        self.clip_norm = _positive("clip_norm", clip_norm)
+    Parameters
+    ----------
+    clip_norm : float > 0
+        The largest L2 norm of one client's upload (row deltas and bias deltas together).
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import NormClippedMean
+    >>> FedReconMF(aggregator=NormClippedMean(0.5)).get_params()["aggregator__clip_norm"]
+    0.5
+    """
+
+    def __init__(self, clip_norm: float = 1.0):
+        self.clip_norm = clip_norm
+        self.validate()
+
+    def validate(self):
+        _positive("clip_norm", self.clip_norm)
 
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
         return w * np.minimum(1.0, self.clip_norm / np.maximum(upload_norms(out), 1e-300))
-
-    def __repr__(self):
-        return f"NormClippedMean(clip_norm={self.clip_norm})"
 
 
 class DPGaussianMean(WeightedMean):
@@ -64,39 +79,68 @@ class DPGaussianMean(WeightedMean):
     moves by at most C when one user is added or removed, and it is divided by the fixed
     q·Σ_users w_u. That total is taken from the simulated population (a deployment would use a
     public or privately estimated figure).
+
+    Parameters
+    ----------
+    clip_norm : float > 0
+        C, the largest L2 norm of one client's upload.
+    noise_multiplier : float > 0 or None
+        σ; give this or ``target_epsilon``.
+    target_epsilon : float > 0 or None
+        Calibrate σ so that the planned rounds spend this ε at ``delta``.
+    delta : float in (0, 1), default 1e-6
+        Must be below 1 / (eligible clients).
+    weight_cap : float > 0 or None
+        c of the capped weights above; None weighs every client equally.
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import DPGaussianMean
+    >>> est = FedReconMF(aggregator=DPGaussianMean(1.0, noise_multiplier=0.5))
+    >>> est.set_params(aggregator__clip_norm=0.3).aggregator.clip_norm
+    0.3
     """
 
-    def __init__(self, clip_norm: float, noise_multiplier: float | None = None, *,
+    def __init__(self, clip_norm: float = 1.0, noise_multiplier: float | None = None, *,
                  target_epsilon: float | None = None, delta: float = 1e-6,
                  weight_cap: float | None = None):
-        self.clip_norm = _positive("clip_norm", clip_norm)
-        if (noise_multiplier is None) == (target_epsilon is None):
-            raise ValueError("give exactly one of noise_multiplier and target_epsilon")
-        self.noise_multiplier = None if noise_multiplier is None else \
-            _positive("noise_multiplier", noise_multiplier)
-        self.target_epsilon = None if target_epsilon is None else \
-            _positive("target_epsilon", target_epsilon)
-        self.delta = _positive("delta", delta, upper=1.0)
-        self.weight_cap = None if weight_cap is None else _positive("weight_cap", weight_cap)
-        self.context = None
+        self.clip_norm, self.noise_multiplier = clip_norm, noise_multiplier
+        self.target_epsilon, self.delta, self.weight_cap = target_epsilon, delta, weight_cap
+        self.context, self.sigma_ = None, None
+        self.validate()
 
-    def bind(self, context: dict) -> DPGaussianMean:
+    @property
+    def sampling(self) -> str:
+        return "poisson"  # what the accountant's subsampling amplification assumes
+
+    def validate(self):
+        _positive("clip_norm", self.clip_norm)
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier and target_epsilon")
+        for name in ("noise_multiplier", "target_epsilon", "weight_cap"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        _positive("delta", self.delta, upper=1.0)
+
+    def bind(self, context: RunContext) -> DPGaussianMean:
         """Fix q, the rounds, the catalog and the seed of the noise for one run."""
         from .accounting import RoundAccountant, noise_for_epsilon
 
-        n, m = context["n_eligible"], context["clients_per_round"]
+        self.validate()
+        n, m = context.n_eligible, context.clients_per_round
         if self.delta >= 1.0 / n:
             raise ValueError(f"delta={self.delta} must be below 1/n = {1.0 / n:.3g} for the "
                              f"{n} clients (a delta of 1/n allows leaking one user outright)")
         q = min(1.0, m / n)
         sigma = self.noise_multiplier if self.noise_multiplier is not None else \
-            noise_for_epsilon(self.target_epsilon, q, max(context["n_rounds"], 1), self.delta)
-        bound = DPGaussianMean(self.clip_norm, sigma, delta=self.delta,
-                               weight_cap=self.weight_cap)
-        bound.target_epsilon = self.target_epsilon
+            noise_for_epsilon(self.target_epsilon, q, max(context.n_rounds, 1), self.delta)
+        bound = DPGaussianMean(**self.get_params(deep=False))
+        bound.sigma_ = float(sigma)
         total = n if self.weight_cap is None else float(
-            np.minimum(context["eligible_weights"], self.weight_cap).sum() / self.weight_cap)
-        bound.context = {**context, "q": q, "sigma": sigma, "denominator": q * total}
+            np.minimum(context.eligible_weights, self.weight_cap).sum() / self.weight_cap)
+        bound.context = context
+        bound.q, bound.denominator_ = q, q * total
         bound.accountant = RoundAccountant(q, sigma, self.delta)
         return bound
 
@@ -108,17 +152,17 @@ class DPGaussianMean(WeightedMean):
         return clip
 
     def denominator(self, totals: dict) -> float:
-        return self.context["denominator"]
+        return self.denominator_
 
     def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
         c = self.context
-        n_items, K = c["n_items"], c["n_factors"]
-        rng = np.random.default_rng([c["seed"], round_idx, 0xD9])
-        std = c["sigma"] * self.clip_norm / c["denominator"]
+        n_items, K = c.n_items, c.n_factors
+        rng = np.random.default_rng([c.seed, round_idx, 0xD9])
+        std = self.sigma * self.clip_norm / self.denominator_
         dQ = rng.normal(0.0, std, (n_items, K))
-        db = rng.normal(0.0, std, n_items) if c["biases"] else np.zeros(n_items)
+        db = rng.normal(0.0, std, n_items) if c.biases else np.zeros(n_items)
         dQ[delta.items] += delta.d_Q
-        if c["biases"]:
+        if c.biases:
             db[delta.items] += delta.d_b
         return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)
 
@@ -127,13 +171,9 @@ class DPGaussianMean(WeightedMean):
         return self.accountant.epsilon(rounds)
 
     @property
-    def sigma(self) -> float:
-        return self.context["sigma"]
-
-    def __repr__(self):
-        return (f"DPGaussianMean(clip_norm={self.clip_norm}, noise_multiplier="
-                f"{self.noise_multiplier}, target_epsilon={self.target_epsilon}, "
-                f"delta={self.delta}, weight_cap={self.weight_cap})")
+    def sigma(self) -> float | None:
+        """σ of the bound run (None before ``bind``)."""
+        return self.sigma_
 
 
 def _check_row_clip(row_clip):
@@ -176,7 +216,7 @@ class _RowStatistic(WeightedMean):
         res = (np.empty((n_valid, K)), np.empty(n_valid), np.empty(n_valid, np.int64))
         d_Q, d_b = (out.d_Q, out.d_b) if self.row_clip is None else \
             clip_rows(out.d_Q, out.d_b, self.row_clip)
-        m = robust_sorted_runs(order, out.items, d_Q, d_b, cover, self.beta, self.median, res)
+        m = robust_sorted_runs(order, out.items, d_Q, d_b, cover, float(self.beta), self.median, res)
         return GlobalDelta(res[2][:m], res[0][:m], res[1][:m], None, summary, n_valid * (K + 1),
                            w)
 
@@ -186,14 +226,15 @@ class TrimmedMean(_RowStatistic):
     floor(β·n) smallest and largest of the n touching clients' values, average the rest."""
 
     def __init__(self, beta: float = 0.1, row_clip: float | None = None):
+        self.beta, self.row_clip = beta, row_clip
+        self.validate()
+
+    def validate(self):
+        beta = self.beta
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 0.5:
             raise ValueError(f"beta must be in [0, 0.5) (the share trimmed from each end), "
                              f"got {beta!r}")
-        self.beta = float(beta)
-        self.row_clip = _check_row_clip(row_clip)
-
-    def __repr__(self):
-        return f"TrimmedMean(beta={self.beta}, row_clip={self.row_clip})"
+        _check_row_clip(self.row_clip)
 
 
 class CoordinateMedian(_RowStatistic):
@@ -202,10 +243,11 @@ class CoordinateMedian(_RowStatistic):
     median = True
 
     def __init__(self, row_clip: float | None = None):
-        self.row_clip = _check_row_clip(row_clip)
+        self.row_clip = row_clip
+        self.validate()
 
-    def __repr__(self):
-        return f"CoordinateMedian(row_clip={self.row_clip})"
+    def validate(self):
+        _check_row_clip(self.row_clip)
 
 
 class FoolsGoldMean(WeightedMean):
@@ -225,7 +267,11 @@ class FoolsGoldMean(WeightedMean):
     linear = False  # α of a client depends on the whole cohort
 
     def __init__(self, kappa: float = 1.0):
-        self.kappa = _positive("kappa", kappa)
+        self.kappa = kappa
+        self.validate()
+
+    def validate(self):
+        _positive("kappa", self.kappa)
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
@@ -235,8 +281,6 @@ class FoolsGoldMean(WeightedMean):
         return self.aggregate(merged_sums(out, out.client_ids(), a, a, bad, (w == 0) & ~bad),
                               round_idx)
 
-    def __repr__(self):
-        return f"FoolsGoldMean(kappa={self.kappa})"
 
 
 def upload_matrix(out: ClientOutputs, w: np.ndarray):

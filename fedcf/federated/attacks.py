@@ -20,6 +20,7 @@ import dataclasses
 
 import numpy as np
 
+from .contracts import Executor, RoundExecutor
 from .phases import ClientOutputs, LocalExecutor, upload_norms
 
 KINDS = ("sign_flip", "noise", "promote", "promote_hidden")
@@ -32,19 +33,64 @@ def malicious(clients: np.ndarray, fraction: float, seed: int = 0) -> np.ndarray
     return (h.astype(np.float64) / 2.0**53) < fraction
 
 
-class AttackedExecutor(LocalExecutor):
-    def __init__(self, program, data, local_state=None, *, kind="sign_flip", fraction=0.1,
-                 scale=10.0, target_item=0, seed=0):
-        if kind not in KINDS:
-            raise ValueError(f"attack kind must be one of {list(KINDS)}, got {kind!r}")
-        if not 0 <= fraction < 1:
-            raise ValueError(f"attack fraction must be in [0, 1), got {fraction!r}")
-        super().__init__(program, data, local_state)
-        self.kind, self.fraction, self.scale = kind, float(fraction), float(scale)
-        self.target_item, self.seed = int(target_item), int(seed)
+class AttackedExecutor(Executor):
+    """An executor whose malicious clients (a fixed ``fraction`` of the population, by id)
+    rewrite their uploads before they reach the aggregator (see the module docstring).
+
+    Parameters
+    ----------
+    kind : {"sign_flip", "noise", "promote", "promote_hidden"}
+    fraction : float in [0, 1)
+    scale : float
+    target_item : int
+        Dense id of the promoted item.
+    seed : int
+        Which clients are malicious, and the noise attack's stream.
+    executor : Executor or None
+        Where the honest client work runs (None: this process).
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated.attacks import AttackedExecutor
+    >>> est = FedReconMF(executor=AttackedExecutor("sign_flip", fraction=0.1))
+    >>> est.get_params()["executor__fraction"]
+    0.1
+    """
+
+    def __init__(self, kind="sign_flip", fraction=0.1, scale=10.0, target_item=0, seed=0,
+                 executor=None):
+        self.kind, self.fraction, self.scale = kind, fraction, scale
+        self.target_item, self.seed, self.executor = target_item, seed, executor
+        self.validate()
+
+    def validate(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"attack kind must be one of {list(KINDS)}, got {self.kind!r}")
+        if not 0 <= self.fraction < 1:
+            raise ValueError(f"attack fraction must be in [0, 1), got {self.fraction!r}")
+
+    def bind(self, program, data, local_state=None) -> AttackedRound:
+        inner = self.executor if self.executor is not None else LocalExecutor()
+        return AttackedRound(inner.bind(program, data, local_state), self)
+
+
+class AttackedRound(RoundExecutor):
+    """``AttackedExecutor`` bound to one run: the inner executor's outputs, rewritten."""
+
+    def __init__(self, inner: RoundExecutor, spec: AttackedExecutor):
+        self.inner, self.counts = inner, inner.counts
+        self.kind, self.fraction, self.scale = spec.kind, float(spec.fraction), float(spec.scale)
+        self.target_item, self.seed = int(spec.target_item), int(spec.seed)
+
+    def tangents(self, cohort, params, tangents, ids):
+        return self.inner.tangents(cohort, params, tangents, ids)
+
+    def close(self):
+        self.inner.close()
 
     def run(self, cohort, params, ids) -> ClientOutputs:
-        out = super().run(cohort, params, ids)
+        out = self.inner.run(cohort, params, ids)
         bad = malicious(cohort.clients, self.fraction, self.seed)
         if not bad.any():
             return out
@@ -100,11 +146,6 @@ def _honest_direction(d_Q, skip):
 
 def attacked(estimator, **attack):
     """A copy of a federated estimator whose rounds run with ``AttackedExecutor(**attack)``."""
-    base = type(estimator)
+    from sklearn.base import clone
 
-    class Attacked(base):
-        def _make_executor(self, program, data, local):
-            return AttackedExecutor(program, data, local, **attack)
-
-    Attacked.__name__ = f"Attacked{base.__name__}"
-    return Attacked(**estimator.get_params())
+    return clone(estimator).set_params(executor=AttackedExecutor(**attack))

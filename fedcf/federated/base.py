@@ -13,11 +13,9 @@ from tqdm.auto import tqdm
 from .._kernels.als import ridge_solve_rows
 from .._kernels.layout import ridge_cfg, sgd_hp
 from .._validation import (
-    Aggregator,
     Bool,
     Dict,
     Dtype,
-    Executor,
     Int,
     NoneOr,
     Options,
@@ -29,10 +27,11 @@ from ..datasets import Interactions
 from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .checkpoint import RESUME_FREE, data_fingerprint
+from .contracts import Aggregator, Executor, Population, RunContext, phase_rule
 from .hyper import HyperLearner, check_learnable
 from .loop import Run
 from .optimizers import OPTIMIZERS, make_server_optimizer
-from .phases import LocalExecutor, RoundHyperparams, Selector, WeightedMean
+from .phases import RoundHyperparams, Selector
 
 _WEIGHT_EXPONENT = {"num_examples": 1.0, "uniform": 0.0}
 
@@ -46,10 +45,10 @@ FEDERATED_CONSTRAINTS = {
     "dropout": Real(0.0, 1.0, high_open=True), "init_scale": Real(0.0, low_open=True),
     "eval_every": Int(0), "checkpoint_path": NoneOr(Path()), "checkpoint_every": Int(1),
     "dtype": Dtype(), "random_state": RandomState(), "verbose": Bool(),
-    "aggregator": NoneOr(Aggregator()),
+    "aggregator": NoneOr(phase_rule("aggregator", Aggregator)),
 }
 # stateless clients (Federated Reconstruction) can run anywhere: here or on a Ray cluster
-EXECUTOR_CONSTRAINTS = {"executor": NoneOr(Executor())}
+EXECUTOR_CONSTRAINTS = {"executor": NoneOr(phase_rule("executor", Executor))}
 
 
 class FederatedMFBase(MFEstimatorBase):
@@ -62,6 +61,7 @@ class FederatedMFBase(MFEstimatorBase):
     _parameter_constraints = FEDERATED_CONSTRAINTS
     biases = True
     rating_scale = None
+    executor = None  # estimators with stateful clients run them in this process
 
     # ------------------------------------------------------------------ hooks
     def _init_globals(self, inter, rng, dtype) -> dict:
@@ -86,19 +86,16 @@ class FederatedMFBase(MFEstimatorBase):
         """The training data. A population described by a spec (``SyntheticPopulation``) is
         built on the workers of a Ray executor (a ``RemotePopulation``: the driver never holds
         it), else here."""
-        if getattr(X, "remote_population", False):  # e.g. a Flower federation's users
-            if y is not None or data_kwargs:
-                raise TypeError(f"a {type(X).__name__} takes no y or data keyword arguments")
-            if self._executor_spec() is not None:
+        remote = isinstance(X, Population) and X.executor is not None
+        opened = None if remote or not hasattr(X, "build_block") else self._executor().open(X)
+        if (remote or opened is not None) and (y is not None or data_kwargs):
+            raise TypeError(f"a {type(X).__name__} takes no y or data keyword arguments")
+        if remote:  # e.g. a Flower federation's users, run where they are
+            if self.executor not in (None, "local"):
                 raise ValueError(f"executor={self.executor!r} cannot run the clients of a "
                                  f"{type(X).__name__}, which has its own; leave executor=None")
             return X
-        spec = self._executor_spec() if hasattr(X, "build_block") else None
-        if spec is not None:
-            if y is not None or data_kwargs:
-                raise TypeError(f"a {type(X).__name__} takes no y or data keyword arguments")
-            return spec.open(X)
-        return Interactions.coerce(X, y, **data_kwargs)
+        return opened if opened is not None else Interactions.coerce(X, y, **data_kwargs)
 
     def _usable_loss(self, inter) -> float:
         """A mean query loss above this means the model is no longer usable: 10⁴ × the loss of
@@ -121,7 +118,7 @@ class FederatedMFBase(MFEstimatorBase):
         the client step is unstable for that embedding (η_u · 2(s + 1) > 2, with s the larger of
         ‖p‖² and the mean |p·q|: the curvature of the per-example loss in an item row at
         balanced factors), the client update; else the server step."""
-        if summary.worst_client < 0 or not getattr(run.inter, "holds_ratings", True):
+        if summary.worst_client < 0 or not run.inter.holds_ratings:
             return None  # (a deployment's server has no rating to diagnose with)
         sub = run.inter.subset_users(np.array([summary.worst_client]))
         Q, b = run.params["Q"], run.params["b"]
@@ -168,7 +165,7 @@ class FederatedMFBase(MFEstimatorBase):
         """Rules that involve several parameters (subclasses extend)."""
         if getattr(self, "learn_hyperparams", None):
             check_learnable(self)
-        if self._differentially_private() and self.oversample > 0:
+        if self._aggregator().sampling == "poisson" and self.oversample > 0:
             raise ValueError("oversample must be 0 with DPGaussianMean: differential privacy "
                              "samples clients by Poisson sampling, which has no surplus to cut")
 
@@ -206,11 +203,11 @@ class FederatedMFBase(MFEstimatorBase):
                 rec = run.round(t, callback)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
         finally:  # stop the shard actors of a Ray run, also when it failed
-            for ex in {id(e): e for e in (getattr(run, "executor", None),
-                                          getattr(inter, "executor", None)) if e}.values():
-                getattr(ex, "close", lambda: None)()
+            for ex in {id(e): e for e in (None if run is None else run.executor,
+                                          inter.executor) if e}.values():
+                ex.close()
         run.finisher.warn_dropped()
-        if self._differentially_private():
+        if run.aggregator.sigma is not None:
             self.noise_multiplier_ = run.aggregator.sigma
             self.epsilon_ = run.epsilon(self.n_rounds)
         self._set_globals(run.params)
@@ -235,9 +232,8 @@ class FederatedMFBase(MFEstimatorBase):
             raise ValueError(f"no client has at least min_examples={self.min_examples} examples "
                              f"(the largest has {int(counts.max()) if len(counts) else 0}); "
                              "lower min_examples")
-        data = inter if getattr(inter, "executor", None) else \
-            (inter.indptr, inter.items, inter.values)
         program = self._client_program(inter, mu)
+        aggregator = self._aggregator()
         eligible, hyper_select = self._hyper_holdout(eligible, seed)
         run = Run(self, inter, seed=seed, params=params,
                   opt=make_server_optimizer(self.server_optimizer, self.server_learning_rate,
@@ -245,13 +241,13 @@ class FederatedMFBase(MFEstimatorBase):
                   local=local,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
                                   self.dropout, _availability(availability, inter),
-                                  poisson=self._differentially_private()),
-                  executor=self._make_executor(program, data, local),
-                  aggregator=self._make_aggregator().bind(
-                      {"n_eligible": len(eligible), "clients_per_round": self.clients_per_round,
-                       "n_rounds": self.n_rounds, "n_items": len(params["b"]), "n_factors": K,
-                       "seed": seed, "biases": bool(self.biases),
-                       "eligible_weights": program.layout(counts[eligible])[0]}),
+                                  poisson=aggregator.sampling == "poisson"),
+                  executor=self._make_executor(program, inter, local),
+                  aggregator=aggregator.bind(RunContext(
+                      n_eligible=len(eligible), clients_per_round=self.clients_per_round,
+                      n_rounds=self.n_rounds, n_items=len(params["b"]), n_factors=K, seed=seed,
+                      biases=bool(self.biases),
+                      eligible_weights=program.layout(counts[eligible])[0])),
                   hyperparams=self._round_hyperparams(),
                   fingerprint=None if self.checkpoint_path is None else  # only to resume
                   data_fingerprint(inter, seed),
@@ -268,26 +264,16 @@ class FederatedMFBase(MFEstimatorBase):
         self.interactions_ = inter
         return run
 
-    def _make_executor(self, program, data, local):
-        """Phase 2 (client work): in this process, or the ``executor`` parameter's (a
-        ``RayExecutor``: shards on a Ray cluster) for the estimators that have one."""
-        if not isinstance(data, tuple):  # a RemotePopulation: its shards are already running
-            return data.executor.set_program(program)
-        ex = self._executor_spec()
-        if ex is None:
-            return LocalExecutor(program, data, local)
-        return ex.bind(program, data)
+    def _make_executor(self, program, inter, local):
+        """Phase 2 (client work): where the population's clients already run (a Ray or
+        Flower population), else the ``executor`` parameter's, bound to this run."""
+        if inter.executor is not None:
+            return inter.executor.set_program(program)
+        return self._executor().bind(program, (inter.indptr, inter.items, inter.values), local)
 
-    def _executor_spec(self):
-        """The ``executor`` parameter as a RayExecutor, or None for this process."""
-        ex = getattr(self, "executor", None)
-        if ex is None or ex == "local":
-            return None
-        if ex == "ray":
-            from .ray_executor import RayExecutor
-
-            return RayExecutor()
-        return ex
+    def _executor(self) -> Executor:
+        """The ``executor`` parameter as an Executor (None: this process)."""
+        return phase_rule("executor", Executor)("executor", self.executor or "local")
 
     def _hyper_holdout(self, eligible, seed):
         """With ``hyper_holdout`` > 0, that share of the eligible users never trains: they are the
@@ -311,16 +297,9 @@ class FederatedMFBase(MFEstimatorBase):
         return HyperLearner.start(tuple(self.learn_hyperparams), self._round_hyperparams(),
                                   self.hyper_learning_rate, self.hyper_optimizer)
 
-    def _make_aggregator(self):
+    def _aggregator(self) -> Aggregator:
         """Phase 3 (aggregate): the ``aggregator`` parameter, else the weighted mean."""
-        return WeightedMean() if self.aggregator is None else self.aggregator
-
-    def _differentially_private(self) -> bool:
-        """True when the aggregator adds DP noise (then clients are Poisson-sampled)."""
-        from .aggregators import DPGaussianMean
-
-        return isinstance(self.aggregator, DPGaussianMean) or \
-            isinstance(getattr(self.aggregator, "dp", None), DPGaussianMean)
+        return phase_rule("aggregator", Aggregator)("aggregator", self.aggregator or "mean")
 
     def _round_hyperparams(self) -> RoundHyperparams:
         opt = make_server_optimizer(self.server_optimizer, self.server_learning_rate,

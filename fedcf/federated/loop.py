@@ -77,8 +77,7 @@ class RoundFinisher:
                 "values_down": est._values_down(n_items, K, s.n_clients),
                 "server_seconds": server_seconds, "seconds": seconds,
                 **self.run.timing, **self.run.privacy_record(t + 1),
-                **getattr(self.run.aggregator, "round_stats", {}),
-                **getattr(self.run.executor, "round_stats", {})}
+                **self.run.aggregator.round_stats, **self.run.executor.round_stats}
 
     def after(self, done: int, rec: dict, callback):
         run, est = self.run, self.run.est
@@ -149,8 +148,7 @@ class Run:
 
     def epsilon(self, rounds: int):
         """ε(δ) of the released model after ``rounds`` rounds, or None without DP."""
-        eps = getattr(self.aggregator, "epsilon", None)
-        return eps(rounds) if callable(eps) else None
+        return self.aggregator.epsilon(rounds)
 
     def privacy_record(self, rounds: int) -> dict:
         e = self.epsilon(rounds)
@@ -191,7 +189,7 @@ class Run:
         client-weighting exponent (its derivative needs every upload), and an executor whose
         outputs are here anyway give the aggregator the per-client outputs (the same bits)."""
         t0 = time.perf_counter()
-        if hasattr(self.executor, "partials") and self.aggregator.reducible() and not (
+        if self.executor.supports_partials and self.aggregator.linear and not (
                 self.hyper is not None and "weight_exponent" in self.hyper.names):
             outputs = None
             parts = self.executor.partials(cohort, self.params, ids, self.aggregator, hp)

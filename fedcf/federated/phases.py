@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._kernels.server import finite_clients
+from .contracts import Aggregator, Executor, RoundExecutor
 from .partials import Merged, PartialSums, group_sums, merge, merged_sums
 
 
@@ -147,13 +148,26 @@ def cohort_order(cohort: Cohort, parts) -> np.ndarray:
     return np.argsort(position, kind="stable")
 
 
-class LocalExecutor:
-    """Runs a cohort's client work in this process: one Numba call, ``prange`` over clients.
+class LocalExecutor(Executor):
+    """Runs a cohort's client work in this process: one Numba call over the cohort's clients
+    (a shared queue, largest first). The default executor.
 
-    ``program`` (see fedrecon.py, stateful.py, implicit.py) lays out the output slots and calls
-    its kernel; ``data`` is the population's user-grouped CSR; ``local_state`` the stateful
-    baselines' per-user rows (None for Federated Reconstruction).
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import LocalExecutor
+    >>> FedReconMF(executor=LocalExecutor()).executor
+    LocalExecutor()
     """
+
+    def bind(self, program, data, local_state=None) -> BoundLocalExecutor:
+        return BoundLocalExecutor(program, data, local_state)
+
+
+class BoundLocalExecutor(RoundExecutor):
+    """``LocalExecutor`` bound to one run: ``program`` (see fedrecon.py, stateful.py,
+    implicit.py) lays out the output slots and calls its kernel; ``data`` is the population's
+    user-grouped CSR; ``local_state`` the stateful baselines' per-user rows (or None)."""
 
     def __init__(self, program, data, local_state=None):
         self.program, self.data, self.local_state = program, data, local_state
@@ -241,7 +255,7 @@ def empty_delta(K: int, summary: RoundSummary, client_w=None) -> GlobalDelta:
                        client_w)
 
 
-class WeightedMean:
+class WeightedMean(Aggregator):
     """Σ_k w_k Δ_k / Σ_k w_k over clients whose upload is finite (Δ_k = 0 off its rows).
 
     Linear: computed from ``PartialSums`` (partials.py) — sums over fixed groups of clients in
@@ -249,20 +263,18 @@ class WeightedMean:
     clients ran here or on the shards of a cluster, and costs O(entries × K), never
     O(n_items × K). Subclasses change the per-client factor (``client_numerators``), the
     denominator, or post-process the result (``finish``); an aggregator that needs the run's
-    context (catalog size, seed, sampling rate) gets it from ``bind``.
+    context (catalog size, seed, sampling rate) gets it from ``bind``. A subclass that
+    overrides ``__call__`` needs every upload and sets ``linear = False``.
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import WeightedMean
+    >>> FedReconMF(aggregator=WeightedMean()).aggregator
+    WeightedMean()
     """
 
     linear = True  # reducible from PartialSums; False: needs every client's upload
-
-    def reducible(self) -> bool:
-        """Linear, and ``__call__`` not overridden (an override must see every upload)."""
-        return self.linear and type(self).__call__ is WeightedMean.__call__
-
-    def bind(self, context: dict) -> WeightedMean:
-        return self
-
-    def __repr__(self):
-        return f"{type(self).__name__}()"
 
     def client_numerators(self, out: ClientOutputs, w: np.ndarray) -> np.ndarray:
         """Factor of client k's entries in the sum (here w_k); computed from its own upload."""

@@ -32,8 +32,9 @@ import time
 
 import numpy as np
 
+from .contracts import Executor, RoundExecutor
 from .partials import REDUCE_GROUPS, PartialSums, reduce_group
-from .phases import ClientOutputs, Cohort, LocalExecutor, cohort_order
+from .phases import BoundLocalExecutor, ClientOutputs, Cohort, cohort_order
 
 START_TIMEOUT = 300  # seconds for the shard actors to come up (Numba compiles on first use)
 
@@ -47,7 +48,7 @@ def _ray():
     return ray
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """Where the client work of a federated fit runs: ``n_shards`` Ray actors.
 
     Parameters
@@ -71,20 +72,27 @@ class RayExecutor:
     def __init__(self, n_shards: int = 2, *, address: str | None = None,
                  num_cpus: float | None = None,
                  resources: dict | None = None, max_restarts: int = 3):
+        self.n_shards, self.address, self.num_cpus = n_shards, address, num_cpus
+        self.resources, self.max_restarts = resources, max_restarts
+        self.validate()
+
+    def validate(self):
+        n_shards, num_cpus, max_restarts = self.n_shards, self.num_cpus, self.max_restarts
         if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)) or \
                 not 1 <= n_shards <= REDUCE_GROUPS:
             raise ValueError(f"n_shards must be an int in [1, {REDUCE_GROUPS}] (a shard holds "
                              f"whole reduce groups), got {n_shards!r}")
-        if address is not None and not isinstance(address, str):
+        if self.address is not None and not isinstance(self.address, str):
             raise TypeError(f"address must be a string such as '127.0.0.1:6379' or None, got "
-                            f"{type(address).__name__}")
+                            f"{type(self.address).__name__}")
         if num_cpus is not None and (isinstance(num_cpus, bool) or
                                      not isinstance(num_cpus, (int, float)) or
                                      not (np.isfinite(num_cpus) and num_cpus > 0)):
             raise ValueError(f"num_cpus must be a number > 0 or None, got {num_cpus!r}")
-        if resources is not None and not isinstance(resources, dict):
-            raise TypeError(f"resources must be a dict or None, got {type(resources).__name__}")
-        for key, v in (resources or {}).items():
+        if self.resources is not None and not isinstance(self.resources, dict):
+            raise TypeError(f"resources must be a dict or None, got "
+                            f"{type(self.resources).__name__}")
+        for key, v in (self.resources or {}).items():
             if not isinstance(key, str) or isinstance(v, bool) or \
                     not isinstance(v, (int, float)) or not (np.isfinite(v) and v >= 0):
                 raise ValueError(f"resources must map resource names to numbers >= 0 (e.g. "
@@ -92,17 +100,12 @@ class RayExecutor:
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or \
                 max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-        self.n_shards, self.address = int(n_shards), address
-        self.num_cpus = None if num_cpus is None else float(num_cpus)
-        self.resources, self.max_restarts = resources, max_restarts
 
-    def __repr__(self):
-        return (f"RayExecutor(n_shards={self.n_shards}, address={self.address!r}, "
-                f"num_cpus={self.num_cpus}, resources={self.resources}, "
-                f"max_restarts={self.max_restarts})")
-
-    def bind(self, program, data) -> BoundRayExecutor:
+    def bind(self, program, data, local_state=None) -> BoundRayExecutor:
         """Connect, ship the shards once, and start the actors for one run."""
+        if local_state is not None:
+            raise ValueError("RayExecutor runs stateless clients only (Federated "
+                             "Reconstruction): the stateful baselines keep user rows here")
         return BoundRayExecutor(self, data).set_program(program)
 
     def open(self, source) -> RemotePopulation:
@@ -188,7 +191,7 @@ class Shard:
         self.executor = None
 
     def set_program(self, program) -> int:
-        self.executor = LocalExecutor(program, self.data)
+        self.executor = BoundLocalExecutor(program, self.data)
         return self.shard
 
     def describe(self):
@@ -249,11 +252,13 @@ def _cohort(clients) -> Cohort:
     return Cohort(np.asarray(clients, np.int64), len(clients), 0, 0)
 
 
-class BoundRayExecutor:
+class BoundRayExecutor(RoundExecutor):
     """The executor of one run (made by ``RayExecutor.bind``): ``LocalExecutor``'s ``run``,
     ``tangents`` and ``counts``, plus ``partials`` (the shards' sums, which the loop reduces),
     ``round_stats`` (restarts and the seconds of broadcast, client work and reduce) and
     ``close``."""
+
+    supports_partials = True
 
     def __init__(self, spec: RayExecutor, data):
         ray = connect(spec.address)
@@ -367,6 +372,7 @@ class RemotePopulation:
     after the fit, a divergence diagnosis) builds those users' blocks from the spec here."""
 
     timestamps = None
+    holds_ratings = True  # (by building a user's block from the spec)
 
     def __init__(self, source, executor: BoundRayExecutor):
         self.source, self.executor = source, executor

@@ -25,6 +25,7 @@ import dataclasses
 
 import numpy as np
 
+from .contracts import RunContext
 from .phases import (
     ClientOutputs,
     GlobalDelta,
@@ -94,6 +95,13 @@ class SecureAggregation(WeightedMean):
 
     def __init__(self, threshold=0.5, value_bound: float = 1.0, drop_after_setup: float = 0.0,
                  dp=None, noise: str = "server"):
+        self.threshold, self.value_bound = threshold, value_bound
+        self.drop_after_setup, self.dp, self.noise = drop_after_setup, dp, noise
+        self.context, self.round_stats = None, {}
+        self.validate()
+
+    def validate(self):
+        threshold, value_bound, dp = self.threshold, self.value_bound, self.dp
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or \
                 threshold <= 0 or (isinstance(threshold, float) and threshold > 1):
             raise ValueError(f"threshold must be a share in (0, 1] or a count >= 1, got "
@@ -101,26 +109,23 @@ class SecureAggregation(WeightedMean):
         if not (isinstance(value_bound, (int, float)) and np.isfinite(value_bound)
                 and value_bound > 0):
             raise ValueError(f"value_bound must be a finite number > 0, got {value_bound!r}")
-        if not (isinstance(drop_after_setup, (int, float)) and 0 <= drop_after_setup < 1):
-            raise ValueError(f"drop_after_setup must be in [0, 1), got {drop_after_setup!r}")
+        if not (isinstance(self.drop_after_setup, (int, float))
+                and 0 <= self.drop_after_setup < 1):
+            raise ValueError(f"drop_after_setup must be in [0, 1), got {self.drop_after_setup!r}")
         from .aggregators import DPGaussianMean
 
         if dp is not None and not isinstance(dp, DPGaussianMean):
             raise TypeError(f"dp must be a DPGaussianMean or None, got {type(dp).__name__}")
-        if noise not in ("server", "distributed"):
-            raise ValueError(f"noise must be 'server' or 'distributed', got {noise!r}")
-        if noise == "distributed" and dp is None:
+        if self.noise not in ("server", "distributed"):
+            raise ValueError(f"noise must be 'server' or 'distributed', got {self.noise!r}")
+        if self.noise == "distributed" and dp is None:
             raise ValueError("noise='distributed' needs dp=DPGaussianMean(...) (what to add)")
-        self.threshold, self.value_bound = threshold, float(value_bound)
-        self.drop_after_setup, self.dp, self.noise = float(drop_after_setup), dp, noise
-        self.context, self.round_stats = None, {}
 
     linear = False  # the protocol runs on every client's masked vector
 
-    def __repr__(self):
-        return (f"SecureAggregation(threshold={self.threshold}, value_bound={self.value_bound}, "
-                f"drop_after_setup={self.drop_after_setup}, dp={self.dp!r}, "
-                f"noise={self.noise!r})")
+    @property
+    def sampling(self) -> str:
+        return "any" if self.dp is None else self.dp.sampling
 
     @property
     def sigma(self):
@@ -130,13 +135,14 @@ class SecureAggregation(WeightedMean):
         """ε(δ) after ``rounds`` rounds when ``dp`` is set, else None."""
         return None if self.dp is None else self.dp.epsilon(rounds)
 
-    def bind(self, context: dict) -> SecureAggregation:
+    def bind(self, context: RunContext) -> SecureAggregation:
+        self.validate()
         bound = SecureAggregation(self.threshold, self.value_bound, self.drop_after_setup,
                                   None if self.dp is None else self.dp.bind(context), self.noise)
         bound.context = context
-        if isinstance(self.threshold, int) and self.threshold > context["clients_per_round"]:
+        if isinstance(self.threshold, int) and self.threshold > context.clients_per_round:
             raise ValueError(f"threshold={self.threshold} is larger than the cohort "
-                             f"(clients_per_round={context['clients_per_round']}): no key of a "
+                             f"(clients_per_round={context.clients_per_round}): no key of a "
                              "dropped client could ever be rebuilt")
         return bound
 
@@ -146,7 +152,7 @@ class SecureAggregation(WeightedMean):
 
     def dense_uploads(self, out: ClientOutputs, w: np.ndarray, clients: np.ndarray):
         """What each taking-part client would send before masking: [w·Δq rows | w·Δb | w]."""
-        n_items, K = self.context["n_items"], out.d_Q.shape[1]
+        n_items, K = self.context.n_items, out.d_Q.shape[1]
         X = np.zeros((len(clients), n_items * (K + 1) + 1))
         for r, k in enumerate(clients):
             lo, hi = out.offsets[k], out.offsets[k + 1]
@@ -161,10 +167,10 @@ class SecureAggregation(WeightedMean):
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
         c = self.context
-        n_items, K = c["n_items"], out.d_Q.shape[1]
+        n_items, K = c.n_items, out.d_Q.shape[1]
         bad, w, n_empty = client_weights(out, hp)
         clients = np.flatnonzero(w > 0)
-        rng = np.random.default_rng([c["seed"], round_idx, 0x5EC])
+        rng = np.random.default_rng([c.seed, round_idx, 0x5EC])
         m = len(clients)
         # with DP each client clips its own upload and sends it with weight 1
         send = w if self.dp is None else np.where(w > 0, self.dp.client_numerators(out, w), 0.0)
@@ -181,7 +187,7 @@ class SecureAggregation(WeightedMean):
         summary = dataclasses.replace(summarize(out, hp), n_used=int(len(survivors)))
         if summed is None or summed[-1] <= 0:
             return empty_delta(K, dataclasses.replace(summary, n_used=0), w_used * 0)
-        total = summed[-1] if self.dp is None else self.dp.context["denominator"]
+        total = summed[-1] if self.dp is None else self.dp.denominator_
         self.round_stats["secagg_max_quantization_error"] = float(
             np.abs(summed - exact).max() / total)
         block = (summed[:-1] / total).reshape(n_items, K + 1)

@@ -17,7 +17,7 @@ import numpy as np
 from ..datasets import Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
 from ..eval.protocols import recon_sums
 from ..federated.fedrecon import FedReconMF
-from ..federated.phases import Cohort, LocalExecutor
+from ..federated.phases import BoundLocalExecutor, Cohort
 from .wire import arrays, encode_upload
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
@@ -148,7 +148,7 @@ def train(own: Interactions, config, glob) -> object:
     if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):
         raise NodeDataError("the message's ids must be two integers [seed, round]")
     params, ids = {"Q": Q, "b": b}, ids.astype(np.uint64)
-    out = LocalExecutor(program, data).run(Cohort(clients, len(clients), 0, 0), params, ids)
+    out = BoundLocalExecutor(program, data).run(Cohort(clients, len(clients), 0, 0), params, ids)
     return encode_upload(out)
 
 

@@ -18,6 +18,8 @@ import numpy as np
 from .._kernels.server import finite_clients
 from ..eval.protocols import finish_recon_sums
 from ..eval.splits import user_split_indices
+from ..federated import registry
+from ..federated.contracts import RoundExecutor
 from ..federated.fedrecon import FedReconMF
 from ..federated.phases import ClientOutputs, cohort_order
 from .wire import (
@@ -112,24 +114,20 @@ class Settings:
         return self
 
 
-AGGREGATORS = ("NormClippedMean", "DPGaussianMean", "TrimmedMean", "CoordinateMedian",
-               "FoolsGoldMean")
-
-
 def make_aggregator(spec):
     """An aggregator object, or one from a JSON spec such as
-    ``{"name": "TrimmedMean", "beta": 0.1}`` (the run config can only carry JSON)."""
+    ``{"name": "trimmed-mean", "beta": 0.1}`` (the run config can only carry JSON); the names
+    are the aggregator registry's (``fedcf.federated.registry``)."""
     if spec is None or not isinstance(spec, dict):
         return spec
-    from ..federated import aggregators
-
     kwargs = dict(spec)
     name = kwargs.pop("name", None)
-    if name not in AGGREGATORS:
-        raise ValueError(f"fedcf-params aggregator name must be one of {AGGREGATORS}, got "
-                         f"{name!r}")
     try:
-        return getattr(aggregators, name)(**kwargs)
+        cls = registry.lookup("aggregator", name)
+    except ValueError as e:
+        raise ValueError(f"fedcf-params aggregator name: {e}") from None
+    try:
+        return cls(**kwargs)
     except TypeError as e:
         raise ValueError(f"fedcf-params aggregator {name}: {e}") from e
 
@@ -233,7 +231,6 @@ class FlowerPopulation:
     """The training users of a Flower run, as ``fit`` sees them: sizes, counts and value sums
     from the directory, client work by messages to the nodes. The ratings stay on the nodes."""
 
-    remote_population = True
     holds_ratings = False
     timestamps = None
 
@@ -263,7 +260,7 @@ class FlowerPopulation:
         return {**self.__dict__, "executor": None}
 
 
-class FlowerExecutor:
+class FlowerExecutor(RoundExecutor):
     """Phase 2 of each round as Flower messages: one message per node holding sampled clients,
     with the global model and those clients' ids; the replies' uploads are checked
     (``wire.decode_upload``) and put back in cohort order. ``round_stats`` has the bytes that

@@ -1,0 +1,219 @@
+"""The declared contracts of a round's phases (DESIGN §12), and what every phase object shares.
+
+    Population      the clients: per-user counts, value statistics, subsets; where they run
+    ClientProgram   one algorithm's client work: output layout, the kernel call, tangents,
+                    and what a client sends and receives (communication accounting)
+    Executor        where a cohort's client work runs (a parameter object); ``bind`` gives the
+    RoundExecutor   of one run: ``run`` → ClientOutputs, ``partials`` when it can reduce
+                    its own clients, ``tangents``, ``close``
+    Aggregator      ClientOutputs → GlobalDelta, after ``bind(RunContext)``; declares whether it
+                    is linear (reducible from partial sums), the client sampling it needs, and
+                    its privacy accountant if any
+
+Phase objects are scikit-learn parameters (``Params``): ``get_params``/``set_params`` with
+nested names, so ``clone`` and ``GridSearchCV(est, {"aggregator__clip_norm": [...]})`` work.
+Their constructors store what they are given; ``validate`` checks it (at construction, so a bad
+value fails early, and again when bound, after any ``set_params``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+
+class Params:
+    """``get_params``/``set_params``/``repr`` from the constructor's keyword names, as
+    scikit-learn's estimators and Gaussian-process kernels have them."""
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        sig = inspect.signature(cls.__init__)
+        return [p.name for p in sig.parameters.values() if p.name != "self"
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+    def get_params(self, deep: bool = True) -> dict:
+        out = {}
+        for name in self._param_names():
+            value = getattr(self, name)
+            out[name] = value
+            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                out.update({f"{name}__{k}": v for k, v in value.get_params(deep=True).items()})
+        return out
+
+    def set_params(self, **params):
+        """Set parameters (``name`` or nested ``name__sub``); the object is checked again by
+        ``validate`` when it is next bound, and here when it can check itself."""
+        valid = self._param_names()
+        nested: dict = {}
+        for key, value in params.items():
+            name, _, sub = key.partition("__")
+            if name not in valid:
+                raise ValueError(f"{type(self).__name__} has no parameter {name!r}; it takes "
+                                 f"{valid}")
+            if sub:
+                nested.setdefault(name, {})[sub] = value
+            else:
+                setattr(self, name, value)
+        for name, sub in nested.items():
+            inner = getattr(self, name)
+            if not hasattr(inner, "set_params"):
+                raise ValueError(f"{type(self).__name__}.{name} is {inner!r}, which has no "
+                                 f"parameters to set ({sorted(sub)})")
+            inner.set_params(**sub)
+        self.validate()
+        return self
+
+    def validate(self) -> None:
+        """Raise, naming the parameter, when a value is not allowed (subclasses extend)."""
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._param_names())
+        return f"{type(self).__name__}({args})"
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a phase object may know about the run it is bound to (and nothing else)."""
+
+    n_eligible: int  # clients that may ever be sampled
+    clients_per_round: int
+    n_rounds: int
+    n_items: int  # rows of the global matrix
+    n_factors: int
+    seed: int
+    biases: bool = True
+    eligible_weights: np.ndarray | None = None  # each eligible client's aggregation weight n_k
+
+
+# ---------------------------------------------------------------------- populations and programs
+@runtime_checkable
+class Population(Protocol):
+    """The clients of a fit: ``Interactions`` (here), a ``RemotePopulation`` (on Ray shards) or
+    a ``FlowerPopulation`` (on Flower nodes). ``executor`` is None when the clients' data are
+    in this process, else the round executor that runs them where they are; ``holds_ratings``
+    says whether this process can read a client's ratings (a deployment's server cannot)."""
+
+    n_users: int
+    n_items: int
+    executor: object
+    holds_ratings: bool
+
+    def counts(self) -> np.ndarray: ...
+
+    def value_stats(self) -> dict: ...
+
+    def subset_users(self, users): ...
+
+
+@runtime_checkable
+class ClientProgram(Protocol):
+    """One algorithm's client work (FedReconProgram, StatefulProgram, ImplicitProgram, ...)."""
+
+    def layout(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(aggregation weight, output slots) of each client, from its example count."""
+
+    def run(self, data, clients, params: dict, local, ids, out) -> np.ndarray | None:
+        """Fill ``out`` = (offsets, items, d_Q, d_b, losses); return rank terms or None."""
+
+    def tangents(self, data, clients, params: dict, local, tangents, ids):
+        """(query losses, derivatives along each tangent) of the clients (hypergradients)."""
+
+    def values_down(self, n_items: int, K: int, n_clients: int) -> int:
+        """Numbers the server sends to a round's clients."""
+
+    def values_up_local(self, n_used: int, K: int) -> int:
+        """Numbers the used clients send besides their row deltas (e.g. a default's delta)."""
+
+
+# ---------------------------------------------------------------------- executors
+class RoundExecutor(ABC):
+    """An executor bound to one run's program and data (``Executor.bind``)."""
+
+    counts: np.ndarray  # examples per client (dense id)
+    round_stats: dict = {}  # this round's measurements, merged into its history record
+    supports_partials: ClassVar[bool] = False  # reduces its own clients (``partials``)
+
+    @abstractmethod
+    def run(self, cohort, params: dict, ids: np.ndarray):
+        """The cohort's ClientOutputs, in cohort order."""
+
+    def partials(self, cohort, params: dict, ids: np.ndarray, aggregator, hp):
+        """A linear aggregator's PartialSums over the cohort (``supports_partials`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not reduce its own clients")
+
+    def tangents(self, cohort, params: dict, tangents, ids: np.ndarray):
+        raise NotImplementedError(f"{type(self).__name__} cannot compute hypergradient "
+                                  "tangents; learned hyperparameters need another executor")
+
+    def close(self) -> None:
+        """Release what the run holds (actors, connections); nothing here."""
+        return None
+
+
+class Executor(Params, ABC):
+    """Where the client work runs: a parameter object, bound once per run."""
+
+    @abstractmethod
+    def bind(self, program, data, local_state=None) -> RoundExecutor:
+        """The executor of one run: ``data`` is the population's user-grouped CSR
+        (indptr, items, values); ``local_state`` the stateful baselines' user rows or None."""
+
+    def open(self, source):
+        """A population built where the clients run, from a spec (``SyntheticPopulation``);
+        None when this executor builds populations here."""
+        return None
+
+
+# ---------------------------------------------------------------------- aggregators
+class Aggregator(Params, ABC):
+    """Phase 3: the round's ClientOutputs → one GlobalDelta.
+
+    ``linear`` aggregators (``WeightedMean`` and its subclasses that only change per-client
+    factors, the denominator or ``finish``) can also be computed from partial sums reduced where
+    the clients ran. ``sampling`` is the client sampling the aggregator's guarantee needs
+    ("poisson" for differential privacy; the selector obeys it). ``epsilon(rounds)`` is the
+    privacy spent, or None without an accountant. ``round_stats`` holds the last round's
+    measurements, merged into its history record.
+    """
+
+    linear: ClassVar[bool] = False
+    round_stats: dict = {}
+
+    @property
+    def sampling(self) -> str:
+        return "any"
+
+    def bind(self, context: RunContext) -> Aggregator:
+        """This aggregator fixed to one run (validated; a bound copy when it keeps state)."""
+        self.validate()
+        return self
+
+    @abstractmethod
+    def __call__(self, out, hp, round_idx: int = 0):
+        """The GlobalDelta of the cohort's outputs ``out`` under round hyperparameters ``hp``."""
+
+    def epsilon(self, rounds: int) -> float | None:
+        """ε(δ) of the released model after ``rounds`` rounds, or None without DP."""
+        return None
+
+    @property
+    def sigma(self) -> float | None:
+        """The noise multiplier of a bound DP aggregator, else None."""
+        return None
+
+
+def phase_rule(kind: str, contract):
+    """A parameter rule (see ``_validation``): a registered name or a ``contract`` instance,
+    validated, as the object the run uses."""
+    from .registry import resolve
+
+    def rule(name, value):
+        obj = resolve(kind, value, contract, name)
+        obj.validate()
+        return obj
+    return rule

@@ -1,0 +1,71 @@
+"""One registry of phase classes by name: what a string parameter (``executor="ray"``,
+``server_optimizer="adam"``), the command line and a Flower run config may name.
+
+Entries are "module:Class" paths, imported on first use (Ray is imported only for "ray").
+A new phase class registers itself with ``register(kind, name, cls)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_ENTRIES: dict[str, dict[str, object]] = {
+    "aggregator": {
+        "mean": "fedcf.federated.phases:WeightedMean",
+        "norm-clipped": "fedcf.federated.aggregators:NormClippedMean",
+        "dp": "fedcf.federated.aggregators:DPGaussianMean",
+        "trimmed-mean": "fedcf.federated.aggregators:TrimmedMean",
+        "median": "fedcf.federated.aggregators:CoordinateMedian",
+        "foolsgold": "fedcf.federated.aggregators:FoolsGoldMean",
+        "secure": "fedcf.federated.secagg:SecureAggregation",
+    },
+    "executor": {
+        "local": "fedcf.federated.phases:LocalExecutor",
+        "ray": "fedcf.federated.ray_executor:RayExecutor",
+    },
+    "estimator": {},  # filled by fedcf._registry (the estimators sit above this package)
+}
+
+
+def register(kind: str, name: str, target) -> None:
+    """Make ``target`` (a class or a "module:Class" path) reachable as ``name`` of ``kind``."""
+    _ENTRIES.setdefault(kind, {})[name] = target
+
+
+def names(kind: str) -> list[str]:
+    return sorted(_ENTRIES.get(kind, {}))
+
+
+def lookup(kind: str, name: str):
+    """The class registered as ``name``; an unknown name raises, listing the known ones."""
+    entries = _ENTRIES.get(kind, {})
+    target = entries.get(name) if isinstance(name, str) else None
+    if target is None:
+        raise ValueError(f"{name!r} is not a registered {kind}; use one of {names(kind)}")
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        target = getattr(importlib.import_module(module), attr)
+        entries[name] = target
+    return target
+
+
+def name_of(kind: str, cls) -> str | None:
+    """The registered name of ``cls`` (None if it has none)."""
+    for name in names(kind):
+        if lookup(kind, name) is cls:
+            return name
+    return None
+
+
+def resolve(kind: str, value, contract, param: str):
+    """``value`` as a ``contract`` instance: a registered name builds its class with defaults,
+    an instance is taken as is; anything else raises naming ``param``."""
+    if isinstance(value, str):
+        try:
+            return lookup(kind, value)()
+        except ValueError as e:
+            raise ValueError(f"{param}={value!r}: {e}") from None
+    if isinstance(value, contract):
+        return value
+    raise TypeError(f"{param} must be one of {names(kind)} or an object of a "
+                    f"fedcf.federated.{contract.__name__} subclass, got {value!r}")
