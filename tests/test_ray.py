@@ -193,3 +193,10 @@ def test_a_run_checkpointed_here_resumes_on_ray_and_a_spec_run_resumes_too(pop, 
     with pytest.raises(ValueError, match="fingerprint|different data|data"):
         FedReconMF(**kw, checkpoint_path=str(ck2), executor=RayExecutor(2)).fit(
             SyntheticPopulation(800, 60, ratings_per_user=8, random_state=2))
+
+
+from contracts import ExecutorContract, contract_population  # noqa: E402,F401
+
+
+class TestRayExecutorContract(ExecutorContract):
+    make = staticmethod(lambda: RayExecutor(2))

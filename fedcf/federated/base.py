@@ -4,14 +4,14 @@ phases of a round (phases.py, loop.py)."""
 from __future__ import annotations
 
 import numbers
+from functools import partial
 
 import numpy as np
 import pandas as pd
 from sklearn.utils import check_random_state
 from tqdm.auto import tqdm
 
-from .._kernels.als import ridge_solve_rows
-from .._kernels.layout import ridge_cfg, sgd_hp
+from .._kernels.layout import sgd_hp
 from .._validation import (
     Bool,
     Dict,
@@ -28,9 +28,10 @@ from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .checkpoint import RESUME_FREE, data_fingerprint
 from .contracts import Aggregator, Executor, Population, RunContext, phase_rule
+from .guard import STAGES, Diagnosis, DivergenceGuard
 from .hyper import HyperLearner, check_learnable
-from .loop import Run
-from .optimizers import OPTIMIZERS, make_server_optimizer
+from .loop import Checkpointer, Run
+from .optimizers import OPTIMIZERS, make_server_optimizer, server_is_wild
 from .phases import RoundHyperparams, Selector
 
 _WEIGHT_EXPONENT = {"num_examples": 1.0, "uniform": 0.0}
@@ -75,13 +76,6 @@ class FederatedMFBase(MFEstimatorBase):
     def _finish_local_state(self, local):
         pass
 
-    def _values_down(self, n_items, K, n_clients):
-        """Numbers broadcast to the clients of a round: the whole global model to each."""
-        return n_clients * (n_items * (K + 1) + 1)
-
-    def _values_up_local(self, n_used, K):
-        return 0
-
     def _coerce(self, X, y, **data_kwargs) -> Interactions:
         """The training data. A population described by a spec (``SyntheticPopulation``) is
         built on the workers of a Ray executor (a ``RemotePopulation``: the driver never holds
@@ -111,47 +105,36 @@ class FederatedMFBase(MFEstimatorBase):
         return (f"lower server_learning_rate={self.server_learning_rate} (server optimizer "
                 f"{self.server_optimizer!r}){opts}")
 
-    def _diagnose(self, run, summary) -> str | None:
-        """Which stage made this round's mean query loss explode, from the worst client: its
-        exact ridge reconstruction on the current global model (host side, a simulation-only
-        diagnosis). If that fits far better than the kernel's, the reconstruction diverged; if
-        the client step is unstable for that embedding (η_u · 2(s + 1) > 2, with s the larger of
-        ‖p‖² and the mean |p·q|: the curvature of the per-example loss in an item row at
-        balanced factors), the client update; else the server step."""
-        if summary.worst_client < 0 or not run.inter.holds_ratings:
-            return None  # (a deployment's server has no rating to diagnose with)
-        sub = run.inter.subset_users(np.array([summary.worst_client]))
-        Q, b = run.params["Q"], run.params["b"]
-        mu = run.inter.value_stats()["mean"] if self.biases else 0.0
-        P, c = np.zeros((1, Q.shape[1]), Q.dtype), np.zeros(1, Q.dtype)
-        ridge_solve_rows(sub.indptr, sub.items, sub.values, Q, b,
-                         ridge_cfg(0.1, 1e-6, mu, self.biases), P, c)
-        pred = mu + b[sub.items] + c[0] + Q[sub.items].astype(np.float64) @ P[0]
-        exact = float(np.mean((sub.values - pred) ** 2))
-        if self._recon_can_diverge() and np.isfinite(exact) and exact < 1e-2 * summary.worst_loss:
-            return "reconstruction"
-        # SGD drifts towards balanced factors (‖p‖² ≈ |p·q|): judge the step on the larger, so
-        # an item matrix that has already grown (and left p small) does not hide it
-        inter_size = float(np.mean(np.abs(Q[sub.items].astype(np.float64) @ P[0])))
-        curv = max(float(P[0] @ P[0]), inter_size) + float(self.biases)
-        if self.learning_rate * 2 * curv > 2:
-            return "client update"
-        return "server step"
+    def _guard(self, inter, mu: float, opt) -> DivergenceGuard:
+        """The run's divergence guard: this estimator's advice per stage, a diagnosis on the
+        worst client's ratings where this process holds them, and the server optimizer's
+        stability (``server_is_wild``)."""
+        diagnose = Diagnosis(inter, mu, bool(self.biases), float(self.learning_rate),
+                             self._recon_can_diverge()) if inter.holds_ratings else None
+        return DivergenceGuard(self._usable_loss(inter), {s: self._blame(s) for s in STAGES},
+                               diagnose, partial(server_is_wild, opt, self.init_scale))
 
-    def _server_is_wild(self, Q) -> bool:
-        """The server step alone amplifies the mean client delta more than tenfold (SGD:
-        η_s, momentum: η_s / (1 − β)), or an adaptive optimizer moves each coordinate by η_s,
-        more than ten times the size of the item rows: a divergence is then the server's."""
-        opts = make_server_optimizer(self.server_optimizer, self.server_learning_rate,
-                                     self.server_optimizer_options).options
-        lr = float(self.server_learning_rate)
-        if self.server_optimizer == "sgd":
-            return lr > 10
-        if self.server_optimizer == "momentum":
-            return lr / (1 - opts["momentum"]) > 10
-        finite = np.isfinite(Q)
-        scale = float(np.abs(Q[finite]).max()) if finite.any() else 0.0
-        return lr > 10 * max(scale, self.init_scale)
+    def _checkpointer(self, inter, seed) -> Checkpointer | None:
+        if self.checkpoint_path is None:
+            return None
+        return Checkpointer(self.checkpoint_path, self.checkpoint_every, cls=type(self).__name__,
+                            fingerprint=data_fingerprint(inter, seed), n_rounds=self.n_rounds,
+                            run_params={k: v for k, v in self.get_params(deep=False).items()
+                                        if k not in RESUME_FREE})
+
+    def _observer(self, callback):
+        """``observe(done, params, history)`` of the run: every ``eval_every`` rounds, this
+        estimator with the current global parameters is handed to ``callback``."""
+        if callback is None or not self.eval_every:
+            return None
+
+        def observe(done, params, history):
+            if done % self.eval_every:
+                return None
+            self._set_globals(params)
+            self.history_ = history
+            return callback(self, done)
+        return observe
 
     def _recon_can_diverge(self) -> bool:
         """True when reconstruction takes gradient steps (an exact solve cannot diverge)."""
@@ -195,18 +178,18 @@ class FederatedMFBase(MFEstimatorBase):
         inter = self._coerce(X, y, **data_kwargs)
         run = None
         try:
-            run = self._start(inter, availability)
+            run = self._start(inter, availability, callback)
             bar = tqdm(range(run.start, self.n_rounds), desc=type(self).__name__,
                        disable=not self.verbose, initial=run.start, total=self.n_rounds,
                        leave=False)
             for t in bar:
-                rec = run.round(t, callback)
+                rec = run.round(t)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
         finally:  # stop the shard actors of a Ray run, also when it failed
             for ex in {id(e): e for e in (None if run is None else run.executor,
                                           inter.executor) if e}.values():
                 ex.close()
-        run.finisher.warn_dropped()
+        run.guard.warn_dropped()
         if run.aggregator.sigma is not None:
             self.noise_multiplier_ = run.aggregator.sigma
             self.epsilon_ = run.epsilon(self.n_rounds)
@@ -217,7 +200,7 @@ class FederatedMFBase(MFEstimatorBase):
             self.learned_hyperparams_ = run.hyper.values()
         return self
 
-    def _start(self, inter, availability) -> Run:
+    def _start(self, inter, availability, callback=None) -> Run:
         """Initial global parameters (or a checkpoint's), and the phases of this run."""
         dtype, K, seed = np.dtype(self.dtype), self.n_factors, self._seed()
         self._check_memory(inter, dtype)
@@ -235,10 +218,9 @@ class FederatedMFBase(MFEstimatorBase):
         program = self._client_program(inter, mu)
         aggregator = self._aggregator()
         eligible, hyper_select = self._hyper_holdout(eligible, seed)
-        run = Run(self, inter, seed=seed, params=params,
-                  opt=make_server_optimizer(self.server_optimizer, self.server_learning_rate,
-                                            self.server_optimizer_options),
-                  local=local,
+        opt = make_server_optimizer(self.server_optimizer, self.server_learning_rate,
+                                    self.server_optimizer_options)
+        run = Run(seed=seed, params=params, opt=opt, local=local, program=program,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
                                   self.dropout, _availability(availability, inter),
                                   poisson=aggregator.sampling == "poisson"),
@@ -248,15 +230,10 @@ class FederatedMFBase(MFEstimatorBase):
                       n_rounds=self.n_rounds, n_items=len(params["b"]), n_factors=K, seed=seed,
                       biases=bool(self.biases),
                       eligible_weights=program.layout(counts[eligible])[0])),
-                  hyperparams=self._round_hyperparams(),
-                  fingerprint=None if self.checkpoint_path is None else  # only to resume
-                  data_fingerprint(inter, seed),
-                  run_params={k: v for k, v in self.get_params(deep=False).items()
-                              if k not in RESUME_FREE},
-                  usable_loss=self._usable_loss(inter), hyper=self._make_hyper(),
+                  hyperparams=self._round_hyperparams(), guard=self._guard(inter, mu, opt),
+                  checkpointer=self._checkpointer(inter, seed),
+                  observe=self._observer(callback), hyper=self._make_hyper(),
                   hyper_select=hyper_select)
-        if self.checkpoint_path is not None:
-            run.resume(self.checkpoint_path)
         self.rating_scale_ = self._check_params().get("rating_scale") or (
             stats["min"], stats["max"])
         self.global_mean_ = mu

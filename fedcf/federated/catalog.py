@@ -30,6 +30,7 @@ from .._kernels.layout import OC_DEFAULT, catalog_cfg, client_cfg
 from ..datasets import DataValidationError, Interactions, ItemFeatures, hash_buckets
 from ..datasets._validation import show
 from ..models.base import LocalParams, _as_pairs, _as_ratings, _ids_to_array, content_key, user_keys
+from .contracts import WholeModelBroadcast
 
 
 def CatalogRule():
@@ -74,7 +75,7 @@ class CatalogLocalParams(LocalParams):
 
 
 @dataclass(frozen=True)
-class CatalogProgram:
+class CatalogProgram(WholeModelBroadcast):
     """Client work with a catalog: ``catalog_clients`` over the training items' map."""
 
     cfg: np.ndarray
@@ -235,8 +236,11 @@ class CatalogMixin:
         self.adapter_factors_, self.adapter_biases_ = G[C:C + A], gb[C:C + A]
         self.default_params_ = np.append(G[C + A], gb[C + A]) if self.learned_default else None
 
-    def _diagnose(self, run, summary):
-        return None if self._catalog_active() else super()._diagnose(run, summary)
+    def _guard(self, inter, mu, opt):
+        guard = super()._guard(inter, mu, opt)
+        if self._catalog_active():  # the diagnosis solves over the full catalog's rows
+            guard.diagnose = None
+        return guard
 
     def _glob(self):
         """The global rows (G, gb) in the kernels' layout: catalog, adapter, default."""

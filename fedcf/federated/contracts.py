@@ -130,6 +130,17 @@ class ClientProgram(Protocol):
         """Numbers the used clients send besides their row deltas (e.g. a default's delta)."""
 
 
+class WholeModelBroadcast:
+    """Communication of a client program whose clients download the whole global model (and a
+    round seed) and upload only their row deltas (counted by the aggregator)."""
+
+    def values_down(self, n_items: int, K: int, n_clients: int) -> int:
+        return n_clients * (n_items * (K + 1) + 1)
+
+    def values_up_local(self, n_used: int, K: int) -> int:
+        return 0
+
+
 # ---------------------------------------------------------------------- executors
 class RoundExecutor(ABC):
     """An executor bound to one run's program and data (``Executor.bind``)."""

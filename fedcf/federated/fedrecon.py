@@ -16,11 +16,12 @@ from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
 from ..models.base import RatingScoreMixin
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .catalog import CATALOG_ARRAYS, CATALOG_CONSTRAINTS, CatalogMixin
+from .contracts import WholeModelBroadcast
 from .hyper import HYPER_CONSTRAINTS
 
 
 @dataclass(frozen=True)
-class FedReconProgram:
+class FedReconProgram(WholeModelBroadcast):
     """Client work of FedReconMF: split, reconstruct (p, c), k_u steps on the touched item rows."""
 
     cfg: np.ndarray  # layout.client_cfg

@@ -17,10 +17,11 @@ from .._validation import Bool, Int, Options, Real
 from ..models.base import RankingScoreMixin
 from ..models.implicit_mf import coerce_implicit, implicit_fold_in, item_gram
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
+from .contracts import WholeModelBroadcast
 
 
 @dataclass(frozen=True)
-class ImplicitProgram:
+class ImplicitProgram(WholeModelBroadcast):
     """Client work of FedReconImplicitMF (sampled or full-catalog negatives)."""
 
     cfg: np.ndarray  # layout.implicit_cfg

@@ -175,3 +175,18 @@ def state_from_arrays(arrays: dict, prefix: str = "opt") -> dict:
         if parts[0] == prefix and len(parts) == 3:
             state.setdefault(parts[1], {})[parts[2]] = v
     return state
+
+
+def server_is_wild(opt: ServerOptimizer, init_scale: float, Q: np.ndarray) -> bool:
+    """The server step alone amplifies the mean client delta more than tenfold (SGD: η_s,
+    momentum: η_s / (1 − β)), or an adaptive optimizer moves each coordinate by η_s, more than
+    ten times the size of the item rows (``Q``, or ``init_scale`` if larger): a divergence is
+    then the server's."""
+    lr = float(opt.learning_rate)
+    if opt.name == "sgd":
+        return lr > 10
+    if opt.name == "momentum":
+        return lr / (1 - opt.options["momentum"]) > 10
+    finite = np.isfinite(Q)
+    scale = float(np.abs(Q[finite]).max()) if finite.any() else 0.0
+    return lr > 10 * max(scale, init_scale)

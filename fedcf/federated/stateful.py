@@ -12,6 +12,7 @@ from .._kernels.layout import HP_OFFSET
 from .._validation import Bool, RatingScale, Real
 from ..models.base import RatingScoreMixin
 from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
+from .contracts import WholeModelBroadcast
 from .hyper import HYPER_CONSTRAINTS
 
 _PARAMS_DOC = """
@@ -54,10 +55,19 @@ _PARAMS_DOC = """
 
 
 @dataclass(frozen=True)
-class StatefulProgram:
-    """Client work of FedAvg/FURL: joint steps on the client's own row and the item rows."""
+class StatefulProgram(WholeModelBroadcast):
+    """Client work of FedAvg/FURL: joint steps on the client's own row and the item rows.
+    With ``server_rows`` (FedAvg) the user rows live on the server: each client also downloads
+    and uploads its own row (K + 1 numbers)."""
 
     update_hp: np.ndarray
+    server_rows: bool = False
+
+    def values_down(self, n_items, K, n_clients):
+        return super().values_down(n_items, K, n_clients) + n_clients * (K + 1) * self.server_rows
+
+    def values_up_local(self, n_used, K):
+        return n_used * (K + 1) * self.server_rows
 
     def layout(self, counts):
         q = counts.astype(np.int64)
@@ -132,8 +142,10 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
         P = rng.uniform(-self.init_scale, self.init_scale, (inter.n_users, self.n_factors))
         return P.astype(dtype), np.zeros(inter.n_users, dtype)
 
+    _server_rows = False  # FedAvg: the server stores the user rows
+
     def _client_program(self, inter, mu):
-        return StatefulProgram(self._update_hp(mu, True))
+        return StatefulProgram(self._update_hp(mu, True), self._server_rows)
 
     def _finish_local_state(self, local):
         self.user_factors_, self.user_biases_ = local
@@ -149,11 +161,7 @@ class FedAvgMF(_StatefulMF):
     served by reconstruction (exact ridge solve, ``recon_regularization``).
     """ + _PARAMS_DOC.replace("{where}", "stored by the server")
 
-    def _values_down(self, n_items, K, n_clients):
-        return n_clients * (n_items * (K + 1) + 1 + (K + 1))
-
-    def _values_up_local(self, n_used, K):
-        return n_used * (K + 1)
+    _server_rows = True
 
 
 class FURLMF(_StatefulMF):

@@ -1,0 +1,174 @@
+"""Contract tests every aggregator and executor must pass (as test_contract.py does for the
+estimators, after implicit's RecommenderBaseTestMixin). A new aggregator or executor is one
+file plus a test class that subclasses ``AggregatorContract`` or ``ExecutorContract`` and says
+how to make one (``make``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+
+from fedcf import FedReconMF
+from fedcf.datasets import make_synthetic_ratings
+from fedcf.federated import (
+    Aggregator,
+    ClientOutputs,
+    Executor,
+    GlobalDelta,
+    LocalExecutor,
+    RoundExecutor,
+    RoundHyperparams,
+    RunContext,
+    WeightedMean,
+)
+from fedcf.federated.partials import PartialSums, reduce_group
+from fedcf.federated.phases import Cohort
+
+HP = RoundHyperparams(1.0, {}, 1.0)
+N_ITEMS, K = 40, 3
+CONTEXT = RunContext(n_eligible=500, clients_per_round=16, n_rounds=3, n_items=N_ITEMS,
+                     n_factors=K, seed=7, eligible_weights=np.full(500, 4.0))
+
+
+def uploads(m=16, per=5, seed=0, nonfinite=(), empty=()):
+    """A cohort's outputs: client k touches ``per`` distinct items (one padding slot)."""
+    rng = np.random.default_rng(seed)
+    items = np.concatenate([rng.choice(N_ITEMS, per, replace=False) for _ in range(m)])
+    items[per - 1::per] = -1  # a padding slot per client
+    d_Q, d_b = rng.normal(0, 0.05, (m * per, K)), rng.normal(0, 0.05, m * per)
+    for k in nonfinite:
+        d_Q[k * per] = np.nan
+    weights = rng.integers(1, 9, m).astype(float)
+    weights[list(empty)] = 0.0
+    clients = np.sort(rng.choice(10_000, m, replace=False))  # dense ids spread over groups
+    return ClientOutputs(np.arange(0, m * per + 1, per), items, d_Q, d_b, weights,
+                         rng.random(m), None, clients)
+
+
+class AggregatorContract:
+    """Subclasses set ``make`` (a function returning a fresh, unbound aggregator)."""
+
+    make = staticmethod(WeightedMean)
+
+    def test_is_an_aggregator_with_parameters(self):
+        agg = self.make()
+        assert isinstance(agg, Aggregator)
+        params = agg.get_params(deep=False)
+        again = type(agg)(**params)
+        assert again.get_params(deep=False).keys() == params.keys()
+        assert repr(agg).startswith(type(agg).__name__ + "(")
+        with pytest.raises(ValueError, match="has no parameter 'no_such'"):
+            agg.set_params(no_such=1)
+
+    def test_clones_inside_an_estimator_and_exposes_nested_names(self):
+        agg = self.make()
+        est = FedReconMF(aggregator=agg)
+        nested = {k for k in est.get_params() if k.startswith("aggregator__")}
+        assert nested == {f"aggregator__{k}" for k in agg.get_params()}
+        copy = clone(est)
+        assert copy.aggregator is not agg and repr(copy.aggregator) == repr(agg)
+
+    def test_bound_call_gives_a_finite_delta_on_sorted_rows(self):
+        delta = self.make().bind(CONTEXT)(uploads(), HP, 1)
+        assert isinstance(delta, GlobalDelta)
+        assert np.all(np.diff(delta.items) > 0) and delta.items.min(initial=0) >= 0
+        assert delta.items.max(initial=0) < N_ITEMS
+        assert delta.d_Q.shape == (len(delta.items), K) and delta.d_b.shape == delta.items.shape
+        assert np.isfinite(delta.d_Q).all() and np.isfinite(delta.d_b).all()
+        assert delta.summary.n_clients == 16 and delta.summary.n_used > 0
+
+    def test_non_finite_and_empty_uploads_are_left_out_and_counted(self):
+        out = uploads(nonfinite=(2, 5), empty=(3,))
+        delta = self.make().bind(CONTEXT)(out, HP, 1)
+        assert np.isfinite(delta.d_Q).all() and np.isfinite(delta.d_b).all()
+        assert delta.summary.n_nonfinite == 2 and delta.summary.n_empty == 1
+        assert delta.summary.n_used <= 13
+
+    def test_linear_means_reducible_from_partial_sums_in_any_split(self):
+        agg = self.make().bind(CONTEXT)
+        if not agg.linear:
+            pytest.skip("not linear: it needs every upload")
+        # a linear aggregator only changes factors, the denominator or finish: not __call__
+        assert type(agg).__call__ is WeightedMean.__call__
+        out = uploads()
+        whole = agg(out, HP, 2)
+        groups = reduce_group(out.clients)
+        for cuts in ([0, 64], [0, 20, 64], [0, 5, 33, 40, 64]):
+            parts = []
+            for a, b in list(zip(cuts, cuts[1:]))[::-1]:
+                sel = np.flatnonzero((groups >= a) & (groups < b))
+                parts.append(agg.partials(out.take(sel), HP).compact(a, b))
+            split = agg.reduce(PartialSums.concat(parts), 2)
+            for f in ("items", "d_Q", "d_b"):
+                np.testing.assert_array_equal(getattr(split, f), getattr(whole, f), err_msg=f)
+            assert split.summary == whole.summary
+
+    def test_declares_its_sampling_and_its_accountant(self):
+        agg = self.make()
+        assert agg.sampling in ("any", "poisson")
+        bound = agg.bind(CONTEXT)
+        eps = bound.epsilon(CONTEXT.n_rounds)
+        if eps is None:
+            assert bound.sigma is None
+        else:  # an accountant's amplification by subsampling needs Poisson sampling
+            assert agg.sampling == "poisson" and eps > 0 and bound.sigma > 0
+
+    def test_set_params_is_checked_when_bound(self):
+        agg = self.make()
+        names = list(agg.get_params(deep=False))
+        if not names:
+            pytest.skip("no parameters")
+        with pytest.raises((TypeError, ValueError)):
+            agg.set_params(**{names[0]: "not a value"})
+            agg.bind(CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def contract_population():
+    return make_synthetic_ratings(300, 50, 4000, n_factors=3, random_state=2)
+
+
+class ExecutorContract:
+    """Subclasses set ``make`` (a function returning a fresh executor spec)."""
+
+    make = staticmethod(LocalExecutor)
+
+    def _round(self, pop, executor):
+        est = FedReconMF(n_factors=K, n_rounds=1, clients_per_round=60, random_state=0,
+                         executor=executor)
+        est._check_params()
+        run = est._start(est._coerce(pop, None), None)
+        clients = np.sort(np.random.default_rng(1).choice(pop.n_users, 60, replace=False))
+        return run, Cohort(clients, 60, 0, 0), np.array([run.seed, 0], np.uint64)
+
+    def test_is_an_executor_with_parameters(self):
+        ex = self.make()
+        assert isinstance(ex, Executor)
+        assert repr(ex).startswith(type(ex).__name__ + "(")
+        clone(FedReconMF(executor=ex))
+
+    def test_runs_a_cohort_as_the_local_executor_does(self, contract_population):
+        run, cohort, ids = self._round(contract_population, self.make())
+        ref, _, _ = self._round(contract_population, None)
+        try:
+            assert isinstance(run.executor, RoundExecutor)
+            got = run.executor.run(cohort, run.params, ids)
+            want = ref.executor.run(cohort, ref.params, ids)
+            for f in dataclasses.fields(ClientOutputs):
+                a, b = getattr(got, f.name), getattr(want, f.name)
+                if b is None:
+                    assert a is None, f.name
+                else:
+                    np.testing.assert_array_equal(a, b, err_msg=f.name)
+            if run.executor.supports_partials:
+                agg = WeightedMean()
+                reduced = agg.reduce(run.executor.partials(cohort, run.params, ids, agg,
+                                                           run.hyperparams))
+                direct = agg(want, run.hyperparams)
+                np.testing.assert_array_equal(reduced.d_Q, direct.d_Q)
+        finally:
+            run.executor.close()
+            ref.executor.close()

@@ -1,0 +1,61 @@
+"""Every aggregator and the in-process executors against the contracts in contracts.py."""
+
+from contracts import AggregatorContract, ExecutorContract, contract_population  # noqa: F401
+
+from fedcf.federated import (
+    CoordinateMedian,
+    DPGaussianMean,
+    FoolsGoldMean,
+    LocalExecutor,
+    NormClippedMean,
+    SecureAggregation,
+    TrimmedMean,
+    WeightedMean,
+)
+from fedcf.federated.attacks import AttackedExecutor
+
+
+class TestWeightedMean(AggregatorContract):
+    make = staticmethod(WeightedMean)
+
+
+class TestNormClippedMean(AggregatorContract):
+    make = staticmethod(lambda: NormClippedMean(0.05))
+
+
+class TestDPGaussianMean(AggregatorContract):
+    make = staticmethod(lambda: DPGaussianMean(0.1, 0.8, delta=1e-4))
+
+
+class TestDPGaussianMeanCapped(AggregatorContract):
+    make = staticmethod(lambda: DPGaussianMean(0.1, target_epsilon=5.0, delta=1e-4,
+                                               weight_cap=4))
+
+
+class TestTrimmedMean(AggregatorContract):
+    make = staticmethod(lambda: TrimmedMean(0.2, row_clip=0.1))
+
+
+class TestCoordinateMedian(AggregatorContract):
+    make = staticmethod(CoordinateMedian)
+
+
+class TestFoolsGoldMean(AggregatorContract):
+    make = staticmethod(FoolsGoldMean)
+
+
+class TestSecureAggregation(AggregatorContract):
+    make = staticmethod(lambda: SecureAggregation(value_bound=10.0))
+
+
+class TestSecureAggregationWithDP(AggregatorContract):
+    make = staticmethod(lambda: SecureAggregation(value_bound=10.0,
+                                                  dp=DPGaussianMean(0.1, 0.8, delta=1e-4)))
+
+
+class TestLocalExecutor(ExecutorContract):
+    make = staticmethod(LocalExecutor)
+
+
+class TestHonestAttackedExecutor(ExecutorContract):  # no malicious client: the local outputs
+    make = staticmethod(lambda: AttackedExecutor("sign_flip", fraction=0.0))
