@@ -50,6 +50,7 @@ from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.eval import random_split
 from fedcf.federated import Selector
+from fedcf.federated.registry import lookup
 
 K = 50
 ROWS: list[dict] = []
@@ -406,7 +407,7 @@ def section_scaling(data, args):
         pop = make_synthetic_ratings(2000, n_items, 2000 * 40, random_state=2)
         for opt, lr in (("sgd", 1.0), ("adam", 0.01)):
             model = FedReconMF(n_factors=K, n_rounds=6, clients_per_round=100, random_state=0,
-                               server_optimizer=opt, server_learning_rate=lr)
+                               server_optimizer=lookup("server_optimizer", opt)(lr))
             model.fit(pop)
             hist = model.history_[1:]
             client = [h["seconds"] - h["server_seconds"] for h in hist]

@@ -28,6 +28,7 @@ from fedcf import FedReconMF
 from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import VARIANTS, load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
+from fedcf.federated import Momentum
 
 LEARN = ("server_learning_rate", "momentum")
 LR_RANGE = (1e-2, 10.0)  # starting server learning rate: log-uniform over this range
@@ -68,8 +69,8 @@ def trial_rows(train, test, args):
         rng = np.random.default_rng([args.seed, i])
         lr = float(np.exp(rng.uniform(np.log(LR_RANGE[0]), np.log(LR_RANGE[1]))))
         beta = float(rng.uniform(*MOMENTUM_RANGE))
-        base = dict(n_rounds=args.rounds, server_optimizer="momentum", server_learning_rate=lr,
-                    server_optimizer_options={"momentum": beta}, random_state=args.seed)
+        base = dict(n_rounds=args.rounds, server_optimizer=Momentum(lr, momentum=beta),
+                    random_state=args.seed)
         for mode, extra in MODES.items():
             params = {**base, **extra}
             res, model = fit_eval(params, train, test, args.seed)

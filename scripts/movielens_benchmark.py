@@ -45,6 +45,7 @@ from fedcf.eval import (
     standard_eval,
     user_split,
 )
+from fedcf.federated.registry import lookup
 from fedcf.model_selection import UserShuffleSplit, recon_scorer
 
 CENTRAL = dict(solver="als", regularization=0.1, n_epochs=15)
@@ -57,6 +58,16 @@ OURS = dict(biases=True, reconstruction="als", recon_regularization=0.1)
 # (worker 1: centralized, fedavg, fedrecon-als; worker 2: fedrecon-sgd, hypergradient, variants)
 BACKGROUND = ["centralized", "fedrecon-sgd", "fedavg", "hypergradient", "fedrecon-als",
               "fedrecon-variants"]
+
+
+def estimator(cls, params: dict):
+    """The estimator of a row from its recorded (JSON) parameters: the server optimizer by name
+    and ``server_learning_rate`` becomes that optimizer's object."""
+    p = dict(params)
+    if "server_learning_rate" in p:
+        opt = lookup("server_optimizer", p.get("server_optimizer", "sgd"))
+        p["server_optimizer"] = opt(learning_rate=p.pop("server_learning_rate"))
+    return cls(**p)
 
 
 def compile_path(cls, params) -> str:
@@ -151,7 +162,7 @@ def paper_rows(inter, args, background=None):
                 args.first_row_wait = waited
         t0 = time.perf_counter()
         if key not in fitted:
-            fitted[key] = cls(**params).fit(train_of[split])
+            fitted[key] = estimator(cls, params).fit(train_of[split])
         model = fitted[key]
         if how == "standard":
             res = standard_eval(model, te_t, **ev)
@@ -170,8 +181,9 @@ def paper_rows(inter, args, background=None):
     return rows
 
 
-PAPER_GRID = {"server_learning_rate": [0.1, 0.5, 1.0], "recon_learning_rate": [0.1, 0.5],
-              "learning_rate": [0.1, 0.5]}
+PAPER_GRID = {"server_optimizer__learning_rate": [0.1, 0.5, 1.0],
+              "recon_learning_rate": [0.1, 0.5], "learning_rate": [0.1, 0.5]}
+GRID_NAMES = {"server_optimizer__learning_rate": "server_learning_rate"}  # as rows record it
 
 
 SHORT = {"server_learning_rate": "eta_s", "recon_learning_rate": "eta_r", "learning_rate": "eta_u"}
@@ -187,16 +199,17 @@ def tune_paper_config(train, val, fed_common, args):
     cv = UserShuffleSplit(n_splits=1, test_size=val.n_users / (train.n_users + val.n_users),
                           random_state=args.seed)
     scoring = {m: recon_scorer(m, random_state=args.seed) for m in ("rmse", "mae", "accuracy")}
-    search = GridSearchCV(FedReconMF(**fed_common, **PAPER), PAPER_GRID, cv=cv, scoring=scoring,
-                          refit=False, error_score=np.nan)
+    search = GridSearchCV(estimator(FedReconMF, {**fed_common, **PAPER}), PAPER_GRID, cv=cv,
+                          scoring=scoring, refit=False, error_score=np.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FitFailedWarning)  # diverged settings: NaN, reported
         warnings.filterwarnings("ignore", "One or more of the test scores are non-finite")
         search.fit(X.drop(columns="rating"), X["rating"])
     res = search.cv_results_
-    best = res["params"][int(np.nanargmax(res["mean_test_rmse"]))]
+    named = [{GRID_NAMES.get(p, p): v for p, v in lrs.items()} for lrs in res["params"]]
+    best = named[int(np.nanargmax(res["mean_test_rmse"]))]
     grid_rows = []
-    for k, lrs in enumerate(res["params"]):
+    for k, lrs in enumerate(named):
         val_res = {"rmse": -res["mean_test_rmse"][k], "mae": -res["mean_test_mae"][k],
                    "accuracy": res["mean_test_accuracy"][k]}
         name = "grid " + " ".join(f"{short}={lrs[p]}" for p, short in SHORT.items())
@@ -229,7 +242,7 @@ def sweep_rows(inter, args):
         if param == "server_optimizer":
             params["server_learning_rate"] = SERVER_LR[v]
         t0 = time.perf_counter()
-        model = FedReconMF(**params).fit(tr_u)
+        model = estimator(FedReconMF, params).fit(tr_u)
         res = recon_eval(model, te_u, n_repeats=args.bootstrap, random_state=args.seed)
         rows.append(row(f"FedRecon {param}={v}", "paper-recon", res, time.perf_counter() - t0,
                         sweep=param, value=v, params=params,

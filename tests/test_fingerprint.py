@@ -21,12 +21,16 @@ import pytest
 from fedcf import FURLMF, CentralizedMF, FedAvgMF, FedReconImplicitMF, FedReconMF, ImplicitMF
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import (
+    Adagrad,
+    Adam,
     CoordinateMedian,
     DPGaussianMean,
     FoolsGoldMean,
+    Momentum,
     NormClippedMean,
     SecureAggregation,
     TrimmedMean,
+    Yogi,
 )
 
 STORE = Path(__file__).parent / "data" / "fingerprints.npz"
@@ -42,11 +46,10 @@ CASES = {
     "fedrecon-sgd": _fedrecon(reconstruction="sgd", recon_steps=5),
     "fedrecon-time-joint": _fedrecon(split="time", joint=True, update_steps=5),
     "fedrecon-nobias": _fedrecon(biases=False, client_weighting="uniform"),
-    "fedrecon-momentum": _fedrecon(server_optimizer="momentum", server_learning_rate=0.5),
-    "fedrecon-adagrad": _fedrecon(server_optimizer="adagrad", server_learning_rate=0.1),
-    "fedrecon-adam": _fedrecon(server_optimizer="adam", server_learning_rate=0.01,
-                               server_optimizer_options={"beta1": 0.8}),
-    "fedrecon-yogi": _fedrecon(server_optimizer="yogi", server_learning_rate=0.01),
+    "fedrecon-momentum": _fedrecon(server_optimizer=Momentum(0.5)),
+    "fedrecon-adagrad": _fedrecon(server_optimizer=Adagrad(0.1)),
+    "fedrecon-adam": _fedrecon(server_optimizer=Adam(0.01, beta1=0.8)),
+    "fedrecon-yogi": _fedrecon(server_optimizer=Yogi(0.01)),
     "fedrecon-dropout": _fedrecon(dropout=0.2, oversample=0.5, min_examples=5),
     "fedrecon-float64": _fedrecon(dtype="float64"),
     "agg-normclip": _fedrecon(aggregator=NormClippedMean(0.5)),

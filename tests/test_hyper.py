@@ -13,6 +13,7 @@ from fedcf import _reference as ref
 from fedcf._kernels.hypergrad import fedrecon_tangent_clients
 from fedcf._kernels.layout import client_cfg, sgd_hp
 from fedcf.datasets import make_synthetic_ratings
+from fedcf.federated import SGD, Adam, Momentum
 from fedcf.federated.phases import server_update
 
 
@@ -74,8 +75,8 @@ CASES = [("sgd", "als", ("server_learning_rate",)), ("sgd", "sgd", ("server_lear
 def test_round_hypergradient_matches_finite_difference(pop, opt, recon, names):
     """d/dz of round t+1's loss at x_{t+1}(z), through round t's aggregate and server step."""
     est = FedReconMF(n_factors=3, n_rounds=10, clients_per_round=30, reconstruction=recon,
-                     recon_steps=10, server_optimizer=opt, dtype="float64",
-                     server_learning_rate=0.5 if opt == "sgd" else 0.2,
+                     recon_steps=10, dtype="float64",
+                     server_optimizer=SGD(0.5) if opt == "sgd" else Momentum(0.2),
                      learn_hyperparams=names, random_state=0)
     est._check_params()
     run = est._start(pop, None)
@@ -97,7 +98,7 @@ def test_round_hypergradient_matches_finite_difference(pop, opt, recon, names):
         return learner, hp, delta, state, params
 
     learner, hp, delta, state, params = step(run.hyper.z.copy())
-    learner.after_step(run.opt_state, state, delta, out, hp, params["Q"].shape)
+    learner.after_step(run.opt, run.opt_state, state, delta, out, hp, params["Q"].shape)
     _, jvp, w = run.executor.tangents(cohort_next, params, learner.tangents, ids_next)
     analytic = w @ jvp / w.sum()
     for h in range(len(names)):
@@ -114,7 +115,7 @@ def test_fedavg_round_hypergradient_matches_finite_difference(pop):
     from fedcf import FedAvgMF
 
     est = FedAvgMF(n_factors=3, n_rounds=10, clients_per_round=30, dtype="float64",
-                   server_optimizer="momentum", server_learning_rate=0.3,
+                   server_optimizer=Momentum(0.3),
                    learn_hyperparams=["server_learning_rate", "momentum"], random_state=0)
     est._check_params()
     run = est._start(pop, None)
@@ -136,7 +137,7 @@ def test_fedavg_round_hypergradient_matches_finite_difference(pop):
                              run.aggregator(out, h, t), h)
 
     state, params, _ = params_at(run.hyper.z.copy())
-    run.hyper.after_step(run.opt_state, state, delta, out, hp, params["Q"].shape)
+    run.hyper.after_step(run.opt, run.opt_state, state, delta, out, hp, params["Q"].shape)
     _, jvp, w = run.executor.tangents(cohort_next, params, run.hyper.tangents, ids_next)
     analytic = w @ jvp / w.sum()
     for h in range(2):
@@ -181,7 +182,7 @@ def test_learning_off_is_todays_run_bit_for_bit(pop):
 
 def test_learned_values_are_recorded_and_move(pop):
     m = FedReconMF(n_factors=3, n_rounds=12, clients_per_round=30, random_state=0,
-                   server_optimizer="momentum", server_learning_rate=0.3,
+                   server_optimizer=Momentum(0.3),
                    learn_hyperparams=("server_learning_rate", "momentum", "weight_exponent"),
                    hyper_learning_rate=0.05).fit(pop)
     lrs = [h["server_learning_rate"] for h in m.history_]
@@ -194,9 +195,9 @@ def test_learned_values_are_recorded_and_move(pop):
 @pytest.mark.parametrize("kw, err, match", [
     (dict(learn_hyperparams="server_learning_rate"), TypeError, "list or tuple"),
     (dict(learn_hyperparams=["lr"]), ValueError, "learn_hyperparams"),
-    (dict(learn_hyperparams=["momentum"]), ValueError, "server_optimizer='momentum'"),
-    (dict(learn_hyperparams=["server_learning_rate"], server_optimizer="adam",
-          server_learning_rate=0.01), ValueError, "'sgd' and 'momentum'"),
+    (dict(learn_hyperparams=["momentum"]), ValueError, "'momentum' needs Momentum"),
+    (dict(learn_hyperparams=["server_learning_rate"], server_optimizer=Adam(0.01)), ValueError,
+     r"server_optimizer=Adam\(learning_rate=0.01.*can learn none"),
     (dict(learn_hyperparams=["server_learning_rate"] * 2), ValueError, "twice"),
     (dict(learn_hyperparams=["server_learning_rate"], hyper_learning_rate=0), ValueError,
      "hyper_learning_rate"),
@@ -204,8 +205,6 @@ def test_learned_values_are_recorded_and_move(pop):
      "hyper_learning_rate"),
     (dict(learn_hyperparams=["server_learning_rate"], hyper_optimizer="rmsprop"), ValueError,
      "hyper_optimizer"),
-    (dict(server_optimizer="momentum", server_optimizer_options={"momentum": 1.0},
-          learn_hyperparams=["momentum"]), ValueError, "momentum"),
     (dict(learn_hyperparams=["weight_exponent"], checkpoint_path="x.ckpt"), ValueError,
      "checkpoint_path"),
     (dict(learn_hyperparams=["server_learning_rate"], hyper_holdout=0.95), ValueError,

@@ -16,6 +16,7 @@ from sklearn.utils import estimator_checks as ec
 from fedcf import FURLMF, CentralizedMF, FedAvgMF, FedReconImplicitMF, FedReconMF, ImplicitMF
 from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
 from fedcf.eval import recon_eval
+from fedcf.federated import SGD, NormClippedMean
 from fedcf.model_selection import PerUserSplit, UserKFold, UserShuffleSplit, recon_scorer
 
 SMALL = dict(n_factors=3, random_state=0)
@@ -126,15 +127,37 @@ def test_cross_val_score_every_estimator(est, df):
 
 def test_grid_search_parallel_equals_serial(df):
     X, y = xy(df)
-    grid = {"learning_rate": [0.1, 0.5], "server_learning_rate": [0.5, 1.0]}
+    grid = {"learning_rate": [0.1, 0.5], "server_optimizer__learning_rate": [0.5, 1.0]}
     kw = dict(cv=UserKFold(2, random_state=0), scoring=recon_scorer("rmse"))
-    one = GridSearchCV(FedReconMF(**FED, **SMALL), grid, n_jobs=1, **kw).fit(X, y)
-    two = GridSearchCV(FedReconMF(**FED, **SMALL), grid, n_jobs=2, **kw).fit(X, y)
+    est = FedReconMF(**FED, **SMALL, server_optimizer=SGD(1.0))
+    one = GridSearchCV(est, grid, n_jobs=1, **kw).fit(X, y)
+    two = GridSearchCV(est, grid, n_jobs=2, **kw).fit(X, y)
     np.testing.assert_array_equal(one.cv_results_["mean_test_score"],
                                   two.cv_results_["mean_test_score"])
     assert one.best_params_ == two.best_params_
     np.testing.assert_array_equal(one.predict(X), two.predict(X))
     assert pickle.loads(pickle.dumps(one.best_estimator_)).score(X, y) == one.best_estimator_.score(X, y)
+
+
+def test_grid_search_over_nested_phase_parameters(df):
+    """Server optimizer and aggregator parameters by their nested names, with a user splitter:
+    every setting is really used (the scores differ, the refitted model has the best values)
+    and the estimator given to the search is left as it was."""
+    X, y = xy(df)
+    opt, agg = SGD(1.0), NormClippedMean(1.0)
+    est = FedReconMF(**FED, **SMALL, server_optimizer=opt, aggregator=agg)
+    grid = {"server_optimizer__learning_rate": [0.3, 1.0], "aggregator__clip_norm": [0.01, 1.0]}
+    search = GridSearchCV(est, grid, cv=UserShuffleSplit(1, test_size=0.25, random_state=0),
+                          scoring=recon_scorer("rmse")).fit(X, y)
+    scores = search.cv_results_["mean_test_score"]
+    assert len(set(np.round(scores, 12))) == 4
+    best = search.best_estimator_
+    assert best.server_optimizer.learning_rate == search.best_params_[
+        "server_optimizer__learning_rate"]
+    assert best.aggregator.clip_norm == search.best_params_["aggregator__clip_norm"]
+    assert (opt.learning_rate, agg.clip_norm) == (1.0, 1.0) and est.server_optimizer is opt
+    with pytest.raises(ValueError, match="SGD: learning_rate must be a positive number"):
+        clone(est).set_params(server_optimizer__learning_rate=-1.0)
 
 
 def test_grid_search_selects_what_a_manual_validation_loop_selects(df):

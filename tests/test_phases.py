@@ -8,7 +8,7 @@ import pytest
 
 from fedcf import FedReconImplicitMF, FedReconMF
 from fedcf.datasets import make_synthetic_ratings
-from fedcf.federated import ClientOutputs, LocalExecutor, RoundHyperparams, WeightedMean
+from fedcf.federated import SGD, ClientOutputs, LocalExecutor, RoundHyperparams, WeightedMean
 from fedcf.federated.contracts import RoundExecutor
 
 FAST = dict(n_factors=3, n_rounds=4, clients_per_round=40, random_state=3)
@@ -70,9 +70,9 @@ class Recording(WeightedMean):
 
 def test_replacing_the_aggregator_and_reading_hyperparameters_from_one_place(pop):
     rec = Recording()
-    m = FedReconMF(**FAST, server_learning_rate=0.7, client_weighting="uniform",
+    m = FedReconMF(**FAST, server_optimizer=SGD(0.7), client_weighting="uniform",
                    aggregator=rec).fit(pop)
-    ref = FedReconMF(**FAST, server_learning_rate=0.7, client_weighting="uniform").fit(pop)
+    ref = FedReconMF(**FAST, server_optimizer=SGD(0.7), client_weighting="uniform").fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
     assert [r for _, _, r in rec.seen] == list(range(FAST["n_rounds"]))
     hp = rec.seen[0][1]

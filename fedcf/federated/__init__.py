@@ -12,7 +12,7 @@ from .contracts import (
 )
 from .fedrecon import FedReconMF
 from .implicit import FedReconImplicitMF
-from .optimizers import OPTIMIZERS, make_server_optimizer
+from .optimizers import OPTIMIZERS, SGD, Adagrad, Adam, Momentum, ServerOptimizer, Yogi
 from .phases import (
     ClientOutputs,
     Cohort,
@@ -39,5 +39,6 @@ __all__ = [
     "LocalExecutor", "RayExecutor",
     # the round
     "ClientOutputs", "Cohort", "GlobalDelta", "RoundHyperparams", "Selector", "server_update",
-    "OPTIMIZERS", "make_server_optimizer",
+    # server optimizers
+    "ServerOptimizer", "SGD", "Momentum", "Adagrad", "Adam", "Yogi", "OPTIMIZERS",
 ]

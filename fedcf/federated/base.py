@@ -14,7 +14,6 @@ from tqdm.auto import tqdm
 from .._kernels.layout import sgd_hp
 from .._validation import (
     Bool,
-    Dict,
     Dtype,
     Int,
     NoneOr,
@@ -31,15 +30,15 @@ from .contracts import Aggregator, Executor, Population, RunContext, phase_rule
 from .guard import STAGES, Diagnosis, DivergenceGuard
 from .hyper import HyperLearner, check_learnable
 from .loop import Checkpointer, Run
-from .optimizers import OPTIMIZERS, make_server_optimizer, server_is_wild
+from .optimizers import ServerOptimizer
 from .phases import RoundHyperparams, Selector
 
 _WEIGHT_EXPONENT = {"num_examples": 1.0, "uniform": 0.0}
 
 FEDERATED_CONSTRAINTS = {
     "n_factors": Int(1), "n_rounds": Int(0), "clients_per_round": Int(1),
-    "server_optimizer": Options(*OPTIMIZERS), "server_learning_rate": Real(0.0, low_open=True),
-    "server_optimizer_options": NoneOr(Dict()), "learning_rate": Real(0.0, low_open=True),
+    "server_optimizer": phase_rule("server_optimizer", ServerOptimizer),
+    "learning_rate": Real(0.0, low_open=True),
     "batch_size": Int(1, 10**9), "update_steps": Int(0, 10**9), "update_epochs": Int(1, 10**6),
     "regularization": Real(0.0), "client_weighting": Options(*_WEIGHT_EXPONENT),
     "min_examples": Int(0), "oversample": Real(0.0, 100.0),
@@ -100,10 +99,8 @@ class FederatedMFBase(MFEstimatorBase):
         """Which parameter to change when ``stage`` of a round produced non-finite values."""
         if stage == "client update":
             return f"lower learning_rate={self.learning_rate} (the client step size)"
-        opts = f" or check server_optimizer_options={self.server_optimizer_options}" \
-            if self.server_optimizer_options else ""
-        return (f"lower server_learning_rate={self.server_learning_rate} (server optimizer "
-                f"{self.server_optimizer!r}){opts}")
+        return (f"lower the server optimizer's learning rate (server_optimizer="
+                f"{self._server_optimizer()!r}; e.g. server_optimizer__learning_rate)")
 
     def _guard(self, inter, mu: float, opt) -> DivergenceGuard:
         """The run's divergence guard: this estimator's advice per stage, a diagnosis on the
@@ -112,7 +109,7 @@ class FederatedMFBase(MFEstimatorBase):
         diagnose = Diagnosis(inter, mu, bool(self.biases), float(self.learning_rate),
                              self._recon_can_diverge()) if inter.holds_ratings else None
         return DivergenceGuard(self._usable_loss(inter), {s: self._blame(s) for s in STAGES},
-                               diagnose, partial(server_is_wild, opt, self.init_scale))
+                               diagnose, partial(opt.is_wild, self.init_scale))
 
     def _checkpointer(self, inter, seed) -> Checkpointer | None:
         if self.checkpoint_path is None:
@@ -218,8 +215,7 @@ class FederatedMFBase(MFEstimatorBase):
         program = self._client_program(inter, mu)
         aggregator = self._aggregator()
         eligible, hyper_select = self._hyper_holdout(eligible, seed)
-        opt = make_server_optimizer(self.server_optimizer, self.server_learning_rate,
-                                    self.server_optimizer_options)
+        opt = self._server_optimizer()
         run = Run(seed=seed, params=params, opt=opt, local=local, program=program,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
                                   self.dropout, _availability(availability, inter),
@@ -278,10 +274,16 @@ class FederatedMFBase(MFEstimatorBase):
         """Phase 3 (aggregate): the ``aggregator`` parameter, else the weighted mean."""
         return phase_rule("aggregator", Aggregator)("aggregator", self.aggregator or "mean")
 
+    def _server_optimizer(self) -> ServerOptimizer:
+        """The ``server_optimizer`` parameter as an object (a fresh copy: a run never changes
+        the parameter)."""
+        opt = phase_rule("server_optimizer", ServerOptimizer)("server_optimizer",
+                                                              self.server_optimizer)
+        return type(opt)(**opt.get_params(deep=False))
+
     def _round_hyperparams(self) -> RoundHyperparams:
-        opt = make_server_optimizer(self.server_optimizer, self.server_learning_rate,
-                                    self.server_optimizer_options)
-        return RoundHyperparams(opt.learning_rate, dict(opt.options),
+        opt = self._server_optimizer()
+        return RoundHyperparams(float(opt.learning_rate), opt.options(),
                                 _WEIGHT_EXPONENT[self.client_weighting])
 
     def _check_memory(self, inter, dtype):

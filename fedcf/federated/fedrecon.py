@@ -64,10 +64,10 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         Fit μ, item and user biases; False gives the paper's plain p·q model.
     n_rounds : int, default 500
     clients_per_round : int, default 100
-    server_optimizer : {"sgd", "momentum", "adagrad", "adam", "yogi"}, default "sgd"
-    server_learning_rate : float, default 1.0
-    server_optimizer_options : dict or None
-        E.g. {"momentum": 0.9}, {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-7}.
+    server_optimizer : {"sgd", "momentum", "adagrad", "adam", "yogi"} or ServerOptimizer
+        A name (its defaults, learning rate 1.0) or an object from ``fedcf.federated``
+        (``SGD(1.0)``, ``Momentum(0.5, momentum=0.9)``, ``Adagrad``, ``Adam``, ``Yogi``); its
+        parameters are nested names (``server_optimizer__learning_rate``).
     learning_rate : float, default 0.5
         Client step size η_u of the update steps.
     batch_size : int, default 5
@@ -189,7 +189,7 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
     _saved_arrays = (*FederatedMFBase._saved_arrays, *CATALOG_ARRAYS)
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
-                 server_optimizer="sgd", server_learning_rate=1.0, server_optimizer_options=None,
+                 server_optimizer="sgd",
                  learning_rate=0.5, batch_size=5, update_steps=50, update_epochs=1,
                  regularization=0.0, client_weighting="num_examples", min_examples=1,
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None, split="random",
@@ -205,8 +205,6 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         self.n_rounds = n_rounds
         self.clients_per_round = clients_per_round
         self.server_optimizer = server_optimizer
-        self.server_learning_rate = server_learning_rate
-        self.server_optimizer_options = server_optimizer_options
         self.learning_rate = learning_rate
         self.batch_size = batch_size
         self.update_steps = update_steps

@@ -26,6 +26,7 @@ import numpy as np
 
 from .._kernels.server import sum_sorted_runs
 from .._validation import NoneOr, Options, Real, Sequence
+from .optimizers import SGD, Adam, ServerOptimizer
 from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, entries
 
 LEARNABLE = ("server_learning_rate", "momentum", "weight_exponent")
@@ -47,14 +48,13 @@ def _sigmoid(z):
 
 @dataclass
 class HyperLearner:
-    """The learned hyperparameters of a run, their hyper-optimizer, and the last step's tangents."""
+    """The learned hyperparameters of a run, their hyper-optimizer (a server optimizer over the
+    raw coordinates z: ``Adam`` or ``SGD``), and the last step's tangents."""
 
     names: tuple
-    learning_rate: float
-    optimizer: str  # "adam" or "sgd"
+    optimizer: ServerOptimizer
     z: np.ndarray  # raw coordinates, in ``names`` order
-    m: np.ndarray = None
-    v: np.ndarray = None
+    state: dict = None  # the hyper-optimizer's
     t: int = 0
     tangents: tuple | None = None  # (TQ (H, n_items, K), Tb (H, n_items)) float64
     last_grad: np.ndarray = field(default=None)
@@ -68,8 +68,8 @@ class HyperLearner:
                                       1 - 1e-3)),
                "weight_exponent": hp.weight_exponent}
         z = np.array([np.clip(raw[n], *_BOUNDS[n]) for n in names], np.float64)
-        learner = cls(tuple(names), float(learning_rate), optimizer, z, np.zeros(len(names)),
-                      np.zeros(len(names)))
+        opt = Adam(learning_rate, epsilon=1e-8) if optimizer == "adam" else SGD(learning_rate)
+        learner = cls(tuple(names), opt, z, opt.init({"z": z}))
         given = {"server_learning_rate": hp.server_learning_rate,
                  "momentum": hp.server_options.get("momentum"),
                  "weight_exponent": hp.weight_exponent}
@@ -110,39 +110,28 @@ class HyperLearner:
         g = (weights[ok] @ jvp[ok]) / weights[ok].sum()
         self.last_grad = g
         self.t += 1
-        if self.optimizer == "adam":
-            self.m = 0.9 * self.m + 0.1 * g
-            self.v = 0.999 * self.v + 0.001 * g * g
-            step = (self.m / (1 - 0.9 ** self.t)) / (np.sqrt(self.v / (1 - 0.999 ** self.t)) + 1e-8)
-        else:
-            step = g
+        self.state, new = self.optimizer.step(self.state, {"z": self.z}, {"z": -g})
         lo = np.array([_BOUNDS[n][0] for n in self.names])
         hi = np.array([_BOUNDS[n][1] for n in self.names])
-        self.z = np.clip(self.z - self.learning_rate * step, lo, hi)
+        self.z = np.clip(new["z"], lo, hi)
         return {f"hypergrad_{n}": float(x) for n, x in zip(self.names, g)}
 
     # ------------------------------------------------------------------ the tangents
-    def after_step(self, state_before: dict, state_after: dict, delta: GlobalDelta,
-                   out: ClientOutputs, hp: RoundHyperparams, shape):
-        """Tangents of the new global model with respect to each z, for the next round."""
+    def after_step(self, opt: ServerOptimizer, state_before: dict, state_after: dict,
+                   delta: GlobalDelta, out: ClientOutputs, hp: RoundHyperparams, shape):
+        """Tangents of the new global model with respect to each z, for the next round: the
+        server optimizer's own (``opt.tangent``), and the weight exponent's through the mean."""
         n_items, K = shape
         eta = hp.server_learning_rate
         H = len(self.names)
         TQ, Tb = np.zeros((H, n_items, K)), np.zeros((H, n_items))
-        momentum = "v" in state_after
         for h, name in enumerate(self.names):
-            if name == "server_learning_rate":
-                if momentum:
-                    TQ[h], Tb[h] = -eta * state_after["v"]["Q"], -eta * state_after["v"]["b"]
-                else:
-                    TQ[h, delta.items], Tb[h, delta.items] = eta * delta.d_Q, eta * delta.d_b
-            elif name == "momentum":
-                beta = hp.server_options["momentum"]
-                s = -eta * beta * (1 - beta)
-                TQ[h], Tb[h] = s * state_before["v"]["Q"], s * state_before["v"]["b"]
-            else:
+            if name == "weight_exponent":
                 items, dQ, db = exponent_derivative(out, hp)
                 TQ[h, items], Tb[h, items] = eta * dQ, eta * db
+            else:
+                TQ[h], Tb[h] = opt.tangent(name, state_before, state_after, delta, eta,
+                                           hp.server_options, shape)
         self.tangents = (TQ, Tb)
 
 
@@ -168,12 +157,13 @@ def check_learnable(est) -> None:
     if len(set(names)) != len(names):
         raise ValueError(f"learn_hyperparams={est.learn_hyperparams!r} names a hyperparameter "
                          "twice")
-    if est.server_optimizer not in ("sgd", "momentum"):
-        raise ValueError(f"learn_hyperparams differentiates through the server step, which fedcf "
-                         f"does for server_optimizer 'sgd' and 'momentum', not "
-                         f"{est.server_optimizer!r}")
-    if "momentum" in names and est.server_optimizer != "momentum":
-        raise ValueError("learning 'momentum' needs server_optimizer='momentum'")
+    opt = est._server_optimizer()
+    for name in names:
+        if name not in opt.learnable:
+            raise ValueError(f"learn_hyperparams differentiates through the server step: "
+                             f"server_optimizer={opt!r} can learn {list(opt.learnable) or 'none'}"
+                             f", not {name!r} (SGD and Momentum have tangents; 'momentum' needs "
+                             "Momentum)")
     if est.aggregator is not None:
         raise ValueError("learn_hyperparams needs aggregator=None: the hypergradients are "
                          "per-client derivatives that the DP, secure and robust aggregators do not "

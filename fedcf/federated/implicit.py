@@ -72,8 +72,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         Confidence slope: an interaction of strength r has confidence 1 + alpha·r.
     recon_regularization : float, default 0.01
         λ of the weighted-ALS reconstruction (> 0).
-    n_rounds, clients_per_round, server_optimizer, server_learning_rate,
-    server_optimizer_options, batch_size, update_steps, update_epochs, regularization,
+    n_rounds, clients_per_round, server_optimizer, batch_size, update_steps, update_epochs, regularization,
     client_weighting, min_examples, oversample, dropout, eval_every, checkpoint_path,
     checkpoint_every, dtype, aggregator, executor, random_state, verbose
         As in FedReconMF.
@@ -106,8 +105,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     }
 
     def __init__(self, n_factors=50, *, alpha=1.0, recon_regularization=0.01, n_rounds=500,
-                 clients_per_round=100, server_optimizer="sgd", server_learning_rate=1.0,
-                 server_optimizer_options=None, learning_rate=0.5, batch_size=5,
+                 clients_per_round=100, server_optimizer="sgd", learning_rate=0.5, batch_size=5,
                  update_steps=50, update_epochs=1, regularization=0.0, negatives=4,
                  negative_weight=1.0, full_negatives=False, split="none", support_fraction=0.5,
                  client_weighting="num_examples", min_examples=1, oversample=0.0, dropout=0.0,
@@ -119,8 +117,6 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         self.n_rounds = n_rounds
         self.clients_per_round = clients_per_round
         self.server_optimizer = server_optimizer
-        self.server_learning_rate = server_learning_rate
-        self.server_optimizer_options = server_optimizer_options
         self.learning_rate = learning_rate
         self.batch_size = batch_size
         self.update_steps = update_steps

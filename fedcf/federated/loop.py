@@ -149,7 +149,8 @@ class Run:
         ts = time.perf_counter() - ts
         self.guard.check_server(t, finite, params)
         if self.hyper is not None:
-            self.hyper.after_step(self.opt_state, state, delta, outputs, hp, params["Q"].shape)
+            self.hyper.after_step(self.opt, self.opt_state, state, delta, outputs, hp,
+                                  params["Q"].shape)
         self.opt_state, self.params = state, params
         rec = self.record(t, cohort, delta, time.perf_counter() - t0, ts)
         rec.update(learned)

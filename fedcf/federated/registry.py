@@ -23,6 +23,13 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "local": "fedcf.federated.phases:LocalExecutor",
         "ray": "fedcf.federated.ray_executor:RayExecutor",
     },
+    "server_optimizer": {
+        "sgd": "fedcf.federated.optimizers:SGD",
+        "momentum": "fedcf.federated.optimizers:Momentum",
+        "adagrad": "fedcf.federated.optimizers:Adagrad",
+        "adam": "fedcf.federated.optimizers:Adam",
+        "yogi": "fedcf.federated.optimizers:Yogi",
+    },
     "estimator": {},  # filled by fedcf._registry (the estimators sit above this package)
 }
 

@@ -22,9 +22,8 @@ _PARAMS_DOC = """
     biases : bool, default True
     n_rounds : int, default 500
     clients_per_round : int, default 100
-    server_optimizer : {"sgd", "momentum", "adagrad", "adam", "yogi"}, default "sgd"
-    server_learning_rate : float, default 1.0
-    server_optimizer_options : dict or None
+    server_optimizer : {"sgd", "momentum", "adagrad", "adam", "yogi"} or ServerOptimizer
+        As in FedReconMF.
     learning_rate : float, default 0.1
         Client step size of the joint user + item steps (the paper's 0.5 diverges here).
     batch_size : int, default 5
@@ -98,7 +97,7 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
                               "rating_scale": RatingScale(), "recon_regularization": Real(0.0)}
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
-                 server_optimizer="sgd", server_learning_rate=1.0, server_optimizer_options=None,
+                 server_optimizer="sgd",
                  learning_rate=0.1, batch_size=5, update_steps=50, update_epochs=1,
                  regularization=0.0, client_weighting="num_examples", min_examples=1,
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None,
@@ -112,8 +111,6 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
         self.n_rounds = n_rounds
         self.clients_per_round = clients_per_round
         self.server_optimizer = server_optimizer
-        self.server_learning_rate = server_learning_rate
-        self.server_optimizer_options = server_optimizer_options
         self.learning_rate = learning_rate
         self.batch_size = batch_size
         self.update_steps = update_steps

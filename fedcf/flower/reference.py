@@ -8,7 +8,7 @@ from ..eval.protocols import federated_recon_eval
 from ..eval.splits import user_split_indices
 from ..federated.fedrecon import FedReconMF
 from .node import load_dataset
-from .server import make_aggregator
+from .server import make_phase
 
 
 def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
@@ -17,7 +17,8 @@ def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
     training users a Flower run with these settings and data config (``node.load_dataset``
     keys) would train on — what the ServerApp must reproduce bit for bit."""
     inter = load_dataset(data)
-    est = FedReconMF(**{**params, "aggregator": make_aggregator(params.get("aggregator"))})
+    est = FedReconMF(**{**params, **{k: make_phase(k, params[k]) for k in
+                                     ("aggregator", "server_optimizer") if k in params}})
     train, test = user_split_indices(inter.n_users, (1 - eval_fraction, eval_fraction),
                                      est._seed())
     t0 = time.perf_counter()

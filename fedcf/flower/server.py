@@ -21,6 +21,7 @@ from ..eval.splits import user_split_indices
 from ..federated import registry
 from ..federated.contracts import RoundExecutor
 from ..federated.fedrecon import FedReconMF
+from ..federated.secagg import SecureAggregation
 from ..federated.phases import ClientOutputs, cohort_order
 from .wire import (
     DIRECTORY_FIELDS,
@@ -97,8 +98,11 @@ class Settings:
         for key in ("wait_seconds", "reply_timeout"):
             if not float(getattr(self, key)) > 0:
                 raise ValueError(f"{key.replace('_', '-')} must be > 0 seconds")
-        self.params = {**self.params, "aggregator": make_aggregator(self.params.get("aggregator"))}
-        if type(self.params["aggregator"]).__name__ == "SecureAggregation":
+        self.params = {**self.params, **{k: make_phase(k, self.params[k]) for k in
+                                         ("aggregator", "server_optimizer") if k in self.params}}
+        agg = self.params.get("aggregator")
+        if isinstance(agg, SecureAggregation) or agg == registry.name_of("aggregator",
+                                                                         SecureAggregation):
             raise ValueError("aggregator=SecureAggregation simulates masking inside one process; "
                              "in a Flower run the server receives every reply in the clear, so "
                              "it would protect nothing. Use a plain, robust or DP aggregator")
@@ -114,22 +118,22 @@ class Settings:
         return self
 
 
-def make_aggregator(spec):
-    """An aggregator object, or one from a JSON spec such as
-    ``{"name": "trimmed-mean", "beta": 0.1}`` (the run config can only carry JSON); the names
-    are the aggregator registry's (``fedcf.federated.registry``)."""
+def make_phase(kind: str, spec):
+    """A phase object (aggregator, server optimizer) as given, or one from a JSON spec such as
+    ``{"name": "trimmed-mean", "beta": 0.1}`` or ``{"name": "adam", "learning_rate": 0.01}``
+    (the run config can only carry JSON); the names are ``fedcf.federated.registry``'s."""
     if spec is None or not isinstance(spec, dict):
         return spec
     kwargs = dict(spec)
     name = kwargs.pop("name", None)
     try:
-        cls = registry.lookup("aggregator", name)
+        cls = registry.lookup(kind, name)
     except ValueError as e:
-        raise ValueError(f"fedcf-params aggregator name: {e}") from None
+        raise ValueError(f"fedcf-params {kind} name: {e}") from None
     try:
         return cls(**kwargs)
     except TypeError as e:
-        raise ValueError(f"fedcf-params aggregator {name}: {e}") from e
+        raise ValueError(f"fedcf-params {kind} {name}: {e}") from e
 
 
 class Refusals:
