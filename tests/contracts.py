@@ -110,11 +110,18 @@ class AggregatorContract:
         agg = self.make()
         assert agg.sampling in ("any", "poisson")
         bound = agg.bind(CONTEXT)
-        eps = bound.epsilon(CONTEXT.n_rounds)
-        if eps is None:
+        acc = bound.accountant
+        if acc is None:
             assert bound.sigma is None
-        else:  # an accountant's amplification by subsampling needs Poisson sampling
-            assert agg.sampling == "poisson" and eps > 0 and bound.sigma > 0
+            return
+        # an accountant's amplification by subsampling needs Poisson sampling
+        assert agg.sampling == "poisson" and bound.sigma > 0 and acc.epsilon() == 0.0
+        q, sigma = bound.round_mechanism()
+        assert q == CONTEXT.clients_per_round / CONTEXT.n_eligible and sigma == bound.sigma
+        acc.compose(q, sigma, CONTEXT.n_rounds)
+        assert acc.epsilon() > 0
+        assert type(acc).from_state(acc.state()).epsilon() == acc.epsilon()
+        assert agg.bind(CONTEXT).accountant.epsilon() == 0.0  # a fresh one per run
 
     def test_set_params_is_checked_when_bound(self):
         agg = self.make()

@@ -180,13 +180,44 @@ def test_row_clip_bounds_each_clients_push_on_each_row():
             CoordinateMedian(row_clip=bad)
 
 
-def test_per_round_accountant_equals_a_fresh_accountant():
-    from fedcf.federated.accounting import RoundAccountant
+def test_accountant_composes_rounds_as_dp_accounting_does():
+    import dp_accounting as dpa
+    from dp_accounting import rdp
 
-    acc = RoundAccountant(0.05, 0.9, 1e-5)
-    for t in (1, 7, 300):
-        assert acc.epsilon(t) == pytest.approx(epsilon(0.05, 0.9, t, 1e-5), rel=1e-9)
-    assert acc.epsilon(0) == 0.0
+    from fedcf.federated.accounting import RdpAccountant
+
+    acc = RdpAccountant(1e-5)
+    assert acc.epsilon() == 0.0
+    for t in range(1, 301):
+        acc.compose(0.05, 0.9)
+        if t in (1, 7, 300):
+            assert acc.epsilon() == pytest.approx(epsilon(0.05, 0.9, t, 1e-5), rel=1e-9)
+    assert acc.state()["events"] == [[0.05, 0.9, 300]]
+    # rounds at another sigma (a resumed run) compose as two mechanisms, not as 400 of the last
+    acc.compose(0.05, 0.6, 100)
+    ref = rdp.RdpAccountant()
+    ref.compose(dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(0.9)), 300)
+    ref.compose(dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(0.6)), 100)
+    assert acc.epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
+    assert acc.epsilon() != pytest.approx(epsilon(0.05, 0.6, 400, 1e-5), rel=1e-3)
+    assert RdpAccountant.from_state(acc.state()).epsilon() == acc.epsilon()
+    with pytest.raises(ValueError, match="not the state of an RdpAccountant"):
+        RdpAccountant.from_state({"events": []})
+
+
+def test_a_resumed_dp_run_restores_the_privacy_spent(pop, tmp_path):
+    kw = dict(n_factors=2, clients_per_round=20, random_state=0,
+              aggregator=DPGaussianMean(1.0, 1.0))
+    full = FedReconMF(n_rounds=6, **kw).fit(pop)
+    ck = tmp_path / "dp.npz"
+    FedReconMF(n_rounds=3, checkpoint_path=ck, **kw).fit(pop)
+    resumed = FedReconMF(n_rounds=6, checkpoint_path=ck, **kw).fit(pop)
+    assert resumed.epsilon_ == full.epsilon_
+    assert [h["epsilon"] for h in resumed.history_] == [h["epsilon"] for h in full.history_]
+    from fedcf._io import load_npz
+
+    _, meta = load_npz(ck, meta_key="__meta__", what="checkpoint")
+    assert meta["accountant"]["events"] == [[20 / pop.n_users, 1.0, 6]]
 
 
 def test_weighted_dp_caps_weights_and_keeps_the_sensitivity():

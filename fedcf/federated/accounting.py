@@ -12,6 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import numpy as np
+
+from .contracts import Accountant
+
 
 @contextlib.contextmanager
 def _quiet():
@@ -58,30 +62,70 @@ def epsilon(q: float, noise_multiplier: float, rounds: int, delta: float) -> flo
         return float(acc.get_epsilon(delta))
 
 
-class RoundAccountant:
-    """ε(δ) after t rounds of one (q, σ), for t = 1, 2, ...: the per-round RDP curve is computed
-    once and scaled by t (composition of identical RDP mechanisms adds their curves), then
-    converted with dp-accounting's own RDP → (ε, δ) conversion. Falls back to a fresh
-    accountant per call if that library's internals change."""
+class RdpAccountant(Accountant):
+    """fedcf's ``Accountant`` on dp-accounting's RDP accountant (the one adapter to that
+    library). Its state is the list of rounds composed so far, as (q, σ, rounds) events, so a
+    checkpoint carries it and a resumed run (even with another σ) goes on from it.
 
-    def __init__(self, q: float, noise_multiplier: float, delta: float):
-        _check(q, delta, 0)
-        self.q, self.sigma, self.delta = q, noise_multiplier, delta
-        dpa, rdp = _dpa()
-        acc = rdp.RdpAccountant()
-        with _quiet():
-            acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(noise_multiplier)), 1)
-        self._orders, self._rdp = getattr(acc, "_orders", None), getattr(acc, "_rdp", None)
+    Each distinct (q, σ) has its per-round RDP curve computed once by dp-accounting; ε(δ) after
+    the events is dp-accounting's own RDP → (ε, δ) conversion of Σ rounds · curve (composition
+    of RDP mechanisms adds their curves).
 
-    def epsilon(self, rounds: int) -> float:
-        if rounds == 0:
+    Examples
+    --------
+    >>> from fedcf.federated.accounting import RdpAccountant
+    >>> acc = RdpAccountant(delta=1e-5)
+    >>> acc.compose(0.01, 1.1, rounds=100)
+    >>> round(acc.epsilon(), 3) == round(epsilon(0.01, 1.1, 100, 1e-5), 3)
+    True
+    """
+
+    def __init__(self, delta: float, events=()):
+        _check(1.0, delta, 0)
+        self.delta, self.events, self._curves = float(delta), [], {}
+        for q, sigma, rounds in events:
+            self.compose(q, sigma, rounds)
+
+    def compose(self, q: float, noise_multiplier: float, rounds: int = 1) -> None:
+        _check(q, self.delta, rounds)
+        if not noise_multiplier > 0:
+            raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier!r}")
+        q, sigma = float(q), float(noise_multiplier)
+        if self.events and self.events[-1][:2] == [q, sigma]:
+            self.events[-1][2] += int(rounds)
+        else:
+            self.events.append([q, sigma, int(rounds)])
+
+    def _curve(self, q: float, sigma: float):
+        key = (q, sigma)
+        if key not in self._curves:
+            dpa, rdp = _dpa()
+            acc = rdp.RdpAccountant()
+            with _quiet():
+                acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), 1)
+            self._curves[key] = (acc.orders, np.asarray(acc.rdp, np.float64))
+        return self._curves[key]
+
+    def epsilon(self) -> float:
+        if not any(r for _, _, r in self.events):
             return 0.0
-        if self._rdp is None:
-            return epsilon(self.q, self.sigma, rounds, self.delta)
-        import numpy as np
         from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
-        return float(compute_epsilon(self._orders, np.asarray(self._rdp) * rounds, self.delta)[0])
+        total, orders = 0.0, None
+        for q, sigma, rounds in self.events:
+            orders, curve = self._curve(q, sigma)
+            total = total + curve * rounds
+        with _quiet():
+            return float(compute_epsilon(orders, total, self.delta)[0])
+
+    def state(self) -> dict:
+        return {"kind": "rdp", "delta": self.delta, "events": [list(e) for e in self.events]}
+
+    @classmethod
+    def from_state(cls, state: dict) -> RdpAccountant:
+        if not isinstance(state, dict) or state.get("kind") != "rdp":
+            raise ValueError(f"not the state of an RdpAccountant: {state!r}")
+        return cls(state["delta"], state["events"])
 
 
 def noise_for_epsilon(target_epsilon: float, q: float, rounds: int, delta: float) -> float:

@@ -125,7 +125,7 @@ class DPGaussianMean(WeightedMean):
 
     def bind(self, context: RunContext) -> DPGaussianMean:
         """Fix q, the rounds, the catalog and the seed of the noise for one run."""
-        from .accounting import RoundAccountant, noise_for_epsilon
+        from .accounting import RdpAccountant, noise_for_epsilon
 
         self.validate()
         n, m = context.n_eligible, context.clients_per_round
@@ -141,7 +141,7 @@ class DPGaussianMean(WeightedMean):
             np.minimum(context.eligible_weights, self.weight_cap).sum() / self.weight_cap)
         bound.context = context
         bound.q, bound.denominator_ = q, q * total
-        bound.accountant = RoundAccountant(q, sigma, self.delta)
+        bound.accountant = RdpAccountant(self.delta)
         return bound
 
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
@@ -166,9 +166,9 @@ class DPGaussianMean(WeightedMean):
             db[delta.items] += delta.d_b
         return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)
 
-    def epsilon(self, rounds: int) -> float:
-        """ε(δ) after ``rounds`` rounds of this run (dp-accounting's RDP accountant)."""
-        return self.accountant.epsilon(rounds)
+    def round_mechanism(self) -> tuple[float, float]:
+        """(q, σ): each round is a Poisson-sampled Gaussian mechanism (per user)."""
+        return self.q, self.sigma
 
     @property
     def sigma(self) -> float | None:

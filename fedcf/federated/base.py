@@ -189,7 +189,7 @@ class FederatedMFBase(MFEstimatorBase):
         run.guard.warn_dropped()
         if run.aggregator.sigma is not None:
             self.noise_multiplier_ = run.aggregator.sigma
-            self.epsilon_ = run.epsilon(self.n_rounds)
+            self.epsilon_ = run.epsilon()
         self._set_globals(run.params)
         self._finish_local_state(run.local)
         self.history_ = run.history

@@ -35,18 +35,21 @@ def data_fingerprint(inter, seed: int) -> dict:
 
 
 def save_checkpoint(path, *, cls: str, params: dict, opt_state: dict, local, done: int,
-                    history: list, fingerprint: dict, run_params: dict) -> None:
+                    history: list, fingerprint: dict, run_params: dict,
+                    accountant: dict | None = None) -> None:
     arrays = {"Q": params["Q"], "b": params["b"], **state_to_arrays(opt_state)}
     if local is not None:
         arrays["P"], arrays["c"] = local
     meta = {"class": cls, "round": done, "fingerprint": fingerprint,
-            "params": {k: repr(v) for k, v in run_params.items()}, "history": history}
+            "params": {k: repr(v) for k, v in run_params.items()}, "history": history,
+            "accountant": accountant}
     atomic_savez(path, arrays, meta, meta_key=_META)
 
 
 def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_rounds: int,
                     expect: dict):
-    """(params, opt_state, local or None, history, round) from ``path``, after checking that it
+    """(params, opt_state, local or None, history, round, accountant state or None) from
+    ``path``, after checking that it
     belongs to this run: same class, parameters and data, and arrays of the expected shapes and
     dtypes (``expect``: name → (shape, dtype)). Any mismatch raises ValueError naming the file
     and what differs; the file is left untouched."""
@@ -79,4 +82,5 @@ def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_ro
             raise ValueError(f"{where}: array {name!r} has non-finite values{keep}")
     params = {"Q": arrays["Q"], "b": arrays["b"]}
     local = (arrays["P"], arrays["c"]) if "P" in expect else None
-    return params, state_from_arrays(arrays), local, meta["history"], done
+    return (params, state_from_arrays(arrays), local, meta["history"], done,
+            meta.get("accountant"))

@@ -180,6 +180,28 @@ class Executor(Params, ABC):
         return None
 
 
+# ---------------------------------------------------------------------- privacy accounting
+class Accountant(ABC):
+    """The privacy spent by a run: ``compose`` one more round (or several) of a Poisson-
+    sampled Gaussian mechanism at rate q and noise multiplier σ; ``epsilon()`` the ε at the
+    accountant's δ; ``state()`` what a checkpoint stores (``from_state`` rebuilds it)."""
+
+    delta: float
+
+    @abstractmethod
+    def compose(self, q: float, noise_multiplier: float, rounds: int = 1) -> None: ...
+
+    @abstractmethod
+    def epsilon(self) -> float: ...
+
+    @abstractmethod
+    def state(self) -> dict: ...
+
+    @classmethod
+    @abstractmethod
+    def from_state(cls, state: dict) -> Accountant: ...
+
+
 # ---------------------------------------------------------------------- aggregators
 class Aggregator(Params, ABC):
     """Phase 3: the round's ClientOutputs → one GlobalDelta.
@@ -187,8 +209,9 @@ class Aggregator(Params, ABC):
     ``linear`` aggregators (``WeightedMean`` and its subclasses that only change per-client
     factors, the denominator or ``finish``) can also be computed from partial sums reduced where
     the clients ran. ``sampling`` is the client sampling the aggregator's guarantee needs
-    ("poisson" for differential privacy; the selector obeys it). ``epsilon(rounds)`` is the
-    privacy spent, or None without an accountant. ``round_stats`` holds the last round's
+    ("poisson" for differential privacy; the selector obeys it). A bound DP aggregator has an
+    ``accountant`` (a fresh ``Accountant`` the run composes ``round_mechanism()`` into after
+    every round and checkpoints); None without DP. ``round_stats`` holds the last round's
     measurements, merged into its history record.
     """
 
@@ -208,9 +231,11 @@ class Aggregator(Params, ABC):
     def __call__(self, out, hp, round_idx: int = 0):
         """The GlobalDelta of the cohort's outputs ``out`` under round hyperparameters ``hp``."""
 
-    def epsilon(self, rounds: int) -> float | None:
-        """ε(δ) of the released model after ``rounds`` rounds, or None without DP."""
-        return None
+    accountant: Accountant | None = None
+
+    def round_mechanism(self) -> tuple[float, float]:
+        """(q, σ) of one round, for the accountant (DP aggregators only)."""
+        raise NotImplementedError(f"{type(self).__name__} adds no noise")
 
     @property
     def sigma(self) -> float | None:

@@ -29,7 +29,8 @@ class Checkpointer:
     def save(self, run: Run, done: int):
         save_checkpoint(self.path, cls=self.cls, params=run.params, opt_state=run.opt_state,
                         local=run.local, done=done, history=run.history,
-                        fingerprint=self.fingerprint, run_params=self.run_params)
+                        fingerprint=self.fingerprint, run_params=self.run_params,
+                        accountant=None if run.accountant is None else run.accountant.state())
         self.last_saved = done
         run.guard.kept = f" (the checkpoint of round {done} is kept in {self.path})"
 
@@ -42,10 +43,16 @@ class Checkpointer:
         if run.local is not None:
             expect["P"] = (run.local[0].shape, run.local[0].dtype)
             expect["c"] = (run.local[1].shape, run.local[1].dtype)
-        params, state, local, history, done = load_checkpoint(
+        params, state, local, history, done, spent = load_checkpoint(
             self.path, cls=self.cls, run_params=self.run_params, fingerprint=self.fingerprint,
             n_rounds=self.n_rounds, expect=expect)
         run.params, run.opt_state, run.history, run.start = params, state, history, done
+        if run.accountant is not None:  # the privacy already spent, as it was spent
+            if spent is None:
+                raise ValueError(f"checkpoint {str(self.path)!r} has no privacy accountant state "
+                                 "(written without DP); it is left untouched — use another "
+                                 "checkpoint_path")
+            run.accountant = type(run.accountant).from_state(spent)
         self.last_saved = done
         run.guard.kept = f" (the checkpoint of round {done} is kept in {self.path})"
         if local is not None:
@@ -71,21 +78,27 @@ class Run:
         self.hyperparams = hyperparams  # RoundHyperparams: the one place a round reads them from
         self.hyper = hyper  # HyperLearner (learned hyperparameters) or None
         self.hyper_select = hyper_select  # Selector of held-out hypergradient clients, or None
+        self.accountant = aggregator.accountant  # composed after every round, checkpointed
         self.history: list[dict] = []
         self.start = 0
         self.timing: dict = {}  # this round's seconds of client work and of the reduce
         if checkpointer is not None:
             checkpointer.resume(self)
 
-    def epsilon(self, rounds: int):
-        """ε(δ) of the released model after ``rounds`` rounds, or None without DP."""
-        return self.aggregator.epsilon(rounds)
+    def epsilon(self):
+        """ε(δ) of the released model after the rounds so far, or None without DP."""
+        return None if self.accountant is None else self.accountant.epsilon()
+
+    def account(self):
+        """Compose this round's mechanism into the accountant (DP aggregators only)."""
+        if self.accountant is not None:
+            self.accountant.compose(*self.aggregator.round_mechanism())
 
     def record(self, t, cohort: Cohort, delta: GlobalDelta, seconds: float,
                server_seconds: float) -> dict:
         """The round's history record: the phases' measurements, merged."""
         s, (n_items, K) = delta.summary, self.params["Q"].shape
-        eps = self.epsilon(t + 1)
+        eps = self.epsilon()
         return {"round": t, "loss": s.loss, "clients_sampled": cohort.n_sampled,
                 "clients_used": s.n_used, "clients_dropped": cohort.n_dropped,
                 "clients_surplus": cohort.n_surplus, "clients_nonfinite": s.n_nonfinite,
@@ -152,6 +165,7 @@ class Run:
             self.hyper.after_step(self.opt, self.opt_state, state, delta, outputs, hp,
                                   params["Q"].shape)
         self.opt_state, self.params = state, params
+        self.account()
         rec = self.record(t, cohort, delta, time.perf_counter() - t0, ts)
         rec.update(learned)
         self.history.append(rec)

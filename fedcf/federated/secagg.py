@@ -131,9 +131,13 @@ class SecureAggregation(WeightedMean):
     def sigma(self):
         return None if self.dp is None else self.dp.sigma
 
-    def epsilon(self, rounds: int):
-        """ε(δ) after ``rounds`` rounds when ``dp`` is set, else None."""
-        return None if self.dp is None else self.dp.epsilon(rounds)
+    @property
+    def accountant(self):
+        """The DP accountant when ``dp`` is set (bound), else None."""
+        return None if self.dp is None else self.dp.accountant
+
+    def round_mechanism(self):
+        return self.dp.round_mechanism()
 
     def bind(self, context: RunContext) -> SecureAggregation:
         self.validate()
