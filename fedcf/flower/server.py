@@ -21,8 +21,8 @@ from ..eval.splits import user_split_indices
 from ..federated import registry
 from ..federated.contracts import RoundExecutor
 from ..federated.fedrecon import FedReconMF
-from ..federated.secagg import SecureAggregation
 from ..federated.phases import ClientOutputs, cohort_order
+from ..federated.secagg import SecureAggregation
 from .wire import (
     DIRECTORY_FIELDS,
     RECON_FIELDS,
