@@ -15,6 +15,21 @@ from fedcf.federated import (
 from fedcf.federated.attacks import AttackedExecutor
 
 
+def _example():
+    """examples/custom_phases.py, imported (its classes are a user's new phases)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "custom_phases.py"
+    spec = importlib.util.spec_from_file_location("custom_phases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = _example()
+
+
 class TestWeightedMean(AggregatorContract):
     make = staticmethod(WeightedMean)
 
@@ -59,3 +74,11 @@ class TestLocalExecutor(ExecutorContract):
 
 class TestHonestAttackedExecutor(ExecutorContract):  # no malicious client: the local outputs
     make = staticmethod(lambda: AttackedExecutor("sign_flip", fraction=0.0))
+
+
+class TestExampleShrunkMean(AggregatorContract):  # a user's aggregator: one class
+    make = staticmethod(lambda: EXAMPLE.ShrunkMean(5.0))
+
+
+class TestExampleTimedExecutor(ExecutorContract):  # a user's executor: one class
+    make = staticmethod(EXAMPLE.TimedExecutor)
