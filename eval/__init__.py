@@ -35,13 +35,14 @@ __all__ = [
 from .protocols import (  # noqa: E402
     bootstrap,
     federated_recon_eval,
+    known_user_eval,
     random_embedding_eval,
     recon_eval,
     standard_eval,
 )
 
-__all__ += ["bootstrap", "federated_recon_eval", "random_embedding_eval", "recon_eval",
-            "standard_eval"]
+__all__ += ["bootstrap", "federated_recon_eval", "known_user_eval", "random_embedding_eval",
+            "recon_eval", "standard_eval"]
 
 from .._topk import top_k  # noqa: E402
 from .offline import (  # noqa: E402

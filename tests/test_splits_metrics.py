@@ -94,3 +94,23 @@ def test_top_k_one_implementation_for_rows_and_vectors():
     assert top_k(s, 3).tolist() == [[1, 2, 4], [0, 1, 2]]  # equal scores keep index order
     assert top_k(s[0], 2).tolist() == [1, 2]
     assert top_k(s, 0).shape == (2, 0) and top_k(s, 99).shape == (2, 5)
+
+
+def test_known_user_eval_equals_standard_eval_and_reconstructs_from_history():
+    from fedcf import CentralizedMF, FedReconMF
+    from fedcf.datasets import make_synthetic_ratings
+    from fedcf.eval import known_user_eval, per_user_time_split, standard_eval
+
+    inter = make_synthetic_ratings(120, 40, 2400, n_factors=3, random_state=3)
+    train, test = per_user_time_split(inter, (0.8, 0.2))
+    central = CentralizedMF(n_factors=3, n_epochs=3, random_state=0).fit(train)
+    got = known_user_eval(central, test.to_dataframe())
+    assert got["rmse"] == pytest.approx(standard_eval(central, test, n_repeats=2)["rmse"],
+                                        rel=1e-9)
+    assert got["users"] == test.to_dataframe()["user"].nunique() and got["rows"] == test.nnz
+    fed = FedReconMF(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0).fit(train)
+    with pytest.raises(ValueError, match="keeps no user data"):
+        known_user_eval(fed, test.to_dataframe())
+    via_history = known_user_eval(fed, test.to_dataframe(), history=train.to_dataframe())
+    assert via_history["rmse"] == pytest.approx(standard_eval(fed, test, n_repeats=2)["rmse"],
+                                                rel=1e-6)

@@ -54,7 +54,7 @@ EXECUTOR_CONSTRAINTS = {"executor": NoneOr(phase_rule("executor", Executor))}
 class FederatedMFBase(MFEstimatorBase):
     """Round loop and parameters shared by the federated estimators (not used directly).
 
-    Subclasses provide ``_client_program(inter, mu)`` (lays out and runs the client kernel) and
+    Subclasses provide ``client_program(inter, mu)`` (lays out and runs the client kernel) and
     may override the local-state and communication hooks below.
     """
 
@@ -150,10 +150,7 @@ class FederatedMFBase(MFEstimatorBase):
                              "samples clients by Poisson sampling, which has no surplus to cut")
 
     def _seed(self) -> int:
-        rs = self.random_state
-        if isinstance(rs, numbers.Integral) and not isinstance(rs, bool):
-            return int(rs) & 0x7FFFFFFFFFFFFFFF
-        return int(check_random_state(rs).randint(0, 2**31 - 1))
+        return run_seed(self.random_state)
 
     # ------------------------------------------------------------------ fit
     @atomic_fit
@@ -212,7 +209,7 @@ class FederatedMFBase(MFEstimatorBase):
             raise ValueError(f"no client has at least min_examples={self.min_examples} examples "
                              f"(the largest has {int(counts.max()) if len(counts) else 0}); "
                              "lower min_examples")
-        program = self._client_program(inter, mu)
+        program = self.client_program(inter, mu)
         aggregator = self._aggregator()
         eligible, hyper_select = self._hyper_holdout(eligible, seed)
         opt = self._server_optimizer()
@@ -301,6 +298,15 @@ class FederatedMFBase(MFEstimatorBase):
     def _set_globals(self, params):
         self.item_factors_ = params["Q"]
         self.item_biases_ = params["b"]
+
+
+def run_seed(random_state) -> int:
+    """The run seed of a federated fit from its ``random_state``: an int as it is (63 bits),
+    else one draw from the RandomState (or fresh entropy for None). Client streams, cohorts and
+    the initial model derive from it; a deployment's server and nodes agree on it."""
+    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
+        return int(random_state) & 0x7FFFFFFFFFFFFFFF
+    return int(check_random_state(random_state).randint(0, 2**31 - 1))
 
 
 def _availability(availability, inter):

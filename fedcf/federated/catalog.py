@@ -181,7 +181,7 @@ class CatalogMixin:
         return int(self.unknown_item_row) + (int(shape[1]) if shape is not None else 0)
 
     def _catalog_program(self, inter, mu):
-        """FedReconMF's client program with a catalog (see ``_client_program``)."""
+        """FedReconMF's client program with a catalog (see ``client_program``)."""
         imap = self._item_map(inter.item_ids, len(self._catalog_ids), self._catalog_ids)
         cfg = client_cfg(self.split, self.support_fraction, self.reconstruction, self.recon_init,
                          self.init_scale, self._recon_lam(), self._recon_lam0())

@@ -259,7 +259,7 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         return sgd_hp(self.recon_learning_rate, self._recon_lam(), self.batch_size, self.recon_steps,
                       self.recon_epochs, mu, self.biases)
 
-    def _client_program(self, inter, mu):
+    def client_program(self, inter, mu):
         if self._catalog_active():
             return self._catalog_program(inter, mu)
         cfg = client_cfg(self.split, self.support_fraction, self.reconstruction, self.recon_init,

@@ -158,7 +158,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     def _usable_loss(self, inter) -> float:
         return 1e4 * (1.0 + self.alpha * inter.value_stats()["mean"])  # the loss of p = 0
 
-    def _client_program(self, inter, mu):
+    def client_program(self, inter, mu):
         cfg = implicit_cfg(self.split, self.support_fraction, self.alpha, self.recon_regularization,
                            self.negatives, self.negative_weight)
         return ImplicitProgram(cfg, self._update_hp(0.0, False), bool(self.full_negatives))

@@ -141,7 +141,7 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
 
     _server_rows = False  # FedAvg: the server stores the user rows
 
-    def _client_program(self, inter, mu):
+    def client_program(self, inter, mu):
         return StatefulProgram(self._update_hp(mu, True), self._server_rows)
 
     def _finish_local_state(self, local):

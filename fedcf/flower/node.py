@@ -130,7 +130,7 @@ def train(own: Interactions, config, glob) -> object:
             len(np.unique(clients)) != len(clients):
         raise NodeDataError("the message's clients must be distinct ids >= 0, one per user")
     est = FedReconMF(**json.loads(config["params"]))
-    program = est._client_program(None, float(config["mu"]))
+    program = est.client_program(None, float(config["mu"]))
     sub = own.subset_users(rows)
     # a CSR over the run's dense ids (only these clients have rows): each client's random
     # stream is keyed by its dense id, as in the simulation

@@ -6,6 +6,7 @@ import time
 
 from ..eval.protocols import federated_recon_eval
 from ..eval.splits import user_split_indices
+from ..federated.base import run_seed
 from ..federated.fedrecon import FedReconMF
 from .node import load_dataset
 from .server import make_phase
@@ -20,9 +21,9 @@ def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
     est = FedReconMF(**{**params, **{k: make_phase(k, params[k]) for k in
                                      ("aggregator", "server_optimizer") if k in params}})
     train, test = user_split_indices(inter.n_users, (1 - eval_fraction, eval_fraction),
-                                     est._seed())
+                                     run_seed(est.random_state))
     t0 = time.perf_counter()
     est.fit(inter.subset_users(train))
     seconds = time.perf_counter() - t0
-    return est, federated_recon_eval(est, inter.subset_users(test), seed=est._seed(),
+    return est, federated_recon_eval(est, inter.subset_users(test), seed=run_seed(est.random_state),
                                      support_fraction=support_fraction), seconds

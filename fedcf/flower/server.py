@@ -19,6 +19,7 @@ from .._kernels.server import finite_clients
 from ..eval.protocols import finish_recon_sums
 from ..eval.splits import user_split_indices
 from ..federated import registry
+from ..federated.base import run_seed
 from ..federated.contracts import RoundExecutor
 from ..federated.fedrecon import FedReconMF
 from ..federated.phases import ClientOutputs, cohort_order
@@ -108,10 +109,11 @@ class Settings:
                              "it would protect nothing. Use a plain, robust or DP aggregator")
         try:
             est = FedReconMF(**self.params)
-            est._check_params()  # names a bad parameter now, not mid-run
+            est.check_params()  # names a bad parameter now, not mid-run
         except TypeError as e:
             raise ValueError(f"fedcf-params: {e}; see help(fedcf.FedReconMF) for the names") from e
-        if est._catalog_active():
+        if any(self.params.get(k) not in (None, False) for k in
+               ("catalog", "local_item_buckets", "unknown_item_row", "learned_default")):
             raise ValueError("fedcf-params: catalog, local_item_buckets, unknown_item_row and "
                              "learned_default are not available in a Flower run yet (its nodes "
                              "run FedReconMF's full-catalog kernel); leave them unset")
@@ -407,7 +409,7 @@ def serve(grid, settings: Settings) -> dict:
     nodes = wait_for_nodes(grid, int(settings.min_nodes), float(settings.wait_seconds))
     directory = Directory.query(grid, nodes, settings.reply_timeout, refusals)
     est = FedReconMF(**settings.params)
-    seed = est._seed()
+    seed = run_seed(est.random_state)
     f = float(settings.eval_fraction)
     train, test = user_split_indices(len(directory.user_ids), (1 - f, f), seed) if f else \
         (np.arange(len(directory.user_ids)), np.zeros(0, np.int64))

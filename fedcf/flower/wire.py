@@ -20,6 +20,7 @@ import json
 
 import numpy as np
 
+from ..federated.base import run_seed
 from ..federated.phases import ClientOutputs
 
 UPLOAD_FIELDS = ("offsets", "items", "d_Q", "d_b", "weights", "losses", "clients")
@@ -71,7 +72,7 @@ def client_params(est) -> str:
     params = est.get_params(deep=False)
     out = {k: params[k] for k in CLIENT_PARAMS}
     out["dtype"] = np.dtype(out["dtype"]).name
-    out["random_state"] = est._seed()
+    out["random_state"] = run_seed(est.random_state)
     return json.dumps(out, sort_keys=True)
 
 

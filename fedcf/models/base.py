@@ -140,6 +140,12 @@ class MFEstimatorBase(BaseEstimator):
         """Every declared parameter rule (named errors); returns the cleaned values."""
         return check_params(self)
 
+    def check_params(self):
+        """Check every parameter now, as ``fit`` does first; a bad value raises an error that
+        names it. Returns self (e.g. to check a configuration before reading any data)."""
+        self._check_params()
+        return self
+
     # ------------------------------------------------------------------ subclass hooks
     def _user_params(self, users: np.ndarray):
         """Local parameters of dense users seen in fit.

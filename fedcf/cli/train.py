@@ -1,0 +1,110 @@
+"""fedcf train: fit a model on a ratings file and save it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from .._registry import ESTIMATORS, IMPLICIT
+from ..datasets import (
+    DataValidationError,
+)
+from .common import SHORTCUTS, UsageError, _data_options, _pyplot, _read, _say
+from .plot import plot_history
+
+
+def _parse_value(text: str):
+    for parse in (json.loads, {"True": True, "False": False, "None": None}.__getitem__):
+        try:
+            return parse(text)
+        except (ValueError, KeyError):
+            pass
+    return text
+
+
+def build_estimator(name: str, args):
+    """The estimator ``name`` with the shortcut flags and ``--set key=value`` applied, its
+    parameters checked before any data is read."""
+    cls = ESTIMATORS[name]
+    est = cls()
+    params = {SHORTCUTS[k]: getattr(args, k) for k in SHORTCUTS if getattr(args, k) is not None}
+    for item in args.set or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--set takes key=value, got {item!r}")
+        params[key] = _parse_value(value)
+    valid = est.get_params()
+    for key in params:
+        if key not in valid:
+            raise UsageError(f"unknown hyperparameter {key!r} for {name}; it takes: "
+                             f"{', '.join(sorted(valid))}")
+    est.set_params(**params)
+    if "verbose" in valid:  # progress bars on a terminal only (never in logs or pipes)
+        est.set_params(verbose=not args.quiet and sys.stderr.isatty())
+    return est.check_params()
+
+
+def _validation_callback(est, args):
+    """Per-round ReconEval on held-out users (``--validation``), stored in ``history_``."""
+    if args.validation is None:
+        return None
+    if "eval_every" not in est.get_params():
+        raise UsageError(f"--validation evaluates during federated rounds; {args.model} is "
+                         "trained centrally (evaluate it after training with fedcf evaluate)")
+    from ..model_selection import recon_scorer
+
+    val = _read(args, args.validation)
+    metric = "ndcg@10" if isinstance(est, IMPLICIT) else "rmse"
+    scorer = recon_scorer(metric, random_state=0)
+    if not est.eval_every:
+        est.set_params(eval_every=max(est.n_rounds // 20, 1))
+
+    def callback(model, round_):
+        value = scorer(model, val)
+        return {metric.replace("@", "_at_"): abs(value) if metric == "rmse" else value}
+
+    return callback
+
+
+def cmd_train(args):
+    est = build_estimator(args.model, args)
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    if args.plot is not None:
+        _pyplot()  # fail before training, not after
+    df = _read(args, args.data)
+    callback = _validation_callback(est, args)
+    kwargs = {"callback": callback} if callback is not None else {}
+    t0 = time.perf_counter()
+    try:
+        est.fit(df, duplicates=args.duplicates, **kwargs)
+    except DataValidationError as exc:
+        raise UsageError(f"{args.data}: {exc}") from None
+    path = est.save(out)
+    _say(args, f"wrote {path}: {type(est).__name__}, {len(est.user_ids_)} users, "
+               f"{len(est.item_ids_)} items, {time.perf_counter() - t0:.1f} s")
+    if args.plot is not None:
+        _say(args, f"wrote {plot_history(est, args.plot)}")
+
+
+def add_parser(sub):
+    p = sub.add_parser("train", help="train a model on a ratings file and save it",
+                       description="Train a model and save it as one .npz (atomically).")
+    p.add_argument("--data", required=True, help="ratings file: CSV/TSV, u.data, ratings.dat, "
+                   ".inter, a GroupLens zip or recbole wheel")
+    p.add_argument("--model", required=True, choices=sorted(ESTIMATORS))
+    p.add_argument("--out", required=True, help="model file to write (.npz)")
+    for flag, param in SHORTCUTS.items():
+        p.add_argument(f"--{flag}", type=int, help=f"= --set {param}=N")
+    p.add_argument("--set", nargs="+", action="extend", metavar="KEY=VALUE",
+                   help="any hyperparameter, e.g. --set learning_rate=0.5 biases=false")
+    p.add_argument("--validation", help="held-out users' file: ReconEval every eval_every "
+                   "rounds, stored in the history (federated models)")
+    p.add_argument("--duplicates", choices=("error", "last", "mean"), default="error",
+                   help="what to do with a repeated (user, item) pair")
+    p.add_argument("--plot", metavar="PNG", help="also write the training-history plot")
+    _data_options(p)
+    return p
