@@ -1,0 +1,112 @@
+"""Versioned save/load of a fitted estimator: one ``.npz`` of arrays plus JSON metadata, written
+atomically, never pickle (``Persistence``, mixed into ``MFEstimatorBase``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .._io import atomic_savez, load_npz
+
+FORMAT_VERSION = 2
+_META = "metadata"
+
+
+def _ids_to_array(ids: np.ndarray, what: str) -> np.ndarray:
+    """Raw ids in a form np.load can read back without pickle."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iufU":
+        return ids
+    if all(isinstance(x, str) for x in ids):
+        return ids.astype(str)
+    if all(isinstance(x, (int, np.integer)) for x in ids):
+        return ids.astype(np.int64)
+    bad = next(x for x in ids if not isinstance(x, (str, int, np.integer)))
+    raise TypeError(
+        f"cannot save {what} id {bad!r} of type {type(bad).__name__}: only str and int ids (one kind "
+        "per model) can be saved without pickle"
+    )
+
+
+class Persistence:
+    """``save`` / ``load`` of a fitted estimator."""
+
+    _saved_arrays: tuple[str, ...] = ("item_factors_", "item_biases_")
+
+    def save(self, path) -> Path:
+        """Write one versioned ``.npz`` (arrays + JSON metadata, no pickle), atomically: a reader
+        sees the old file or the new one, never a part. ``.npz`` is appended to a path that does
+        not end in it. Models that keep user rows also keep each user's seen items (for
+        ``recommend(user=..., filter_seen=True)``); FedRecon models keep no user data at all."""
+        self._check_fitted()
+        path = Path(path)
+        if path.is_dir() or str(path).endswith(os.sep):
+            raise IsADirectoryError(f"cannot save the model to {str(path)!r}: it is a folder; pass "
+                                    "a file name such as folder/model.npz")
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
+        params = self.get_params(deep=False)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "class": type(self).__name__,
+            "params": {k: (str(v) if isinstance(v, (np.dtype, type, os.PathLike)) else
+                           v.tolist() if isinstance(v, np.ndarray) else v)
+                       for k, v in params.items()},
+            "global_mean": float(self.global_mean_),
+            "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
+            "history": getattr(self, "history_", []),
+        }
+        arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None}
+        arrays["user_ids"] = _ids_to_array(self.user_ids_, "user")
+        arrays["item_ids"] = _ids_to_array(self.item_ids_, "item")
+        if "user_factors_" in arrays:
+            inter = getattr(self, "interactions_", None)
+            if inter is not None:
+                arrays["seen_indptr"], arrays["seen_items"] = inter.indptr, inter.items
+            elif getattr(self, "seen_indptr_", None) is not None:
+                arrays["seen_indptr"], arrays["seen_items"] = self.seen_indptr_, self.seen_items_
+        return atomic_savez(path, arrays, meta, meta_key=_META)
+
+    @classmethod
+    def load(cls, path):
+        """Load a model written by ``save`` (refuses another class, a newer format, or a file
+        that is not a complete fedcf model, naming the path)."""
+        arrays, meta = load_npz(path, meta_key=_META, what="model")
+        where = f"model file {str(path)!r}"
+        if meta.get("format_version", 0) > FORMAT_VERSION:
+            raise ValueError(f"{where}: format_version {meta['format_version']} is newer than this "
+                             f"fedcf understands ({FORMAT_VERSION}); upgrade fedcf")
+        if meta.get("class") != cls.__name__:
+            raise ValueError(f"{where} holds a {meta.get('class')}, not a {cls.__name__}; load it "
+                             f"with fedcf.{meta.get('class')}.load")
+        model = cls(**meta["params"])
+        missing = [a for a in ("item_factors_", "item_biases_", "user_ids", "item_ids")
+                   if a not in arrays]
+        if missing:
+            raise ValueError(f"{where} lacks array {missing[0]!r}: damaged or not a fedcf model")
+        for name in cls._saved_arrays:
+            if name in arrays:
+                setattr(model, name, arrays[name])
+        model.user_ids_ = arrays["user_ids"]
+        model.item_ids_ = arrays["item_ids"]
+        if "seen_indptr" in arrays:
+            model.seen_indptr_, model.seen_items_ = arrays["seen_indptr"], arrays["seen_items"]
+        model.global_mean_ = meta["global_mean"]
+        model.rating_scale_ = None if meta["rating_scale"] is None else tuple(meta["rating_scale"])
+        model.history_ = meta["history"]
+        model._check_loaded(where)
+        return model
+
+    def _check_loaded(self, where: str):
+        Q, b = self.item_factors_, self.item_biases_
+        n_items = len(self.item_ids_)
+        ok = Q.ndim == 2 and Q.shape[0] == n_items and b.shape == (n_items,)
+        P = getattr(self, "user_factors_", None)
+        if P is not None:
+            ok = ok and P.shape == (len(self.user_ids_), Q.shape[1]) and \
+                self.user_biases_.shape == (len(self.user_ids_),)
+        if not ok or Q.shape[1] != self.n_factors or Q.dtype.kind != "f":
+            raise ValueError(f"{where}: array shapes do not match (item factors {Q.shape}, "
+                             f"{n_items} item ids, n_factors={self.n_factors}): damaged or edited")
