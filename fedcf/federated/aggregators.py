@@ -118,9 +118,11 @@ class DPGaussianMean(WeightedMean):
         _positive("clip_norm", self.clip_norm)
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier and target_epsilon")
-        for name in ("noise_multiplier", "target_epsilon", "weight_cap"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
+        for name, value in (("noise_multiplier", self.noise_multiplier),
+                            ("target_epsilon", self.target_epsilon),
+                            ("weight_cap", self.weight_cap)):
+            if value is not None:
+                _positive(name, value)
         _positive("delta", self.delta, upper=1.0)
 
     def bind(self, context: RunContext) -> DPGaussianMean:

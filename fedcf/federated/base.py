@@ -61,7 +61,11 @@ class FederatedMFBase(MFEstimatorBase):
     _parameter_constraints = FEDERATED_CONSTRAINTS
     biases = True
     rating_scale = None
+    # parameters that only some federated estimators take, at their "off" value for the rest
     executor = None  # estimators with stateful clients run them in this process
+    learn_hyperparams = None
+    hyper_holdout = 0.0
+    negatives = 0
 
     # ------------------------------------------------------------------ hooks
     def _init_globals(self, inter, rng, dtype) -> dict:
@@ -143,7 +147,7 @@ class FederatedMFBase(MFEstimatorBase):
 
     def _check_combinations(self):
         """Rules that involve several parameters (subclasses extend)."""
-        if getattr(self, "learn_hyperparams", None):
+        if self.learn_hyperparams:
             check_learnable(self)
         if self._aggregator().sampling == "poisson" and self.oversample > 0:
             raise ValueError("oversample must be 0 with DPGaussianMean: differential privacy "
@@ -249,7 +253,7 @@ class FederatedMFBase(MFEstimatorBase):
         """With ``hyper_holdout`` > 0, that share of the eligible users never trains: they are the
         validation population whose loss derivatives drive the learned hyperparameters (a
         ``Selector`` of their own); else the round's own cohort reports them."""
-        frac = getattr(self, "hyper_holdout", 0.0) if getattr(self, "learn_hyperparams", None) \
+        frac = self.hyper_holdout if self.learn_hyperparams \
             else 0.0
         if not frac:
             return eligible, None
@@ -262,7 +266,7 @@ class FederatedMFBase(MFEstimatorBase):
 
     def _make_hyper(self):
         """Learned round hyperparameters (hyper.py), or None: the fixed ones."""
-        if not getattr(self, "learn_hyperparams", None):
+        if not self.learn_hyperparams:
             return None
         return HyperLearner.start(tuple(self.learn_hyperparams), self._round_hyperparams(),
                                   self.hyper_learning_rate, self.hyper_optimizer)
@@ -286,7 +290,7 @@ class FederatedMFBase(MFEstimatorBase):
     def _check_memory(self, inter, dtype):
         K, m = self.n_factors, min(self.clients_per_round, inter.n_users)
         largest = np.sort(inter.counts())[::-1][:int(np.ceil(m * (1 + self.oversample)))]
-        slots = float(largest.sum()) * (1 + getattr(self, "negatives", 0))
+        slots = float(largest.sum()) * (1 + self.negatives)
         check_memory(inter.n_items * (K + 1) * (dtype.itemsize + 6 * 8)  # params, state, dense step
                      + slots * (K + 2) * (dtype.itemsize + 8)  # uploads and their reduction
                      + 2 * ((K + 2) ** 2 * 8 + float(largest[:1].sum()) * (K + 2) * 24)

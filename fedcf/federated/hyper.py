@@ -168,7 +168,7 @@ def check_learnable(est) -> None:
         raise ValueError("learn_hyperparams needs aggregator=None: the hypergradients are "
                          "per-client derivatives that the DP, secure and robust aggregators do not "
                          "protect or bound")
-    if getattr(est, "hyper_holdout", 0.0) and est._keeps_user_rows:
+    if est.hyper_holdout and est._keeps_user_rows:
         raise ValueError("hyper_holdout needs FedReconMF: FedAvg/FURL clients report the loss of "
                          "their stored user rows, which held-out users never train")
     if est.checkpoint_path is not None:

@@ -50,10 +50,10 @@ class ServerOptimizer(Params, ABC):
                 or not (np.isfinite(lr) and lr > 0):
             raise ValueError(f"{type(self).__name__}: learning_rate must be a positive number, "
                              f"got {lr!r}")
-        for k in self.get_params(deep=False):
+        for k, v in self.get_params(deep=False).items():
             if k == "learning_rate":
                 continue
-            v, (lo, hi, open_hi) = getattr(self, k), _OPTION_RANGES[k]
+            lo, hi, open_hi = _OPTION_RANGES[k]
             ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
             if not ok or not np.isfinite(v) or v < lo or (v >= hi if open_hi else v > hi):
                 raise ValueError(f"{type(self).__name__}: {k} must be a number in "
