@@ -46,11 +46,11 @@ from fedcf import _reference as ref
 from fedcf._kernels.als import ridge_cg_rows, ridge_solve_rows
 from fedcf._kernels.layout import ridge_cfg, sgd_hp
 from fedcf._kernels.sgd import gather_ratings, sgd_epoch
-from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.eval import random_split
 from fedcf.federated import Selector
 from fedcf.federated.registry import lookup
+from fedcf.provenance import run_meta, write_json
 
 K = 50
 ROWS: list[dict] = []

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from fedcf._provenance import run_meta, write_json
+from fedcf.provenance import run_meta, write_json
 
 SESSION = [
     "fedcf data fetch 100k",

@@ -33,11 +33,11 @@ import pandas as pd
 from sklearn.linear_model import LogisticRegression
 
 from fedcf import FedReconImplicitMF, ImplicitMF
-from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import CAMPAIGNS, load_open_bandit
 from fedcf.eval import estimate_ctr, off_policy_check, top_k, user_split
 from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log, slate_target_probs
 from fedcf.eval.simulation import make_expression_population
+from fedcf.provenance import run_meta, write_json
 
 
 def scores_for(model, inter):

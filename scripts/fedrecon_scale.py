@@ -17,9 +17,9 @@ import time
 import numba
 
 from fedcf import FedReconMF
-from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
+from fedcf.provenance import run_meta, write_json
 
 
 def main(argv=None):

@@ -147,8 +147,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from fedcf import FedReconMF
-    from fedcf._provenance import run_meta, write_json
     from fedcf.flower import fit_in_process
+    from fedcf.provenance import run_meta, write_json
 
     folder = Path(args.folder or tempfile.mkdtemp(prefix="fedcf_deploy_"))
     params = {"n_factors": 20, "n_rounds": args.rounds, "clients_per_round":

@@ -166,7 +166,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.quick:
         args.partitions, args.rounds, args.clients_per_round = 8, 3, 20
-    from fedcf._provenance import run_meta, write_json
+    from fedcf.provenance import run_meta, write_json
 
     out = {"meta": run_meta("flower_simulation.py", argv, packages=("flwr", "ray")), **run(args)}
     if args.json:

@@ -25,10 +25,10 @@ import time
 import numpy as np
 
 from fedcf import FedReconMF
-from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import VARIANTS, load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
 from fedcf.federated import Momentum
+from fedcf.provenance import run_meta, write_json
 
 LEARN = ("server_learning_rate", "momentum")
 LR_RANGE = (1e-2, 10.0)  # starting server learning rate: log-uniform over this range

@@ -25,9 +25,9 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from fedcf import FedReconImplicitMF, ImplicitMF
-from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import Interactions, load_movielens, load_ratings_file
 from fedcf.eval import random_split, ranking_metrics, support_query_split, user_split
+from fedcf.provenance import run_meta, write_json
 
 METRICS = ("precision", "recall", "ndcg", "map", "hit_rate", "auc")
 

@@ -33,8 +33,6 @@ from sklearn.model_selection import GridSearchCV
 from tqdm.auto import tqdm
 
 from fedcf import CentralizedMF, FedAvgMF, FedReconMF
-from fedcf._provenance import run_meta, write_json
-from fedcf._warmup import BackgroundCompile, CompileClock
 from fedcf.datasets import VARIANTS, Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
 from fedcf.eval import (
     per_user_time_split,
@@ -47,6 +45,8 @@ from fedcf.eval import (
 )
 from fedcf.federated.registry import lookup
 from fedcf.model_selection import UserShuffleSplit, recon_scorer
+from fedcf.provenance import run_meta, write_json
+from fedcf.warmup import BackgroundCompile, CompileClock
 
 CENTRAL = dict(solver="als", regularization=0.1, n_epochs=15)
 # the paper's FedRecon configuration (App. C.1): plain p·q model, k_r = k_u <= 50 steps of batch 5,
@@ -54,7 +54,7 @@ CENTRAL = dict(solver="als", regularization=0.1, n_epochs=15)
 PAPER = dict(biases=False, reconstruction="sgd", recon_steps=50, update_steps=50, batch_size=5,
              recon_learning_rate=0.1, learning_rate=0.5, server_learning_rate=1.0, split="random")
 OURS = dict(biases=True, reconstruction="als", recon_regularization=0.1)
-# fedcf._warmup paths compiled by two worker processes while the rows run, dealt in turn
+# fedcf.warmup paths compiled by two worker processes while the rows run, dealt in turn
 # (worker 1: centralized, fedavg, fedrecon-als; worker 2: fedrecon-sgd, hypergradient, variants)
 BACKGROUND = ["centralized", "fedrecon-sgd", "fedavg", "hypergradient", "fedrecon-als",
               "fedrecon-variants"]
@@ -71,7 +71,7 @@ def estimator(cls, params: dict):
 
 
 def compile_path(cls, params) -> str:
-    """The fedcf._warmup path whose kernels a row's model uses."""
+    """The fedcf.warmup path whose kernels a row's model uses."""
     if cls is CentralizedMF:
         return "centralized"
     if cls is FedAvgMF:

@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 from fedcf import FedReconMF
-from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import (
     Interactions,
     ItemFeatures,
@@ -38,6 +37,7 @@ from fedcf.datasets import (
 from fedcf.eval import support_query_split, user_split
 from fedcf.eval.metrics import rating_metrics
 from fedcf.eval.simulation import make_expression_population
+from fedcf.provenance import run_meta, write_json
 
 FEW = 3  # "few support ratings": the learned default is measured with at most this many
 HASHED = 500  # global hashed rows of the finetuning baselines (the paper's 500 OOV)
@@ -115,7 +115,7 @@ def coverage(model, support, query, in_cat):
     covered = in_cat.copy()
     if model.unknown_item_row:
         covered[:] = True
-    feats = model._features()
+    feats = model.item_features_
     if feats is not None:
         rows = feats.rows_of(raw)
         nnz = np.diff(feats.matrix.indptr)

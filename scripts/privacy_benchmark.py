@@ -27,7 +27,6 @@ import time
 import numpy as np
 
 from fedcf import FedReconMF
-from fedcf._provenance import run_meta, write_json
 from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, top_k, user_split
 from fedcf.federated import (
@@ -43,6 +42,7 @@ from fedcf.federated.attacks import attacked
 from fedcf.federated.implicit import FedReconImplicitMF
 from fedcf.federated.secagg import P, masked
 from fedcf.models.implicit_mf import implicit_fold_in
+from fedcf.provenance import run_meta, write_json
 
 
 def row(name, model, test, t0, **extra):
@@ -94,9 +94,8 @@ def _leakage(train, args, split):
     """Rated-set recovery from one round's uploads, as the server sees them."""
     model = FedReconMF(n_factors=args.factors, n_rounds=20, clients_per_round=args.clients,
                        split=split, random_state=0).fit(train)
-    run = model._start(train, None)
     cohort = Selector(0, np.arange(train.n_users), args.clients)(999)
-    out = run.executor.run(cohort, run.params, np.array([0, 999], np.uint64))
+    out = model.client_uploads(train, cohort.clients, round_idx=999)
     rec_plain, prec_plain, rec_sec, prec_sec, rec_dp, prec_dp = [], [], [], [], [], []
     n_items, K = train.n_items, args.factors
     rng = np.random.default_rng(0)
@@ -142,11 +141,10 @@ def _leakage(train, args, split):
 def embedding_row(train, args):
     m = FedReconImplicitMF(args.factors, n_rounds=20, clients_per_round=args.clients,
                            full_negatives=True, random_state=0).fit(train)
-    run = m._start(train, None)
     cohort = Selector(0, np.arange(train.n_users), args.clients)(999)
-    out = run.executor.run(cohort, run.params, np.array([0, 999], np.uint64))
+    out = m.client_uploads(train, cohort.clients, round_idx=999)
     sub = train.subset_users(cohort.clients)
-    P_true, _ = implicit_fold_in(run.params["Q"], sub.indptr, sub.items, sub.values, m.alpha,
+    P_true, _ = implicit_fold_in(m.item_factors_, sub.indptr, sub.items, sub.values, m.alpha,
                                  m.recon_regularization)
     cos = []
     for k in range(len(cohort.clients)):

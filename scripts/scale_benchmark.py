@@ -114,7 +114,7 @@ def main(argv=None):
             args.executor[0], args.users[0], args.clients_per_round[0]
         print(json.dumps(fit_once(args)))
         return None
-    from fedcf._provenance import run_meta, write_json
+    from fedcf.provenance import run_meta, write_json
 
     rows = []
     for users in args.users:

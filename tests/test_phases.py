@@ -145,3 +145,21 @@ def test_a_ray_executor_without_ray_installed_says_how_to_install_it(pop, monkey
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails
     with pytest.raises(ImportError, match=r"pip install 'fedcf\[ray\]'"):
         FedReconMF(**FAST, executor=RayExecutor(2)).fit(pop)
+
+
+def test_client_uploads_are_what_a_round_sends(pop):
+    """The public transcript of one round at the fitted model equals the round's own outputs
+    (n_rounds=0: the fitted model is the initial one, what round 0 broadcasts)."""
+    m = FedReconMF(**{**FAST, "n_rounds": 0}).fit(pop)
+    run = m._start(pop, None)
+    cohort = run.select(0)
+    want = run.executor.run(cohort, run.params, np.array([run.seed, 0], np.uint64))
+    got = m.client_uploads(pop, cohort.clients, round_idx=0)
+    for f in ("offsets", "items", "d_Q", "d_b", "weights", "losses", "clients"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+    with pytest.raises(ValueError, match="clients must be a 1-D array of user positions"):
+        m.client_uploads(pop, [pop.n_users])
+    from fedcf import FedAvgMF
+
+    with pytest.raises(ValueError, match="keeps user rows between rounds"):
+        FedAvgMF(**FAST).fit(pop).client_uploads(pop, [0])

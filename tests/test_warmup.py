@@ -1,4 +1,4 @@
-"""Compiling kernels ahead of use (fedcf._warmup, ``fedcf compile``), and that its paths cover
+"""Compiling kernels ahead of use (fedcf.warmup, ``fedcf compile``), and that its paths cover
 the main job: after they ran, the main job compiles nothing."""
 
 import subprocess
@@ -9,9 +9,9 @@ import pytest
 from conftest import load_script
 from numba import njit
 
-from fedcf import _warmup
-from fedcf._warmup import BackgroundCompile, CompileClock, check_paths, compile_kernels
+from fedcf import warmup as _warmup
 from fedcf.cli import main as cli
+from fedcf.warmup import BackgroundCompile, CompileClock, check_paths, compile_kernels
 
 
 def test_paths_are_checked_by_name():

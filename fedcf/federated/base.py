@@ -31,7 +31,7 @@ from .guard import STAGES, Diagnosis, DivergenceGuard
 from .hyper import HyperLearner, check_learnable
 from .loop import Checkpointer, Run
 from .optimizers import ServerOptimizer
-from .phases import RoundHyperparams, Selector
+from .phases import Cohort, RoundHyperparams, Selector
 
 _WEIGHT_EXPONENT = {"num_examples": 1.0, "uniform": 0.0}
 
@@ -197,6 +197,33 @@ class FederatedMFBase(MFEstimatorBase):
         if run.hyper is not None:
             self.learned_hyperparams_ = run.hyper.values()
         return self
+
+    def client_uploads(self, X, clients, round_idx: int = 0):
+        """What the server receives in round ``round_idx`` from ``clients`` (positions of users
+        in ``X``) at the fitted global model: their ``ClientOutputs``, the transcript that a
+        leakage audit attacks (``scripts/privacy_benchmark.py``). For estimators whose clients
+        keep no state between rounds."""
+        self._check_fitted()
+        if self._keeps_user_rows:
+            raise ValueError(f"{type(self).__name__} keeps user rows between rounds; its uploads "
+                             "depend on the whole training run, not on the fitted model alone")
+        inter = Interactions.coerce(X)
+        clients = np.asarray(clients, np.int64)
+        if clients.ndim != 1 or (clients.size and not 0 <= clients.min() <= clients.max()
+                                 < inter.n_users):
+            raise ValueError(f"clients must be a 1-D array of user positions in [0, "
+                             f"{inter.n_users}), got {clients!r}")
+        program = self.client_program(inter, float(self.global_mean_))
+        ex = self._executor().bind(program, (inter.indptr, inter.items, inter.values))
+        try:
+            return ex.run(Cohort(clients, len(clients), 0, 0), self._global_params(),
+                          np.array([self._seed(), round_idx], np.uint64))
+        finally:
+            ex.close()
+
+    def _global_params(self) -> dict:
+        """The fitted global parameters as a round sees them."""
+        return {"Q": self.item_factors_, "b": self.item_biases_}
 
     def _start(self, inter, availability, callback=None) -> Run:
         """Initial global parameters (or a checkpoint's), and the phases of this run."""

@@ -165,6 +165,17 @@ class CatalogMixin:
         self.feature_values_ = m.data
         self.feature_shape_ = np.array(m.shape, np.int64)
 
+    @property
+    def item_features_(self):
+        """The item features the model was fitted with (``ItemFeatures``), or None."""
+        return self._features()
+
+    def _global_params(self) -> dict:
+        if self._catalog_active():
+            raise ValueError("client_uploads is not available with catalog options yet (their "
+                             "clients also hold local item rows)")
+        return super()._global_params()
+
     def _features(self):
         """The stored item features (ItemFeatures), or None."""
         if getattr(self, "feature_shape_", None) is None:

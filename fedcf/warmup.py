@@ -198,7 +198,7 @@ def _run_paths(paths, report=None) -> dict[str, float]:
 def _worker(paths, *, nice: int = 0) -> subprocess.Popen:
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     preexec = (lambda: os.nice(nice)) if nice and hasattr(os, "nice") else None
-    return subprocess.Popen([sys.executable, "-m", "fedcf._warmup", *paths], env=env,
+    return subprocess.Popen([sys.executable, "-m", "fedcf.warmup", *paths], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             preexec_fn=preexec)
 
