@@ -30,6 +30,7 @@ from .._kernels.layout import OC_DEFAULT, catalog_cfg, client_cfg
 from ..datasets import DataValidationError, Interactions, ItemFeatures, hash_buckets
 from ..datasets._validation import show
 from ..models.base import LocalParams, _as_pairs, _as_ratings, _ids_to_array, content_key, user_keys
+from ..models.prediction import inference_keys
 from .contracts import WholeModelBroadcast
 
 
@@ -281,12 +282,10 @@ class CatalogMixin:
         n = len(support[0]) - 1
         pred, P, c = np.empty(len(query[1])), np.empty((n, self.n_factors)), np.empty(n)
         cfg, cc, hp = self._recon_settings()
-        from .fedrecon import _inference_keys
-
         row_lo = {None: -1, "all": 0, "adapter": len(self.item_ids_)}[finetune]
         ft_hp = np.concatenate([[row_lo], self._update_hp(float(self.global_mean_), False)])
         catalog_recon_predict(sup, qry, self._glob(), imap, cfg, cc, hp, ft_hp,
-                              _inference_keys(self._seed(), keys), (pred, P, c))
+                              inference_keys(self._seed(), keys), (pred, P, c))
         return pred, P, c
 
     # ------------------------------------------------------------------ public API
@@ -339,9 +338,7 @@ class CatalogMixin:
         items, ratings = _history(items, ratings)
         cfg, cc, hp = self._recon_settings()
         G, gb = self._glob()
-        from .fedrecon import _inference_keys
-
-        key = _inference_keys(self._seed(), np.array(
+        key = inference_keys(self._seed(), np.array(
             [content_key(hash_buckets(items, 2**62), ratings)], np.uint64))[0]
         x, lb, V, dv = reconstruct_one(np.arange(len(items), dtype=np.int64), ratings, G, gb,
                                        self._item_map(items, len(self.item_ids_)), cfg, cc, hp,

@@ -10,10 +10,10 @@ import numpy as np
 from .._kernels.clients import fedrecon_clients, query_sizes
 from .._kernels.hypergrad import fedrecon_tangent_clients
 from .._kernels.layout import HP_OFFSET, SPLITS, client_cfg, recon_init_cfg, sgd_hp
-from .._kernels.rng import stream_keys
 from .._kernels.sgd import sgd_reconstruct_rows
 from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
 from ..models.base import RatingScoreMixin
+from ..models.prediction import inference_keys
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .catalog import CATALOG_ARRAYS, CATALOG_CONSTRAINTS, CatalogMixin
 from .contracts import WholeModelBroadcast
@@ -284,7 +284,7 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         sgd_reconstruct_rows(indptr, items, values, (self.item_factors_, self.item_biases_),
                              self._recon_hp(float(self.global_mean_)),
                              recon_init_cfg(self.recon_init, self.init_scale),
-                             _inference_keys(self._seed(), keys), (P, c))
+                             inference_keys(self._seed(), keys), (P, c))
         bad = ~(np.isfinite(P).all(axis=1) & np.isfinite(c)) | \
             (np.abs(P).max(axis=1, initial=0.0) > np.finfo(dt).max)
         if bad.any():
@@ -295,11 +295,3 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
             P[bad] = np.nan
             c[bad] = np.nan
         return P.astype(dt), c.astype(dt)
-
-
-_EVAL_STREAM = np.uint64(2**40 + 17)  # distinguishes inference streams from training rounds
-
-
-def _inference_keys(seed: int, keys: np.ndarray) -> np.ndarray:
-    """Stream seed of each user at inference: a mix of the model's seed and the user's key."""
-    return stream_keys(np.uint64(seed), _EVAL_STREAM, np.ascontiguousarray(keys, np.uint64))

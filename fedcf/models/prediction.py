@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .._kernels.predict import predict_pairs
+from .._kernels.rng import stream_keys
 from .._topk import top_k
 from ..datasets import DataValidationError, Interactions
 
@@ -26,6 +27,14 @@ def content_key(items: np.ndarray, ratings: np.ndarray) -> np.uint64:
     h.update(np.ascontiguousarray(items, np.int64).tobytes())
     h.update(np.ascontiguousarray(ratings, np.float64).tobytes())
     return np.frombuffer(h.digest(), np.uint64)[0]
+
+
+_EVAL_STREAM = np.uint64(2**40 + 17)  # distinguishes inference streams from training rounds
+
+
+def inference_keys(seed: int, keys: np.ndarray) -> np.ndarray:
+    """Stream seed of each user at inference: a mix of the model's seed and the user's key."""
+    return stream_keys(np.uint64(seed), _EVAL_STREAM, np.ascontiguousarray(keys, np.uint64))
 
 
 @dataclass(frozen=True)
