@@ -7,7 +7,18 @@ import pandas as pd
 
 
 class DataValidationError(ValueError):
-    """Raised when interaction data is malformed (missing column, NaN rating, duplicate pair, ...)."""
+    """Raised when interaction data is malformed (missing column, NaN rating, duplicate pair, ...).
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from fedcf.datasets import DataValidationError, Interactions
+    >>> try:
+    ...     Interactions.coerce(pd.DataFrame({"user": [1], "item": [2], "rating": [float("nan")]}))
+    ... except DataValidationError as e:
+    ...     print("refused")
+    refused
+    """
 
 
 def show(value) -> str:

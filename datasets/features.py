@@ -33,6 +33,22 @@ class ItemFeatures:
     Build it with ``ItemFeatures.coerce`` from a DataFrame (index: raw item ids, numeric columns),
     an ``(item_ids, matrix)`` pair (matrix dense or scipy sparse), or another ItemFeatures; every
     value must be finite and every id distinct.
+
+    Parameters
+    ----------
+    item_ids : ndarray
+        Raw item id of each row (distinct).
+    matrix : scipy.sparse.csr_matrix (n_items, n_features), float64
+    names : tuple of str
+        Feature names (may be empty).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.datasets import ItemFeatures
+    >>> feats = ItemFeatures.coerce((np.array([10, 20]), np.array([[1.0, 0.0], [0.0, 1.0]])))
+    >>> feats.matrix.shape
+    (2, 2)
     """
 
     item_ids: np.ndarray

@@ -76,6 +76,16 @@ class Interactions:
     timestamps : float64 array (nnz,) or None
     user_ids, item_ids : arrays
         Raw ids; ``user_ids[u]`` is the raw id of dense user ``u``. Any hashable type.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from fedcf.datasets import Interactions
+    >>> df = pd.DataFrame({"user": ["a", "a", "b"], "item": [10, 20, 10],
+    ...                    "rating": [4.0, 3.0, 5.0]})
+    >>> inter = Interactions.coerce(df)
+    >>> inter.n_users, inter.n_items, inter.counts().tolist()
+    (2, 2, [2, 1])
     """
 
     indptr: np.ndarray

@@ -57,7 +57,14 @@ _COLUMNS = ["user", "item", "rating", "timestamp"]
 
 
 class DataUnavailableError(RuntimeError):
-    """No source could provide the dataset; the message says how to pass a local file."""
+    """No source could provide the dataset; the message says how to pass a local file.
+
+    Examples
+    --------
+    >>> from fedcf.datasets import DataUnavailableError
+    >>> issubclass(DataUnavailableError, RuntimeError)
+    True
+    """
 
 
 # ---------------------------------------------------------------------- parsing

@@ -41,6 +41,13 @@ class SyntheticPopulation:
     noise : float, default 0.5
         Standard deviation of the rating noise before rounding.
     random_state : int, default 0
+
+    Examples
+    --------
+    >>> from fedcf.datasets import SyntheticPopulation
+    >>> spec = SyntheticPopulation(1000, 50, ratings_per_user=10, random_state=0)
+    >>> spec.to_interactions().n_users
+    1000
     """
 
     n_users: int

@@ -11,7 +11,25 @@ from .interactions import Interactions
 
 @dataclass(frozen=True)
 class SyntheticTruth:
-    """Ground truth behind a synthetic population (dense ids of the returned Interactions)."""
+    """Ground truth behind a synthetic population (dense ids of the returned Interactions).
+
+    Parameters
+    ----------
+    user_factors, item_factors : ndarray
+        The generating factors (dense ids of the returned Interactions).
+    user_biases, item_biases : ndarray
+    global_mean : float
+    activity, popularity : ndarray
+        Each user's and item's sampling weight.
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> inter, truth = make_synthetic_ratings(30, 10, 200, n_factors=3, random_state=0,
+    ...                                       return_truth=True)
+    >>> truth.user_factors.shape, truth.item_factors.shape
+    ((30, 3), (10, 3))
+    """
 
     user_factors: np.ndarray
     item_factors: np.ndarray

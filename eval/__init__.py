@@ -1,5 +1,6 @@
 """fedcf.eval: splits, metrics, evaluation protocols and simulations."""
 
+from .._topk import top_k
 from .metrics import (
     mae,
     per_user_rating_metrics,
@@ -8,6 +9,22 @@ from .metrics import (
     rmse,
     round_to_scale,
     rounded_accuracy,
+)
+from .offline import (
+    ESTIMATORS,
+    PositionActionRewardModel,
+    estimate_ctr,
+    off_policy_check,
+    relative_errors,
+    validate_log,
+)
+from .protocols import (
+    bootstrap,
+    federated_recon_eval,
+    known_user_eval,
+    random_embedding_eval,
+    recon_eval,
+    standard_eval,
 )
 from .splits import (
     device_support_query_split,
@@ -18,43 +35,29 @@ from .splits import (
 )
 
 __all__ = [
+    "bootstrap",
     "device_support_query_split",
+    "estimate_ctr",
+    "ESTIMATORS",
+    "federated_recon_eval",
+    "known_user_eval",
     "mae",
+    "off_policy_check",
     "per_user_rating_metrics",
     "per_user_time_split",
+    "PositionActionRewardModel",
+    "random_embedding_eval",
     "random_split",
     "ranking_metrics",
     "rating_metrics",
+    "recon_eval",
+    "relative_errors",
     "rmse",
     "round_to_scale",
     "rounded_accuracy",
+    "standard_eval",
     "support_query_split",
+    "top_k",
     "user_split",
+    "validate_log",
 ]
-
-from .protocols import (  # noqa: E402
-    bootstrap,
-    federated_recon_eval,
-    known_user_eval,
-    random_embedding_eval,
-    recon_eval,
-    standard_eval,
-)
-
-__all__ += ["bootstrap", "federated_recon_eval", "known_user_eval", "random_embedding_eval",
-            "recon_eval", "standard_eval"]
-
-from .._topk import top_k  # noqa: E402
-from .offline import (  # noqa: E402
-    ESTIMATORS,
-    PositionActionRewardModel,
-    estimate_ctr,
-    off_policy_check,
-    relative_errors,
-    validate_log,
-)
-
-__all__ += ["top_k"]
-
-__all__ += ["ESTIMATORS", "PositionActionRewardModel", "estimate_ctr", "off_policy_check",
-            "relative_errors", "validate_log"]

@@ -198,6 +198,17 @@ class PositionActionRewardModel:
 
     q̂(a, k) = (clicks(a, k) + m · ctr(k)) / (shows(a, k) + m), where ctr(k) is the position's
     mean; ``m`` (prior strength) shrinks rarely shown pairs to their position's mean.
+
+    Parameters
+    ----------
+    prior_strength : float, default 20
+        m, the pseudo-count of the position's mean click rate.
+
+    Examples
+    --------
+    >>> from fedcf.eval import PositionActionRewardModel
+    >>> PositionActionRewardModel(prior_strength=5.0).prior_strength
+    5.0
     """
 
     def __init__(self, prior_strength: float = 20.0):

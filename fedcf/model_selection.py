@@ -92,6 +92,15 @@ class UserKFold(_UserSplitter):
     random_state : int, RandomState or None
     user_col : str
         The user column of a DataFrame X (an array X has users in column 0).
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from fedcf.model_selection import UserKFold
+    >>> X = pd.DataFrame({"user": [1, 1, 2, 3, 3, 4], "item": [1, 2, 1, 1, 2, 2]})
+    >>> folds = [set(X.user.iloc[test]) for _, test in UserKFold(2, random_state=0).split(X)]
+    >>> [len(f) for f in folds], folds[0] & folds[1]
+    ([2, 2], set())
     """
 
     def __init__(self, n_splits=5, *, shuffle=True, random_state=None, user_col="user"):
@@ -118,6 +127,15 @@ class UserShuffleSplit(_UserSplitter):
         Fraction of users held out (at least one, and at least one left to train on).
     random_state : int, RandomState or None
     user_col : str
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from fedcf.model_selection import UserShuffleSplit
+    >>> X = pd.DataFrame({"user": [1, 1, 2, 3, 3, 4], "item": [1, 2, 1, 1, 2, 2]})
+    >>> train, test = next(UserShuffleSplit(1, test_size=0.25, random_state=0).split(X))
+    >>> len(set(X.user.iloc[test]))
+    1
     """
 
     def __init__(self, n_splits=5, *, test_size=0.2, random_state=None, user_col="user"):
@@ -141,6 +159,25 @@ class PerUserSplit(BaseCrossValidator):
     Each user keeps at least one training row; a user's test count is ``test_size`` × their
     rows, rounded. ``order="random"`` draws the rows at random, ``n_splits`` independent times;
     ``order="time"`` holds out each user's latest rows by ``time_col`` (one split).
+
+    Parameters
+    ----------
+    n_splits : int, default 1
+    test_size : float in (0, 1), default 0.2
+    order : {"random", "time"}, default "random"
+    random_state : int, RandomState or None
+    user_col, time_col : str
+        Columns of X holding the user id and the timestamp.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from fedcf.model_selection import PerUserSplit
+    >>> X = pd.DataFrame({"user": [1, 1, 1, 2, 2], "item": [1, 2, 3, 1, 3],
+    ...                   "timestamp": [1, 2, 3, 1, 2]})
+    >>> train, test = next(PerUserSplit(order="time", test_size=0.4).split(X))
+    >>> sorted(test.tolist())
+    [2, 4]
     """
 
     def __init__(self, n_splits=1, *, test_size=0.2, order="random", random_state=None,

@@ -225,7 +225,22 @@ class _RowStatistic(WeightedMean):
 
 class TrimmedMean(_RowStatistic):
     """Coordinate-wise β-trimmed mean (Yin et al. 2018): per item and coordinate, drop the
-    floor(β·n) smallest and largest of the n touching clients' values, average the rest."""
+    floor(β·n) smallest and largest of the n touching clients' values, average the rest.
+
+    Parameters
+    ----------
+    beta : float in [0, 0.5), default 0.1
+        Share trimmed from each end, per item and coordinate.
+    row_clip : float > 0 or None
+        Clip each client's delta on each row to this L2 norm first.
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import TrimmedMean
+    >>> FedReconMF(aggregator=TrimmedMean(0.2, row_clip=1.0)).get_params()["aggregator__beta"]
+    0.2
+    """
 
     def __init__(self, beta: float = 0.1, row_clip: float | None = None):
         self.beta, self.row_clip = beta, row_clip
@@ -240,7 +255,19 @@ class TrimmedMean(_RowStatistic):
 
 
 class CoordinateMedian(_RowStatistic):
-    """Coordinate-wise median (Yin et al. 2018) of the touching clients' deltas."""
+    """Coordinate-wise median (Yin et al. 2018) of the touching clients' deltas.
+
+    Parameters
+    ----------
+    row_clip : float > 0 or None
+        Clip each client's delta on each row to this L2 norm first.
+
+    Examples
+    --------
+    >>> from fedcf.federated import CoordinateMedian
+    >>> CoordinateMedian(row_clip=0.5)
+    CoordinateMedian(row_clip=0.5)
+    """
 
     median = True
 
@@ -264,6 +291,20 @@ class FoolsGoldMean(WeightedMean):
     is Σ w_k α_k Δ_k / Σ w_k α_k. Clients stay stateless: only the round's cohort is compared,
     so a sybil alone in its cohort passes. It needs each upload in the clear (not under secure
     aggregation), and costs a sparse m × m similarity per round.
+
+    Parameters
+    ----------
+    kappa : float > 0, default 1
+        Steepness of the logit mapping of the similarity score.
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> FedReconMF(aggregator="foolsgold").check_params().aggregator
+    'foolsgold'
+    >>> from fedcf.federated import FoolsGoldMean
+    >>> FoolsGoldMean(kappa=2.0).kappa
+    2.0
     """
 
     linear = False  # α of a client depends on the whole cohort

@@ -78,7 +78,25 @@ class Params:
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a phase object may know about the run it is bound to (and nothing else)."""
+    """What a phase object may know about the run it is bound to (and nothing else).
+
+    Parameters
+    ----------
+    n_eligible : int
+        Clients that may ever be sampled.
+    clients_per_round, n_rounds, n_items, n_factors, seed : int
+    biases : bool, default True
+    eligible_weights : ndarray or None
+        Each eligible client's aggregation weight.
+
+    Examples
+    --------
+    >>> from fedcf.federated import DPGaussianMean, RunContext
+    >>> ctx = RunContext(n_eligible=1000, clients_per_round=50, n_rounds=100, n_items=200,
+    ...                  n_factors=8, seed=0)
+    >>> DPGaussianMean(1.0, 1.0).bind(ctx).round_mechanism()
+    (0.05, 1.0)
+    """
 
     n_eligible: int  # clients that may ever be sampled
     clients_per_round: int
@@ -96,7 +114,16 @@ class Population(Protocol):
     """The clients of a fit: ``Interactions`` (here), a ``RemotePopulation`` (on Ray shards) or
     a ``FlowerPopulation`` (on Flower nodes). ``executor`` is None when the clients' data are
     in this process, else the round executor that runs them where they are; ``holds_ratings``
-    says whether this process can read a client's ratings (a deployment's server cannot)."""
+    says whether this process can read a client's ratings (a deployment's server cannot).
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> from fedcf.federated import Population
+    >>> pop = make_synthetic_ratings(30, 10, 200, random_state=0)
+    >>> isinstance(pop, Population), pop.executor is None, pop.holds_ratings
+    (True, True, True)
+    """
 
     n_users: int
     n_items: int
@@ -112,7 +139,18 @@ class Population(Protocol):
 
 @runtime_checkable
 class ClientProgram(Protocol):
-    """One algorithm's client work (FedReconProgram, StatefulProgram, ImplicitProgram, ...)."""
+    """One algorithm's client work (FedReconProgram, StatefulProgram, ImplicitProgram, ...).
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> from fedcf.federated import ClientProgram
+    >>> pop = make_synthetic_ratings(30, 10, 200, random_state=0)
+    >>> program = FedReconMF(n_factors=4).client_program(pop, mu=3.0)
+    >>> isinstance(program, ClientProgram), program.values_down(10, 4, n_clients=2)
+    (True, 102)
+    """
 
     def layout(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(aggregation weight, output slots) of each client, from its example count."""
@@ -132,7 +170,14 @@ class ClientProgram(Protocol):
 
 class WholeModelBroadcast:
     """Communication of a client program whose clients download the whole global model (and a
-    round seed) and upload only their row deltas (counted by the aggregator)."""
+    round seed) and upload only their row deltas (counted by the aggregator).
+
+    Examples
+    --------
+    >>> from fedcf.federated.contracts import WholeModelBroadcast
+    >>> WholeModelBroadcast().values_down(n_items=100, K=8, n_clients=10)
+    9010
+    """
 
     def values_down(self, n_items: int, K: int, n_clients: int) -> int:
         return n_clients * (n_items * (K + 1) + 1)
@@ -143,7 +188,18 @@ class WholeModelBroadcast:
 
 # ---------------------------------------------------------------------- executors
 class RoundExecutor(ABC):
-    """An executor bound to one run's program and data (``Executor.bind``)."""
+    """An executor bound to one run's program and data (``Executor.bind``).
+
+    Examples
+    --------
+    >>> from fedcf.federated import RoundExecutor
+    >>> class Logged(RoundExecutor):  # runs another round executor, counting its calls
+    ...     def __init__(self, inner):
+    ...         self.inner, self.counts, self.calls = inner, inner.counts, 0
+    ...     def run(self, cohort, params, ids):
+    ...         self.calls += 1
+    ...         return self.inner.run(cohort, params, ids)
+    """
 
     counts: np.ndarray  # examples per client (dense id)
     round_stats: dict = {}  # this round's measurements, merged into its history record
@@ -167,7 +223,17 @@ class RoundExecutor(ABC):
 
 
 class Executor(Params, ABC):
-    """Where the client work runs: a parameter object, bound once per run."""
+    """Where the client work runs: a parameter object, bound once per run.
+
+    Examples
+    --------
+    >>> from fedcf.federated import Executor, LocalExecutor
+    >>> class Here(Executor):  # a new executor: a parameter object with bind
+    ...     def bind(self, program, data, local_state=None):
+    ...         return LocalExecutor().bind(program, data, local_state)
+    >>> Here()
+    Here()
+    """
 
     @abstractmethod
     def bind(self, program, data, local_state=None) -> RoundExecutor:
@@ -184,7 +250,16 @@ class Executor(Params, ABC):
 class Accountant(ABC):
     """The privacy spent by a run: ``compose`` one more round (or several) of a Poisson-
     sampled Gaussian mechanism at rate q and noise multiplier σ; ``epsilon()`` the ε at the
-    accountant's δ; ``state()`` what a checkpoint stores (``from_state`` rebuilds it)."""
+    accountant's δ; ``state()`` what a checkpoint stores (``from_state`` rebuilds it).
+
+    Examples
+    --------
+    >>> from fedcf.federated.accounting import RdpAccountant
+    >>> acc = RdpAccountant(delta=1e-6)
+    >>> acc.compose(0.01, 1.0, rounds=10)
+    >>> acc.state()["events"]
+    [[0.01, 1.0, 10]]
+    """
 
     delta: float
 
@@ -213,6 +288,12 @@ class Aggregator(Params, ABC):
     ``accountant`` (a fresh ``Accountant`` the run composes ``round_mechanism()`` into after
     every round and checkpoints); None without DP. ``round_stats`` holds the last round's
     measurements, merged into its history record.
+
+    Examples
+    --------
+    >>> from fedcf.federated import Aggregator, WeightedMean
+    >>> isinstance(WeightedMean(), Aggregator), WeightedMean.linear
+    (True, True)
     """
 
     linear: ClassVar[bool] = False

@@ -172,6 +172,18 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         With out-of-catalog options: the UNK row and one row per item feature.
     default_params_ : ndarray (K + 1,) or None
         The learned default [p₀; c₀].
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> ratings = make_synthetic_ratings(60, 20, 600, random_state=0)
+    >>> model = FedReconMF(n_factors=4, n_rounds=3, clients_per_round=20,
+    ...                    random_state=0).fit(ratings)
+    >>> model.item_factors_.shape
+    (20, 4)
+    >>> user = model.reconstruct(items=[1, 5, 7], ratings=[5.0, 3.0, 4.0])  # never stored
+    >>> user.factors.shape
+    (4,)
     """
 
     _recon_lam_attr = "recon_regularization"

@@ -93,6 +93,15 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     item_biases_ : zeros (the model has no biases), global_mean_ = 0
     user_ids_, item_ids_, interactions_, history_
         As in FedReconMF.
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> ratings = make_synthetic_ratings(60, 20, 600, random_state=0)
+    >>> model = FedReconImplicitMF(n_factors=4, n_rounds=3, clients_per_round=20,
+    ...                            random_state=0).fit(ratings)
+    >>> len(model.recommend(items=[1, 5, 7], n=3))
+    3
     """
 
     biases = False

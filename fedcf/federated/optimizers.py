@@ -38,7 +38,18 @@ class ServerOptimizer(Params, ABC):
     """A server optimizer: ``learning_rate`` η_s and its options (the other constructor
     parameters). ``sparse`` ones (a zero delta leaves a row and its state unchanged) also have
     ``step_rows``; ``learnable`` names the round hyperparameters that federated hypergradients
-    can differentiate through this optimizer's step (``tangent``)."""
+    can differentiate through this optimizer's step (``tangent``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.federated import Momentum
+    >>> opt = Momentum(learning_rate=0.5, momentum=0.9)
+    >>> params = {"Q": np.ones(2)}
+    >>> state, params = opt.step(opt.init(params), params, {"Q": np.array([0.2, -0.2])})
+    >>> params["Q"]
+    array([1.1, 0.9])
+    """
 
     name: ClassVar[str]
     sparse: ClassVar[bool] = False
@@ -135,6 +146,11 @@ def _sparse_rows(params, rows, delta_rows, update):
 class SGD(ServerOptimizer):
     """x ← x − η g (the paper's server optimizer).
 
+    Parameters
+    ----------
+    learning_rate : float > 0, default 1
+        η_s.
+
     Examples
     --------
     >>> from fedcf import FedReconMF
@@ -174,6 +190,12 @@ class SGD(ServerOptimizer):
 class Momentum(ServerOptimizer):
     """v ← β v + g;  x ← x − η v.
 
+    Parameters
+    ----------
+    learning_rate : float > 0, default 1
+    momentum : float in [0, 1), default 0.9
+        β.
+
     Examples
     --------
     >>> from fedcf.federated import Momentum
@@ -211,6 +233,12 @@ class Momentum(ServerOptimizer):
 
 class Adagrad(ServerOptimizer):
     """a ← a + g²;  x ← x − η g / (√a + ε) (TensorFlow's defaults, which the paper's code used).
+
+    Parameters
+    ----------
+    learning_rate : float > 0, default 1
+    initial_accumulator : float >= 0, default 0.1
+    epsilon : float >= 1e-12, default 1e-7
 
     Examples
     --------
@@ -250,6 +278,12 @@ class Adagrad(ServerOptimizer):
 class Adam(ServerOptimizer):
     """m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;  x ← x − η m̂ / (√v̂ + ε).
 
+    Parameters
+    ----------
+    learning_rate : float > 0, default 1
+    beta1, beta2 : float in [0, 1), default 0.9, 0.999
+    epsilon : float >= 1e-12, default 1e-7
+
     Examples
     --------
     >>> from fedcf.federated import Adam
@@ -283,6 +317,13 @@ class Adam(ServerOptimizer):
 
 class Yogi(Adam):
     """m as Adam;  v ← v − (1−β₂) g² sign(v − g²);  x ← x − η m / (√v + ε).
+
+    Parameters
+    ----------
+    learning_rate : float > 0, default 1
+    beta1, beta2 : float in [0, 1), default 0.9, 0.999
+    epsilon : float >= 1e-12, default 1e-3
+    initial_accumulator : float >= 0, default 1e-6
 
     Examples
     --------

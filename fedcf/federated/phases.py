@@ -23,12 +23,23 @@ from .partials import Merged, PartialSums, group_sums, merge, merged_sums
 
 @dataclass(frozen=True)
 class RoundHyperparams:
-    """What a round reads that may change between rounds.
+    """What a round reads that may change between rounds (a hyper-learner changes them).
 
-    server_learning_rate : η_s of the server optimizer.
-    server_options : the server optimizer's options (momentum, beta1, ...), see optimizers.py.
-    weight_exponent : client weight w_i = n_i ** weight_exponent for a client with n_i > 0 query
-        examples (1: by examples, 0: uniform); clients with n_i = 0 weigh 0.
+    Parameters
+    ----------
+    server_learning_rate : float
+        η_s of the server optimizer.
+    server_options : dict
+        The server optimizer's options (momentum, beta1, ...), see optimizers.py.
+    weight_exponent : float, default 1
+        Client weight w_i = n_i ** weight_exponent for a client with n_i > 0 query examples (1:
+        by examples, 0: uniform); clients with n_i = 0 weigh 0.
+
+    Examples
+    --------
+    >>> from fedcf.federated import RoundHyperparams
+    >>> RoundHyperparams(1.0, {}, weight_exponent=0.0).weight_exponent
+    0.0
     """
 
     server_learning_rate: float
@@ -39,6 +50,23 @@ class RoundHyperparams:
 # ---------------------------------------------------------------------- 1. select
 @dataclass(frozen=True)
 class Cohort:
+    """The clients of one round, as the selector chose them.
+
+    Parameters
+    ----------
+    clients : ndarray of int64
+        Dense ids of the clients whose reports are used, in report order.
+    n_sampled, n_dropped, n_surplus : int
+        Invited; invited but never reported; reported after the first m and ignored.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.federated import Cohort
+    >>> Cohort(np.array([3, 7]), n_sampled=3, n_dropped=1, n_surplus=0).clients
+    array([3, 7])
+    """
+
     clients: np.ndarray  # dense ids of the clients whose reports are used, in report order
     n_sampled: int  # invited this round (after oversampling)
     n_dropped: int  # invited but never reported
@@ -50,7 +78,29 @@ class Selector:
     """Who takes part in a round: invite ceil(m·(1+oversample)) clients, without replacement, from
     the eligible ones (at least ``min_examples`` examples) that ``availability`` says are
     reachable; each fails to report with probability ``dropout``; of those that report, the
-    first m to finish (random finishing times) are used. Depends only on (seed, round)."""
+    first m to finish (random finishing times) are used. Depends only on (seed, round).
+
+    Parameters
+    ----------
+    seed : int
+        The run seed; a round's cohort depends only on (seed, round).
+    eligible : ndarray
+        Sorted dense ids of the clients that may be sampled.
+    clients_per_round : int
+        m, the clients used per round (the expected cohort with Poisson sampling).
+    oversample, dropout : float, default 0
+    availability : callable(round) -> sorted dense ids, or None
+    poisson : bool, default False
+        Sample each eligible client independently with q = m / len(eligible) (for DP).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.federated import Selector
+    >>> select = Selector(seed=0, eligible=np.arange(100), clients_per_round=10)
+    >>> len(select(0).clients), len(select(1).clients)
+    (10, 10)
+    """
 
     seed: int
     eligible: np.ndarray  # sorted dense ids
@@ -92,6 +142,28 @@ class ClientOutputs:
     FedReconImplicitMF(full_negatives=True) — it reveals p up to sign, so that option is for
     deployments under secure aggregation. No field holds a user embedding, a user bias or any
     other local parameter.
+
+    Parameters
+    ----------
+    offsets : ndarray (m + 1,)
+    items : ndarray of int64
+        Item row of each slot (−1 = padding).
+    d_Q, d_b : ndarray
+        Row deltas (slots × K) and bias deltas (slots,).
+    weights, losses : ndarray (m,)
+        Query sizes and query losses before the update.
+    rank_terms : ndarray (m, K, K) or None
+    clients : ndarray (m,) or None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.federated import ClientOutputs
+    >>> out = ClientOutputs(offsets=np.array([0, 2, 3]), items=np.array([4, 9, 4]),
+    ...                     d_Q=np.zeros((3, 2)), d_b=np.zeros(3), weights=np.array([2.0, 1.0]),
+    ...                     losses=np.array([0.5, 0.7]))
+    >>> out.n_clients, out.take([1]).items
+    (2, array([4]))
     """
 
     offsets: np.ndarray
@@ -167,7 +239,20 @@ class LocalExecutor(Executor):
 class BoundLocalExecutor(RoundExecutor):
     """``LocalExecutor`` bound to one run: ``program`` (see fedrecon.py, stateful.py,
     implicit.py) lays out the output slots and calls its kernel; ``data`` is the population's
-    user-grouped CSR; ``local_state`` the stateful baselines' per-user rows (or None)."""
+    user-grouped CSR; ``local_state`` the stateful baselines' per-user rows (or None).
+
+    Parameters
+    ----------
+    program : ClientProgram
+    data : (indptr, items, values)
+    local_state : (P, c) or None
+
+    Examples
+    --------
+    >>> from fedcf.federated import LocalExecutor
+    >>> LocalExecutor().bind  # doctest: +ELLIPSIS
+    <bound method LocalExecutor.bind of LocalExecutor()>
+    """
 
     def __init__(self, program, data, local_state=None):
         self.program, self.data, self.local_state = program, data, local_state
@@ -224,7 +309,30 @@ class RoundSummary:
 @dataclass(frozen=True)
 class GlobalDelta:
     """One round's aggregated update: mean row deltas on ``items`` (sorted, distinct), plus an
-    optional dense rank map M (K, K) applied as −Q·M (full-catalog implicit negatives)."""
+    optional dense rank map M (K, K) applied as −Q·M (full-catalog implicit negatives).
+
+    Parameters
+    ----------
+    items : ndarray
+        Sorted, distinct item rows the update touches.
+    d_Q, d_b : ndarray
+        Their mean row and bias deltas (float64).
+    rank_map : ndarray (K, K) or None
+    summary : RoundSummary
+    values_up : int
+        Numbers sent up by the used clients.
+    client_weights : ndarray or None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.federated import ClientOutputs, RoundHyperparams, WeightedMean
+    >>> out = ClientOutputs(np.array([0, 1, 2]), np.array([4, 4]), np.array([[1.0], [3.0]]),
+    ...                     np.zeros(2), np.array([1.0, 1.0]), np.zeros(2))
+    >>> delta = WeightedMean()(out, RoundHyperparams(1.0))
+    >>> delta.items, delta.d_Q
+    (array([4]), array([[2.]]))
+    """
 
     items: np.ndarray
     d_Q: np.ndarray  # (len(items), K) float64

@@ -67,6 +67,14 @@ class RayExecutor(Executor):
         Extra Ray resources per actor (e.g. ``{"worker_node": 1}``).
     max_restarts : int, default 3
         How often a shard may be restarted within one round before the fit stops.
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import RayExecutor
+    >>> est = FedReconMF(executor=RayExecutor(n_shards=4, num_cpus=1))  # Ray starts at fit
+    >>> est.get_params()["executor__n_shards"]
+    4
     """
 
     def __init__(self, n_shards: int = 2, *, address: str | None = None,

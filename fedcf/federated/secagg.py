@@ -91,6 +91,14 @@ class SecureAggregation(WeightedMean):
         beyond t add more noise than counted. The noise is rounded to the fixed-point grid with
         the values; the accountant treats it as continuous (Kairouz et al. 2021's distributed
         discrete Gaussian makes that exact; not done).
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import DPGaussianMean, SecureAggregation
+    >>> agg = SecureAggregation(value_bound=10.0, dp=DPGaussianMean(0.1, 1.0))
+    >>> FedReconMF(aggregator=agg).get_params()["aggregator__dp__clip_norm"]
+    0.1
     """
 
     def __init__(self, threshold=0.5, value_bound: float = 1.0, drop_after_setup: float = 0.0,

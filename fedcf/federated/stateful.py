@@ -50,6 +50,15 @@ _PARAMS_DOC = """
         As in FedReconMF.
     user_factors_, user_biases_ : ndarray (n_users, K), (n_users,)
         The per-user rows trained across rounds ({where}).
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> ratings = make_synthetic_ratings(60, 20, 600, random_state=0)
+    >>> model = {cls}(n_factors=4, n_rounds=3, clients_per_round=20,
+    ...          random_state=0).fit(ratings)
+    >>> model.user_factors_.shape
+    (60, 4)
 """
 
 
@@ -156,7 +165,8 @@ class FedAvgMF(_StatefulMF):
     user row; only that row changes on the server. As the paper notes, this equals the stateful
     FedPer approach in result — and exposes every user's embedding to the server. Unseen users are
     served by reconstruction (exact ridge solve, ``recon_regularization``).
-    """ + _PARAMS_DOC.replace("{where}", "stored by the server")
+    """ + _PARAMS_DOC.replace("{where}", "stored by the server").replace("{cls}",
+                                                                           "FedAvgMF")
 
     _server_rows = True
 
@@ -167,4 +177,5 @@ class FURLMF(_StatefulMF):
     uploaded. The training arithmetic equals FedAvgMF's (split personalization ≡ FedPer for MF);
     the difference is where the user rows live and what is communicated. Unseen users fall back
     to reconstruction.
-    """ + _PARAMS_DOC.replace("{where}", "held by the simulated devices")
+    """ + _PARAMS_DOC.replace("{where}", "held by the simulated devices").replace(
+        "{cls}", "FURLMF")

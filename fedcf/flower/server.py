@@ -41,7 +41,30 @@ log = logging.getLogger("fedcf.flower")
 
 @dataclass
 class Settings:
-    """The ServerApp's settings (from the run config: see ``from_run_config``)."""
+    """The ServerApp's settings (from the run config: see ``from_run_config``).
+
+    Parameters
+    ----------
+    params : dict
+        FedReconMF parameters (JSON in the run config; phase objects as {"name": ...} specs).
+    eval_fraction : float in [0, 1), default 0.1
+        Share of the users held out for federated ReconEval.
+    eval_support_fraction : float in (0, 1), default 0.5
+    min_nodes : int, default 1
+        Nodes to wait for before the directory query.
+    wait_seconds, reply_timeout : float
+        Seconds to wait for the nodes, and for a round's replies.
+    model_path, result_path : str or None
+        Where the fitted model (.npz) and the run's JSON are written.
+
+    Examples
+    --------
+    >>> from fedcf.flower import Settings
+    >>> s = Settings.from_run_config({"fedcf-params": '{"n_factors": 8, "n_rounds": 5}',
+    ...                               "min-nodes": 2})
+    >>> s.params["n_factors"], s.min_nodes
+    (8, 2)
+    """
 
     params: dict = field(default_factory=dict)  # FedReconMF parameters
     eval_fraction: float = 0.1  # share of the users held out for federated ReconEval
@@ -177,7 +200,32 @@ def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals):
 @dataclass
 class Directory:
     """Who holds which user, from the nodes' answers to the first (query) message: raw user ids
-    in sorted order, the node of each, rating counts and per-user sums, the item catalog."""
+    in sorted order, the node of each, rating counts and per-user sums, the item catalog.
+
+    Parameters
+    ----------
+    user_ids : ndarray
+        Raw user ids, sorted.
+    node_of : ndarray
+        Position in ``nodes`` of each user's node.
+    nodes : list of int
+        Flower node ids.
+    counts : ndarray
+        Each user's number of ratings.
+    sums : ndarray (n, 4)
+        Σv, Σv², min, max of each user's ratings.
+    catalog : ndarray
+        The item catalog every node shares.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.flower import Directory
+    >>> d = Directory(user_ids=np.array([7, 9]), node_of=np.array([0, 1]), nodes=[101, 202],
+    ...               counts=np.array([3, 5]), sums=np.zeros((2, 4)), catalog=np.arange(4))
+    >>> d.nodes[d.node_of[1]]
+    202
+    """
 
     user_ids: np.ndarray
     node_of: np.ndarray  # position in ``nodes`` of each user's node
@@ -235,7 +283,26 @@ class Directory:
 
 class FlowerPopulation:
     """The training users of a Flower run, as ``fit`` sees them: sizes, counts and value sums
-    from the directory, client work by messages to the nodes. The ratings stay on the nodes."""
+    from the directory, client work by messages to the nodes. The ratings stay on the nodes.
+
+    Parameters
+    ----------
+    directory : Directory
+    users : ndarray
+        Positions in the directory of the training users.
+    executor : FlowerExecutor or None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.flower import Directory
+    >>> d = Directory(user_ids=np.array([7, 9]), node_of=np.array([0, 1]), nodes=[101, 202],
+    ...               counts=np.array([3, 5]), sums=np.zeros((2, 4)), catalog=np.arange(4))
+    >>> from fedcf.flower import FlowerPopulation
+    >>> pop = FlowerPopulation(d, users=np.array([0, 1]), executor=None)
+    >>> pop.n_users, pop.holds_ratings
+    (2, False)
+    """
 
     holds_ratings = False
     timestamps = None
@@ -270,7 +337,38 @@ class FlowerExecutor(RoundExecutor):
     """Phase 2 of each round as Flower messages: one message per node holding sampled clients,
     with the global model and those clients' ids; the replies' uploads are checked
     (``wire.decode_upload``) and put back in cohort order. ``round_stats`` has the bytes that
-    went down and up through Flower in the round."""
+    went down and up through Flower in the round.
+
+    Parameters
+    ----------
+    grid : flwr Grid
+        The ServerApp's grid, through which messages go.
+    directory : Directory
+    users : ndarray
+        Positions in the directory of the training users.
+    est : FedReconMF
+        Whose client parameters the messages carry.
+    mu : float
+        The global mean the clients use.
+    timeout : float
+        Seconds a round waits for replies.
+    refusals : Refusals
+        Where refused replies are recorded.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.flower import Directory
+    >>> d = Directory(user_ids=np.array([7, 9]), node_of=np.array([0, 1]), nodes=[101, 202],
+    ...               counts=np.array([3, 5]), sums=np.zeros((2, 4)), catalog=np.arange(4))
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.flower import FlowerExecutor
+    >>> from fedcf.flower.server import Refusals
+    >>> ex = FlowerExecutor(None, d, np.array([0, 1]), FedReconMF(random_state=0), mu=3.5,
+    ...                     timeout=60.0, refusals=Refusals())  # grid=None: nothing is sent
+    >>> ex.counts.tolist()
+    [3, 5]
+    """
 
     def __init__(self, grid, directory: Directory, users: np.ndarray, est, mu: float,
                  timeout: float, refusals: Refusals):

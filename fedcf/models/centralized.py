@@ -57,6 +57,14 @@ class CentralizedMF(RatingScoreMixin, MFEstimatorBase):
     user_ids_, item_ids_ : raw ids of the rows
     interactions_ : the training Interactions (to filter seen items in ``recommend``)
     history_ : list of dicts, one per epoch (train RMSE, seconds)
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> ratings = make_synthetic_ratings(60, 20, 600, random_state=0)
+    >>> model = CentralizedMF(n_factors=4, n_epochs=3, random_state=0).fit(ratings)
+    >>> model.predict([[0, 1], [2, 3]]).shape
+    (2,)
     """
 
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")

@@ -62,6 +62,14 @@ class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
     ----------
     user_factors_, item_factors_ (zero biases and global mean, so ``recommend`` and ``predict``
     return p·q scores), interactions_, history_.
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> ratings = make_synthetic_ratings(60, 20, 600, random_state=0)
+    >>> model = ImplicitMF(n_factors=4, n_epochs=3, random_state=0).fit(ratings)
+    >>> model.user_factors_.shape
+    (60, 4)
     """
 
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")

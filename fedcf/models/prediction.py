@@ -39,7 +39,23 @@ def inference_keys(seed: int, keys: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LocalParams:
-    """A user's local model: what reconstruction produces and what never leaves the device."""
+    """A user's local model: what reconstruction produces and what never leaves the device.
+
+    Parameters
+    ----------
+    factors : ndarray (K,)
+    bias : float
+
+    Examples
+    --------
+    >>> from fedcf import CentralizedMF
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> model = CentralizedMF(n_factors=3, n_epochs=2, random_state=0).fit(
+    ...     make_synthetic_ratings(40, 12, 300, random_state=0))
+    >>> local = model.reconstruct(items=[0, 3], ratings=[5.0, 2.0])
+    >>> local.factors.shape, type(local.bias)
+    ((3,), <class 'float'>)
+    """
 
     factors: np.ndarray  # (K,)
     bias: float
