@@ -31,6 +31,7 @@ from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, top_k, user_split
 from fedcf.federated import (
     CoordinateMedian,
+    DifferentialPrivacy,
     DPGaussianMean,
     FoolsGoldMean,
     NormClippedMean,
@@ -77,9 +78,9 @@ def utility_rows(train, test, args):
     sigma = args.noise[len(args.noise) // 2]
     for noise in ("server", "distributed"):
         t0 = time.perf_counter()
-        dp = DPGaussianMean(args.clip, sigma, delta=args.delta, weight_cap=args.weight_cap)
-        m = FedReconMF(**small, aggregator=SecureAggregation(
-            0.5, value_bound=args.value_bound, dp=dp, noise=noise))
+        m = FedReconMF(**small, aggregator=DifferentialPrivacy(
+            SecureAggregation(0.5, value_bound=args.value_bound), args.clip, sigma,
+            delta=args.delta, weight_cap=args.weight_cap, noise=noise))
         rows.append(row(f"secure aggregation + DP σ={sigma} ({noise} noise), "
                         f"{args.secagg_clients} clients/round", m.fit(train), test, t0,
                         delta=args.delta, noise_multiplier=sigma))

@@ -4,6 +4,7 @@ from contracts import AggregatorContract, ExecutorContract, contract_population 
 
 from fedcf.federated import (
     CoordinateMedian,
+    DifferentialPrivacy,
     DPGaussianMean,
     FoolsGoldMean,
     LocalExecutor,
@@ -64,8 +65,13 @@ class TestSecureAggregation(AggregatorContract):
 
 
 class TestSecureAggregationWithDP(AggregatorContract):
-    make = staticmethod(lambda: SecureAggregation(value_bound=10.0,
-                                                  dp=DPGaussianMean(0.1, 0.8, delta=1e-4)))
+    make = staticmethod(lambda: DifferentialPrivacy(SecureAggregation(value_bound=10.0), 0.1,
+                                                    0.8, delta=1e-4))
+
+
+class TestSecureAggregationWithDistributedDP(AggregatorContract):
+    make = staticmethod(lambda: DifferentialPrivacy(SecureAggregation(value_bound=10.0), 0.1,
+                                                    0.8, delta=1e-4, noise="distributed"))
 
 
 class TestLocalExecutor(ExecutorContract):

@@ -8,9 +8,12 @@ from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import (
     ClientOutputs,
+    DifferentialPrivacy,
+    DPGaussianMean,
     RoundHyperparams,
     RunContext,
     SecureAggregation,
+    TrimmedMean,
     WeightedMean,
 )
 from fedcf.federated.secagg import P, masked, shamir_recover, shamir_shares
@@ -121,11 +124,9 @@ def test_fit_under_secure_aggregation_matches_the_plain_fit():
 
 
 def test_secure_aggregation_with_server_noise_dp():
-    from fedcf.federated import DPGaussianMean
-
     pop = make_synthetic_ratings(300, 25, 4000, n_factors=2, random_state=4)
-    agg = SecureAggregation(value_bound=1.0, dp=DPGaussianMean(0.5, target_epsilon=10.0,
-                                                              delta=1e-4))
+    agg = DifferentialPrivacy(SecureAggregation(value_bound=1.0), clip_norm=0.5,
+                              target_epsilon=10.0, delta=1e-4)
     m = FedReconMF(n_factors=2, n_rounds=4, clients_per_round=20, random_state=0,
                    aggregator=agg).fit(pop)
     eps = [h["epsilon"] for h in m.history_]
@@ -135,30 +136,27 @@ def test_secure_aggregation_with_server_noise_dp():
     out = cohort()
     ctx = RunContext(n_items=N_ITEMS, seed=1, clients_per_round=12, n_eligible=1000,
                      n_rounds=3, n_factors=K, biases=True)
-    dp = DPGaussianMean(0.1, 1.0, delta=1e-4)
-    a = SecureAggregation(value_bound=1.0, dp=dp).bind(ctx)(out, HP, 2)
-    b = dp.bind(ctx)(out, HP, 2)
-    np.testing.assert_allclose(a.d_Q, b.d_Q, atol=1e-8)
-    with pytest.raises(TypeError, match="dp must be a DPGaussianMean"):
-        SecureAggregation(dp="yes")
+    a = DifferentialPrivacy(SecureAggregation(value_bound=1.0), 0.1, 1.0, delta=1e-4)
+    b = DPGaussianMean(0.1, 1.0, delta=1e-4)
+    np.testing.assert_allclose(a.bind(ctx)(out, HP, 2).d_Q, b.bind(ctx)(out, HP, 2).d_Q, atol=1e-8)
+    with pytest.raises(TypeError, match="aggregator must be None .* or a SecureAggregation"):
+        DifferentialPrivacy(TrimmedMean(0.1), 1.0, 1.0)
 
 
 @pytest.mark.parametrize("threshold", [12, 6])
 def test_distributed_noise_comes_from_the_clients_and_covers_the_threshold(threshold):
-    from fedcf.federated import DPGaussianMean
-
     out = cohort()
     ctx = RunContext(n_items=2000, seed=1, clients_per_round=12, n_eligible=1000,
                      n_rounds=3, n_factors=K, biases=True)
 
     def run(sigma, noise):
-        agg = SecureAggregation(threshold, value_bound=1.0, noise=noise,
-                                dp=DPGaussianMean(0.1, sigma, delta=1e-4)).bind(ctx)
+        agg = DifferentialPrivacy(SecureAggregation(threshold, value_bound=1.0), 0.1, sigma,
+                                  delta=1e-4, noise=noise).bind(ctx)
         return agg, agg(out, HP, 2)
 
     agg, noisy = run(1.0, "distributed")
     _, clean = run(1e-12, "distributed")
-    denominator = agg.dp.denominator_
+    denominator = agg.denominator_
     err = np.concatenate([(noisy.d_Q - clean.d_Q).ravel(), noisy.d_b - clean.d_b]) * denominator
     # 12 clients each add N(0, σ²C²/t): the sum has variance (12/t)·σ²C², never less than σ²C²
     assert np.std(err) == pytest.approx(0.1 * np.sqrt(12 / threshold), rel=0.05)
@@ -167,8 +165,8 @@ def test_distributed_noise_comes_from_the_clients_and_covers_the_threshold(thres
     np.testing.assert_allclose(clean.d_Q, central.d_Q, atol=1e-7)
 
 
-def test_distributed_noise_needs_dp_and_a_known_mode():
-    with pytest.raises(ValueError, match="needs dp"):
-        SecureAggregation(noise="distributed")
+def test_distributed_noise_needs_secure_aggregation_and_a_known_mode():
+    with pytest.raises(ValueError, match="noise='distributed' needs aggregator=SecureAggregation"):
+        DifferentialPrivacy(None, 1.0, 1.0, noise="distributed")
     with pytest.raises(ValueError, match="noise must be"):
-        SecureAggregation(noise="local")
+        DifferentialPrivacy(SecureAggregation(), 1.0, 1.0, noise="local")

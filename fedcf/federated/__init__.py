@@ -1,7 +1,14 @@
 """Federated algorithms: Federated Reconstruction, FedAvg (server-side users), FURL (stateful),
 and the phases a round is composed of (to replace one: a custom executor or aggregator)."""
 
-from .aggregators import CoordinateMedian, DPGaussianMean, FoolsGoldMean, NormClippedMean, TrimmedMean
+from .aggregators import (
+    CoordinateMedian,
+    DifferentialPrivacy,
+    DPGaussianMean,
+    FoolsGoldMean,
+    NormClippedMean,
+    TrimmedMean,
+)
 from .contracts import (
     Aggregator,
     ClientProgram,
@@ -33,8 +40,8 @@ __all__ = [
     # estimators
     "FedReconMF", "FedReconImplicitMF", "FedAvgMF", "FURLMF",
     # aggregators
-    "WeightedMean", "NormClippedMean", "DPGaussianMean", "SecureAggregation", "TrimmedMean",
-    "CoordinateMedian", "FoolsGoldMean",
+    "WeightedMean", "NormClippedMean", "DifferentialPrivacy", "DPGaussianMean",
+    "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean",
     # executors
     "LocalExecutor", "RayExecutor",
     # the round

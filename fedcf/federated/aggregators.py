@@ -24,6 +24,7 @@ from .phases import (
     summarize,
     upload_norms,
 )
+from .secagg import SecureAggregation
 
 
 def _positive(name, value, *, upper=None):
@@ -62,8 +63,9 @@ class NormClippedMean(WeightedMean):
         return w * np.minimum(1.0, self.clip_norm / np.maximum(upload_norms(out), 1e-300))
 
 
-class DPGaussianMean(WeightedMean):
-    """User-level differential privacy for the global update (DP-FedAvg, McMahan et al. 2018).
+class DifferentialPrivacy(WeightedMean):
+    """User-level differential privacy around a summing aggregator (DP-FedAvg, McMahan et al.
+    2018): the weighted mean (``aggregator=None``) or ``SecureAggregation``.
 
     Each client's whole upload (item-row deltas and bias deltas) is clipped to L2 norm
     ``clip_norm`` = C; the clipped uploads are summed with equal weight; Gaussian noise
@@ -80,8 +82,19 @@ class DPGaussianMean(WeightedMean):
     q·Σ_users w_u. That total is taken from the simulated population (a deployment would use a
     public or privately estimated figure).
 
+    Around ``SecureAggregation`` the clients clip and scale their own uploads before masking, and
+    ``noise`` says who adds the noise: "server" (central DP: the server adds it to the unmasked
+    sum) or "distributed" (each client adds N(0, σ²C²/t) before masking, t the threshold, so a
+    completed round carries at least the accounted noise and the server never sees a noise-free
+    sum; a lost round releases no update). Robust statistics (trimmed mean, median, FoolsGold)
+    are not sums of uploads, so the Gaussian mechanism's sensitivity bound does not hold for them
+    and they are refused.
+
     Parameters
     ----------
+    aggregator : None or SecureAggregation
+        What sums the clipped uploads: None, the weighted mean in the clear (linear: also from
+        the shards' partial sums), or the secure-aggregation protocol.
     clip_norm : float > 0
         C, the largest L2 norm of one client's upload.
     noise_multiplier : float > 0 or None
@@ -92,23 +105,40 @@ class DPGaussianMean(WeightedMean):
         Must be below 1 / (eligible clients).
     weight_cap : float > 0 or None
         c of the capped weights above; None weighs every client equally.
+    noise : {"server", "distributed"}, default "server"
+        Who adds the noise ("distributed" needs ``SecureAggregation``).
 
     Examples
     --------
     >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import DifferentialPrivacy, SecureAggregation
+    >>> agg = DifferentialPrivacy(SecureAggregation(value_bound=10.0), clip_norm=0.5,
+    ...                           target_epsilon=2.0, noise="distributed")
+    >>> agg.sampling, agg.linear, DifferentialPrivacy(clip_norm=0.5, noise_multiplier=1.0).linear
+    ('poisson', False, True)
     >>> from fedcf.federated import DPGaussianMean
     >>> est = FedReconMF(aggregator=DPGaussianMean(1.0, noise_multiplier=0.5))
     >>> est.set_params(aggregator__clip_norm=0.3).aggregator.clip_norm
     0.3
     """
 
-    def __init__(self, clip_norm: float = 1.0, noise_multiplier: float | None = None, *,
-                 target_epsilon: float | None = None, delta: float = 1e-6,
-                 weight_cap: float | None = None):
-        self.clip_norm, self.noise_multiplier = clip_norm, noise_multiplier
+    def __init__(self, aggregator=None, clip_norm: float = 1.0,
+                 noise_multiplier: float | None = None, *, target_epsilon: float | None = None,
+                 delta: float = 1e-6, weight_cap: float | None = None, noise: str = "server"):
+        self.aggregator, self.clip_norm, self.noise_multiplier = aggregator, clip_norm, \
+            noise_multiplier
         self.target_epsilon, self.delta, self.weight_cap = target_epsilon, delta, weight_cap
+        self.noise = noise
         self.context, self.sigma_ = None, None
         self.validate()
+
+    @property
+    def linear(self) -> bool:
+        return self.aggregator is None  # the mean in the clear: reducible from partial sums
+
+    @property
+    def round_stats(self) -> dict:
+        return {} if self.aggregator is None else self.aggregator.round_stats
 
     @property
     def sampling(self) -> str:
@@ -124,8 +154,17 @@ class DPGaussianMean(WeightedMean):
             if value is not None:
                 _positive(name, value)
         _positive("delta", self.delta, upper=1.0)
+        if self.aggregator is not None and not isinstance(self.aggregator, SecureAggregation):
+            raise TypeError(f"DifferentialPrivacy sums clipped uploads: aggregator must be None "
+                            f"(the weighted mean) or a SecureAggregation, got {self.aggregator!r}"
+                            " (a robust statistic is not a sum: its sensitivity is not C)")
+        if self.noise not in ("server", "distributed"):
+            raise ValueError(f"noise must be 'server' or 'distributed', got {self.noise!r}")
+        if self.noise == "distributed" and self.aggregator is None:
+            raise ValueError("noise='distributed' needs aggregator=SecureAggregation(...): "
+                             "clients' noise shares only hide anything under masking")
 
-    def bind(self, context: RunContext) -> DPGaussianMean:
+    def bind(self, context: RunContext) -> DifferentialPrivacy:
         """Fix q, the rounds, the catalog and the seed of the noise for one run."""
         from .accounting import RdpAccountant, noise_for_epsilon
 
@@ -137,7 +176,9 @@ class DPGaussianMean(WeightedMean):
         q = min(1.0, m / n)
         sigma = self.noise_multiplier if self.noise_multiplier is not None else \
             noise_for_epsilon(self.target_epsilon, q, max(context.n_rounds, 1), self.delta)
-        bound = DPGaussianMean(**self.get_params(deep=False))
+        bound = type(self)(**self.get_params(deep=False))
+        if self.aggregator is not None:
+            bound.aggregator = self.aggregator.bind(context)
         bound.sigma_ = float(sigma)
         total = n if self.weight_cap is None else float(
             np.minimum(context.eligible_weights, self.weight_cap).sum() / self.weight_cap)
@@ -145,6 +186,20 @@ class DPGaussianMean(WeightedMean):
         bound.q, bound.denominator_ = q, q * total
         bound.accountant = RdpAccountant(self.delta)
         return bound
+
+    def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
+                 ) -> GlobalDelta:
+        if self.aggregator is None:
+            return super().__call__(out, hp, round_idx)
+        _, w, _ = client_weights(out, hp)
+        factors = np.where(w > 0, self.client_numerators(out, w), 0.0)
+        distributed = self.noise == "distributed"
+        delta = self.aggregator.masked_mean(
+            out, hp, round_idx, factors=factors, denominator=self.denominator_,
+            noise_scale=self.sigma * self.clip_norm if distributed else 0.0)
+        if delta.summary.n_used == 0 or distributed:  # lost round / noise already in the sum
+            return delta
+        return self.finish(delta, round_idx)
 
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
         norms = upload_norms(out)
@@ -176,6 +231,29 @@ class DPGaussianMean(WeightedMean):
     def sigma(self) -> float | None:
         """σ of the bound run (None before ``bind``)."""
         return self.sigma_
+
+
+class DPGaussianMean(DifferentialPrivacy):
+    """The weighted mean under user-level differential privacy: ``DifferentialPrivacy`` with
+    the mean in the clear (linear, so a Ray run reduces it from the shards' partial sums).
+
+    Parameters
+    ----------
+    clip_norm, noise_multiplier, target_epsilon, delta, weight_cap
+        As in ``DifferentialPrivacy``.
+
+    Examples
+    --------
+    >>> from fedcf.federated import DPGaussianMean
+    >>> DPGaussianMean(0.5, noise_multiplier=1.1).sampling
+    'poisson'
+    """
+
+    def __init__(self, clip_norm: float = 1.0, noise_multiplier: float | None = None, *,
+                 target_epsilon: float | None = None, delta: float = 1e-6,
+                 weight_cap: float | None = None):
+        super().__init__(None, clip_norm, noise_multiplier, target_epsilon=target_epsilon,
+                         delta=delta, weight_cap=weight_cap)
 
 
 def _check_row_clip(row_clip):

@@ -14,6 +14,7 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "mean": "fedcf.federated.phases:WeightedMean",
         "norm-clipped": "fedcf.federated.aggregators:NormClippedMean",
         "dp": "fedcf.federated.aggregators:DPGaussianMean",
+        "differential-privacy": "fedcf.federated.aggregators:DifferentialPrivacy",
         "trimmed-mean": "fedcf.federated.aggregators:TrimmedMean",
         "median": "fedcf.federated.aggregators:CoordinateMedian",
         "foolsgold": "fedcf.federated.aggregators:FoolsGoldMean",

@@ -13,8 +13,8 @@ Per round, each reporting client k
    seeds with every survivor and removes those masks. With fewer than t survivors the round is
    lost (no update) and recorded.
 The masks cancel in the sum modulo 2^32; the server dequantizes and divides by Σ w_k. With
-``dp`` the noise is added by the server to the unmasked sum or, with ``noise="distributed"``, by
-the clients before masking (see SecureAggregation). Clients whose
+``DifferentialPrivacy`` around it the noise is added by the server to the unmasked sum or, with
+``noise="distributed"``, by the clients before masking (``masked_mean``). Clients whose
 update is not finite do not take part (they can tell locally). Every number here is a real
 protocol step on real arrays; only the network is simulated.
 """
@@ -78,38 +78,25 @@ class SecureAggregation(WeightedMean):
         cohort must fit in the 32-bit ring; the fixed-point scale is chosen from it).
     drop_after_setup : float in [0, 1)
         Probability that a client drops after sharing its key and before sending its vector.
-    dp : DPGaussianMean or None
-        User-level DP on top: each client clips its upload to ``dp.clip_norm`` and sends it with
-        weight 1; the sum is divided by the expected cohort. Who adds the noise is ``noise``.
-    noise : "server" or "distributed"
-        ``"server"`` (central DP): the server, which sees only the unmasked *sum*, adds
-        N(0, σ²C²) to every coordinate. It learns no single upload, but users must trust it to
-        add the noise. ``"distributed"``: each client adds its share N(0, σ²C²/t) to its vector
-        before masking (t = the threshold), so any round that completes (≥ t survivors) carries
-        at least the noise the accountant counts, and the server never sees a noise-free sum:
-        users trust only that t of the cohort's clients add their share honestly. Survivors
-        beyond t add more noise than counted. The noise is rounded to the fixed-point grid with
-        the values; the accountant treats it as continuous (Kairouz et al. 2021's distributed
-        discrete Gaussian makes that exact; not done).
 
     Examples
     --------
     >>> from fedcf import FedReconMF
-    >>> from fedcf.federated import DPGaussianMean, SecureAggregation
-    >>> agg = SecureAggregation(value_bound=10.0, dp=DPGaussianMean(0.1, 1.0))
-    >>> FedReconMF(aggregator=agg).get_params()["aggregator__dp__clip_norm"]
-    0.1
+    >>> from fedcf.federated import DifferentialPrivacy, SecureAggregation
+    >>> agg = DifferentialPrivacy(SecureAggregation(value_bound=10.0), clip_norm=0.1,
+    ...                           noise_multiplier=1.0, noise="distributed")
+    >>> FedReconMF(aggregator=agg).get_params()["aggregator__aggregator__value_bound"]
+    10.0
     """
 
-    def __init__(self, threshold=0.5, value_bound: float = 1.0, drop_after_setup: float = 0.0,
-                 dp=None, noise: str = "server"):
+    def __init__(self, threshold=0.5, value_bound: float = 1.0, drop_after_setup: float = 0.0):
         self.threshold, self.value_bound = threshold, value_bound
-        self.drop_after_setup, self.dp, self.noise = drop_after_setup, dp, noise
+        self.drop_after_setup = drop_after_setup
         self.context, self.round_stats = None, {}
         self.validate()
 
     def validate(self):
-        threshold, value_bound, dp = self.threshold, self.value_bound, self.dp
+        threshold, value_bound = self.threshold, self.value_bound
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or \
                 threshold <= 0 or (isinstance(threshold, float) and threshold > 1):
             raise ValueError(f"threshold must be a share in (0, 1] or a count >= 1, got "
@@ -120,37 +107,12 @@ class SecureAggregation(WeightedMean):
         if not (isinstance(self.drop_after_setup, (int, float))
                 and 0 <= self.drop_after_setup < 1):
             raise ValueError(f"drop_after_setup must be in [0, 1), got {self.drop_after_setup!r}")
-        from .aggregators import DPGaussianMean
-
-        if dp is not None and not isinstance(dp, DPGaussianMean):
-            raise TypeError(f"dp must be a DPGaussianMean or None, got {type(dp).__name__}")
-        if self.noise not in ("server", "distributed"):
-            raise ValueError(f"noise must be 'server' or 'distributed', got {self.noise!r}")
-        if self.noise == "distributed" and dp is None:
-            raise ValueError("noise='distributed' needs dp=DPGaussianMean(...) (what to add)")
 
     linear = False  # the protocol runs on every client's masked vector
 
-    @property
-    def sampling(self) -> str:
-        return "any" if self.dp is None else self.dp.sampling
-
-    @property
-    def sigma(self):
-        return None if self.dp is None else self.dp.sigma
-
-    @property
-    def accountant(self):
-        """The DP accountant when ``dp`` is set (bound), else None."""
-        return None if self.dp is None else self.dp.accountant
-
-    def round_mechanism(self):
-        return self.dp.round_mechanism()
-
     def bind(self, context: RunContext) -> SecureAggregation:
         self.validate()
-        bound = SecureAggregation(self.threshold, self.value_bound, self.drop_after_setup,
-                                  None if self.dp is None else self.dp.bind(context), self.noise)
+        bound = SecureAggregation(self.threshold, self.value_bound, self.drop_after_setup)
         bound.context = context
         if isinstance(self.threshold, int) and self.threshold > context.clients_per_round:
             raise ValueError(f"threshold={self.threshold} is larger than the cohort "
@@ -178,19 +140,27 @@ class SecureAggregation(WeightedMean):
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
+        return self.masked_mean(out, hp, round_idx)
+
+    def masked_mean(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0, *,
+                    factors=None, denominator=None, noise_scale: float = 0.0) -> GlobalDelta:
+        """The cohort's aggregate, learned by the server only as the unmasked sum.
+
+        Plain: each client sends w_k·Δ_k and w_k; the server divides the sum by Σ w_k. Under
+        ``DifferentialPrivacy``: client k sends ``factors[k]``·Δ_k (clipped, capped weight) and
+        1, the sum is divided by the fixed ``denominator``, and with ``noise_scale`` = σC each
+        client adds its share N(0, σ²C²/t) before masking (distributed noise). A lost round
+        (fewer than t survivors) gives no update."""
         c = self.context
         n_items, K = c.n_items, out.d_Q.shape[1]
         bad, w, n_empty = client_weights(out, hp)
         clients = np.flatnonzero(w > 0)
         rng = np.random.default_rng([c.seed, round_idx, 0x5EC])
         m = len(clients)
-        # with DP each client clips its own upload and sends it with weight 1
-        send = w if self.dp is None else np.where(w > 0, self.dp.client_numerators(out, w), 0.0)
-        X = self.dense_uploads(out, send, clients)
-        if self.dp is not None:
+        X = self.dense_uploads(out, w if factors is None else factors, clients)
+        if factors is not None:
             X[:, -1] = 1.0
-        noise_std = self.dp.sigma * self.dp.clip_norm / np.sqrt(self._t(m)) \
-            if self.noise == "distributed" and m else 0.0
+        noise_std = noise_scale / np.sqrt(self._t(m)) if noise_scale and m else 0.0
         summed, survivors, exact = self.protocol(X, rng, noise_std)
         self.round_stats = {"secagg_taking_part": m, "secagg_survivors": int(len(survivors)),
                             "secagg_lost_round": summed is None}
@@ -199,14 +169,12 @@ class SecureAggregation(WeightedMean):
         summary = dataclasses.replace(summarize(out, hp), n_used=int(len(survivors)))
         if summed is None or summed[-1] <= 0:
             return empty_delta(K, dataclasses.replace(summary, n_used=0), w_used * 0)
-        total = summed[-1] if self.dp is None else self.dp.denominator_
+        total = summed[-1] if denominator is None else denominator
         self.round_stats["secagg_max_quantization_error"] = float(
             np.abs(summed - exact).max() / total)
         block = (summed[:-1] / total).reshape(n_items, K + 1)
-        delta = GlobalDelta(np.arange(n_items), block[:, :K], block[:, K], None, summary,
-                            int(len(survivors)) * X.shape[1], w_used)
-        return delta if self.dp is None or self.noise == "distributed" else \
-            self.dp.finish(delta, round_idx)
+        return GlobalDelta(np.arange(n_items), block[:, :K], block[:, K], None, summary,
+                           int(len(survivors)) * X.shape[1], w_used)
 
     def protocol(self, X: np.ndarray, rng: np.random.Generator, noise_std: float = 0.0):
         """Run the masking protocol on the dense uploads X (one row per client), each client
