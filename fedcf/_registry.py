@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import registry
 from ._io import load_npz
 from .federated import FURLMF, FedAvgMF, FedReconImplicitMF, FedReconMF
 from .models import CentralizedMF, ImplicitMF
@@ -11,6 +12,8 @@ ESTIMATORS = {"fedrecon": FedReconMF, "fedavg": FedAvgMF, "furl": FURLMF,
               "centralized": CentralizedMF, "implicit": ImplicitMF,
               "fedrecon-implicit": FedReconImplicitMF}
 IMPLICIT = (ImplicitMF, FedReconImplicitMF)
+for _name, _cls in ESTIMATORS.items():  # the one registry: estimators by command-line name
+    registry.register("estimator", _name, _cls)
 
 
 def load_model(path):

@@ -49,8 +49,8 @@ from fedcf._kernels.sgd import gather_ratings, sgd_epoch
 from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.eval import random_split
 from fedcf.federated import Selector
-from fedcf.federated.registry import lookup
 from fedcf.provenance import run_meta, write_json
+from fedcf.registry import lookup
 
 K = 50
 ROWS: list[dict] = []

@@ -43,9 +43,9 @@ from fedcf.eval import (
     standard_eval,
     user_split,
 )
-from fedcf.federated.registry import lookup
 from fedcf.model_selection import UserShuffleSplit, recon_scorer
 from fedcf.provenance import run_meta, write_json
+from fedcf.registry import lookup
 from fedcf.warmup import BackgroundCompile, CompileClock
 
 CENTRAL = dict(solver="als", regularization=0.1, n_epochs=15)

@@ -48,6 +48,22 @@ def uploads(m=16, per=5, seed=0, nonfinite=(), empty=()):
                          rng.random(m), None, clients)
 
 
+def _json_round_trip(obj):
+    """A phase object as a saved model's metadata stores it (JSON) and back: the same class and
+    parameters when registered; an unregistered class is refused on load, naming it."""
+    import json
+
+    from fedcf import registry
+
+    data = json.loads(json.dumps(registry.encode(obj)))
+    if registry.kind_of(type(obj)) is None:
+        with pytest.raises(ValueError, match=f"{type(obj).__qualname__}, which is not registered"):
+            registry.decode(data)
+        return
+    back = registry.decode(data)
+    assert type(back) is type(obj) and repr(back) == repr(obj)
+
+
 class AggregatorContract:
     """Subclasses set ``make`` (a function returning a fresh, unbound aggregator)."""
 
@@ -121,6 +137,9 @@ class AggregatorContract:
         assert type(acc).from_state(acc.state()).epsilon() == acc.epsilon()
         assert agg.bind(CONTEXT).accountant.epsilon() == 0.0  # a fresh one per run
 
+    def test_survives_a_saved_model_as_an_object(self):
+        _json_round_trip(self.make())
+
     def test_set_params_is_checked_when_bound(self):
         agg = self.make()
         names = list(agg.get_params(deep=False))
@@ -154,6 +173,7 @@ class ExecutorContract:
         assert isinstance(ex, Executor)
         assert repr(ex).startswith(type(ex).__name__ + "(")
         clone(FedReconMF(executor=ex))
+        _json_round_trip(ex)
 
     def test_runs_a_cohort_as_the_local_executor_does(self, contract_population):
         run, cohort, ids = self._round(contract_population, self.make())

@@ -19,7 +19,7 @@ from fedcf.federated import (
     Selector,
     WeightedMean,
 )
-from fedcf.federated.registry import lookup
+from fedcf.registry import lookup
 
 
 def make_server_optimizer(name, lr, opts=None):

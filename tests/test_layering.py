@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = {"datasets": 0, "_validation": 0.5, "_io": 0.5, "_numba_cache": 0.5, "_topk": 0.5,
+LAYERS = {"datasets": 0, "registry": 0.5, "_validation": 0.5, "_io": 0.5, "_numba_cache": 0.5, "_topk": 0.5,
           "provenance": 0.5, "_ranking": 0.6, "_kernels": 1, "_reference": 1.5, "models": 2,
           "federated": 3, "_registry": 3.5, "eval": 4, "model_selection": 4.5, "flower": 5,
           "warmup": 6, "cli": 7}
@@ -14,7 +14,7 @@ FOLDERS = {"datasets": ROOT / "datasets", "_kernels": ROOT / "fedcf" / "_kernels
            "_reference": ROOT / "fedcf" / "_reference", "models": ROOT / "fedcf" / "models",
            "federated": ROOT / "fedcf" / "federated", "eval": ROOT / "eval",
            "flower": ROOT / "fedcf" / "flower", "cli": ROOT / "fedcf" / "cli"}
-MODULES = ("_validation", "_io", "_numba_cache", "_topk", "provenance", "_ranking", "_registry",
+MODULES = ("registry", "_validation", "_io", "_numba_cache", "_topk", "provenance", "_ranking", "_registry",
            "model_selection", "warmup")
 
 
@@ -37,7 +37,8 @@ def imports(name: str, path: Path, node_iter):
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             mod = ".".join(base + ([node.module] if node.module else []))
-            yield mod
+            if node.module:  # `from .. import x` imports the module x, not the package
+                yield mod
             yield from (f"{mod}.{a.name}" for a in node.names)  # `from . import x` of a module
 
 

@@ -327,7 +327,7 @@ class Aggregator(Params, ABC):
 def phase_rule(kind: str, contract):
     """A parameter rule (see ``_validation``): a registered name or a ``contract`` instance,
     validated, as the object the run uses."""
-    from .registry import resolve
+    from ..registry import resolve
 
     def rule(name, value):
         obj = resolve(kind, value, contract, name)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import registry
 from .._kernels.server import finite_clients
 from ..eval.protocols import finish_recon_sums
 from ..eval.splits import user_split_indices
-from ..federated import registry
 from ..federated.base import run_seed
 from ..federated.contracts import RoundExecutor
 from ..federated.fedrecon import FedReconMF
@@ -146,7 +146,7 @@ class Settings:
 def make_phase(kind: str, spec):
     """A phase object (aggregator, server optimizer) as given, or one from a JSON spec such as
     ``{"name": "trimmed-mean", "beta": 0.1}`` or ``{"name": "adam", "learning_rate": 0.01}``
-    (the run config can only carry JSON); the names are ``fedcf.federated.registry``'s."""
+    (the run config can only carry JSON); the names are ``fedcf.registry``'s."""
     if spec is None or not isinstance(spec, dict):
         return spec
     kwargs = dict(spec)

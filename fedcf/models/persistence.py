@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import registry
 from .._io import atomic_savez, load_npz
 
 FORMAT_VERSION = 2
@@ -52,7 +53,7 @@ class Persistence:
             "format_version": FORMAT_VERSION,
             "class": type(self).__name__,
             "params": {k: (str(v) if isinstance(v, (np.dtype, type, os.PathLike)) else
-                           v.tolist() if isinstance(v, np.ndarray) else v)
+                           v.tolist() if isinstance(v, np.ndarray) else registry.encode(v))
                        for k, v in params.items()},
             "global_mean": float(self.global_mean_),
             "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
@@ -81,7 +82,7 @@ class Persistence:
         if meta.get("class") != cls.__name__:
             raise ValueError(f"{where} holds a {meta.get('class')}, not a {cls.__name__}; load it "
                              f"with fedcf.{meta.get('class')}.load")
-        model = cls(**meta["params"])
+        model = cls(**{k: registry.decode(v, k) for k, v in meta["params"].items()})
         missing = [a for a in ("item_factors_", "item_biases_", "user_ids", "item_ids")
                    if a not in arrays]
         if missing:

@@ -23,6 +23,7 @@ _ENTRIES: dict[str, dict[str, object]] = {
     "executor": {
         "local": "fedcf.federated.phases:LocalExecutor",
         "ray": "fedcf.federated.ray_executor:RayExecutor",
+        "attacked": "fedcf.federated.attacks:AttackedExecutor",
     },
     "server_optimizer": {
         "sgd": "fedcf.federated.optimizers:SGD",
@@ -77,3 +78,39 @@ def resolve(kind: str, value, contract, param: str):
         return value
     raise TypeError(f"{param} must be one of {names(kind)} or an object of a "
                     f"fedcf.federated.{contract.__name__} subclass, got {value!r}")
+
+
+def kind_of(cls) -> tuple[str, str] | None:
+    """(kind, registered name) of ``cls``, or None if it is registered under no name."""
+    for kind in sorted(_ENTRIES):
+        name = name_of(kind, cls)
+        if name is not None:
+            return kind, name
+    return None
+
+
+def encode(value):
+    """A parameter value as JSON-ready data: a phase object (anything with ``get_params``)
+    becomes {"__phase__": kind, "name": ..., "params": {...}} (nested objects too), so a saved
+    model's parameters are objects again when loaded. An unregistered class is stored by its
+    dotted name, and ``decode`` asks for it to be registered rather than importing code named by
+    a file."""
+    if not hasattr(value, "get_params") or isinstance(value, type):
+        return value
+    found = kind_of(type(value))
+    kind, name = found if found else ("unregistered", f"{type(value).__module__}."
+                                                      f"{type(value).__qualname__}")
+    return {"__phase__": kind, "name": name,
+            "params": {k: encode(v) for k, v in value.get_params(deep=False).items()}}
+
+
+def decode(value, param: str = "parameter"):
+    """The inverse of ``encode``; an unregistered class raises, naming it and what to do."""
+    if not (isinstance(value, dict) and "__phase__" in value):
+        return value
+    kind, name = value["__phase__"], value.get("name")
+    if kind == "unregistered":
+        raise ValueError(f"{param} is a {name}, which is not registered: register the class first "
+                         f"(fedcf.registry.register(kind, name, cls)), then load")
+    cls = lookup(kind, name)
+    return cls(**{k: decode(v, f"{param}__{k}") for k, v in value.get("params", {}).items()})
