@@ -9,14 +9,15 @@ from sklearn.model_selection import GridSearchCV, cross_val_score
 
 from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
+from fedcf.federated import SGDReconstruction
 from fedcf.model_selection import UserKFold, recon_scorer
 
 df = make_synthetic_ratings(600, 200, 20_000, random_state=2).to_dataframe()
 X, y = df[["user", "item"]], df["rating"]          # scikit-learn form: pairs and ratings
 
-base = FedReconMF(n_factors=10, n_rounds=40, clients_per_round=40, reconstruction="sgd",
-                  recon_steps=10, random_state=0)
-grid = {"recon_learning_rate": [0.05, 0.2], "learning_rate": [0.1, 0.5]}
+base = FedReconMF(n_factors=10, n_rounds=40, clients_per_round=40,
+                  reconstruction=SGDReconstruction(steps=10), random_state=0)
+grid = {"reconstruction__learning_rate": [0.05, 0.2], "learning_rate": [0.1, 0.5]}
 search = GridSearchCV(base, grid, cv=UserKFold(3, random_state=0),
                       scoring=recon_scorer("rmse"), n_jobs=1)
 search.fit(X, y)

@@ -32,6 +32,10 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "adam": "fedcf.federated.optimizers:Adam",
         "yogi": "fedcf.federated.optimizers:Yogi",
     },
+    "reconstruction": {
+        "als": "fedcf.federated.reconstruction:RidgeReconstruction",
+        "sgd": "fedcf.federated.reconstruction:SGDReconstruction",
+    },
     "estimator": {},  # filled by fedcf._registry (the estimators sit above this package)
 }
 

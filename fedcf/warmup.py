@@ -21,6 +21,8 @@ from pathlib import Path
 
 from numba.core import event
 
+from .federated.reconstruction import SGDReconstruction
+
 
 def _tiny():
     from fedcf.datasets import make_synthetic_ratings
@@ -48,8 +50,8 @@ def _federated(cls, train, test_t, test_u, **params):
 
 
 # the main job's FedRecon configurations (scripts/movielens_benchmark.py: PAPER, OURS)
-_PAPER = dict(biases=False, reconstruction="sgd", recon_steps=3, update_steps=3, batch_size=5,
-              split="random")
+_PAPER = dict(biases=False, reconstruction=SGDReconstruction(steps=3), update_steps=3,
+              batch_size=5, split="random")
 _OURS = dict(biases=True, reconstruction="als")
 
 

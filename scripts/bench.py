@@ -48,7 +48,7 @@ from fedcf._kernels.layout import ridge_cfg, sgd_hp
 from fedcf._kernels.sgd import gather_ratings, sgd_epoch
 from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.eval import random_split
-from fedcf.federated import Selector
+from fedcf.federated import Selector, SGDReconstruction
 from fedcf.provenance import run_meta, write_json
 from fedcf.registry import lookup
 
@@ -283,7 +283,8 @@ def fedrecon_fit(inter, recon, rounds, clients, threads):
     numba.set_num_threads(threads)
     try:
         m = FedReconMF(n_factors=K, n_rounds=rounds, clients_per_round=clients,
-                       reconstruction=recon, recon_learning_rate=0.5, random_state=0)
+                       reconstruction=SGDReconstruction(learning_rate=0.5)
+                       if recon == "sgd" else "als", random_state=0)
         t0 = time.perf_counter()
         m.fit(inter)
         return time.perf_counter() - t0, m

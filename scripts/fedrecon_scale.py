@@ -19,6 +19,7 @@ import numba
 from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
+from fedcf.federated import SGDReconstruction
 from fedcf.provenance import run_meta, write_json
 
 
@@ -49,8 +50,9 @@ def main(argv=None):
     rows = []
     for recon in ("sgd", "als"):
         model = FedReconMF(n_factors=args.factors, n_rounds=args.rounds,
-                           clients_per_round=args.clients, reconstruction=recon,
-                           recon_learning_rate=0.5 if recon == "sgd" else 0.1, random_state=0)
+                           clients_per_round=args.clients, random_state=0,
+                           reconstruction=SGDReconstruction(learning_rate=0.5)
+                           if recon == "sgd" else "als")
         t0 = time.perf_counter()
         model.fit(train)
         fit_s = time.perf_counter() - t0

@@ -60,13 +60,21 @@ BACKGROUND = ["centralized", "fedrecon-sgd", "fedavg", "hypergradient", "fedreco
               "fedrecon-variants"]
 
 
+RECON = {"recon_steps": "steps", "recon_epochs": "epochs", "recon_learning_rate": "learning_rate",
+         "recon_init": "init", "recon_regularization": "regularization"}
+
+
 def estimator(cls, params: dict):
-    """The estimator of a row from its recorded (JSON) parameters: the server optimizer by name
-    and ``server_learning_rate`` becomes that optimizer's object."""
+    """The estimator of a row from its recorded (JSON) parameters, flat as the result files keep
+    them: the server optimizer by name with ``server_learning_rate``, and FedRecon's
+    reconstruction by name with ``recon_*`` settings, become those phase objects."""
     p = dict(params)
     if "server_learning_rate" in p:
         opt = lookup("server_optimizer", p.get("server_optimizer", "sgd"))
         p["server_optimizer"] = opt(learning_rate=p.pop("server_learning_rate"))
+    if cls is FedReconMF:
+        rec = {RECON[k]: p.pop(k) for k in list(p) if k in RECON}
+        p["reconstruction"] = lookup("reconstruction", p.get("reconstruction", "als"))(**rec)
     return cls(**p)
 
 
@@ -182,8 +190,9 @@ def paper_rows(inter, args, background=None):
 
 
 PAPER_GRID = {"server_optimizer__learning_rate": [0.1, 0.5, 1.0],
-              "recon_learning_rate": [0.1, 0.5], "learning_rate": [0.1, 0.5]}
-GRID_NAMES = {"server_optimizer__learning_rate": "server_learning_rate"}  # as rows record it
+              "reconstruction__learning_rate": [0.1, 0.5], "learning_rate": [0.1, 0.5]}
+GRID_NAMES = {"server_optimizer__learning_rate": "server_learning_rate",  # as rows record them
+              "reconstruction__learning_rate": "recon_learning_rate"}
 
 
 SHORT = {"server_learning_rate": "eta_s", "recon_learning_rate": "eta_r", "learning_rate": "eta_u"}

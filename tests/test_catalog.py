@@ -21,6 +21,7 @@ from fedcf.datasets import (
     movielens_item_features,
 )
 from fedcf.eval import recon_eval, support_query_split, user_split
+from fedcf.federated import SGDReconstruction
 from fedcf.federated.catalog import CatalogLocalParams
 
 FIT = dict(n_factors=4, n_rounds=6, clients_per_round=40, learning_rate=0.1, random_state=3)
@@ -207,7 +208,7 @@ def test_learned_default_starts_users_without_ratings(data):
 
 
 @pytest.mark.parametrize("extra", [
-    {"reconstruction": "sgd", "recon_steps": 5},
+    {"reconstruction": SGDReconstruction(steps=5)},
     {"aggregator": "trimmed"},
     {"aggregator": "dp"},
 ])

@@ -10,6 +10,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from fedcf import FURLMF, CentralizedMF, FedAvgMF, FedReconImplicitMF, FedReconMF, ImplicitMF
+from fedcf.federated import SGDReconstruction
 
 SMALL = dict(n_factors=3, random_state=0)
 FED = dict(n_rounds=4, clients_per_round=40)
@@ -17,12 +18,13 @@ ESTIMATORS = [
     CentralizedMF(n_epochs=3, **SMALL),
     ImplicitMF(n_epochs=3, **SMALL),
     FedReconMF(**FED, **SMALL),
-    FedReconMF(reconstruction="sgd", recon_steps=5, **FED, **SMALL),
+    FedReconMF(reconstruction=SGDReconstruction(steps=5), **FED, **SMALL),
     FedAvgMF(**FED, **SMALL),
     FURLMF(**FED, **SMALL),
     FedReconImplicitMF(**FED, **SMALL),
 ]
-IDS = [type(e).__name__ + ("-sgd" if getattr(e, "reconstruction", "") == "sgd" else "")
+IDS = [type(e).__name__ + ("-sgd" if isinstance(getattr(e, "reconstruction", ""),
+                                                  SGDReconstruction) else "")
        for e in ESTIMATORS]
 
 

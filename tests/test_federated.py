@@ -19,6 +19,7 @@ from fedcf.federated import (
     Selector,
     WeightedMean,
 )
+from fedcf.federated.reconstruction import SGDReconstruction
 from fedcf.registry import lookup
 
 
@@ -101,9 +102,10 @@ def test_optimizer_step_is_pure():
                                                 (True, "als", "time"), (False, "sgd", "none")])
 def test_one_round_equals_slow_algorithm_1(small_population, biases, recon, split):
     inter, _ = small_population
-    params = dict(n_factors=5, n_rounds=1, clients_per_round=12, reconstruction=recon,
-                  recon_steps=4, update_steps=3, batch_size=3, learning_rate=0.5, split=split,
-                  recon_learning_rate=0.1, biases=biases, random_state=11, dtype="float64")
+    params = dict(n_factors=5, n_rounds=1, clients_per_round=12, update_steps=3, batch_size=3,
+                  reconstruction=SGDReconstruction(steps=4, learning_rate=0.1)
+                  if recon == "sgd" else "als", learning_rate=0.5, split=split, biases=biases,
+                  random_state=11, dtype="float64")
     model = FedReconMF(**params).fit(inter)
     seed = 11
     rng = np.random.default_rng([seed, 0xC0FFEE])
@@ -117,7 +119,8 @@ def test_one_round_equals_slow_algorithm_1(small_population, biases, recon, spli
         split=split, support_fraction=0.5, recon=recon, init_scale=0.05,
         ridge=(0.1, model._recon_lam0()), recon_hp=sgd_hp(0.1, 0.0, 3, 4, 1, mu, biases),
         update_hp=sgd_hp(0.5, 0.0, 3, 3, 1, mu, biases))
-    assert p_["recon_steps"] == 4 and p_["update_steps"] == 3 and p_["batch_size"] == 3
+    assert p_["update_steps"] == 3 and p_["batch_size"] == 3
+    assert recon == "als" or p_["reconstruction__steps"] == 4
     Q1, b1 = Q0.copy(), b0.copy()
     Q1[rows] += dq  # server SGD, lr 1.0
     if biases:
@@ -279,7 +282,7 @@ def test_estimator_api_and_bad_params(small_population):
     assert not hasattr(m, "item_factors_")
     assert m.fit(inter) is m
     for bad, match in [(dict(split="halves"), "split must be one of"),
-                       (dict(reconstruction="exact"), "reconstruction must be one of"),
+                       (dict(reconstruction="exact"), "'exact' is not a registered reconstruction"),
                        (dict(server_optimizer="lion"), "'lion' is not a registered server_optimizer"),
                        (dict(dropout=1.0), "dropout must be < 1"),
                        (dict(clients_per_round=0), "clients_per_round must be >= 1")]:
@@ -288,8 +291,8 @@ def test_estimator_api_and_bad_params(small_population):
 
 
 @pytest.mark.parametrize("cls,kw", [(FedReconMF, {}),
-                                    (FedReconMF, dict(reconstruction="sgd", recon_learning_rate=0.5,
-                                                      init_scale=0.2)),
+                                    (FedReconMF, dict(reconstruction=SGDReconstruction(
+                                        learning_rate=0.5), init_scale=0.2)),
                                     (FedAvgMF, dict(init_scale=0.2, n_rounds=300))])
 def test_recovers_low_rank_population_for_unseen_users(cls, kw):
     from fedcf.datasets import make_synthetic_ratings
@@ -400,7 +403,7 @@ def test_diverging_sgd_reconstruction_warns_clearly(small_population):
     inter, _ = small_population
     m = FedReconMF(n_factors=3, n_rounds=3, clients_per_round=20, reconstruction="sgd",
                    random_state=0).fit(inter)
-    m.recon_learning_rate = 1e6  # as if a user set a wild value after fitting
+    m.reconstruction = SGDReconstruction(learning_rate=1e6)  # a wild value set after fitting
     with pytest.warns(RuntimeWarning, match=r"SGD reconstruction diverged for \d+ of 400 users"):
         P, _ = m.reconstruct_users(inter)
     assert np.isnan(P).any()

@@ -29,6 +29,7 @@ from fedcf.federated import (
     Momentum,
     NormClippedMean,
     SecureAggregation,
+    SGDReconstruction,
     TrimmedMean,
     Yogi,
 )
@@ -43,7 +44,7 @@ def _fedrecon(**kw):
 
 CASES = {
     "fedrecon-als": _fedrecon(),
-    "fedrecon-sgd": _fedrecon(reconstruction="sgd", recon_steps=5),
+    "fedrecon-sgd": _fedrecon(reconstruction=SGDReconstruction(steps=5)),
     "fedrecon-time-joint": _fedrecon(split="time", joint=True, update_steps=5),
     "fedrecon-nobias": _fedrecon(biases=False, client_weighting="uniform"),
     "fedrecon-momentum": _fedrecon(server_optimizer=Momentum(0.5)),
@@ -64,8 +65,8 @@ CASES = {
     "hyper-momentum": _fedrecon(learn_hyperparams=["momentum", "weight_exponent"],
                                 server_optimizer="momentum", hyper_holdout=0.0),
     "catalog-buckets": _fedrecon(catalog=0.7, local_item_buckets=3, unknown_item_row=True),
-    "catalog-default": _fedrecon(catalog=0.7, learned_default=True, reconstruction="sgd",
-                                 recon_steps=4),
+    "catalog-default": _fedrecon(catalog=0.7, learned_default=True,
+                                 reconstruction=SGDReconstruction(steps=4)),
     "fedavg": lambda: FedAvgMF(**FED),
     "furl": lambda: FURLMF(**FED),
     "implicit-fedrecon": lambda: FedReconImplicitMF(**FED),

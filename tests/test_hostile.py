@@ -12,6 +12,7 @@ from fedcf import CentralizedMF, FedReconMF
 from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
 from fedcf.datasets.movielens import parse_ratings
 from fedcf.eval import estimate_ctr
+from fedcf.federated import SGDReconstruction
 
 FAST = dict(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0)
 
@@ -23,7 +24,7 @@ def pop():
 
 @pytest.fixture(scope="module")
 def sgd_model(pop):
-    return FedReconMF(reconstruction="sgd", recon_steps=8, **FAST).fit(pop)
+    return FedReconMF(reconstruction=SGDReconstruction(steps=8), **FAST).fit(pop)
 
 
 # ---------------------------------------------------------------- inference independent of the call
@@ -264,9 +265,10 @@ def test_wide_rating_scale_stops_and_names_the_parameter(pop):
         FedReconMF(learning_rate=8.0, batch_size=1, **{**FAST, "n_rounds": 20}).fit(pop)
 
 
-def test_diverging_sgd_reconstruction_blames_recon_learning_rate(pop):
-    with pytest.raises(FloatingPointError, match="recon_learning_rate=1000000.0"):
-        FedReconMF(reconstruction="sgd", recon_learning_rate=1e6, **{**FAST, "n_rounds": 6}
+def test_diverging_sgd_reconstruction_blames_its_learning_rate(pop):
+    with pytest.raises(FloatingPointError, match=r"SGDReconstruction\(steps=50, epochs=1, "
+                                                 r"learning_rate=1000000.0.*reconstruction__"):
+        FedReconMF(reconstruction=SGDReconstruction(learning_rate=1e6), **{**FAST, "n_rounds": 6}
                    ).fit(pop)
 
 

@@ -13,7 +13,7 @@ from fedcf import _reference as ref
 from fedcf._kernels.hypergrad import fedrecon_tangent_clients
 from fedcf._kernels.layout import client_cfg, sgd_hp
 from fedcf.datasets import make_synthetic_ratings
-from fedcf.federated import SGD, Adam, Momentum
+from fedcf.federated import SGD, Adam, Momentum, SGDReconstruction
 from fedcf.federated.phases import server_update
 
 
@@ -74,8 +74,8 @@ CASES = [("sgd", "als", ("server_learning_rate",)), ("sgd", "sgd", ("server_lear
 @pytest.mark.parametrize("opt, recon, names", CASES)
 def test_round_hypergradient_matches_finite_difference(pop, opt, recon, names):
     """d/dz of round t+1's loss at x_{t+1}(z), through round t's aggregate and server step."""
-    est = FedReconMF(n_factors=3, n_rounds=10, clients_per_round=30, reconstruction=recon,
-                     recon_steps=10, dtype="float64",
+    est = FedReconMF(n_factors=3, n_rounds=10, clients_per_round=30, dtype="float64",
+                     reconstruction=SGDReconstruction(steps=10) if recon == "sgd" else "als",
                      server_optimizer=SGD(0.5) if opt == "sgd" else Momentum(0.2),
                      learn_hyperparams=names, random_state=0)
     est._check_params()

@@ -16,17 +16,17 @@ from sklearn.utils import estimator_checks as ec
 from fedcf import FURLMF, CentralizedMF, FedAvgMF, FedReconImplicitMF, FedReconMF, ImplicitMF
 from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
 from fedcf.eval import recon_eval
-from fedcf.federated import SGD, NormClippedMean
+from fedcf.federated import SGD, NormClippedMean, SGDReconstruction
 from fedcf.model_selection import PerUserSplit, UserKFold, UserShuffleSplit, recon_scorer
 
 SMALL = dict(n_factors=3, random_state=0)
 FED = dict(n_rounds=6, clients_per_round=40)
 RATING = [CentralizedMF(n_epochs=3, **SMALL), FedReconMF(**FED, **SMALL), FedAvgMF(**FED, **SMALL),
-          FURLMF(**FED, **SMALL), FedReconMF(reconstruction="sgd", recon_steps=5, **FED, **SMALL)]
+          FURLMF(**FED, **SMALL), FedReconMF(reconstruction=SGDReconstruction(steps=5), **FED, **SMALL)]
 IMPLICIT = [ImplicitMF(n_epochs=3, **SMALL), FedReconImplicitMF(**FED, **SMALL)]
 ALL = RATING + IMPLICIT
-IDS = [type(e).__name__ + ("-sgd" if getattr(e, "reconstruction", "") == "sgd" else "")
-       for e in ALL]
+IDS = [type(e).__name__ + ("-sgd" if isinstance(getattr(e, "reconstruction", ""),
+                                                  SGDReconstruction) else "") for e in ALL]
 
 
 @pytest.fixture(scope="module")
@@ -166,19 +166,21 @@ def test_grid_search_selects_what_a_manual_validation_loop_selects(df):
     X, y = xy(df)
     cv = UserShuffleSplit(1, test_size=0.25, random_state=3)
     train_idx, val_idx = next(cv.split(X))
-    grid = {"recon_learning_rate": [0.05, 0.5], "learning_rate": [0.05, 0.5]}
-    base = FedReconMF(reconstruction="sgd", recon_steps=5, **FED, **SMALL)
+    grid = {"reconstruction__learning_rate": [0.05, 0.5], "learning_rate": [0.05, 0.5]}
+    base = FedReconMF(reconstruction=SGDReconstruction(steps=5), **FED, **SMALL)
     search = GridSearchCV(base, grid, cv=cv, scoring=recon_scorer("rmse", random_state=7),
                           refit=False).fit(X, y)
     val = Interactions.coerce(df.iloc[val_idx])
     manual = {}
-    for lr_r in grid["recon_learning_rate"]:
+    for lr_r in grid["reconstruction__learning_rate"]:
         for lr_u in grid["learning_rate"]:
-            model = clone(base).set_params(recon_learning_rate=lr_r, learning_rate=lr_u)
+            model = clone(base).set_params(reconstruction__learning_rate=lr_r,
+                                           learning_rate=lr_u)
             model.fit(X.iloc[train_idx], y.iloc[train_idx])
             manual[(lr_r, lr_u)] = recon_eval(model, val, n_repeats=2, random_state=7)["rmse"]
     best = min(manual, key=manual.get)
-    assert (search.best_params_["recon_learning_rate"], search.best_params_["learning_rate"]) == best
+    assert (search.best_params_["reconstruction__learning_rate"],
+            search.best_params_["learning_rate"]) == best
     scores = -search.cv_results_["mean_test_score"]
     np.testing.assert_allclose(sorted(scores), sorted(manual.values()), rtol=1e-12)
 

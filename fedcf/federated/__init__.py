@@ -31,6 +31,7 @@ from .phases import (
     server_update,
 )
 from .ray_executor import RayExecutor
+from .reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
 from .secagg import SecureAggregation
 from .stateful import FURLMF, FedAvgMF
 
@@ -42,6 +43,8 @@ __all__ = [
     # aggregators
     "WeightedMean", "NormClippedMean", "DifferentialPrivacy", "DPGaussianMean",
     "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean",
+    # reconstruction
+    "Reconstruction", "RidgeReconstruction", "SGDReconstruction",
     # executors
     "LocalExecutor", "RayExecutor",
     # the round

@@ -26,7 +26,7 @@ import pandas as pd
 
 from .._kernels.catalog import base_vectors, catalog_clients, catalog_recon_predict, reconstruct_one
 from .._kernels.clients import query_sizes
-from .._kernels.layout import OC_DEFAULT, catalog_cfg, client_cfg
+from .._kernels.layout import OC_DEFAULT, catalog_cfg
 from ..datasets import DataValidationError, Interactions, ItemFeatures, hash_buckets
 from ..datasets._validation import show
 from ..models.base import LocalParams, _as_pairs, _as_ratings, _ids_to_array, content_key, user_keys
@@ -195,8 +195,7 @@ class CatalogMixin:
     def _catalog_program(self, inter, mu):
         """FedReconMF's client program with a catalog (see ``client_program``)."""
         imap = self._item_map(inter.item_ids, len(self._catalog_ids), self._catalog_ids)
-        cfg = client_cfg(self.split, self.support_fraction, self.reconstruction, self.recon_init,
-                         self.init_scale, self._recon_lam(), self._recon_lam0())
+        cfg = self._recon_cfg()
         return CatalogProgram(cfg, self._cc(len(self._catalog_ids)), self._recon_hp(mu),
                               self._update_hp(mu, False), imap,
                               max(int(np.diff(imap[0]).max(initial=0)), 1))
@@ -266,8 +265,7 @@ class CatalogMixin:
         return np.vstack(parts).astype(dt), np.concatenate(bias).astype(dt)
 
     def _recon_settings(self):
-        cfg = client_cfg(self.split, self.support_fraction, self.reconstruction, self.recon_init,
-                         self.init_scale, self._recon_lam(), self._recon_lam0())
+        cfg = self._recon_cfg()
         return cfg, self._cc(len(self.item_ids_)), self._recon_hp(float(self.global_mean_))
 
     def _catalog_predict(self, support, query, keys, finetune=None):

@@ -75,6 +75,14 @@ class Params:
         args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._param_names())
         return f"{type(self).__name__}({args})"
 
+    def __eq__(self, other):
+        """Equal when of the same class with equal parameters (a clone equals its original)."""
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.get_params(deep=False) == other.get_params(deep=False)
+
+    __hash__ = None  # mutable through set_params
+
 
 @dataclass(frozen=True)
 class RunContext:

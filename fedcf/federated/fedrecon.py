@@ -9,15 +9,16 @@ import numpy as np
 
 from .._kernels.clients import fedrecon_clients, query_sizes
 from .._kernels.hypergrad import fedrecon_tangent_clients
-from .._kernels.layout import HP_OFFSET, SPLITS, client_cfg, recon_init_cfg, sgd_hp
+from .._kernels.layout import HP_OFFSET, SPLITS, client_cfg, recon_init_cfg
 from .._kernels.sgd import sgd_reconstruct_rows
 from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
 from ..models.base import RatingScoreMixin
 from ..models.prediction import inference_keys
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .catalog import CATALOG_ARRAYS, CATALOG_CONSTRAINTS, CatalogMixin
-from .contracts import WholeModelBroadcast
+from .contracts import WholeModelBroadcast, phase_rule
 from .hyper import HYPER_CONSTRAINTS
+from .reconstruction import Reconstruction
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,10 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         Support/query split of each client's data; "none" reuses all data for both (NO SPLIT).
     support_fraction : float in (0, 1), default 0.5
         Share of a client's data in the support set (1 is allowed only with split="none").
-    reconstruction : {"als", "sgd"}, default "als"
-        "als": exact ridge solve (the optimum of the local problem); "sgd": ``recon_steps``
-        mini-batch steps at ``recon_learning_rate`` from ``recon_init`` (the paper's R).
-    recon_steps, recon_epochs : int, default 50, 1
-    recon_learning_rate : float, default 0.1
-    recon_init : {"uniform", "zeros"}, default "uniform"
-    recon_regularization : float or None
-        Ridge λ per rating for reconstruction; None means 0.1 for "als" and 0 for "sgd".
+    reconstruction : {"als", "sgd"} or Reconstruction, default "als"
+        "als" (``RidgeReconstruction(0.1)``): the exact ridge solve, the optimum of the local
+        problem; "sgd" (``SGDReconstruction()``): the paper's R, mini-batch gradient steps. An
+        object sets its own parameters (``reconstruction__steps``, ...).
     joint : bool, default False
         Also update the local parameters during the client update (JOINT TRAINING ablation).
     eval_every : int, default 0
@@ -186,14 +183,11 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
     (4,)
     """
 
-    _recon_lam_attr = "recon_regularization"
     _parameter_constraints = {
         **FEDERATED_CONSTRAINTS, **EXECUTOR_CONSTRAINTS,
         "biases": Bool(), "rating_scale": RatingScale(),
         "split": Options(*SPLITS), "support_fraction": Real(0.0, 1.0, low_open=True),
-        "reconstruction": Options("als", "sgd"), "recon_steps": Int(0, 10**9),
-        "recon_epochs": Int(1, 10**6), "recon_learning_rate": Real(0.0, low_open=True),
-        "recon_init": Options("uniform", "zeros"), "recon_regularization": NoneOr(Real(0.0)),
+        "reconstruction": phase_rule("reconstruction", Reconstruction),
         "joint": Bool(), **HYPER_CONSTRAINTS, **CATALOG_CONSTRAINTS,
         "local_item_buckets": NoneOr(Int(1, 2**31 - 1)), "unknown_item_row": Bool(),
         "learned_default": Bool(), "local_item_sweeps": Int(1, 1000),
@@ -205,8 +199,7 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
                  learning_rate=0.5, batch_size=5, update_steps=50, update_epochs=1,
                  regularization=0.0, client_weighting="num_examples", min_examples=1,
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None, split="random",
-                 support_fraction=0.5, reconstruction="als", recon_steps=50, recon_epochs=1,
-                 recon_learning_rate=0.1, recon_init="uniform", recon_regularization=None,
+                 support_fraction=0.5, reconstruction="als",
                  joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, executor=None, learn_hyperparams=None,
                  hyper_learning_rate=0.01, hyper_optimizer="adam", hyper_holdout=0.1,
@@ -231,11 +224,6 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         self.split = split
         self.support_fraction = support_fraction
         self.reconstruction = reconstruction
-        self.recon_steps = recon_steps
-        self.recon_epochs = recon_epochs
-        self.recon_learning_rate = recon_learning_rate
-        self.recon_init = recon_init
-        self.recon_regularization = recon_regularization
         self.joint = joint
         self.eval_every = eval_every
         self.checkpoint_path = checkpoint_path
@@ -262,48 +250,56 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
                              "leaves every query set empty, so nothing would be trained; use a "
                              "fraction below 1, or split='none' to reuse all data for both")
 
+    def _reconstruction(self) -> Reconstruction:
+        return phase_rule("reconstruction", Reconstruction)("reconstruction", self.reconstruction)
+
     def _recon_lam(self) -> float:
-        if self.recon_regularization is not None:
-            return float(self.recon_regularization)
-        return 0.1 if self.reconstruction == "als" else 0.0
+        return float(self._reconstruction().regularization)
 
     def _recon_hp(self, mu):
-        return sgd_hp(self.recon_learning_rate, self._recon_lam(), self.batch_size, self.recon_steps,
-                      self.recon_epochs, mu, self.biases)
+        return self._reconstruction().hp(self.batch_size, mu, self.biases)
+
+    def _recon_cfg(self):
+        """layout.client_cfg of this estimator's split and reconstruction."""
+        rec = self._reconstruction()
+        return client_cfg(self.split, self.support_fraction, rec.kernel, rec.init,
+                          self.init_scale, self._recon_lam(), self._recon_lam0())
 
     def client_program(self, inter, mu):
         if self._catalog_active():
             return self._catalog_program(inter, mu)
-        cfg = client_cfg(self.split, self.support_fraction, self.reconstruction, self.recon_init,
-                         self.init_scale, self._recon_lam(), self._recon_lam0())
-        return FedReconProgram(cfg, self._recon_hp(mu), self._update_hp(mu, self.joint))
+        return FedReconProgram(self._recon_cfg(), self._recon_hp(mu),
+                               self._update_hp(mu, self.joint))
 
     def _recon_can_diverge(self) -> bool:
-        return self.reconstruction == "sgd"
+        return self._reconstruction().can_diverge
 
     def _blame(self, stage: str) -> str:
-        if stage == "reconstruction" and self.reconstruction == "sgd":
-            return (f"lower recon_learning_rate={self.recon_learning_rate} (the SGD "
-                    "reconstruction step size), or use reconstruction='als'")
+        rec = self._reconstruction()
+        if stage == "reconstruction" and rec.can_diverge:
+            return (f"lower the reconstruction's learning rate (reconstruction={rec!r}: "
+                    "reconstruction__learning_rate, the SGD reconstruction step size), or use "
+                    "reconstruction='als'")
         return super()._blame(stage)
 
     def _reconstruct_csr(self, indptr, items, values, keys):
-        if self.reconstruction == "als":
+        rec = self._reconstruction()
+        if not rec.can_diverge:  # the exact ridge solve
             return super()._reconstruct_csr(indptr, items, values, keys)
         n, K = len(indptr) - 1, self.item_factors_.shape[1]
         dt = self.item_factors_.dtype
         P, c = np.empty((n, K)), np.empty(n)
         sgd_reconstruct_rows(indptr, items, values, (self.item_factors_, self.item_biases_),
                              self._recon_hp(float(self.global_mean_)),
-                             recon_init_cfg(self.recon_init, self.init_scale),
+                             recon_init_cfg(rec.init, self.init_scale),
                              inference_keys(self._seed(), keys), (P, c))
         bad = ~(np.isfinite(P).all(axis=1) & np.isfinite(c)) | \
             (np.abs(P).max(axis=1, initial=0.0) > np.finfo(dt).max)
         if bad.any():
             warnings.warn(f"SGD reconstruction diverged for {int(bad.sum())} of {n} users "
-                          f"(recon_learning_rate={self.recon_learning_rate}); their local "
-                          "parameters are NaN — lower recon_learning_rate or use "
-                          "reconstruction='als'", RuntimeWarning, stacklevel=3)
+                          f"(reconstruction={rec!r}); their local parameters are NaN — lower "
+                          "reconstruction__learning_rate or use reconstruction='als'",
+                          RuntimeWarning, stacklevel=3)
             P[bad] = np.nan
             c[bad] = np.nan
         return P.astype(dt), c.astype(dt)

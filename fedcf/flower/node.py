@@ -10,15 +10,12 @@ one person's device. The dataset comes from the run's config (``dataset``: "ml-1
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from ..datasets import Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
 from ..eval.protocols import recon_sums
-from ..federated.fedrecon import FedReconMF
 from ..federated.phases import BoundLocalExecutor, Cohort
-from .wire import arrays, encode_upload
+from .wire import arrays, client_estimator, encode_upload
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
 
@@ -129,7 +126,7 @@ def train(own: Interactions, config, glob) -> object:
     if len(clients) != len(rows) or (len(clients) and clients.min() < 0) or \
             len(np.unique(clients)) != len(clients):
         raise NodeDataError("the message's clients must be distinct ids >= 0, one per user")
-    est = FedReconMF(**json.loads(config["params"]))
+    est = client_estimator(config["params"])
     program = est.client_program(None, float(config["mu"]))
     sub = own.subset_users(rows)
     # a CSR over the run's dense ids (only these clients have rows): each client's random
@@ -156,7 +153,7 @@ def evaluate(own: Interactions, config, glob) -> dict:
     """Federated ReconEval for the asked users: each reconstructs on its support set and the
     node reports sums over their query ratings (``eval.protocols.recon_sums``)."""
     rows = _rows(own, config["users"])
-    est = FedReconMF(**json.loads(config["params"]))
+    est = client_estimator(config["params"])
     est.item_factors_, est.item_biases_ = global_model(own, est, glob)
     est.global_mean_ = float(config["mu"])
     est.rating_scale_ = tuple(float(x) for x in config["rating_scale"])

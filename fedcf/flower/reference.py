@@ -9,7 +9,7 @@ from ..eval.splits import user_split_indices
 from ..federated.base import run_seed
 from ..federated.fedrecon import FedReconMF
 from .node import load_dataset
-from .server import make_phase
+from .server import PHASE_PARAMS, make_phase
 
 
 def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
@@ -19,7 +19,7 @@ def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
     keys) would train on — what the ServerApp must reproduce bit for bit."""
     inter = load_dataset(data)
     est = FedReconMF(**{**params, **{k: make_phase(k, params[k]) for k in
-                                     ("aggregator", "server_optimizer") if k in params}})
+                                     PHASE_PARAMS if k in params}})
     train, test = user_split_indices(inter.n_users, (1 - eval_fraction, eval_fraction),
                                      run_seed(est.random_state))
     t0 = time.perf_counter()

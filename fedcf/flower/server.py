@@ -123,7 +123,7 @@ class Settings:
             if not float(getattr(self, key)) > 0:
                 raise ValueError(f"{key.replace('_', '-')} must be > 0 seconds")
         self.params = {**self.params, **{k: make_phase(k, self.params[k]) for k in
-                                         ("aggregator", "server_optimizer") if k in self.params}}
+                                         PHASE_PARAMS if k in self.params}}
         agg = self.params.get("aggregator")
         if isinstance(agg, SecureAggregation) or agg == registry.name_of("aggregator",
                                                                          SecureAggregation):
@@ -141,6 +141,9 @@ class Settings:
                              "learned_default are not available in a Flower run yet (its nodes "
                              "run FedReconMF's full-catalog kernel); leave them unset")
         return self
+
+
+PHASE_PARAMS = ("aggregator", "server_optimizer", "reconstruction")  # objects: JSON specs here
 
 
 def make_phase(kind: str, spec):

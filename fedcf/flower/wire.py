@@ -20,6 +20,7 @@ import json
 
 import numpy as np
 
+from .. import registry
 from ..federated.base import run_seed
 from ..federated.phases import ClientOutputs
 
@@ -29,8 +30,7 @@ RECON_FIELDS = ("sse", "sae", "hits", "n", "users")
 # FedReconMF parameters that decide what a client computes (everything else is the server's)
 CLIENT_PARAMS = ("n_factors", "biases", "learning_rate", "batch_size", "update_steps",
                  "update_epochs", "regularization", "init_scale", "split", "support_fraction",
-                 "reconstruction", "recon_steps", "recon_epochs", "recon_learning_rate",
-                 "recon_init", "recon_regularization", "joint", "dtype", "random_state")
+                 "reconstruction", "joint", "dtype", "random_state")
 
 
 class ReplyError(ValueError):
@@ -70,10 +70,17 @@ def read_arrays(content, record: str, fields) -> dict:
 def client_params(est) -> str:
     """The JSON of the FedReconMF parameters a client needs."""
     params = est.get_params(deep=False)
-    out = {k: params[k] for k in CLIENT_PARAMS}
+    out = {k: registry.encode(params[k]) for k in CLIENT_PARAMS}  # phase objects as specs
     out["dtype"] = np.dtype(out["dtype"]).name
     out["random_state"] = run_seed(est.random_state)
     return json.dumps(out, sort_keys=True)
+
+
+def client_estimator(params_json: str):
+    """The FedReconMF a node computes with, from ``client_params``' JSON."""
+    from ..federated.fedrecon import FedReconMF
+
+    return FedReconMF(**{k: registry.decode(v, k) for k, v in json.loads(params_json).items()})
 
 
 def encode_upload(out: ClientOutputs) -> object:
