@@ -14,7 +14,11 @@ from ..datasets import (
     DataValidationError,
     load_movielens,
 )
+from ..federated import FedReconImplicitMF
+from ..models import ImplicitMF
 
+# implicit-feedback estimators: ranking metrics, no ratings needed
+IMPLICIT = (ImplicitMF, FedReconImplicitMF)
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError, DataUnavailableError, MemoryError,
                FloatingPointError, ImportError)
 # shortcut flag -> estimator parameter

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from .._registry import IMPLICIT, load_model
-from .common import UsageError, _data_options, _read
+from .. import load_model
+from .common import IMPLICIT, UsageError, _data_options, _read
 
 
 def cmd_evaluate(args):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .._registry import load_model
+from .. import load_model
 from .common import UsageError, _pyplot
 
 

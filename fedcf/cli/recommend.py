@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .._registry import IMPLICIT, load_model
-from .common import UsageError, _as_model_ids
+from .. import load_model
+from .common import IMPLICIT, UsageError, _as_model_ids
 
 
 def cmd_recommend(args):

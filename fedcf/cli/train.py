@@ -7,11 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from .._registry import ESTIMATORS, IMPLICIT
+from .. import registry
 from ..datasets import (
     DataValidationError,
 )
-from .common import SHORTCUTS, UsageError, _data_options, _pyplot, _read, _say
+from .common import IMPLICIT, SHORTCUTS, UsageError, _data_options, _pyplot, _read, _say
 from .plot import plot_history
 
 
@@ -27,7 +27,7 @@ def _parse_value(text: str):
 def build_estimator(name: str, args):
     """The estimator ``name`` with the shortcut flags and ``--set key=value`` applied, its
     parameters checked before any data is read."""
-    cls = ESTIMATORS[name]
+    cls = registry.lookup("estimator", name)
     est = cls()
     params = {SHORTCUTS[k]: getattr(args, k) for k in SHORTCUTS if getattr(args, k) is not None}
     for item in args.set or []:
@@ -95,7 +95,7 @@ def add_parser(sub):
                        description="Train a model and save it as one .npz (atomically).")
     p.add_argument("--data", required=True, help="ratings file: CSV/TSV, u.data, ratings.dat, "
                    ".inter, a GroupLens zip or recbole wheel")
-    p.add_argument("--model", required=True, choices=sorted(ESTIMATORS))
+    p.add_argument("--model", required=True, choices=registry.names("estimator"))
     p.add_argument("--out", required=True, help="model file to write (.npz)")
     for flag, param in SHORTCUTS.items():
         p.add_argument(f"--{flag}", type=int, help=f"= --set {param}=N")

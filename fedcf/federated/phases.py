@@ -179,6 +179,10 @@ class ClientOutputs:
     def n_clients(self) -> int:
         return len(self.weights)
 
+    def finite_clients(self) -> np.ndarray:
+        """True for each client whose upload (row and bias deltas) is all finite."""
+        return finite_clients(self.offsets, self.d_Q, self.d_b)
+
     def client_ids(self) -> np.ndarray:
         return np.arange(self.n_clients) if self.clients is None else self.clients
 

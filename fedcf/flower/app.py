@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .node import describe, evaluate, partition, train
-from .server import Settings, serve
+from .server import serve
+from .settings import Settings
 from .wire import flwr
 
 app = flwr()

@@ -9,7 +9,7 @@ from ..eval.splits import user_split_indices
 from ..federated.base import run_seed
 from ..federated.fedrecon import FedReconMF
 from .node import load_dataset
-from .server import PHASE_PARAMS, make_phase
+from .settings import PHASE_PARAMS, make_phase
 
 
 def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,

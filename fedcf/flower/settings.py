@@ -1,0 +1,138 @@
+"""The ServerApp's settings: the run config's keys, checked before any node is contacted, and
+the JSON specs of phase objects (aggregator, server optimizer, reconstruction)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import registry
+from ..federated.fedrecon import FedReconMF
+from ..federated.secagg import SecureAggregation
+
+
+@dataclass
+class Settings:
+    """The ServerApp's settings (from the run config: see ``from_run_config``).
+
+    Parameters
+    ----------
+    params : dict
+        FedReconMF parameters (JSON in the run config; phase objects as {"name": ...} specs).
+    eval_fraction : float in [0, 1), default 0.1
+        Share of the users held out for federated ReconEval.
+    eval_support_fraction : float in (0, 1), default 0.5
+    min_nodes : int, default 1
+        Nodes to wait for before the directory query.
+    wait_seconds, reply_timeout : float
+        Seconds to wait for the nodes, and for a round's replies.
+    model_path, result_path : str or None
+        Where the fitted model (.npz) and the run's JSON are written.
+
+    Examples
+    --------
+    >>> from fedcf.flower import Settings
+    >>> s = Settings.from_run_config({"fedcf-params": '{"n_factors": 8, "n_rounds": 5}',
+    ...                               "min-nodes": 2})
+    >>> s.params["n_factors"], s.min_nodes
+    (8, 2)
+    """
+
+    params: dict = field(default_factory=dict)  # FedReconMF parameters
+    eval_fraction: float = 0.1  # share of the users held out for federated ReconEval
+    eval_support_fraction: float = 0.5
+    min_nodes: int = 1  # wait for this many nodes before the directory query
+    wait_seconds: float = 120.0
+    reply_timeout: float = 600.0  # seconds a round waits for replies
+    model_path: str | None = None  # where the fitted model (.npz) is saved
+    result_path: str | None = None  # a JSON of the run (history, evaluation, refusals, bytes)
+
+    KEYS = {"fedcf-params": "params", "eval-fraction": "eval_fraction",
+            "eval-support-fraction": "eval_support_fraction", "min-nodes": "min_nodes",
+            "wait-seconds": "wait_seconds", "reply-timeout": "reply_timeout",
+            "model-path": "model_path", "result-path": "result_path"}
+
+    @classmethod
+    def from_run_config(cls, run_config) -> Settings:
+        """Keys: fedcf-params (JSON of FedReconMF parameters), eval-fraction,
+        eval-support-fraction, min-nodes, wait-seconds, reply-timeout, model-path,
+        result-path; others (the nodes' dataset keys) are ignored here."""
+        kw = {cls.KEYS[k]: v for k, v in dict(run_config).items() if k in cls.KEYS}
+        if isinstance(kw.get("params"), str):
+            try:
+                kw["params"] = json.loads(kw["params"] or "{}")
+            except json.JSONDecodeError as e:
+                raise ValueError(f"run config fedcf-params is not JSON ({e}): pass e.g. "
+                                 "'{\"n_factors\": 20, \"n_rounds\": 30}'") from e
+        for key in ("model_path", "result_path"):
+            kw[key] = kw.get(key) or None
+        return cls(**kw).check()
+
+    def check(self) -> Settings:
+        if not isinstance(self.params, dict):
+            raise TypeError(f"fedcf-params must be a JSON object of FedReconMF parameters, got "
+                            f"{type(self.params).__name__}")
+        for bad in ("executor", "learn_hyperparams"):
+            if self.params.get(bad):
+                raise ValueError(f"fedcf-params {bad}={self.params[bad]!r} is not available in a "
+                                 "Flower run (the nodes are the executor; hypergradients need "
+                                 "a second message per round)")
+        for key, kind in (("eval_fraction", float), ("eval_support_fraction", float),
+                          ("min_nodes", int), ("wait_seconds", float), ("reply_timeout", float)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not np.isfinite(value) or (kind is int and value != int(value)):
+                raise TypeError(f"{key.replace('_', '-')} must be a finite {kind.__name__}, got "
+                                f"{value!r}")
+        if not 0.0 <= float(self.eval_fraction) < 1.0:
+            raise ValueError(f"eval-fraction must be in [0, 1), got {self.eval_fraction}")
+        if not 0.0 < float(self.eval_support_fraction) < 1.0:
+            raise ValueError(f"eval-support-fraction must be in (0, 1), got "
+                             f"{self.eval_support_fraction}")
+        if int(self.min_nodes) < 1:
+            raise ValueError(f"min-nodes must be >= 1, got {self.min_nodes}")
+        for key in ("wait_seconds", "reply_timeout"):
+            if not float(getattr(self, key)) > 0:
+                raise ValueError(f"{key.replace('_', '-')} must be > 0 seconds")
+        self.params = {**self.params, **{k: make_phase(k, self.params[k]) for k in
+                                         PHASE_PARAMS if k in self.params}}
+        agg = self.params.get("aggregator")
+        if isinstance(agg, SecureAggregation) or agg == registry.name_of("aggregator",
+                                                                         SecureAggregation):
+            raise ValueError("aggregator=SecureAggregation simulates masking inside one process; "
+                             "in a Flower run the server receives every reply in the clear, so "
+                             "it would protect nothing. Use a plain, robust or DP aggregator")
+        try:
+            est = FedReconMF(**self.params)
+            est.check_params()  # names a bad parameter now, not mid-run
+        except TypeError as e:
+            raise ValueError(f"fedcf-params: {e}; see help(fedcf.FedReconMF) for the names") from e
+        if any(self.params.get(k) not in (None, False) for k in
+               ("catalog", "local_item_buckets", "unknown_item_row", "learned_default")):
+            raise ValueError("fedcf-params: catalog, local_item_buckets, unknown_item_row and "
+                             "learned_default are not available in a Flower run yet (its nodes "
+                             "run FedReconMF's full-catalog kernel); leave them unset")
+        return self
+
+
+PHASE_PARAMS = ("aggregator", "server_optimizer", "reconstruction")  # objects: JSON specs here
+
+
+def make_phase(kind: str, spec):
+    """A phase object (aggregator, server optimizer) as given, or one from a JSON spec such as
+    ``{"name": "trimmed-mean", "beta": 0.1}`` or ``{"name": "adam", "learning_rate": 0.01}``
+    (the run config can only carry JSON); the names are ``fedcf.registry``'s."""
+    if spec is None or not isinstance(spec, dict):
+        return spec
+    kwargs = dict(spec)
+    name = kwargs.pop("name", None)
+    try:
+        cls = registry.lookup(kind, name)
+    except ValueError as e:
+        raise ValueError(f"fedcf-params {kind} name: {e}") from None
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"fedcf-params {kind} {name}: {e}") from e
