@@ -116,5 +116,8 @@ def decode(value, param: str = "parameter"):
     if kind == "unregistered":
         raise ValueError(f"{param} is a {name}, which is not registered: register the class first "
                          f"(fedcf.registry.register(kind, name, cls)), then load")
-    cls = lookup(kind, name)
-    return cls(**{k: decode(v, f"{param}__{k}") for k, v in value.get("params", {}).items()})
+    try:
+        cls = lookup(kind, name)
+        return cls(**{k: decode(v, f"{param}__{k}") for k, v in value.get("params", {}).items()})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{param}: cannot rebuild the {kind} {name!r}: {e}") from None

@@ -12,7 +12,7 @@ from fedcf import CentralizedMF, FedReconMF
 from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
 from fedcf.datasets.movielens import parse_ratings
 from fedcf.eval import estimate_ctr
-from fedcf.federated import SGDReconstruction
+from fedcf.federated import RidgeReconstruction, SGDReconstruction
 
 FAST = dict(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0)
 
@@ -297,3 +297,38 @@ def test_more_hostile_calls_are_named(pop, call, err, match):
 def test_round_with_nobody_reachable_is_recorded_not_fatal(pop):
     m = FedReconMF(**FAST).fit(pop, availability=lambda t: np.array([], dtype=int))
     assert all(h["clients_used"] == 0 and np.isnan(h["loss"]) for h in m.history_)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: SGDReconstruction(steps=-1), "steps must be an integer >= 0"),
+    (lambda: SGDReconstruction(steps=True), "steps must be an integer"),
+    (lambda: SGDReconstruction(epochs=0), "epochs must be an integer >= 1"),
+    (lambda: SGDReconstruction(learning_rate=float("nan")), "learning_rate must be a number > 0"),
+    (lambda: SGDReconstruction(init="Uniform"), "init must be 'uniform' or 'zeros'"),
+    (lambda: RidgeReconstruction(regularization=-0.1), "regularization must be a number >= 0"),
+    (lambda: RidgeReconstruction(regularization="0.1"), "regularization must be a number"),
+    (lambda: SGDReconstruction().set_params(steps=2.5), "steps must be an integer"),
+    (lambda: SGDReconstruction().set_params(step=3), "has no parameter 'step'"),
+    (lambda: FedReconMF(reconstruction=SGDReconstruction).check_params(),
+     "reconstruction must be one of .*Reconstruction subclass"),
+    (lambda: FedReconMF(reconstruction="ridge").check_params(),
+     "'ridge' is not a registered reconstruction"),
+])
+def test_bad_phase_objects_are_named(make, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        make()
+
+
+def test_a_tampered_phase_spec_in_a_model_file_is_named(tmp_path, pop):
+    import json
+
+    from fedcf import registry
+
+    spec = json.loads(json.dumps(registry.encode(SGDReconstruction(steps=3))))
+    spec["name"] = "lbfgs"
+    with pytest.raises(ValueError, match="reconstruction: cannot rebuild the reconstruction "
+                                         "'lbfgs'.*not a registered reconstruction"):
+        registry.decode(spec, "reconstruction")
+    spec.update(name="sgd", params={"steps": -4})
+    with pytest.raises(ValueError, match="cannot rebuild the reconstruction 'sgd': steps must be"):
+        registry.decode(spec, "reconstruction")
