@@ -36,6 +36,11 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "als": "fedcf.federated.reconstruction:RidgeReconstruction",
         "sgd": "fedcf.federated.reconstruction:SGDReconstruction",
     },
+    "split": {
+        "random": "fedcf.federated.split:RandomSplit",
+        "time": "fedcf.federated.split:TimeSplit",
+        "none": "fedcf.federated.split:NoSplit",
+    },
     "estimator": {},  # filled by fedcf._registry (the estimators sit above this package)
 }
 

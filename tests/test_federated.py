@@ -281,7 +281,7 @@ def test_estimator_api_and_bad_params(small_population):
     assert clone(m).get_params() == m.get_params()
     assert not hasattr(m, "item_factors_")
     assert m.fit(inter) is m
-    for bad, match in [(dict(split="halves"), "split must be one of"),
+    for bad, match in [(dict(split="halves"), "'halves' is not a registered split"),
                        (dict(reconstruction="exact"), "'exact' is not a registered reconstruction"),
                        (dict(server_optimizer="lion"), "'lion' is not a registered server_optimizer"),
                        (dict(dropout=1.0), "dropout must be < 1"),

@@ -12,7 +12,7 @@ from fedcf import CentralizedMF, FedReconMF
 from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
 from fedcf.datasets.movielens import parse_ratings
 from fedcf.eval import estimate_ctr
-from fedcf.federated import RidgeReconstruction, SGDReconstruction
+from fedcf.federated import NoSplit, RandomSplit, RidgeReconstruction, SGDReconstruction, TimeSplit
 
 FAST = dict(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0)
 
@@ -197,7 +197,7 @@ def test_hand_built_interactions_are_checked():
 
 # ---------------------------------------------------------------- parameters
 @pytest.mark.parametrize("bad,match", [
-    (dict(support_fraction=1.0), "leaves every query set empty"),
+    (dict(split={"name": "random"}), "split must be one of .*SupportQuerySplit subclass"),
     (dict(init_scale=0.0), "init_scale must be > 0"),
     (dict(rating_scale=(5, 1)), "rating_scale must be"),
     (dict(rating_scale="abc"), "rating_scale must be a pair"),
@@ -313,6 +313,10 @@ def test_round_with_nobody_reachable_is_recorded_not_fatal(pop):
      "reconstruction must be one of .*Reconstruction subclass"),
     (lambda: FedReconMF(reconstruction="ridge").check_params(),
      "'ridge' is not a registered reconstruction"),
+    (lambda: RandomSplit(1.0), r"support_fraction must be a number in \(0, 1\).*NoSplit"),
+    (lambda: TimeSplit(float("nan")), "support_fraction must be a number in"),
+    (lambda: NoSplit(0.5), "NoSplit\\(\\) takes no arguments"),
+    (lambda: FedReconMF(split="halves").check_params(), "'halves' is not a registered split"),
 ])
 def test_bad_phase_objects_are_named(make, match):
     with pytest.raises((TypeError, ValueError), match=match):

@@ -33,6 +33,7 @@ from .phases import (
 from .ray_executor import RayExecutor
 from .reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
 from .secagg import SecureAggregation
+from .split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit
 from .stateful import FURLMF, FedAvgMF
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean",
     # reconstruction
     "Reconstruction", "RidgeReconstruction", "SGDReconstruction",
+    # support/query split
+    "SupportQuerySplit", "RandomSplit", "TimeSplit", "NoSplit",
     # executors
     "LocalExecutor", "RayExecutor",
     # the round

@@ -9,9 +9,9 @@ import numpy as np
 
 from .._kernels.clients import fedrecon_clients, query_sizes
 from .._kernels.hypergrad import fedrecon_tangent_clients
-from .._kernels.layout import HP_OFFSET, SPLITS, client_cfg, recon_init_cfg
+from .._kernels.layout import HP_OFFSET, client_cfg, recon_init_cfg
 from .._kernels.sgd import sgd_reconstruct_rows
-from .._validation import Bool, Int, NoneOr, Options, RatingScale, Real
+from .._validation import Bool, Int, NoneOr, RatingScale
 from ..models.base import RatingScoreMixin
 from ..models.prediction import inference_keys
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
@@ -19,6 +19,7 @@ from .catalog import CATALOG_ARRAYS, CATALOG_CONSTRAINTS, CatalogMixin
 from .contracts import WholeModelBroadcast, phase_rule
 from .hyper import HYPER_CONSTRAINTS
 from .reconstruction import Reconstruction
+from .split import SupportQuerySplit, resolve_split
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,10 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         Item factors start uniform in ±init_scale (> 0); also SGD reconstruction's start.
     rating_scale : (low, high) or None
         For clipping predictions; None takes the training ratings' range.
-    split : {"random", "time", "none"}, default "random"
-        Support/query split of each client's data; "none" reuses all data for both (NO SPLIT).
-    support_fraction : float in (0, 1), default 0.5
-        Share of a client's data in the support set (1 is allowed only with split="none").
+    split : {"random", "time", "none"} or SupportQuerySplit, default "random"
+        Support/query split of each client's data: ``RandomSplit(support_fraction=0.5)``,
+        ``TimeSplit(...)`` (oldest ratings support), or ``NoSplit()``, which reuses all data for
+        both (NO SPLIT). A name builds the default; ``split__support_fraction`` sets the share.
     reconstruction : {"als", "sgd"} or Reconstruction, default "als"
         "als" (``RidgeReconstruction(0.1)``): the exact ridge solve, the optimum of the local
         problem; "sgd" (``SGDReconstruction()``): the paper's R, mini-batch gradient steps. An
@@ -186,7 +187,7 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
     _parameter_constraints = {
         **FEDERATED_CONSTRAINTS, **EXECUTOR_CONSTRAINTS,
         "biases": Bool(), "rating_scale": RatingScale(),
-        "split": Options(*SPLITS), "support_fraction": Real(0.0, 1.0, low_open=True),
+        "split": phase_rule("split", SupportQuerySplit),
         "reconstruction": phase_rule("reconstruction", Reconstruction),
         "joint": Bool(), **HYPER_CONSTRAINTS, **CATALOG_CONSTRAINTS,
         "local_item_buckets": NoneOr(Int(1, 2**31 - 1)), "unknown_item_row": Bool(),
@@ -199,7 +200,7 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
                  learning_rate=0.5, batch_size=5, update_steps=50, update_epochs=1,
                  regularization=0.0, client_weighting="num_examples", min_examples=1,
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None, split="random",
-                 support_fraction=0.5, reconstruction="als",
+                 reconstruction="als",
                  joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, executor=None, learn_hyperparams=None,
                  hyper_learning_rate=0.01, hyper_optimizer="adam", hyper_holdout=0.1,
@@ -222,7 +223,6 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         self.init_scale = init_scale
         self.rating_scale = rating_scale
         self.split = split
-        self.support_fraction = support_fraction
         self.reconstruction = reconstruction
         self.joint = joint
         self.eval_every = eval_every
@@ -243,13 +243,6 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         self.random_state = random_state
         self.verbose = verbose
 
-    def _check_combinations(self):
-        super()._check_combinations()
-        if self.split != "none" and self.support_fraction >= 1.0:
-            raise ValueError(f"support_fraction={self.support_fraction} with split={self.split!r} "
-                             "leaves every query set empty, so nothing would be trained; use a "
-                             "fraction below 1, or split='none' to reuse all data for both")
-
     def _reconstruction(self) -> Reconstruction:
         return phase_rule("reconstruction", Reconstruction)("reconstruction", self.reconstruction)
 
@@ -262,7 +255,8 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
     def _recon_cfg(self):
         """layout.client_cfg of this estimator's split and reconstruction."""
         rec = self._reconstruction()
-        return client_cfg(self.split, self.support_fraction, rec.kernel, rec.init,
+        split = resolve_split(self.split)
+        return client_cfg(split.kind, split.support_fraction, rec.kernel, rec.init,
                           self.init_scale, self._recon_lam(), self._recon_lam0())
 
     def client_program(self, inter, mu):

@@ -12,12 +12,13 @@ from .._kernels.implicit_clients import (
     fedrecon_implicit_full_clients,
     implicit_slots,
 )
-from .._kernels.layout import IC_SPLIT, IC_SUPPORT_FRAC, SPLITS, implicit_cfg
-from .._validation import Bool, Int, Options, Real
+from .._kernels.layout import IC_SPLIT, IC_SUPPORT_FRAC, implicit_cfg
+from .._validation import Bool, Int, Real
 from ..models.base import RankingScoreMixin
 from ..models.implicit_mf import coerce_implicit, implicit_fold_in, item_gram
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
-from .contracts import WholeModelBroadcast
+from .contracts import WholeModelBroadcast, phase_rule
+from .split import SupportQuerySplit, resolve_split
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,8 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     negative_weight : float, default 1.0
         ν, the weight of the negative term.
     full_negatives : bool, default False
-    split : {"none", "random", "time"}, default "none"
-    support_fraction : float, default 0.5
+    split : {"none", "random", "time"} or SupportQuerySplit, default "none"
+        As in FedReconMF.
     init_scale : float, default 0.1
 
     Attributes
@@ -110,13 +111,13 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         **FEDERATED_CONSTRAINTS, **EXECUTOR_CONSTRAINTS,
         "alpha": Real(0.0), "recon_regularization": Real(0.0, low_open=True),
         "negatives": Int(0, 10**4), "negative_weight": Real(0.0), "full_negatives": Bool(),
-        "split": Options(*SPLITS), "support_fraction": Real(0.0, 1.0, low_open=True),
+        "split": phase_rule("split", SupportQuerySplit),
     }
 
     def __init__(self, n_factors=50, *, alpha=1.0, recon_regularization=0.01, n_rounds=500,
                  clients_per_round=100, server_optimizer="sgd", learning_rate=0.5, batch_size=5,
                  update_steps=50, update_epochs=1, regularization=0.0, negatives=4,
-                 negative_weight=1.0, full_negatives=False, split="none", support_fraction=0.5,
+                 negative_weight=1.0, full_negatives=False, split="none",
                  client_weighting="num_examples", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, executor=None, random_state=None, verbose=False):
@@ -135,7 +136,6 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         self.negative_weight = negative_weight
         self.full_negatives = full_negatives
         self.split = split
-        self.support_fraction = support_fraction
         self.client_weighting = client_weighting
         self.min_examples = min_examples
         self.oversample = oversample
@@ -156,10 +156,6 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
             raise ValueError("full_negatives=True uploads a K×K matrix per client, which only the "
                              "default weighted mean aggregates; use aggregator=None or sampled "
                              "negatives")
-        if self.split != "none" and self.support_fraction >= 1.0:
-            raise ValueError(f"support_fraction={self.support_fraction} with split={self.split!r} "
-                             "leaves every query set empty; use a fraction below 1, or "
-                             "split='none'")
 
     def _coerce(self, X, y, **data_kwargs):
         return coerce_implicit(X, y, **data_kwargs)
@@ -168,8 +164,9 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         return 1e4 * (1.0 + self.alpha * inter.value_stats()["mean"])  # the loss of p = 0
 
     def client_program(self, inter, mu):
-        cfg = implicit_cfg(self.split, self.support_fraction, self.alpha, self.recon_regularization,
-                           self.negatives, self.negative_weight)
+        split = resolve_split(self.split)
+        cfg = implicit_cfg(split.kind, split.support_fraction, self.alpha,
+                           self.recon_regularization, self.negatives, self.negative_weight)
         return ImplicitProgram(cfg, self._update_hp(0.0, False), bool(self.full_negatives))
 
     def fit(self, X, y=None, *, callback=None, availability=None, **data_kwargs):

@@ -117,7 +117,7 @@ class Settings:
         return self
 
 
-PHASE_PARAMS = ("aggregator", "server_optimizer", "reconstruction")  # objects: JSON specs here
+PHASE_PARAMS = ("aggregator", "server_optimizer", "reconstruction", "split")  # objects: JSON specs here
 
 
 def make_phase(kind: str, spec):

@@ -29,7 +29,7 @@ DIRECTORY_FIELDS = ("users", "counts", "sums", "catalog")
 RECON_FIELDS = ("sse", "sae", "hits", "n", "users")
 # FedReconMF parameters that decide what a client computes (everything else is the server's)
 CLIENT_PARAMS = ("n_factors", "biases", "learning_rate", "batch_size", "update_steps",
-                 "update_epochs", "regularization", "init_scale", "split", "support_fraction",
+                 "update_epochs", "regularization", "init_scale", "split",
                  "reconstruction", "joint", "dtype", "random_state")
 
 
