@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
+
 _ENTRIES: dict[str, dict[str, object]] = {
     "aggregator": {
         "mean": "fedcf.federated.phases:WeightedMean",
@@ -40,6 +42,13 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "random": "fedcf.federated.split:RandomSplit",
         "time": "fedcf.federated.split:TimeSplit",
         "none": "fedcf.federated.split:NoSplit",
+    },
+    "hypergradients": {
+        "default": "fedcf.federated.hyper:Hypergradients",
+    },
+    "item_space": {
+        "full": "fedcf.federated.items:FullCatalog",
+        "open": "fedcf.federated.items:OpenCatalog",
     },
     "estimator": {},  # filled by fedcf._registry (the estimators sit above this package)
 }
@@ -89,6 +98,28 @@ def resolve(kind: str, value, contract, param: str):
                     f"fedcf.federated.{contract.__name__} subclass, got {value!r}")
 
 
+def from_spec(kind: str, spec):
+    """A phase object from a JSON spec such as ``{"name": "trimmed-mean", "beta": 0.1}`` (what a
+    command line or a run config can carry); anything but a dict is returned as it is."""
+    if not isinstance(spec, dict):
+        return spec
+    kwargs = dict(spec)
+    name = kwargs.pop("name", None)
+    try:
+        cls = lookup(kind, name)
+    except ValueError as e:
+        raise ValueError(f"{kind} name: {e}") from None
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"{kind} {name}: {e}") from e
+
+
+def phase_kinds() -> list[str]:
+    """The kinds of phase object, each also the name of the estimator parameter that takes it."""
+    return [k for k in sorted(_ENTRIES) if k != "estimator"]
+
+
 def kind_of(cls) -> tuple[str, str] | None:
     """(kind, registered name) of ``cls``, or None if it is registered under no name."""
     for kind in sorted(_ENTRIES):
@@ -105,7 +136,7 @@ def encode(value):
     dotted name, and ``decode`` asks for it to be registered rather than importing code named by
     a file."""
     if not hasattr(value, "get_params") or isinstance(value, type):
-        return value
+        return value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value
     found = kind_of(type(value))
     kind, name = found if found else ("unregistered", f"{type(value).__module__}."
                                                       f"{type(value).__qualname__}")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from numba.core import event
 
+from .federated.hyper import Hypergradients
 from .federated.reconstruction import SGDReconstruction
 
 
@@ -94,7 +95,7 @@ def _fedrecon_als(data):
 def _hypergradient(data):
     from fedcf import FedReconMF
 
-    _federated(FedReconMF, data[2], None, data[3], learn_hyperparams=["server_learning_rate"],
+    _federated(FedReconMF, data[2], None, data[3], hypergradients=Hypergradients(),
                **_OURS)
 
 

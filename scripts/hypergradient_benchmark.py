@@ -27,16 +27,16 @@ import numpy as np
 from fedcf import FedReconMF
 from fedcf.datasets import VARIANTS, load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
-from fedcf.federated import Momentum
+from fedcf.federated import Hypergradients, Momentum
 from fedcf.provenance import run_meta, write_json
 
 LEARN = ("server_learning_rate", "momentum")
 LR_RANGE = (1e-2, 10.0)  # starting server learning rate: log-uniform over this range
 MOMENTUM_RANGE = (0.0, 0.95)  # starting momentum: uniform over [low, high)
-# learned: derivatives from held-out validation users (the default hyper_holdout = 0.1);
-# own cohort: from the round's training clients (hyper_holdout = 0, the paper's parallel form)
-MODES = {"fixed": {}, "learned": {"learn_hyperparams": LEARN},
-         "learned (own cohort)": {"learn_hyperparams": LEARN, "hyper_holdout": 0.0}}
+# learned: derivatives from held-out validation users (FedReconMF's default holdout, 0.1);
+# own cohort: from the round's training clients (holdout = 0, the paper's parallel form)
+MODES = {"fixed": {}, "learned": {"hypergradients": Hypergradients(LEARN)},
+         "learned (own cohort)": {"hypergradients": Hypergradients(LEARN, holdout=0.0)}}
 
 
 def load(name: str, seed: int):
@@ -99,13 +99,13 @@ def best_of_n(rmses: np.ndarray, n_max: int, n_boot: int = 2000, seed: int = 0) 
 def weighting_rows(name, train, test, args):
     """Uniform, example and learned client weighting on one population."""
     rows = []
-    own = {"learn_hyperparams": ("weight_exponent",), "hyper_holdout": 0.0}
+    own = {"hypergradients": Hypergradients(["weight_exponent"], holdout=0.0)}
     runs = [("uniform", "uniform", {}), ("examples", "num_examples", {}),
             ("learned from 0", "uniform", own), ("learned from 1", "num_examples", own),
             ("learned from 1 (validation users)", "num_examples",
-             {"learn_hyperparams": ("weight_exponent",)})]
+             {"hypergradients": Hypergradients(["weight_exponent"])})]
     for label, weighting, extra in runs:
-        learn = extra.get("learn_hyperparams")
+        learn = extra.get("hypergradients")
         params = dict(n_rounds=args.rounds, client_weighting=weighting, random_state=args.seed,
                       **extra)
         res, model = fit_eval(params, train, test, args.seed)

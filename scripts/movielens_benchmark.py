@@ -43,6 +43,7 @@ from fedcf.eval import (
     standard_eval,
     user_split,
 )
+from fedcf.federated import Hypergradients
 from fedcf.model_selection import UserShuffleSplit, recon_scorer
 from fedcf.provenance import run_meta, write_json
 from fedcf.registry import lookup
@@ -67,11 +68,14 @@ RECON = {"recon_steps": "steps", "recon_epochs": "epochs", "recon_learning_rate"
 def estimator(cls, params: dict):
     """The estimator of a row from its recorded (JSON) parameters, flat as the result files keep
     them: the server optimizer by name with ``server_learning_rate``, and FedRecon's
-    reconstruction by name with ``recon_*`` settings, become those phase objects."""
+    reconstruction by name with ``recon_*`` settings, and ``learn_hyperparams`` (a list) become
+    those phase objects."""
     p = dict(params)
     if "server_learning_rate" in p:
         opt = lookup("server_optimizer", p.get("server_optimizer", "sgd"))
         p["server_optimizer"] = opt(learning_rate=p.pop("server_learning_rate"))
+    if "learn_hyperparams" in p:
+        p["hypergradients"] = Hypergradients(p.pop("learn_hyperparams"))
     if cls is FedReconMF:
         rec = {RECON[k]: p.pop(k) for k in list(p) if k in RECON}
         p["reconstruction"] = lookup("reconstruction", p.get("reconstruction", "als"))(**rec)

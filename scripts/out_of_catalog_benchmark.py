@@ -37,6 +37,7 @@ from fedcf.datasets import (
 from fedcf.eval import support_query_split, user_split
 from fedcf.eval.metrics import rating_metrics
 from fedcf.eval.simulation import make_expression_population
+from fedcf.federated import OpenCatalog
 from fedcf.provenance import run_meta, write_json
 
 FEW = 3  # "few support ratings": the learned default is measured with at most this many
@@ -44,7 +45,7 @@ HASHED = 500  # global hashed rows of the finetuning baselines (the paper's 500 
 
 
 def methods():
-    """(name, FedReconMF parameters, item features: None | "features" | "hashed", finetune)."""
+    """(name, OpenCatalog parameters, item features: None | "features" | "hashed", finetune)."""
     rows = [("fallback (no item term)", {}, None, None),
             ("UNK (one global row)", {"unknown_item_row": True}, None, None)]
     rows += [(f"FedRecon, {b} local rows", {"local_item_buckets": b}, None, None)
@@ -113,14 +114,15 @@ def coverage(model, support, query, in_cat):
     with UNK / an adapter row / the user's reconstructed local row of the item's bucket."""
     raw = query.item_ids[query.items]
     covered = in_cat.copy()
-    if model.unknown_item_row:
+    space = model.item_space
+    if space.unknown_item_row:
         covered[:] = True
     feats = model.item_features_
     if feats is not None:
         rows = feats.rows_of(raw)
         nnz = np.diff(feats.matrix.indptr)
         covered |= (rows >= 0) & (nnz[np.maximum(rows, 0)] > 0)
-    B = model.local_item_buckets
+    B = space.local_item_buckets
     if B:
         s_raw = support.item_ids[support.items]
         s_out = pd.Index(model.item_ids_).get_indexer(pd.Index(s_raw)) < 0
@@ -151,17 +153,15 @@ def evaluate(model, support, query, finetune):
     few = model.recon_predict(few_support(support), query, finetune=finetune)
     hist = model.history_
     K = model.n_factors
-    adapter = getattr(model, "adapter_biases_", None)
-    n_global = len(model.item_biases_) + (0 if adapter is None else len(adapter)) + \
-        int(model.learned_default)
+    space = model.item_space
+    n_global = len(model.item_biases_) + len(model.adapter_biases_) + int(space.learned_default)
     return {"all": split_metrics(y, pred, np.ones(len(y), bool), scale),
             "in_catalog": split_metrics(y, pred, in_cat, scale),
             "out_of_catalog": split_metrics(y, pred, ~in_cat, scale),
             "out_of_catalog_recurring": split_metrics(y, pred, ~in_cat & again, scale),
             "few_support_rmse": rating_metrics(y, few, scale)["rmse"],
             "coverage": coverage(model, support, query, in_cat),
-            "device_params": n_global * (K + 1) + 1 + (K + 1) * (1 + (model.local_item_buckets
-                                                                      or 0)),
+            "device_params": n_global * (K + 1) + 1 + (K + 1) * (1 + (space.local_item_buckets or 0)),
             "values_up_per_client": float(np.mean([h["values_up"] / max(h["clients_used"], 1)
                                                    for h in hist])),
             "values_down_per_client": n_global * (K + 1) + 1}
@@ -173,8 +173,8 @@ def run_one(data, name, params, feats_kind, finetune, catalog, common, seed):
     fk = {"features": feats, "hashed": hashed_item_features(all_items, HASHED),
           None: None}[feats_kind]
     t0 = time.perf_counter()
-    model = FedReconMF(**common, **params, catalog=catalog, random_state=seed).fit(
-        train, item_features=fk)
+    space = OpenCatalog(catalog, **params)
+    model = FedReconMF(**common, item_space=space, random_state=seed).fit(train, item_features=fk)
     fit_s = time.perf_counter() - t0
     return {"method": name, "catalog": catalog, "seed": seed, "fit_seconds": fit_s,
             **evaluate(model, support, query, finetune)}

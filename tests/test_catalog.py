@@ -21,8 +21,7 @@ from fedcf.datasets import (
     movielens_item_features,
 )
 from fedcf.eval import recon_eval, support_query_split, user_split
-from fedcf.federated import SGDReconstruction
-from fedcf.federated.catalog import CatalogLocalParams
+from fedcf.federated import CatalogLocalParams, OpenCatalog, SGDReconstruction
 
 FIT = dict(n_factors=4, n_rounds=6, clients_per_round=40, learning_rate=0.1, random_state=3)
 
@@ -149,15 +148,15 @@ def test_full_catalog_is_fedrecon(data):
     latter (it accumulates in the factors' dtype, the catalog kernel in float64)."""
     train = data[0]
     plain = FedReconMF(**FIT).fit(train)
-    full = FedReconMF(**FIT, catalog=1.0).fit(train)
+    full = FedReconMF(**FIT, item_space=OpenCatalog(1.0)).fit(train)
     np.testing.assert_allclose(plain.item_factors_, full.item_factors_, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(plain.item_biases_, full.item_biases_, rtol=1e-5, atol=1e-7)
 
 
 def test_out_of_catalog_options(data, tmp_path):
     train, test, feats = data
-    m = FedReconMF(**FIT, catalog=0.3, unknown_item_row=True, local_item_buckets=7,
-                   learned_default=True).fit(train, item_features=feats)
+    space = OpenCatalog(0.3, unknown_item_row=True, local_item_buckets=7, learned_default=True)
+    m = FedReconMF(**FIT, item_space=space).fit(train, item_features=feats)
     C = int(np.ceil(0.3 * train.n_items))
     assert m.item_factors_.shape == (C, 4) and m.adapter_factors_.shape == (6, 4)
     assert m.default_params_.shape == (5,) and np.abs(m.default_params_).max() > 0
@@ -188,7 +187,7 @@ def test_out_of_catalog_options(data, tmp_path):
 
 def test_predict_for_seen_users_uses_their_local_rows(data):
     train = data[0]
-    m = FedReconMF(**FIT, catalog=0.3, local_item_buckets=3).fit(train)
+    m = FedReconMF(**FIT, item_space=OpenCatalog(0.3, local_item_buckets=3)).fit(train)
     u = train.user_ids[0]
     items = train.item_ids[train.items[train.indptr[0]:train.indptr[1]]]
     ratings = train.values[train.indptr[0]:train.indptr[1]]
@@ -199,7 +198,7 @@ def test_predict_for_seen_users_uses_their_local_rows(data):
 
 def test_learned_default_starts_users_without_ratings(data):
     train, test, _ = data
-    m = FedReconMF(**FIT, catalog=0.5, learned_default=True).fit(train)
+    m = FedReconMF(**FIT, item_space=OpenCatalog(0.5, learned_default=True)).fit(train)
     K = m.n_factors
     p0, c0 = m.default_params_[:K], m.default_params_[K]
     local = m.reconstruct([], [])
@@ -219,35 +218,70 @@ def test_catalog_runs_with_sgd_reconstruction_and_other_aggregators(data, extra)
                                                              delta=1e-5)}
     extra = {**extra, **({"aggregator": agg[extra["aggregator"]]} if "aggregator" in extra
                          else {})}
-    m = FedReconMF(**{**FIT, **extra}, catalog=0.4, unknown_item_row=True,
-                   local_item_buckets=5, learned_default=True).fit(data[0])
+    m = FedReconMF(**{**FIT, **extra}, item_space=OpenCatalog(
+        0.4, unknown_item_row=True, local_item_buckets=5, learned_default=True)).fit(data[0])
     assert np.isfinite(recon_eval(m, data[1], n_repeats=2)["rmse"])
     assert all(h["values_up"] > 0 for h in m.history_)
 
 
 # ---------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("params, match", [
-    ({"local_item_buckets": 0}, "local_item_buckets must be >= 1"),
-    ({"local_item_buckets": -3}, "local_item_buckets must be >= 1"),
-    ({"local_item_buckets": 2.5}, "local_item_buckets must be an integer"),
+    ({"local_item_buckets": 0}, r"local_item_buckets must be None or an integer in \[1,"),
+    ({"local_item_buckets": -3}, r"local_item_buckets must be None or an integer in \[1,"),
+    ({"local_item_buckets": 2.5}, "local_item_buckets must be None or an integer"),
+    ({"local_item_buckets": True}, "local_item_buckets must be None or an integer"),
     ({"catalog": 0.0}, r"catalog as a share .* \(0, 1\]"),
     ({"catalog": 1.5}, r"catalog as a share .* \(0, 1\]"),
     ({"catalog": [1, 2, 1]}, "appears twice"),
+    ({"catalog": np.array([1, 2, 1])}, "appears twice"),
     ({"catalog": []}, "at least one raw item id"),
     ({"catalog": "abc"}, "catalog must be None"),
-    ({"catalog": ["no-such-item", "nor-this"]}, "none of its 2 item ids"),
-    ({"catalog": 0.5, "joint": True}, "joint=True is not available"),
-    ({"local_item_sweeps": 0}, "local_item_sweeps must be >= 1"),
+    ({"catalog": 3}, "catalog must be None"),
+    ({"unknown_item_row": "yes"}, "unknown_item_row must be True or False"),
+    ({"learned_default": 1}, "learned_default must be True or False"),
+    ({"local_item_sweeps": 0}, r"local_item_sweeps must be an integer in \[1, 1000\]"),
+])
+def test_bad_item_space(params, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        OpenCatalog(**params)
+    space = OpenCatalog()
+    with pytest.raises((ValueError, TypeError), match=match):
+        space.set_params(**params)
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"item_space": OpenCatalog(["no-such-item", "nor-this"])}, "none of its 2 item ids"),
+    ({"item_space": OpenCatalog(0.5), "joint": True}, "joint=True is not available"),
+    ({"item_space": "closed"}, "'closed' is not a registered item_space"),
+    ({"item_space": OpenCatalog}, "item_space must be one of"),
 ])
 def test_bad_parameters(data, params, match):
     with pytest.raises((ValueError, TypeError), match=match):
         FedReconMF(**{**FIT, **params}).fit(data[0])
 
 
+def test_item_features_need_an_open_item_space(data):
+    train, _, feats = data
+    m = FedReconMF(**FIT)
+    with pytest.raises(ValueError, match=r"item_features need an open item space"):
+        m.fit(train, item_features=feats)
+    assert not hasattr(m, "item_factors_")
+
+
+def test_item_space_by_name_and_nested_params(data):
+    m = FedReconMF(**FIT, item_space="open")
+    m.set_params(item_space__catalog=0.5, item_space__unknown_item_row=True)
+    assert m.get_params()["item_space__catalog"] == 0.5
+    m.fit(data[0])
+    assert m.adapter_factors_.shape == (1, 4) and m.item_space == OpenCatalog(
+        0.5, unknown_item_row=True)
+    assert FedReconMF(**FIT, item_space="full").fit(data[0]).item_features_ is None
+
+
 def test_bad_item_features(data):
     train, _, feats = data
     ids = feats.item_ids
-    m = FedReconMF(**FIT, catalog=0.5)
+    m = FedReconMF(**FIT, item_space=OpenCatalog(0.5))
     with pytest.raises(DataValidationError, match="rows but there are"):
         m.fit(train, item_features=(ids, np.ones((len(ids) - 1, 2))))
     bad = np.ones((len(ids), 2))
@@ -265,7 +299,7 @@ def test_bad_item_features(data):
 
 def test_bad_calls_on_a_fitted_model(data):
     train, test, _ = data
-    m = FedReconMF(**FIT, catalog=0.5).fit(train)
+    m = FedReconMF(**FIT, item_space=OpenCatalog(0.5)).fit(train)
     sup, qry = support_query_split(test, "random", 0.5, 0)
     with pytest.raises(ValueError, match="finetune must be"):
         m.recon_predict(sup, qry, finetune="some")

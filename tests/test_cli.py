@@ -90,7 +90,7 @@ def test_plot_shows_learned_hyperparameters(files, capsys, tmp_path):
     out = tmp_path / "m.npz"
     code, _, err = run(["train", "--data", str(files / "train.csv"), "--model", "fedrecon",
                         "--out", str(out), "--rounds", "6", "--factors", "2", "--set",
-                        "learn_hyperparams=[\"server_learning_rate\"]", "--plot",
+                        "hypergradients=default", "--plot",
                         str(tmp_path / "p.png")], capsys)
     assert code == 0, err
     assert len({h["server_learning_rate"] for h in load_model(out).history_}) > 1

@@ -254,7 +254,7 @@ def test_no_node_or_bad_settings_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="would protect nothing"):
         Settings(params={"aggregator": SecureAggregation()}).check()
     with pytest.raises(ValueError, match="not available in a Flower run"):
-        Settings(params={"catalog": 0.5, "local_item_buckets": 10}).check()
+        Settings(params={"item_space": {"name": "open", "catalog": 0.5}}).check()
     s = Settings.from_run_config({"fedcf-params": json.dumps(PARAMS), "eval-fraction": 0.3,
                                   "dataset": "synthetic", "model-path": ""})
     assert s.eval_fraction == 0.3 and s.model_path is None and s.params["n_factors"] == 6

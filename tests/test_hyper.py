@@ -13,7 +13,7 @@ from fedcf import _reference as ref
 from fedcf._kernels.hypergrad import fedrecon_tangent_clients
 from fedcf._kernels.layout import client_cfg, sgd_hp
 from fedcf.datasets import make_synthetic_ratings
-from fedcf.federated import SGD, Adam, Momentum, SGDReconstruction
+from fedcf.federated import SGD, Adam, Hypergradients, Momentum, SGDReconstruction
 from fedcf.federated.phases import server_update
 
 
@@ -77,7 +77,7 @@ def test_round_hypergradient_matches_finite_difference(pop, opt, recon, names):
     est = FedReconMF(n_factors=3, n_rounds=10, clients_per_round=30, dtype="float64",
                      reconstruction=SGDReconstruction(steps=10) if recon == "sgd" else "als",
                      server_optimizer=SGD(0.5) if opt == "sgd" else Momentum(0.2),
-                     learn_hyperparams=names, random_state=0)
+                     hypergradients=Hypergradients(names), random_state=0)
     est._check_params()
     run = est._start(pop, None)
     for t in range(4):
@@ -116,7 +116,8 @@ def test_fedavg_round_hypergradient_matches_finite_difference(pop):
 
     est = FedAvgMF(n_factors=3, n_rounds=10, clients_per_round=30, dtype="float64",
                    server_optimizer=Momentum(0.3),
-                   learn_hyperparams=["server_learning_rate", "momentum"], random_state=0)
+                   hypergradients=Hypergradients(["server_learning_rate", "momentum"]),
+                   random_state=0)
     est._check_params()
     run = est._start(pop, None)
     for t in range(3):
@@ -152,7 +153,7 @@ def test_fedavg_round_hypergradient_matches_finite_difference(pop):
 
 def test_holdout_users_never_train_and_report_the_derivatives(pop):
     est = FedReconMF(n_factors=3, n_rounds=4, clients_per_round=20, random_state=0,
-                     learn_hyperparams=["server_learning_rate"], hyper_holdout=0.25)
+                     hypergradients=Hypergradients(holdout=0.25))
     est._check_params()
     run = est._start(pop, None)
     train, held = run.select.eligible, run.hyper_select.eligible
@@ -162,19 +163,17 @@ def test_holdout_users_never_train_and_report_the_derivatives(pop):
     assert np.isin(seen, train).all()
     assert np.isin(run.hyper_select(3).clients, held).all()
     own = FedReconMF(n_factors=3, n_rounds=6, clients_per_round=20, random_state=0,
-                     learn_hyperparams=["server_learning_rate"], hyper_holdout=0.0).fit(pop)
+                     hypergradients=Hypergradients(holdout=0.0)).fit(pop)
     val = FedReconMF(n_factors=3, n_rounds=6, clients_per_round=20, random_state=0,
-                     learn_hyperparams=["server_learning_rate"], hyper_holdout=0.25).fit(pop)
+                     hypergradients=Hypergradients(holdout=0.25)).fit(pop)
     assert own.history_[-1]["server_learning_rate"] != val.history_[-1]["server_learning_rate"]
 
 
 def test_learning_off_is_todays_run_bit_for_bit(pop):
     base = dict(n_factors=3, n_rounds=8, clients_per_round=30, random_state=0)
     a = FedReconMF(**base).fit(pop)
-    b = FedReconMF(**base, learn_hyperparams=None, hyper_learning_rate=0.7,
-                   hyper_optimizer="sgd").fit(pop)
-    c = FedReconMF(**base, learn_hyperparams=[]).fit(pop)
-    for m in (b, c):
+    b = FedReconMF(**base, hypergradients=None).fit(pop)
+    for m in (b,):
         np.testing.assert_array_equal(a.item_factors_, m.item_factors_)
         assert [h["loss"] for h in a.history_] == [h["loss"] for h in m.history_]
         assert not hasattr(m, "learned_hyperparams_")
@@ -183,8 +182,9 @@ def test_learning_off_is_todays_run_bit_for_bit(pop):
 def test_learned_values_are_recorded_and_move(pop):
     m = FedReconMF(n_factors=3, n_rounds=12, clients_per_round=30, random_state=0,
                    server_optimizer=Momentum(0.3),
-                   learn_hyperparams=("server_learning_rate", "momentum", "weight_exponent"),
-                   hyper_learning_rate=0.05).fit(pop)
+                   hypergradients=Hypergradients(
+                       ("server_learning_rate", "momentum", "weight_exponent"),
+                       learning_rate=0.05)).fit(pop)
     lrs = [h["server_learning_rate"] for h in m.history_]
     assert lrs[0] == pytest.approx(0.3) and len(set(lrs)) > 5
     assert all("hypergrad_momentum" in h for h in m.history_[1:])
@@ -192,38 +192,57 @@ def test_learned_values_are_recorded_and_move(pop):
     assert 0 < m.learned_hyperparams_["momentum"] < 1
 
 
+@pytest.mark.parametrize("kw, match", [
+    (dict(learn="server_learning_rate"), "learn must be a non-empty list"),
+    (dict(learn=["lr"]), "learn must be a non-empty list"),
+    (dict(learn=[]), "learn must be a non-empty list"),
+    (dict(learn=["server_learning_rate"] * 2), "twice"),
+    (dict(learning_rate=0), "learning_rate must be a finite number > 0"),
+    (dict(learning_rate=-1), "learning_rate must be a finite number > 0"),
+    (dict(learning_rate=float("nan")), "learning_rate must be a finite number > 0"),
+    (dict(learning_rate=True), "learning_rate must be a finite number > 0"),
+    (dict(optimizer="rmsprop"), "optimizer must be 'adam' or 'sgd'"),
+    (dict(holdout=0.95), r"holdout must be None or a number in \[0, 0.9\]"),
+    (dict(holdout=-0.1), r"holdout must be None or a number in \[0, 0.9\]"),
+    (dict(holdout="0.1"), r"holdout must be None or a number in \[0, 0.9\]"),
+])
+def test_bad_hypergradient_settings_are_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Hypergradients(**kw)
+    with pytest.raises(ValueError, match=match):  # also when set later (GridSearchCV)
+        FedReconMF(hypergradients=Hypergradients()).set_params(
+            **{f"hypergradients__{k}": v for k, v in kw.items()})
+
+
 @pytest.mark.parametrize("kw, err, match", [
-    (dict(learn_hyperparams="server_learning_rate"), TypeError, "list or tuple"),
-    (dict(learn_hyperparams=["lr"]), ValueError, "learn_hyperparams"),
-    (dict(learn_hyperparams=["momentum"]), ValueError, "'momentum' needs Momentum"),
-    (dict(learn_hyperparams=["server_learning_rate"], server_optimizer=Adam(0.01)), ValueError,
+    (dict(hypergradients=Hypergradients(["momentum"])), ValueError,
+     "'momentum' needs Momentum"),
+    (dict(hypergradients=Hypergradients(), server_optimizer=Adam(0.01)), ValueError,
      r"server_optimizer=Adam\(learning_rate=0.01.*can learn none"),
-    (dict(learn_hyperparams=["server_learning_rate"] * 2), ValueError, "twice"),
-    (dict(learn_hyperparams=["server_learning_rate"], hyper_learning_rate=0), ValueError,
-     "hyper_learning_rate"),
-    (dict(learn_hyperparams=["server_learning_rate"], hyper_learning_rate=-1), ValueError,
-     "hyper_learning_rate"),
-    (dict(learn_hyperparams=["server_learning_rate"], hyper_optimizer="rmsprop"), ValueError,
-     "hyper_optimizer"),
-    (dict(learn_hyperparams=["weight_exponent"], checkpoint_path="x.ckpt"), ValueError,
-     "checkpoint_path"),
-    (dict(learn_hyperparams=["server_learning_rate"], hyper_holdout=0.95), ValueError,
-     "hyper_holdout"),
-    (dict(learn_hyperparams=["server_learning_rate"], hyper_holdout=-0.1), ValueError,
-     "hyper_holdout"),
+    (dict(hypergradients=Hypergradients(["weight_exponent"]), checkpoint_path="x.ckpt"),
+     ValueError, "checkpoint_path"),
+    (dict(hypergradients=["server_learning_rate"]), TypeError, "hypergradients must be one of"),
+    (dict(hypergradients="yes"), ValueError, "'yes' is not a registered hypergradients"),
+    (dict(hypergradients=Hypergradients), TypeError, "hypergradients must be one of"),
 ])
 def test_bad_hyper_settings_are_named(pop, kw, err, match):
     with pytest.raises(err, match=match):
         FedReconMF(n_factors=2, n_rounds=2, **kw).fit(pop)
 
 
+def test_hypergradients_by_name_and_nested_params(pop):
+    m = FedReconMF(n_factors=2, n_rounds=3, random_state=0, hypergradients="default")
+    m.set_params(hypergradients__learning_rate=0.05)
+    assert m.hypergradients == Hypergradients(learning_rate=0.05)
+    assert m.fit(pop).learned_hyperparams_.keys() == {"server_learning_rate"}
+
+
 def test_fedavg_refuses_a_holdout(pop):
     from fedcf import FedAvgMF
 
     with pytest.raises(ValueError, match="stored user rows"):
-        FedAvgMF(n_factors=2, n_rounds=2, learn_hyperparams=["server_learning_rate"],
-                 hyper_holdout=0.1).fit(pop)
-    FedAvgMF(n_factors=2, n_rounds=3, learn_hyperparams=["server_learning_rate"]).fit(pop)
+        FedAvgMF(n_factors=2, n_rounds=2, hypergradients=Hypergradients(holdout=0.1)).fit(pop)
+    FedAvgMF(n_factors=2, n_rounds=3, hypergradients=Hypergradients()).fit(pop)
 
 
 def test_aggregators_refuse_learning(pop):
@@ -231,7 +250,7 @@ def test_aggregators_refuse_learning(pop):
 
     with pytest.raises(ValueError, match="aggregator=None"):
         FedReconMF(n_factors=2, n_rounds=2, aggregator=TrimmedMean(0.1),
-                   learn_hyperparams=["server_learning_rate"]).fit(pop)
+                   hypergradients=Hypergradients()).fit(pop)
 
 
 def test_hyperparams_of_a_round_follow_the_learner():

@@ -10,6 +10,7 @@ from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import (
     DPGaussianMean,
     FedReconImplicitMF,
+    Hypergradients,
     Momentum,
     RayExecutor,
     SecureAggregation,
@@ -58,7 +59,8 @@ def test_every_aggregator_composes_with_it(pop, agg):
 
 def test_learned_hyperparameters_take_their_derivatives_from_the_shards(pop):
     kw = dict(KW, server_optimizer=Momentum(0.5),
-              learn_hyperparams=["server_learning_rate", "momentum", "weight_exponent"])
+              hypergradients=Hypergradients(["server_learning_rate", "momentum",
+                                             "weight_exponent"]))
     ref = FedReconMF(**kw).fit(pop)
     m = FedReconMF(**kw, executor=RayExecutor(2)).fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)

@@ -34,7 +34,8 @@ def build_estimator(name: str, args):
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise UsageError(f"--set takes key=value, got {item!r}")
-        params[key] = _parse_value(value)
+        value = _parse_value(value)
+        params[key] = registry.from_spec(key, value) if key in registry.phase_kinds() else value
     valid = est.get_params()
     for key in params:
         if key not in valid:
@@ -100,7 +101,8 @@ def add_parser(sub):
     for flag, param in SHORTCUTS.items():
         p.add_argument(f"--{flag}", type=int, help=f"= --set {param}=N")
     p.add_argument("--set", nargs="+", action="extend", metavar="KEY=VALUE",
-                   help="any hyperparameter, e.g. --set learning_rate=0.5 biases=false")
+                   help="any hyperparameter, e.g. --set learning_rate=0.5 biases=false "
+                        "aggregator='{\"name\": \"median\"}' (a phase object as a JSON spec)")
     p.add_argument("--validation", help="held-out users' file: ReconEval every eval_every "
                    "rounds, stored in the history (federated models)")
     p.add_argument("--duplicates", choices=("error", "last", "mean"), default="error",

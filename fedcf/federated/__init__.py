@@ -18,7 +18,9 @@ from .contracts import (
     RunContext,
 )
 from .fedrecon import FedReconMF
+from .hyper import Hypergradients
 from .implicit import FedReconImplicitMF
+from .items import CatalogLocalParams, FullCatalog, ItemRows, ItemSpace, OpenCatalog
 from .optimizers import OPTIMIZERS, SGD, Adagrad, Adam, Momentum, ServerOptimizer, Yogi
 from .phases import (
     ClientOutputs,
@@ -48,6 +50,10 @@ __all__ = [
     "Reconstruction", "RidgeReconstruction", "SGDReconstruction",
     # support/query split
     "SupportQuerySplit", "RandomSplit", "TimeSplit", "NoSplit",
+    # learned round hyperparameters
+    "Hypergradients",
+    # item space
+    "ItemSpace", "FullCatalog", "OpenCatalog", "ItemRows", "CatalogLocalParams",
     # executors
     "LocalExecutor", "RayExecutor",
     # the round

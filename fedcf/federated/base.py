@@ -22,13 +22,13 @@ from .._validation import (
     RandomState,
     Real,
 )
-from ..datasets import Interactions
+from ..datasets import Interactions, SyntheticPopulation
 from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .checkpoint import RESUME_FREE, data_fingerprint
 from .contracts import Aggregator, Executor, Population, RunContext, phase_rule
 from .guard import STAGES, Diagnosis, DivergenceGuard
-from .hyper import HyperLearner, check_learnable
+from .hyper import HYPER_CONSTRAINTS, Hypergradients, HyperLearner, check_learnable
 from .loop import Checkpointer, Run
 from .optimizers import ServerOptimizer
 from .phases import Cohort, RoundHyperparams, Selector
@@ -55,7 +55,7 @@ class FederatedMFBase(MFEstimatorBase):
     """Round loop and parameters shared by the federated estimators (not used directly).
 
     Subclasses provide ``client_program(inter, mu)`` (lays out and runs the client kernel) and
-    may override the local-state and communication hooks below.
+    may keep client state between rounds (``_local_state``).
     """
 
     _parameter_constraints = FEDERATED_CONSTRAINTS
@@ -63,8 +63,7 @@ class FederatedMFBase(MFEstimatorBase):
     rating_scale = None
     # parameters that only some federated estimators take, at their "off" value for the rest
     executor = None  # estimators with stateful clients run them in this process
-    learn_hyperparams = None
-    hyper_holdout = 0.0
+    hypergradients = None
     negatives = 0
 
     # ------------------------------------------------------------------ hooks
@@ -73,18 +72,18 @@ class FederatedMFBase(MFEstimatorBase):
         Q = rng.uniform(-self.init_scale, self.init_scale, (inter.n_items, self.n_factors))
         return {"Q": Q.astype(dtype), "b": np.zeros(inter.n_items, dtype)}
 
-    def _init_local_state(self, inter, rng, dtype):
+    def _local_state(self):
+        """The clients' state kept between rounds (the stateful baselines' ``UserRows``), or
+        None: stateless clients (Federated Reconstruction)."""
         return None
-
-    def _finish_local_state(self, local):
-        pass
 
     def _coerce(self, X, y, **data_kwargs) -> Interactions:
         """The training data. A population described by a spec (``SyntheticPopulation``) is
         built on the workers of a Ray executor (a ``RemotePopulation``: the driver never holds
         it), else here."""
         remote = isinstance(X, Population) and X.executor is not None
-        opened = None if remote or not hasattr(X, "build_block") else self._executor().open(X)
+        opened = self._executor().open(X) if isinstance(X, SyntheticPopulation) and not remote \
+            else None
         if (remote or opened is not None) and (y is not None or data_kwargs):
             raise TypeError(f"a {type(X).__name__} takes no y or data keyword arguments")
         if remote:  # e.g. a Flower federation's users, run where they are
@@ -147,8 +146,9 @@ class FederatedMFBase(MFEstimatorBase):
 
     def _check_combinations(self):
         """Rules that involve several parameters (subclasses extend)."""
-        if self.learn_hyperparams:
-            check_learnable(self)
+        hg = self._hypergradients()
+        if hg is not None:
+            check_learnable(self, hg, self._local_state() is not None)
         if self._aggregator().sampling == "poisson" and self.oversample > 0:
             raise ValueError("oversample must be 0 with DPGaussianMean: differential privacy "
                              "samples clients by Poisson sampling, which has no surplus to cut")
@@ -192,7 +192,8 @@ class FederatedMFBase(MFEstimatorBase):
             self.noise_multiplier_ = run.aggregator.sigma
             self.epsilon_ = run.epsilon()
         self._set_globals(run.params)
-        self._finish_local_state(run.local)
+        if run.local is not None:
+            self.__dict__.update(self._local_state().fitted(run.local))
         self.history_ = run.history
         if run.hyper is not None:
             self.learned_hyperparams_ = run.hyper.values()
@@ -204,7 +205,7 @@ class FederatedMFBase(MFEstimatorBase):
         leakage audit attacks (``scripts/privacy_benchmark.py``). For estimators whose clients
         keep no state between rounds."""
         self._check_fitted()
-        if self._keeps_user_rows:
+        if self._local_state() is not None:
             raise ValueError(f"{type(self).__name__} keeps user rows between rounds; its uploads "
                              "depend on the whole training run, not on the fitted model alone")
         inter = Interactions.coerce(X)
@@ -231,7 +232,8 @@ class FederatedMFBase(MFEstimatorBase):
         self._check_memory(inter, dtype)
         rng = np.random.default_rng([seed, 0xC0FFEE])
         params = self._init_globals(inter, rng, dtype)
-        local = self._init_local_state(inter, rng, dtype)
+        state = self._local_state()
+        local = None if state is None else state.init(inter.n_users, self.n_factors, rng, dtype)
         stats = inter.value_stats()
         mu = stats["mean"] if self.biases else 0.0
         counts = inter.counts()
@@ -277,26 +279,32 @@ class FederatedMFBase(MFEstimatorBase):
         return phase_rule("executor", Executor)("executor", self.executor or "local")
 
     def _hyper_holdout(self, eligible, seed):
-        """With ``hyper_holdout`` > 0, that share of the eligible users never trains: they are the
+        """With a hypergradient holdout > 0, that share of the eligible users never trains: they are the
         validation population whose loss derivatives drive the learned hyperparameters (a
         ``Selector`` of their own); else the round's own cohort reports them."""
-        frac = self.hyper_holdout if self.learn_hyperparams \
-            else 0.0
+        hg = self._hypergradients()
+        frac = 0.0 if hg is None else hg.holdout_share(self._local_state() is not None)
         if not frac:
             return eligible, None
         rng = np.random.default_rng([seed, 0x4E7A])
         held = np.zeros(len(eligible), bool)
         held[rng.permutation(len(eligible))[:max(1, int(round(frac * len(eligible))))]] = True
         if held.all():
-            raise ValueError(f"hyper_holdout={frac} leaves no user to train on; lower it")
+            raise ValueError(f"hypergradients__holdout={frac} leaves no user to train on; "
+                             "lower it")
         return eligible[~held], Selector(seed ^ 0x5A5A, eligible[held], self.clients_per_round)
 
     def _make_hyper(self):
         """Learned round hyperparameters (hyper.py), or None: the fixed ones."""
-        if not self.learn_hyperparams:
+        hg = self._hypergradients()
+        if hg is None:
             return None
-        return HyperLearner.start(tuple(self.learn_hyperparams), self._round_hyperparams(),
-                                  self.hyper_learning_rate, self.hyper_optimizer)
+        return HyperLearner.start(hg.learn, self._round_hyperparams(), float(hg.learning_rate),
+                                  hg.optimizer)
+
+    def _hypergradients(self) -> Hypergradients | None:
+        """The ``hypergradients`` parameter as an object (None: fixed hyperparameters)."""
+        return HYPER_CONSTRAINTS["hypergradients"]("hypergradients", self.hypergradients)
 
     def _aggregator(self) -> Aggregator:
         """Phase 3 (aggregate): the ``aggregator`` parameter, else the weighted mean."""
@@ -321,10 +329,8 @@ class FederatedMFBase(MFEstimatorBase):
         check_memory(inter.n_items * (K + 1) * (dtype.itemsize + 6 * 8)  # params, state, dense step
                      + slots * (K + 2) * (dtype.itemsize + 8)  # uploads and their reduction
                      + 2 * ((K + 2) ** 2 * 8 + float(largest[:1].sum()) * (K + 2) * 24)
-                     + (inter.n_users * K * dtype.itemsize if self._keeps_user_rows else 0),
+                     + (0 if self._local_state() is None else inter.n_users * K * dtype.itemsize),
                      f"{type(self).__name__} with n_factors={K}")
-
-    _keeps_user_rows = False
 
     def _set_globals(self, params):
         self.item_factors_ = params["Q"]

@@ -21,7 +21,7 @@ def data_fingerprint(inter, seed: int) -> dict:
     """What a resumed run must share with the run that wrote the checkpoint: the seed, the sizes
     and a sha256 over the data itself (entries, values, timestamps, raw ids)."""
     h = hashlib.sha256()
-    if hasattr(inter, "source"):  # a RemotePopulation: its spec says what the data are
+    if inter.executor is not None:  # clients run where their data are: the spec says what
         h.update(repr(sorted(inter.source.describe().items())).encode())
         return {"n_users": inter.n_users, "n_items": inter.n_items, "nnz": inter.nnz,
                 "sha256": h.hexdigest(), "seed": int(seed)}

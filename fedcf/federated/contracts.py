@@ -36,12 +36,14 @@ class Params:
         return [p.name for p in sig.parameters.values() if p.name != "self"
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
+    def _param_values(self) -> dict:
+        return {name: getattr(self, name) for name in self._param_names()}
+
     def get_params(self, deep: bool = True) -> dict:
         out = {}
-        for name in self._param_names():
-            value = getattr(self, name)
+        for name, value in self._param_values().items():
             out[name] = value
-            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+            if deep and isinstance(value, Params):
                 out.update({f"{name}__{k}": v for k, v in value.get_params(deep=True).items()})
         return out
 
@@ -60,8 +62,8 @@ class Params:
             else:
                 setattr(self, name, value)
         for name, sub in nested.items():
-            inner = getattr(self, name)
-            if not hasattr(inner, "set_params"):
+            inner = self._param_values()[name]
+            if not isinstance(inner, Params):
                 raise ValueError(f"{type(self).__name__}.{name} is {inner!r}, which has no "
                                  f"parameters to set ({sorted(sub)})")
             inner.set_params(**sub)
@@ -72,16 +74,25 @@ class Params:
         """Raise, naming the parameter, when a value is not allowed (subclasses extend)."""
 
     def __repr__(self):
-        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._param_names())
+        args = ", ".join(f"{k}={v!r}" for k, v in self._param_values().items())
         return f"{type(self).__name__}({args})"
 
     def __eq__(self, other):
         """Equal when of the same class with equal parameters (a clone equals its original)."""
         if type(other) is not type(self):
             return NotImplemented
-        return self.get_params(deep=False) == other.get_params(deep=False)
+        mine, theirs = self.get_params(deep=False), other.get_params(deep=False)
+        return all(_same(mine[k], theirs[k]) for k in mine)
 
     __hash__ = None  # mutable through set_params
+
+
+def _same(a, b) -> bool:
+    """Parameter values equal (arrays by their elements)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.asarray(a).shape == np.asarray(b).shape and bool(np.all(np.asarray(a) ==
+                                                                          np.asarray(b)))
+    return bool(a == b)
 
 
 @dataclass(frozen=True)

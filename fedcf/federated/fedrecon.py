@@ -11,13 +11,15 @@ from .._kernels.clients import fedrecon_clients, query_sizes
 from .._kernels.hypergrad import fedrecon_tangent_clients
 from .._kernels.layout import HP_OFFSET, client_cfg, recon_init_cfg
 from .._kernels.sgd import sgd_reconstruct_rows
-from .._validation import Bool, Int, NoneOr, RatingScale
+from .._validation import Bool, RatingScale
+from ..datasets import ItemFeatures
 from ..models.base import RatingScoreMixin
 from ..models.prediction import inference_keys
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
-from .catalog import CATALOG_ARRAYS, CATALOG_CONSTRAINTS, CatalogMixin
+from .catalog import OpenScorer
 from .contracts import WholeModelBroadcast, phase_rule
 from .hyper import HYPER_CONSTRAINTS
+from .items import OPEN_ARRAYS, ItemRows, ItemSpace, features_arrays, features_of
 from .reconstruction import Reconstruction
 from .split import SupportQuerySplit, resolve_split
 
@@ -50,7 +52,7 @@ class FedReconProgram(WholeModelBroadcast):
         return losses, jvp
 
 
-class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
+class FedReconMF(RatingScoreMixin, FederatedMFBase):
     """Federated Reconstruction for biased matrix factorization (Singhal et al. 2021, Alg. 1).
 
     Global: item factors Q, item biases b (and the global mean μ). Local: the user's factors p and
@@ -110,43 +112,21 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         Where the client work runs: in this process (None, "local"), or on the shards of a
         Ray cluster (``fedcf.federated.RayExecutor``, "ray" for its defaults; the same model
         bit for bit).
-    learn_hyperparams : sequence of {"server_learning_rate", "momentum", "weight_exponent"} or None
-        Learn these round hyperparameters during training by federated hypergradient descent
-        (``fedcf.federated.hyper``): each round's clients also report the derivative of their
-        query loss (after reconstruction) along the last server step's tangents, H numbers each.
-        Needs server_optimizer "sgd" or "momentum" ("momentum" for learning the momentum) and the
-        plain weighted mean (aggregator=None). "weight_exponent" is α in w_i = n_i^α, starting
-        from ``client_weighting`` (1 by examples, 0 uniform).
-    hyper_learning_rate : float, default 0.01
-        Step of the hyper-optimizer on log η_s, logit β and α.
-    hyper_optimizer : {"adam", "sgd"}, default "adam"
-    hyper_holdout : float in [0, 0.9], default 0.1
-        With learned hyperparameters, this share of the users never trains: each round a cohort of
-        them (validation clients, as in the paper's appendix A.2) reports the derivatives, so the
-        hyperparameters follow the loss of users the model has not fitted — what ReconEval
-        measures. 0 uses the round's own training cohort (the paper's parallel form).
-    catalog : None, float in (0, 1] or list of raw item ids
-        The items with global rows: all training items (None), the most popular share of them
-        (by training interactions), or this list. Other items are *out of catalog* and scored
-        by the options below (without any: μ + c_u, no item term). See ``catalog.py``.
-    local_item_buckets : int >= 1 or None
-        B hashed local rows (raw item id → bucket) of out-of-catalog items: local parameters,
-        reconstructed with the user's embedding from the support set, never uploaded
-        (FedRecon §5.1.2; B = 1 is a personal "unknown item" row).
-    unknown_item_row : bool, default False
-        One shared global UNK row for out-of-catalog items (with item features: the adapter's
-        intercept).
-    learned_default : bool, default False
-        Learn a global default (p₀, c₀) of the local parameters: the prior mean of the ridge
-        reconstruction and the start of SGD reconstruction.
-    local_item_sweeps : int, default 3
-        Alternating exact solves (user, then local rows) of ALS reconstruction with local rows.
+    hypergradients : Hypergradients or None, default None
+        Learn round hyperparameters during training by federated hypergradient descent
+        (``fedcf.federated.Hypergradients(learn, learning_rate, optimizer, holdout)``; its
+        parameters are nested names, ``hypergradients__learning_rate``). None: fixed.
+    item_space : {"full", "open"} or ItemSpace, default "full"
+        Which raw items have global rows: ``FullCatalog()`` (every training item; an unseen
+        item scores μ + c_u) or ``OpenCatalog(catalog, unknown_item_row, local_item_buckets,
+        local_item_sweeps, learned_default)`` (a catalog, and UNK / adapter / hashed local rows
+        / a learned default for the rest; ``item_space__local_item_buckets``). See ``items.py``.
     random_state : int, RandomState or None
     verbose : bool, default False
 
-    ``fit(X, item_features=...)`` (``fedcf.datasets.ItemFeatures``, a DataFrame indexed by raw
-    item id, or an (item_ids, matrix) pair) adds a global linear adapter: an out-of-catalog
-    item's row is Σ x_f · W_f (plus its local row) — OOV expansion.
+    With an open item space, ``fit(X, item_features=...)`` (``fedcf.datasets.ItemFeatures``, a
+    DataFrame indexed by raw item id, or an (item_ids, matrix) pair) adds a global linear
+    adapter: an out-of-catalog item's row is Σ x_f · W_f (plus its local row) — OOV expansion.
 
     Attributes
     ----------
@@ -165,9 +145,9 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         ``broadcast_seconds``, ``client_seconds`` and ``shard_restarts``), ε with DP, and with
         learned hyperparameters their values and hypergradients.
     learned_hyperparams_ : dict
-        The final learned values (only with ``learn_hyperparams``).
+        The final learned values (only with ``hypergradients``).
     adapter_factors_, adapter_biases_ : ndarray
-        With out-of-catalog options: the UNK row and one row per item feature.
+        With an open item space: the UNK row and one row per item feature.
     default_params_ : ndarray (K + 1,) or None
         The learned default [p₀; c₀].
 
@@ -189,11 +169,16 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         "biases": Bool(), "rating_scale": RatingScale(),
         "split": phase_rule("split", SupportQuerySplit),
         "reconstruction": phase_rule("reconstruction", Reconstruction),
-        "joint": Bool(), **HYPER_CONSTRAINTS, **CATALOG_CONSTRAINTS,
-        "local_item_buckets": NoneOr(Int(1, 2**31 - 1)), "unknown_item_row": Bool(),
-        "learned_default": Bool(), "local_item_sweeps": Int(1, 1000),
+        "joint": Bool(), **HYPER_CONSTRAINTS,
+        "item_space": phase_rule("item_space", ItemSpace),
     }
-    _saved_arrays = (*FederatedMFBase._saved_arrays, *CATALOG_ARRAYS)
+    _saved_arrays = (*FederatedMFBase._saved_arrays, *OPEN_ARRAYS)
+    # fitted with an open item space only (see items.OPEN_ARRAYS)
+    adapter_factors_ = adapter_biases_ = default_params_ = None
+    feature_item_ids_ = feature_indptr_ = feature_indices_ = feature_values_ = None
+    feature_shape_ = None
+    _fit_features = None  # the item features of the fit under way
+    _fit_rows = None  # the item rows of the fit under way (open item space)
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
                  server_optimizer="sgd",
@@ -202,10 +187,8 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None, split="random",
                  reconstruction="als",
                  joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
-                 dtype="float32", aggregator=None, executor=None, learn_hyperparams=None,
-                 hyper_learning_rate=0.01, hyper_optimizer="adam", hyper_holdout=0.1,
-                 catalog=None, local_item_buckets=None, unknown_item_row=False,
-                 learned_default=False, local_item_sweeps=3, random_state=None, verbose=False):
+                 dtype="float32", aggregator=None, executor=None, hypergradients=None,
+                 item_space="full", random_state=None, verbose=False):
         self.n_factors = n_factors
         self.biases = biases
         self.n_rounds = n_rounds
@@ -231,17 +214,139 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
         self.dtype = dtype
         self.aggregator = aggregator
         self.executor = executor
-        self.learn_hyperparams = learn_hyperparams
-        self.hyper_learning_rate = hyper_learning_rate
-        self.hyper_optimizer = hyper_optimizer
-        self.hyper_holdout = hyper_holdout
-        self.catalog = catalog
-        self.local_item_buckets = local_item_buckets
-        self.unknown_item_row = unknown_item_row
-        self.learned_default = learned_default
-        self.local_item_sweeps = local_item_sweeps
+        self.hypergradients = hypergradients
+        self.item_space = item_space
         self.random_state = random_state
         self.verbose = verbose
+
+    # ------------------------------------------------------------------ item space
+    def fit(self, X, y=None, *, item_features=None, **kwargs):
+        """As ``FederatedMFBase.fit``; with an open item space, ``item_features``
+        (``ItemFeatures``, a DataFrame indexed by raw item id, or an (item_ids, matrix) pair)
+        adds the OOV-expansion adapter."""
+        self._fit_features = None if item_features is None else \
+            ItemFeatures.coerce(item_features)
+        try:
+            return super().fit(X, y, **kwargs)
+        finally:
+            self._fit_features = self._fit_rows = None
+
+    def _item_space(self) -> ItemSpace:
+        return phase_rule("item_space", ItemSpace)("item_space", self.item_space)
+
+    def _rows(self) -> ItemRows | None:
+        """The fitted model's open item rows, or None (one global row per item)."""
+        space = self._item_space()
+        if not space.open:
+            return None
+        self._check_fitted()
+        return ItemRows(space, self.item_ids_, features_of(self))
+
+    def _scorer(self):
+        """Where a scoring call goes: the open item space's scorer, else the base methods."""
+        rows = self._rows()
+        return super() if rows is None else OpenScorer(self, rows)
+
+    def _check_combinations(self):
+        super()._check_combinations()
+        space = self._item_space()
+        if not space.open:
+            space.bind((), (), self._fit_features)  # refuses item features
+            return
+        bad = [(k, v) for k, v, on in (
+            ("joint", self.joint, bool(self.joint)),
+            ("hypergradients", self.hypergradients, self.hypergradients is not None),
+            ("executor", self.executor, self.executor not in (None, "local"))) if on]
+        if bad:
+            raise ValueError(f"{bad[0][0]}={bad[0][1]!r} is not available with an open item "
+                             f"space (item_space={space!r}); leave it at its default")
+
+    def _init_globals(self, inter, rng, dtype) -> dict:
+        space = self._item_space()
+        if not space.open:
+            return super()._init_globals(inter, rng, dtype)
+        counts = np.bincount(inter.items, minlength=inter.n_items)
+        self._fit_rows = space.bind(inter.item_ids, counts, self._fit_features)
+        for name, value in features_arrays(self._fit_features).items():
+            setattr(self, name, value)
+        return self._fit_rows.init(rng, self.n_factors, self.init_scale, dtype)
+
+    def _set_globals(self, params):
+        if self._fit_rows is None:
+            return super()._set_globals(params)
+        for name, value in self._fit_rows.split(params["Q"], params["b"]).items():
+            setattr(self, name, value)
+
+    def _guard(self, inter, mu, opt):
+        guard = super()._guard(inter, mu, opt)
+        if self._fit_rows is not None:  # the diagnosis solves over the full catalog's rows
+            guard.diagnose = None
+        return guard
+
+    def _global_params(self) -> dict:
+        if self._item_space().open:
+            raise ValueError("client_uploads is not available with an open item space yet (its "
+                             "clients also hold local item rows)")
+        return super()._global_params()
+
+    def _check_loaded(self, where: str):
+        super()._check_loaded(where)
+        rows = self._rows()
+        if rows is not None:
+            rows.check(self, where)
+
+    @property
+    def item_features_(self):
+        """The item features the model was fitted with (``ItemFeatures``), or None."""
+        return features_of(self) if self._item_space().open else None
+
+    # ------------------------------------------------------------------ scoring
+    def predict(self, X, *, clip: bool = True, user_col: str = "user", item_col: str = "item"):
+        """Predicted ratings of (user, item) pairs: a seen user is reconstructed from their fit
+        data; an item outside the model scores by the item space (see ``Prediction.predict``)."""
+        return self._scorer().predict(X, clip=clip, user_col=user_col, item_col=item_col)
+
+    def recon_predict(self, support, query, *, clip: bool = True, finetune=None):
+        """Reconstruct each user of ``support`` and predict the entries of ``query`` (same users,
+        same order) — ReconEval's step.
+
+        ``finetune`` (Table 2 of the paper, open item space only): after reconstruction the user
+        also runs the model's client update (``update_steps`` at ``learning_rate``) on its
+        support set, on the global rows it touches — "all" of them (FedRecon + finetune) or only
+        the "adapter" rows (UNK, features: OOV finetuning) — and scores the query with those
+        finetuned copies. Nothing is sent or stored."""
+        if finetune not in (None, "all", "adapter"):
+            raise ValueError(f"finetune must be None, 'all' or 'adapter', got {finetune!r}")
+        if finetune is not None and not self._item_space().open:
+            raise ValueError("finetune needs an open item space (e.g. "
+                             "item_space=OpenCatalog(1.0) for the full catalog)")
+        scorer = self._scorer()
+        kw = {} if finetune is None else {"finetune": finetune}
+        return scorer.recon_predict(support, query, clip=clip, **kw)
+
+    def reconstruct_users(self, inter):
+        """(P, c) of each user of ``inter``, reconstructed from their interactions."""
+        return self._scorer().reconstruct_users(inter)
+
+    def reconstruct(self, items, ratings=None):
+        """A new user's local parameters from their ratings of raw items (never stored); with
+        local item rows a ``CatalogLocalParams`` holding their buckets."""
+        return self._scorer().reconstruct(items, ratings)
+
+    def predict_local(self, local, items, *, clip: bool = True):
+        """Scores of a reconstructed user on raw items."""
+        return self._scorer().predict_local(local, items, clip=clip)
+
+    def recommend(self, items=None, ratings=None, *, user=None, n: int = 10,
+                  filter_seen: bool = True, extra_items=None):
+        """Top-``n`` items for a history (``items``, ``ratings``) or a seen ``user``; with an
+        open item space also of ``extra_items`` (raw ids outside the catalog)."""
+        scorer = self._scorer()
+        if extra_items is not None and not isinstance(scorer, OpenScorer):
+            raise ValueError("extra_items needs an open item space (item_space=OpenCatalog(...)),"
+                             " which scores items outside the catalog")
+        kw = {} if extra_items is None else {"extra_items": extra_items}
+        return scorer.recommend(items, ratings, user=user, n=n, filter_seen=filter_seen, **kw)
 
     def _reconstruction(self) -> Reconstruction:
         return phase_rule("reconstruction", Reconstruction)("reconstruction", self.reconstruction)
@@ -260,8 +365,9 @@ class FedReconMF(CatalogMixin, RatingScoreMixin, FederatedMFBase):
                           self.init_scale, self._recon_lam(), self._recon_lam0())
 
     def client_program(self, inter, mu):
-        if self._catalog_active():
-            return self._catalog_program(inter, mu)
+        if self._fit_rows is not None:
+            return self._fit_rows.program(inter.item_ids, self._recon_cfg(), self._recon_hp(mu),
+                                          self._update_hp(mu, False))
         return FedReconProgram(self._recon_cfg(), self._recon_hp(mu),
                                self._update_hp(mu, self.joint))
 

@@ -25,15 +25,78 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .._kernels.server import sum_sorted_runs
-from .._validation import NoneOr, Options, Real, Sequence
+from .._validation import NoneOr
+from .contracts import Params, phase_rule
 from .optimizers import SGD, Adam, ServerOptimizer
 from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, entries
 
 LEARNABLE = ("server_learning_rate", "momentum", "weight_exponent")
-HYPER_CONSTRAINTS = {"learn_hyperparams": NoneOr(Sequence(*LEARNABLE)),
-                     "hyper_learning_rate": Real(0.0, low_open=True),
-                     "hyper_optimizer": Options("adam", "sgd"),
-                     "hyper_holdout": Real(0.0, 0.9)}
+
+
+class Hypergradients(Params):
+    """Learn round hyperparameters during training by federated hypergradient descent: each
+    round's clients also report the derivative of their query loss (after reconstruction) along
+    the last server step's tangents, H numbers each, and a hyper-optimizer steps on them.
+
+    Parameters
+    ----------
+    learn : sequence of {"server_learning_rate", "momentum", "weight_exponent"}
+        What to learn. Needs server optimizer ``SGD`` or ``Momentum`` (``Momentum`` for the
+        momentum) and the plain weighted mean (``aggregator=None``). "weight_exponent" is α in
+        w_i = n_i^α, starting from ``client_weighting`` (1 by examples, 0 uniform).
+    learning_rate : float > 0, default 0.01
+        Step of the hyper-optimizer on log η_s, logit β and α.
+    optimizer : {"adam", "sgd"}, default "adam"
+    holdout : float in [0, 0.9] or None, default None
+        This share of the users never trains: each round a cohort of them (validation clients,
+        as in the paper's appendix A.2) reports the derivatives, so the hyperparameters follow
+        the loss of users the model has not fitted. 0 uses the round's own training cohort (the
+        paper's parallel form). None: 0.1 for FedReconMF, 0 for FedAvgMF/FURLMF (their clients
+        report the loss of stored user rows, which held-out users never train).
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import Hypergradients
+    >>> model = FedReconMF(hypergradients=Hypergradients(["server_learning_rate"]))
+    >>> model.get_params()["hypergradients__holdout"] is None
+    True
+    """
+
+    def __init__(self, learn=("server_learning_rate",), *, learning_rate=0.01, optimizer="adam",
+                 holdout=None):
+        self.learn = tuple(learn) if isinstance(learn, (list, tuple)) else learn
+        self.learning_rate = learning_rate
+        self.optimizer = optimizer
+        self.holdout = holdout
+        self.validate()
+
+    def validate(self):
+        learn = self.learn
+        if isinstance(learn, list):
+            learn = self.learn = tuple(learn)
+        if not isinstance(learn, tuple) or not learn or any(n not in LEARNABLE for n in learn):
+            raise ValueError(f"learn must be a non-empty list of {list(LEARNABLE)}, got "
+                             f"{learn!r}")
+        if len(set(learn)) != len(learn):
+            raise ValueError(f"learn={list(learn)!r} names a hyperparameter twice")
+        lr = self.learning_rate
+        if isinstance(lr, bool) or not isinstance(lr, (int, float, np.number)) or \
+                not (np.isfinite(lr) and lr > 0):
+            raise ValueError(f"learning_rate must be a finite number > 0, got {lr!r}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        h = self.holdout
+        if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float, np.number))
+                              or not 0.0 <= h <= 0.9):
+            raise ValueError(f"holdout must be None or a number in [0, 0.9], got {h!r}")
+
+    def holdout_share(self, stateful: bool) -> float:
+        """The held-out share of users (``holdout``, or the estimator's default)."""
+        return (0.0 if stateful else 0.1) if self.holdout is None else float(self.holdout)
+
+
+HYPER_CONSTRAINTS = {"hypergradients": NoneOr(phase_rule("hypergradients", Hypergradients))}
 _BOUNDS = {"server_learning_rate": (np.log(1e-4), np.log(1e3)), "momentum": (-8.0, 8.0),
            "weight_exponent": (-2.0, 4.0)}
 
@@ -151,26 +214,23 @@ def exponent_derivative(out: ClientOutputs, hp: RoundHyperparams):
     return items[:m], dq[:m], db[:m]
 
 
-def check_learnable(est) -> None:
-    """The combinations a learned hyperparameter needs, with the parameter to change."""
-    names = list(est.learn_hyperparams)
-    if len(set(names)) != len(names):
-        raise ValueError(f"learn_hyperparams={est.learn_hyperparams!r} names a hyperparameter "
-                         "twice")
+def check_learnable(est, hg: Hypergradients, stateful: bool) -> None:
+    """The combinations learned hyperparameters need, with the parameter to change."""
     opt = est._server_optimizer()
-    for name in names:
+    for name in hg.learn:
         if name not in opt.learnable:
-            raise ValueError(f"learn_hyperparams differentiates through the server step: "
+            raise ValueError(f"hypergradients differentiate through the server step: "
                              f"server_optimizer={opt!r} can learn {list(opt.learnable) or 'none'}"
                              f", not {name!r} (SGD and Momentum have tangents; 'momentum' needs "
                              "Momentum)")
     if est.aggregator is not None:
-        raise ValueError("learn_hyperparams needs aggregator=None: the hypergradients are "
+        raise ValueError("hypergradients need aggregator=None: the hypergradients are "
                          "per-client derivatives that the DP, secure and robust aggregators do not "
                          "protect or bound")
-    if est.hyper_holdout and est._keeps_user_rows:
-        raise ValueError("hyper_holdout needs FedReconMF: FedAvg/FURL clients report the loss of "
-                         "their stored user rows, which held-out users never train")
+    if hg.holdout and stateful:
+        raise ValueError(f"hypergradients__holdout={hg.holdout} needs FedReconMF: FedAvg/FURL "
+                         "clients report the loss of their stored user rows, which held-out "
+                         "users never train; leave holdout=None (0 here)")
     if est.checkpoint_path is not None:
-        raise ValueError("learn_hyperparams cannot be combined with checkpoint_path yet (the "
+        raise ValueError("hypergradients cannot be combined with checkpoint_path yet (the "
                          "hyper-optimizer's state is not checkpointed); use one or the other")

@@ -15,6 +15,7 @@ a row per group and item.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 
 import numpy as np
 
@@ -71,8 +72,9 @@ class PartialSums:
     def concat(cls, parts) -> PartialSums:
         parts = [p if p.levels is not None else replace(p, levels=p.node_levels())
                  for p in parts]
-        return cls(*(None if parts[0].rank is None and f.name == "rank" else
-                     np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+        columns = zip(*map(attrgetter(*(f.name for f in fields(cls))), parts))
+        return cls(*(None if parts[0].rank is None and f.name == "rank" else np.concatenate(col)
+                     for f, col in zip(fields(cls), columns)))
 
     def totals(self) -> dict:
         """Each counter summed over the groups one after another in group order, from 0

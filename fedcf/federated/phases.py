@@ -13,6 +13,7 @@ Round-level hyperparameters that a hyper-learner may change between rounds live 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -206,9 +207,9 @@ class ClientOutputs:
         starts = np.cumsum([0] + sizes[:-1])
         offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, starts)])
         ranks = [p.rank_terms for p in parts]
-        return cls(offsets.astype(np.int64), *(np.concatenate([getattr(p, f) for p in parts])
-                                               for f in ("items", "d_Q", "d_b", "weights",
-                                                         "losses")),
+        pick = attrgetter("items", "d_Q", "d_b", "weights", "losses")
+        return cls(offsets.astype(np.int64), *(np.concatenate(col)
+                                               for col in zip(*(pick(p) for p in parts))),
                    None if ranks[0] is None else np.concatenate(ranks),
                    None if parts[0].clients is None else
                    np.concatenate([p.client_ids() for p in parts]))

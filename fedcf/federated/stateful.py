@@ -37,12 +37,11 @@ _PARAMS_DOC = """
     rating_scale : (low, high) or None
     recon_regularization : float, default 0.1
         Ridge λ of the exact reconstruction that serves users unseen in fit.
-    eval_every, checkpoint_path, checkpoint_every, dtype, aggregator, learn_hyperparams,
-    hyper_learning_rate, hyper_optimizer, random_state, verbose
+    eval_every, checkpoint_path, checkpoint_every, dtype, aggregator, random_state, verbose
         As in FedReconMF.
-    hyper_holdout : float, default 0
-        Must stay 0: the clients report the loss of their stored user rows, which held-out users
-        never train.
+    hypergradients : Hypergradients or None, default None
+        As in FedReconMF; its holdout must stay 0 (None): the clients report the loss of their
+        stored user rows, which held-out users never train.
 
     Attributes
     ----------
@@ -94,6 +93,37 @@ class StatefulProgram(WholeModelBroadcast):
         return losses, jvp
 
 
+@dataclass(frozen=True)
+class UserRows:
+    """The local state of a stateful run: one row (p, c) per user, kept between rounds — on the
+    server (FedAvg) or on the devices (FURL) — and the fitted ``user_factors_``/``user_biases_``.
+
+    Parameters
+    ----------
+    init_scale : float
+        The rows start uniform in ±init_scale (biases at zero).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.federated.stateful import UserRows
+    >>> P, c = UserRows(0.05).init(3, 2, np.random.default_rng(0), np.float32)
+    >>> P.shape, c.tolist()
+    ((3, 2), [0.0, 0.0, 0.0])
+    """
+
+    init_scale: float
+
+    def init(self, n_users: int, n_factors: int, rng, dtype) -> tuple:
+        P = rng.uniform(-self.init_scale, self.init_scale, (n_users, n_factors))
+        return P.astype(dtype), np.zeros(n_users, dtype)
+
+    @staticmethod
+    def fitted(local) -> dict:
+        """The fitted attributes of the final rows."""
+        return {"user_factors_": local[0], "user_biases_": local[1]}
+
+
 class _StatefulMF(RatingScoreMixin, FederatedMFBase):
     """FedPer-style training: each user's row is trained jointly with the item rows it touches
     and kept between rounds. A client whose update turns non-finite keeps its old user row and
@@ -101,7 +131,6 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
 
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
     _recon_lam_attr = "recon_regularization"
-    _keeps_user_rows = True
     _parameter_constraints = {**FEDERATED_CONSTRAINTS, **HYPER_CONSTRAINTS, "biases": Bool(),
                               "rating_scale": RatingScale(), "recon_regularization": Real(0.0)}
 
@@ -111,10 +140,8 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
                  regularization=0.0, client_weighting="num_examples", min_examples=1,
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None,
                  recon_regularization=0.1, eval_every=0, checkpoint_path=None,
-                 checkpoint_every=50, dtype="float32", aggregator=None, learn_hyperparams=None,
-                 hyper_learning_rate=0.01, hyper_optimizer="adam", hyper_holdout=0.0,
-                 random_state=None,
-                 verbose=False):
+                 checkpoint_every=50, dtype="float32", aggregator=None, hypergradients=None,
+                 random_state=None, verbose=False):
         self.n_factors = n_factors
         self.biases = biases
         self.n_rounds = n_rounds
@@ -137,24 +164,18 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
         self.checkpoint_every = checkpoint_every
         self.dtype = dtype
         self.aggregator = aggregator
-        self.learn_hyperparams = learn_hyperparams
-        self.hyper_learning_rate = hyper_learning_rate
-        self.hyper_optimizer = hyper_optimizer
-        self.hyper_holdout = hyper_holdout
+        self.hypergradients = hypergradients
         self.random_state = random_state
         self.verbose = verbose
 
-    def _init_local_state(self, inter, rng, dtype):
-        P = rng.uniform(-self.init_scale, self.init_scale, (inter.n_users, self.n_factors))
-        return P.astype(dtype), np.zeros(inter.n_users, dtype)
+    def _local_state(self) -> UserRows:
+        return UserRows(self.init_scale)
 
     _server_rows = False  # FedAvg: the server stores the user rows
 
     def client_program(self, inter, mu):
         return StatefulProgram(self._update_hp(mu, True), self._server_rows)
 
-    def _finish_local_state(self, local):
-        self.user_factors_, self.user_biases_ = local
 
 
 class FedAvgMF(_StatefulMF):

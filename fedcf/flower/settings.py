@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import registry
 from ..federated.fedrecon import FedReconMF
+from ..federated.items import ItemSpace
 from ..federated.secagg import SecureAggregation
 
 
@@ -74,14 +75,16 @@ class Settings:
         if not isinstance(self.params, dict):
             raise TypeError(f"fedcf-params must be a JSON object of FedReconMF parameters, got "
                             f"{type(self.params).__name__}")
-        for bad in ("executor", "learn_hyperparams"):
+        for bad in ("executor", "hypergradients"):
             if self.params.get(bad):
                 raise ValueError(f"fedcf-params {bad}={self.params[bad]!r} is not available in a "
                                  "Flower run (the nodes are the executor; hypergradients need "
                                  "a second message per round)")
-        for key, kind in (("eval_fraction", float), ("eval_support_fraction", float),
-                          ("min_nodes", int), ("wait_seconds", float), ("reply_timeout", float)):
-            value = getattr(self, key)
+        for key, kind, value in (
+                ("eval_fraction", float, self.eval_fraction),
+                ("eval_support_fraction", float, self.eval_support_fraction),
+                ("min_nodes", int, self.min_nodes), ("wait_seconds", float, self.wait_seconds),
+                ("reply_timeout", float, self.reply_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not np.isfinite(value) or (kind is int and value != int(value)):
                 raise TypeError(f"{key.replace('_', '-')} must be a finite {kind.__name__}, got "
@@ -93,8 +96,9 @@ class Settings:
                              f"{self.eval_support_fraction}")
         if int(self.min_nodes) < 1:
             raise ValueError(f"min-nodes must be >= 1, got {self.min_nodes}")
-        for key in ("wait_seconds", "reply_timeout"):
-            if not float(getattr(self, key)) > 0:
+        for key, value in (("wait_seconds", self.wait_seconds),
+                           ("reply_timeout", self.reply_timeout)):
+            if not float(value) > 0:
                 raise ValueError(f"{key.replace('_', '-')} must be > 0 seconds")
         self.params = {**self.params, **{k: make_phase(k, self.params[k]) for k in
                                          PHASE_PARAMS if k in self.params}}
@@ -109,30 +113,22 @@ class Settings:
             est.check_params()  # names a bad parameter now, not mid-run
         except TypeError as e:
             raise ValueError(f"fedcf-params: {e}; see help(fedcf.FedReconMF) for the names") from e
-        if any(self.params.get(k) not in (None, False) for k in
-               ("catalog", "local_item_buckets", "unknown_item_row", "learned_default")):
-            raise ValueError("fedcf-params: catalog, local_item_buckets, unknown_item_row and "
-                             "learned_default are not available in a Flower run yet (its nodes "
-                             "run FedReconMF's full-catalog kernel); leave them unset")
+        if registry.resolve("item_space", est.item_space, ItemSpace, "item_space").open:
+            raise ValueError("fedcf-params: an open item space (item_space=OpenCatalog) is not "
+                             "available in a Flower run yet (its nodes run FedReconMF's "
+                             "full-catalog kernel); leave item_space unset")
         return self
 
 
-PHASE_PARAMS = ("aggregator", "server_optimizer", "reconstruction", "split")  # objects: JSON specs here
+# parameters that are phase objects (JSON specs in a run config)
+PHASE_PARAMS = tuple(k for k in registry.phase_kinds() if k != "executor")
 
 
 def make_phase(kind: str, spec):
-    """A phase object (aggregator, server optimizer) as given, or one from a JSON spec such as
-    ``{"name": "trimmed-mean", "beta": 0.1}`` or ``{"name": "adam", "learning_rate": 0.01}``
+    """A phase object (aggregator, server optimizer, ...) as given, or one from a JSON spec such
+    as ``{"name": "trimmed-mean", "beta": 0.1}`` or ``{"name": "adam", "learning_rate": 0.01}``
     (the run config can only carry JSON); the names are ``fedcf.registry``'s."""
-    if spec is None or not isinstance(spec, dict):
-        return spec
-    kwargs = dict(spec)
-    name = kwargs.pop("name", None)
     try:
-        cls = registry.lookup(kind, name)
+        return registry.from_spec(kind, spec)
     except ValueError as e:
-        raise ValueError(f"fedcf-params {kind} name: {e}") from None
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ValueError(f"fedcf-params {kind} {name}: {e}") from e
+        raise ValueError(f"fedcf-params {e}") from None

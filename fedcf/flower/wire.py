@@ -17,6 +17,7 @@ sums — and the item catalog. No message ever carries a user embedding or a use
 from __future__ import annotations
 
 import json
+from operator import attrgetter
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def arrays(**named) -> object:
 
 def read_arrays(content, record: str, fields) -> dict:
     """The arrays ``fields`` of ``content[record]``; a missing record or field is a ReplyError."""
-    rec = content.array_records.get(record) if hasattr(content, "array_records") else None
+    rec = content.array_records.get(record) if isinstance(content, flwr().RecordDict) else None
     if rec is None:
         raise ReplyError(f"the reply has no {record!r} record")
     missing = [f for f in fields if f not in rec]
@@ -85,7 +86,7 @@ def client_estimator(params_json: str):
 
 def encode_upload(out: ClientOutputs) -> object:
     """The upload record; item ids travel as int32 (a catalog below 2³¹ items)."""
-    fields = {f: getattr(out, f) for f in UPLOAD_FIELDS}
+    fields = dict(zip(UPLOAD_FIELDS, attrgetter(*UPLOAD_FIELDS)(out)))
     if len(out.items) and int(out.items.max()) < 2**31:
         fields["items"] = out.items.astype(np.int32)
     return arrays(**fields)

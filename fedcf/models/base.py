@@ -88,6 +88,16 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
         self._check_params()
         return self
 
+    def set_params(self, **params):
+        """As scikit-learn's; a nested name (``server_optimizer__learning_rate``) under a phase
+        given by name (``server_optimizer="adam"``) first builds that phase's object, so grids
+        over nested parameters work from the defaults."""
+        for name in {k.partition("__")[0] for k in params if "__" in k}:
+            value = self.__dict__.get(name)
+            if isinstance(value, str) and name in self._parameter_constraints:
+                setattr(self, name, self._parameter_constraints[name](name, value))
+        return super().set_params(**params)
+
     # ------------------------------------------------------------------ subclass hooks
     def _user_params(self, users: np.ndarray):
         """Local parameters of dense users seen in fit.
