@@ -43,6 +43,9 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "time": "fedcf.federated.split:TimeSplit",
         "none": "fedcf.federated.split:NoSplit",
     },
+    "client_update": {
+        "sgd": "fedcf.federated.client_update:ClientUpdate",
+    },
     "hypergradients": {
         "default": "fedcf.federated.hyper:Hypergradients",
     },

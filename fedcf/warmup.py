@@ -21,6 +21,8 @@ from pathlib import Path
 
 from numba.core import event
 
+from ._numba_cache import cache_dir  # noqa: F401  (public here: where the compiled kernels live)
+from .federated.client_update import ClientUpdate
 from .federated.hyper import Hypergradients
 from .federated.reconstruction import SGDReconstruction
 
@@ -51,8 +53,8 @@ def _federated(cls, train, test_t, test_u, **params):
 
 
 # the main job's FedRecon configurations (scripts/movielens_benchmark.py: PAPER, OURS)
-_PAPER = dict(biases=False, reconstruction=SGDReconstruction(steps=3), update_steps=3,
-              batch_size=5, split="random")
+_PAPER = dict(biases=False, reconstruction=SGDReconstruction(steps=3),
+              client_update=ClientUpdate(steps=3, batch_size=5), split="random")
 _OURS = dict(biases=True, reconstruction="als")
 
 

@@ -42,13 +42,11 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from fedcf import CentralizedMF, FedReconMF
-from fedcf import _reference as ref
-from fedcf._kernels.als import ridge_cg_rows, ridge_solve_rows
-from fedcf._kernels.layout import ridge_cfg, sgd_hp
-from fedcf._kernels.sgd import gather_ratings, sgd_epoch
 from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.eval import random_split
 from fedcf.federated import Selector, SGDReconstruction
+from fedcf.kernels import gather_ratings, ridge_cfg, ridge_cg_rows, ridge_solve_rows, sgd_epoch, sgd_hp
+from fedcf.kernels import reference as ref
 from fedcf.provenance import run_meta, write_json
 from fedcf.registry import lookup
 

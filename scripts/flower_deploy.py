@@ -152,7 +152,8 @@ def main(argv=None) -> dict:
 
     folder = Path(args.folder or tempfile.mkdtemp(prefix="fedcf_deploy_"))
     params = {"n_factors": 20, "n_rounds": args.rounds, "clients_per_round":
-              args.clients_per_round, "learning_rate": 0.1, "random_state": 0}
+              args.clients_per_round, "client_update": {"name": "sgd", "learning_rate": 0.1},
+              "random_state": 0}
     data = {"dataset": args.dataset, "data-path": args.data_path, "synthetic-users": 200,
             "synthetic-items": 60, "synthetic-ratings": 4000}
     config = {**data, "fedcf-params": json.dumps(params), "eval-fraction": 0.1,

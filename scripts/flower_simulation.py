@@ -109,8 +109,8 @@ def run(args) -> dict:
 
     params = {"n_factors": args.factors, "n_rounds": args.rounds,
               "clients_per_round": args.clients_per_round,
-              "server_optimizer": {"name": "sgd", "learning_rate": 1.0}, "learning_rate": 0.1,
-              "update_steps": 50,
+              "server_optimizer": {"name": "sgd", "learning_rate": 1.0},
+              "client_update": {"name": "sgd", "learning_rate": 0.1, "steps": 50},
               "reconstruction": "als", "random_state": args.seed}
     data = {"dataset": args.dataset, "data-path": args.data_path or ""}
     if args.dataset == "synthetic":

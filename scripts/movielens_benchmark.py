@@ -43,7 +43,7 @@ from fedcf.eval import (
     standard_eval,
     user_split,
 )
-from fedcf.federated import Hypergradients
+from fedcf.federated import ClientUpdate, Hypergradients
 from fedcf.model_selection import UserShuffleSplit, recon_scorer
 from fedcf.provenance import run_meta, write_json
 from fedcf.registry import lookup
@@ -61,21 +61,26 @@ BACKGROUND = ["centralized", "fedrecon-sgd", "fedavg", "hypergradient", "fedreco
               "fedrecon-variants"]
 
 
+CLIENT = {"learning_rate": "learning_rate", "batch_size": "batch_size", "update_steps": "steps",
+          "update_epochs": "epochs", "regularization": "regularization"}
 RECON = {"recon_steps": "steps", "recon_epochs": "epochs", "recon_learning_rate": "learning_rate",
          "recon_init": "init", "recon_regularization": "regularization"}
 
 
 def estimator(cls, params: dict):
     """The estimator of a row from its recorded (JSON) parameters, flat as the result files keep
-    them: the server optimizer by name with ``server_learning_rate``, and FedRecon's
-    reconstruction by name with ``recon_*`` settings, and ``learn_hyperparams`` (a list) become
-    those phase objects."""
+    them: the server optimizer by name with ``server_learning_rate``, the client update's
+    ``learning_rate``/``batch_size``/``update_steps``/..., FedRecon's reconstruction by name with
+    ``recon_*`` settings, and ``learn_hyperparams`` (a list) become those phase objects."""
     p = dict(params)
     if "server_learning_rate" in p:
         opt = lookup("server_optimizer", p.get("server_optimizer", "sgd"))
         p["server_optimizer"] = opt(learning_rate=p.pop("server_learning_rate"))
     if "learn_hyperparams" in p:
         p["hypergradients"] = Hypergradients(p.pop("learn_hyperparams"))
+    if cls is not CentralizedMF:
+        client = {CLIENT[k]: p.pop(k) for k in list(p) if k in CLIENT}
+        p["client_update"] = ClientUpdate(**client)
     if cls is FedReconMF:
         rec = {RECON[k]: p.pop(k) for k in list(p) if k in RECON}
         p["reconstruction"] = lookup("reconstruction", p.get("reconstruction", "als"))(**rec)
@@ -194,9 +199,11 @@ def paper_rows(inter, args, background=None):
 
 
 PAPER_GRID = {"server_optimizer__learning_rate": [0.1, 0.5, 1.0],
-              "reconstruction__learning_rate": [0.1, 0.5], "learning_rate": [0.1, 0.5]}
+              "reconstruction__learning_rate": [0.1, 0.5],
+              "client_update__learning_rate": [0.1, 0.5]}
 GRID_NAMES = {"server_optimizer__learning_rate": "server_learning_rate",  # as rows record them
-              "reconstruction__learning_rate": "recon_learning_rate"}
+              "reconstruction__learning_rate": "recon_learning_rate",
+              "client_update__learning_rate": "learning_rate"}
 
 
 SHORT = {"server_learning_rate": "eta_s", "recon_learning_rate": "eta_r", "learning_rate": "eta_u"}

@@ -37,7 +37,7 @@ from fedcf.datasets import (
 from fedcf.eval import support_query_split, user_split
 from fedcf.eval.metrics import rating_metrics
 from fedcf.eval.simulation import make_expression_population
-from fedcf.federated import OpenCatalog
+from fedcf.federated import ClientUpdate, OpenCatalog
 from fedcf.provenance import run_meta, write_json
 
 FEW = 3  # "few support ratings": the learned default is measured with at most this many
@@ -174,7 +174,10 @@ def run_one(data, name, params, feats_kind, finetune, catalog, common, seed):
           None: None}[feats_kind]
     t0 = time.perf_counter()
     space = OpenCatalog(catalog, **params)
-    model = FedReconMF(**common, item_space=space, random_state=seed).fit(train, item_features=fk)
+    common = dict(common)
+    client = ClientUpdate(common.pop("learning_rate"))
+    model = FedReconMF(**common, client_update=client, item_space=space, random_state=seed).fit(
+        train, item_features=fk)
     fit_s = time.perf_counter() - t0
     return {"method": name, "catalog": catalog, "seed": seed, "fit_seconds": fit_s,
             **evaluate(model, support, query, finetune)}
@@ -193,7 +196,7 @@ def main(argv=None):
     ap.add_argument("--expression-users", type=int, default=3000)
     args = ap.parse_args(argv)
     common = dict(n_factors=args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
-                  learning_rate=0.1)
+                  learning_rate=0.1)  # flat, as the result file records them
     rows = []
     for ds in args.datasets:
         for seed in range(args.seeds):

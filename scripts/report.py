@@ -533,6 +533,23 @@ def tune_block(tuned) -> str:
             f"{rmse_acc(chosen)}. The whole grid is in [eval/RESULTS.md](eval/RESULTS.md).")
 
 
+def grid_block(doc) -> str:
+    """README's GridSearchCV over phase parameters (scripts/grid_search.py)."""
+    names = list(doc["rows"][0]["params"])
+    rows = sorted(doc["rows"], key=lambda r: tuple(r["params"][n] for n in names))
+    s = doc["settings"]
+    data = {"100k": "MovieLens-100K"}.get(doc["dataset"], doc["dataset"])
+    return (provenance(doc["meta"], "grid_search.json") + "\n\n" +
+            f"{data}, {doc['n_users']} users; K = {s['n_factors']}, {s['rounds']} "
+            f"rounds × {s['clients_per_round']} clients (Poisson-sampled), DP noise multiplier "
+            f"{doc['noise_multiplier']}, ε = {doc['epsilon']:.2f} at δ = {doc['delta']:g} per "
+            f"training run; {s['splits']} held-out user draws per setting; the whole search took "
+            f"{doc['search_seconds']:.0f} s.\n\n" + table(
+                [*(f"`{n}`" for n in names), "ReconEval RMSE (± SD over draws)", "selected"],
+                [(*(f"{r['params'][n]:g}" for n in names), f"{r['rmse']:.4f} ± {r['rmse_sd']:.4f}",
+                  "✓" if r["params"] == doc["best"] else "") for r in rows]))
+
+
 def cli_block(session) -> str:
     lines = [f"Recorded {session['meta']['date'][:10]} on "
              f"{session['meta']['machine'].split(',')[0]} by `{session['meta']['command']}` "
@@ -796,6 +813,8 @@ def documents() -> dict[Path, str]:
         ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), {
             **readme_blocks(paper, cold, random_rows, impl, ctr, bench),
             "tune": tune_block(tuned), "cli": cli_block(load("cli_session.json")),
+            **({"grid": grid_block(load("grid_search.json"))} if load("grid_search.json")
+               else {}),
             **({"ray": scale_summary(load("ray_scale.json"))} if load("ray_scale.json")
                else {}),
             **({"flower": flower_block(load("flower.json"), load("flower_deploy.json"))}

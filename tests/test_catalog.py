@@ -21,9 +21,10 @@ from fedcf.datasets import (
     movielens_item_features,
 )
 from fedcf.eval import recon_eval, support_query_split, user_split
-from fedcf.federated import CatalogLocalParams, OpenCatalog, SGDReconstruction
+from fedcf.federated import CatalogLocalParams, ClientUpdate, OpenCatalog, SGDReconstruction
 
-FIT = dict(n_factors=4, n_rounds=6, clients_per_round=40, learning_rate=0.1, random_state=3)
+FIT = dict(n_factors=4, n_rounds=6, clients_per_round=40, client_update=ClientUpdate(0.1),
+           random_state=3)
 
 
 # ---------------------------------------------------------------------- kernel vs twin

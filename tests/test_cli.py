@@ -151,7 +151,7 @@ BAD = [
     (["train", "--data", "{d}/empty.csv", "--model", "fedrecon", "--out", "{o}"], "cannot read"),
     (["train", "--data", "{d}/dup.csv", "--model", "fedrecon", "--out", "{o}"], "duplicate"),
     (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--rounds",
-      "20", "--set", "learning_rate=1e9"], "diverged"),
+      "20", "--set", "client_update__learning_rate=1e9"], "diverged"),
     (["train", "--data", "{d}/train.csv", "--model", "centralized", "--out", "{o}",
       "--validation", "{d}/test.csv"], "federated rounds"),
     (["evaluate", "--model", "{d}/garbage.npz", "--data", "{d}/test.csv"], "not a readable"),

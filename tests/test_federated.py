@@ -15,6 +15,7 @@ from fedcf._kernels.layout import SPLIT_TIME, client_cfg, sgd_hp
 from fedcf.eval import recon_eval, standard_eval, user_split
 from fedcf.federated import (
     ClientOutputs,
+    ClientUpdate,
     RoundHyperparams,
     Selector,
     WeightedMean,
@@ -102,9 +103,10 @@ def test_optimizer_step_is_pure():
                                                 (True, "als", "time"), (False, "sgd", "none")])
 def test_one_round_equals_slow_algorithm_1(small_population, biases, recon, split):
     inter, _ = small_population
-    params = dict(n_factors=5, n_rounds=1, clients_per_round=12, update_steps=3, batch_size=3,
+    params = dict(n_factors=5, n_rounds=1, clients_per_round=12,
+                  client_update=ClientUpdate(0.5, steps=3, batch_size=3),
                   reconstruction=SGDReconstruction(steps=4, learning_rate=0.1)
-                  if recon == "sgd" else "als", learning_rate=0.5, split=split, biases=biases,
+                  if recon == "sgd" else "als", split=split, biases=biases,
                   random_state=11, dtype="float64")
     model = FedReconMF(**params).fit(inter)
     seed = 11
@@ -119,7 +121,7 @@ def test_one_round_equals_slow_algorithm_1(small_population, biases, recon, spli
         split=split, support_fraction=0.5, recon=recon, init_scale=0.05,
         ridge=(0.1, model._recon_lam0()), recon_hp=sgd_hp(0.1, 0.0, 3, 4, 1, mu, biases),
         update_hp=sgd_hp(0.5, 0.0, 3, 3, 1, mu, biases))
-    assert p_["update_steps"] == 3 and p_["batch_size"] == 3
+    assert p_["client_update__steps"] == 3 and p_["client_update__batch_size"] == 3
     assert recon == "als" or p_["reconstruction__steps"] == 4
     Q1, b1 = Q0.copy(), b0.copy()
     Q1[rows] += dq  # server SGD, lr 1.0
@@ -267,8 +269,8 @@ def test_divergence_raises_and_names_the_knob(small_population):
                                                  r"\(server_optimizer=SGD\(learning_rate=1000000.0\)"):
         FedReconMF(n_factors=3, n_rounds=30, server_optimizer=make_server_optimizer("sgd", 1e6),
                    random_state=0).fit(inter)
-    with pytest.raises(FloatingPointError, match="lower learning_rate=5.0"):
-        FedReconMF(n_factors=3, n_rounds=30, learning_rate=5.0, batch_size=1,
+    with pytest.raises(FloatingPointError, match=r"client_update__learning_rate, now 5.0"):
+        FedReconMF(n_factors=3, n_rounds=30, client_update=ClientUpdate(5.0, batch_size=1),
                    random_state=0).fit(inter)
 
 

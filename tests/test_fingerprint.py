@@ -23,6 +23,7 @@ from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import (
     Adagrad,
     Adam,
+    ClientUpdate,
     CoordinateMedian,
     DPGaussianMean,
     FoolsGoldMean,
@@ -47,7 +48,8 @@ def _fedrecon(**kw):
 CASES = {
     "fedrecon-als": _fedrecon(),
     "fedrecon-sgd": _fedrecon(reconstruction=SGDReconstruction(steps=5)),
-    "fedrecon-time-joint": _fedrecon(split="time", joint=True, update_steps=5),
+    "fedrecon-time-joint": _fedrecon(split="time", joint=True,
+                                     client_update=ClientUpdate(steps=5)),
     "fedrecon-nobias": _fedrecon(biases=False, client_weighting="uniform"),
     "fedrecon-momentum": _fedrecon(server_optimizer=Momentum(0.5)),
     "fedrecon-adagrad": _fedrecon(server_optimizer=Adagrad(0.1)),

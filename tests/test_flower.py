@@ -26,7 +26,8 @@ from fedcf.flower.wire import UPLOAD_FIELDS, arrays  # noqa: E402
 
 DATA = {"dataset": "synthetic", "synthetic-users": 240, "synthetic-items": 50,
         "synthetic-ratings": 4800, "synthetic-seed": 3}
-PARAMS = {"n_factors": 6, "n_rounds": 4, "clients_per_round": 30, "learning_rate": 0.1,
+PARAMS = {"n_factors": 6, "n_rounds": 4, "clients_per_round": 30,
+          "client_update": {"name": "sgd", "learning_rate": 0.1},
           "random_state": 5}
 BIG = 2**63 + 11  # Flower node ids are uint64
 

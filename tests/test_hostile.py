@@ -12,7 +12,14 @@ from fedcf import CentralizedMF, FedReconMF
 from fedcf.datasets import DataValidationError, Interactions, make_synthetic_ratings
 from fedcf.datasets.movielens import parse_ratings
 from fedcf.eval import estimate_ctr
-from fedcf.federated import NoSplit, RandomSplit, RidgeReconstruction, SGDReconstruction, TimeSplit
+from fedcf.federated import (
+    ClientUpdate,
+    NoSplit,
+    RandomSplit,
+    RidgeReconstruction,
+    SGDReconstruction,
+    TimeSplit,
+)
 
 FAST = dict(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0)
 
@@ -196,6 +203,12 @@ def test_hand_built_interactions_are_checked():
 
 
 # ---------------------------------------------------------------- parameters
+def _edited(phase, **attrs):
+    """A phase object with attributes changed behind its validation (as user code could)."""
+    vars(phase).update(attrs)
+    return phase
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(split={"name": "random"}), "split must be one of .*SupportQuerySplit subclass"),
     (dict(init_scale=0.0), "init_scale must be > 0"),
@@ -206,8 +219,12 @@ def test_hand_built_interactions_are_checked():
     (dict(biases="yes"), "biases must be True or False"),
     (dict(dtype="int8"), "dtype must be float32 or float64"),
     (dict(random_state=-1), "random_state must be in"),
-    (dict(learning_rate=float("nan")), "learning_rate must be finite"),
-    (dict(update_steps=10**12), "update_steps must be <="),
+    (dict(client_update=_edited(ClientUpdate(), learning_rate=float("nan"))),
+     "learning_rate must be a finite number > 0"),
+    (dict(client_update=_edited(ClientUpdate(), steps=10**12)), "steps must be an integer"),
+    (dict(client_update=_edited(ClientUpdate(), batch_size=2.5)), "batch_size must be an integer"),
+    (dict(client_update="adam"), "'adam' is not a registered client_update"),
+    (dict(client_update={"name": "sgd"}), "client_update must be one of"),
 ])
 def test_bad_parameters_are_named(pop, bad, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -248,7 +265,7 @@ def test_partial_divergence_warns_with_counts_and_blames_the_client_step(pop):
     wild = df.user.isin(range(0, 200, 10))  # a few clients whose ratings overflow float32 steps
     df.loc[wild, "rating"] = df.loc[wild, "rating"] * 1e30
     with pytest.warns(RuntimeWarning, match=r"\d+ client uploads in \d+ rounds were non-finite.*"
-                                            r"learning_rate="):
+                                            r"client_update__learning_rate"):
         m = FedReconMF(**{**FAST, "n_rounds": 6, "clients_per_round": 100,
                           "biases": False, "rating_scale": (0, 5e30)}).fit(df)
     assert sum(h["clients_nonfinite"] for h in m.history_) > 0
@@ -258,11 +275,13 @@ def test_partial_divergence_warns_with_counts_and_blames_the_client_step(pop):
 def test_wide_rating_scale_stops_and_names_the_parameter(pop):
     df = pop.to_dataframe()
     df["rating"] = df["rating"] * 200.0  # ratings on a 0-1000 scale, default settings
-    with pytest.raises(FloatingPointError, match=r"training diverged at round \d+.*lower "
-                                                 r"learning_rate=0.5 \(the client step size\)"):
+    with pytest.raises(FloatingPointError, match=r"training diverged at round \d+.*lower the "
+                                                 r"client step size \(client_update__"
+                                                 r"learning_rate, now 0.5\)"):
         FedReconMF(n_factors=3, n_rounds=50, clients_per_round=50, random_state=0).fit(df)
-    with pytest.raises(FloatingPointError, match="lower learning_rate=8.0"):
-        FedReconMF(learning_rate=8.0, batch_size=1, **{**FAST, "n_rounds": 20}).fit(pop)
+    with pytest.raises(FloatingPointError, match=r"client_update__learning_rate, now 8.0"):
+        FedReconMF(client_update=ClientUpdate(8.0, batch_size=1),
+                   **{**FAST, "n_rounds": 20}).fit(pop)
 
 
 def test_diverging_sgd_reconstruction_blames_its_learning_rate(pop):

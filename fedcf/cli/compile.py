@@ -8,8 +8,7 @@ from .common import UsageError, _say
 
 
 def cmd_compile(args):
-    from .._numba_cache import cache_dir
-    from ..warmup import PATHS, compile_kernels
+    from ..warmup import PATHS, cache_dir, compile_kernels
 
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")

@@ -36,6 +36,10 @@ def build_estimator(name: str, args):
             raise UsageError(f"--set takes key=value, got {item!r}")
         value = _parse_value(value)
         params[key] = registry.from_spec(key, value) if key in registry.phase_kinds() else value
+    for kind in registry.phase_kinds():  # a phase by name as its object: nested keys are valid
+        value = est.get_params(deep=False).get(kind)
+        if isinstance(value, str):
+            est.set_params(**{kind: registry.lookup(kind, value)()})
     valid = est.get_params()
     for key in params:
         if key not in valid:
@@ -101,7 +105,7 @@ def add_parser(sub):
     for flag, param in SHORTCUTS.items():
         p.add_argument(f"--{flag}", type=int, help=f"= --set {param}=N")
     p.add_argument("--set", nargs="+", action="extend", metavar="KEY=VALUE",
-                   help="any hyperparameter, e.g. --set learning_rate=0.5 biases=false "
+                   help="any hyperparameter, e.g. --set n_factors=20 biases=false "
                         "aggregator='{\"name\": \"median\"}' (a phase object as a JSON spec)")
     p.add_argument("--validation", help="held-out users' file: ReconEval every eval_every "
                    "rounds, stored in the history (federated models)")

@@ -9,6 +9,7 @@ from .aggregators import (
     NormClippedMean,
     TrimmedMean,
 )
+from .client_update import ClientUpdate
 from .contracts import (
     Aggregator,
     ClientProgram,
@@ -46,6 +47,8 @@ __all__ = [
     # aggregators
     "WeightedMean", "NormClippedMean", "DifferentialPrivacy", "DPGaussianMean",
     "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean",
+    # client update
+    "ClientUpdate",
     # reconstruction
     "Reconstruction", "RidgeReconstruction", "SGDReconstruction",
     # support/query split

@@ -11,7 +11,6 @@ import pandas as pd
 from sklearn.utils import check_random_state
 from tqdm.auto import tqdm
 
-from .._kernels.layout import sgd_hp
 from .._validation import (
     Bool,
     Dtype,
@@ -26,6 +25,7 @@ from ..datasets import Interactions, SyntheticPopulation
 from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .checkpoint import RESUME_FREE, data_fingerprint
+from .client_update import ClientUpdate
 from .contracts import Aggregator, Executor, Population, RunContext, phase_rule
 from .guard import STAGES, Diagnosis, DivergenceGuard
 from .hyper import HYPER_CONSTRAINTS, Hypergradients, HyperLearner, check_learnable
@@ -38,9 +38,8 @@ _WEIGHT_EXPONENT = {"num_examples": 1.0, "uniform": 0.0}
 FEDERATED_CONSTRAINTS = {
     "n_factors": Int(1), "n_rounds": Int(0), "clients_per_round": Int(1),
     "server_optimizer": phase_rule("server_optimizer", ServerOptimizer),
-    "learning_rate": Real(0.0, low_open=True),
-    "batch_size": Int(1, 10**9), "update_steps": Int(0, 10**9), "update_epochs": Int(1, 10**6),
-    "regularization": Real(0.0), "client_weighting": Options(*_WEIGHT_EXPONENT),
+    "client_update": phase_rule("client_update", ClientUpdate),
+    "client_weighting": Options(*_WEIGHT_EXPONENT),
     "min_examples": Int(0), "oversample": Real(0.0, 100.0),
     "dropout": Real(0.0, 1.0, high_open=True), "init_scale": Real(0.0, low_open=True),
     "eval_every": Int(0), "checkpoint_path": NoneOr(Path()), "checkpoint_every": Int(1),
@@ -101,7 +100,8 @@ class FederatedMFBase(MFEstimatorBase):
     def _blame(self, stage: str) -> str:
         """Which parameter to change when ``stage`` of a round produced non-finite values."""
         if stage == "client update":
-            return f"lower learning_rate={self.learning_rate} (the client step size)"
+            return (f"lower the client step size (client_update__learning_rate, now "
+                    f"{self._client_rate()})")
         return (f"lower the server optimizer's learning rate (server_optimizer="
                 f"{self._server_optimizer()!r}; e.g. server_optimizer__learning_rate)")
 
@@ -109,7 +109,7 @@ class FederatedMFBase(MFEstimatorBase):
         """The run's divergence guard: this estimator's advice per stage, a diagnosis on the
         worst client's ratings where this process holds them, and the server optimizer's
         stability (``server_is_wild``)."""
-        diagnose = Diagnosis(inter, mu, bool(self.biases), float(self.learning_rate),
+        diagnose = Diagnosis(inter, mu, bool(self.biases), self._client_rate(),
                              self._recon_can_diverge()) if inter.holds_ratings else None
         return DivergenceGuard(self._usable_loss(inter), {s: self._blame(s) for s in STAGES},
                                diagnose, partial(opt.is_wild, self.init_scale))
@@ -140,9 +140,17 @@ class FederatedMFBase(MFEstimatorBase):
         """True when reconstruction takes gradient steps (an exact solve cannot diverge)."""
         return False
 
+    _default_learning_rate = 0.5  # the client step size when client_update leaves it None
+
+    def _client_update(self) -> ClientUpdate:
+        """The ``client_update`` parameter as an object."""
+        return phase_rule("client_update", ClientUpdate)("client_update", self.client_update)
+
+    def _client_rate(self) -> float:
+        return self._client_update().rate(self._default_learning_rate)
+
     def _update_hp(self, mu, joint):
-        return sgd_hp(self.learning_rate, self.regularization, self.batch_size, self.update_steps,
-                      self.update_epochs, mu, self.biases, joint)
+        return self._client_update().hp(self._default_learning_rate, mu, self.biases, joint)
 
     def _check_combinations(self):
         """Rules that involve several parameters (subclasses extend)."""

@@ -57,7 +57,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
 
     Global: item factors Q, item biases b (and the global mean μ). Local: the user's factors p and
     bias c — reconstructed on the device from its support set each round, frozen while
-    ``update_steps`` mini-batch steps update the rows of (Q, b) its query set touches, then
+    the client update's k_u mini-batch steps update the rows of (Q, b) its query set touches, then
     discarded. Only the sparse delta of (Q, b) and the query size leave a client.
 
     Parameters
@@ -72,13 +72,10 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         A name (its defaults, learning rate 1.0) or an object from ``fedcf.federated``
         (``SGD(1.0)``, ``Momentum(0.5, momentum=0.9)``, ``Adagrad``, ``Adam``, ``Yogi``); its
         parameters are nested names (``server_optimizer__learning_rate``).
-    learning_rate : float, default 0.5
-        Client step size η_u of the update steps.
-    batch_size : int, default 5
-    update_steps, update_epochs : int, default 50, 1
-        k_u: at most this many mini-batch steps and passes over the query set.
-    regularization : float, default 0
-        L2 weight of the client update.
+    client_update : "sgd" or ClientUpdate, default "sgd"
+        The client's k_u mini-batch SGD steps on its query set: ``ClientUpdate(learning_rate,
+        batch_size=5, steps=50, epochs=1, regularization=0)``, step size η_u 0.5 unless set;
+        nested names ``client_update__learning_rate``, ``client_update__steps``, ...
     client_weighting : {"num_examples", "uniform"}
         Weight of a client in the mean: its query size, or 1.
     min_examples : int, default 1
@@ -181,12 +178,10 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     _fit_rows = None  # the item rows of the fit under way (open item space)
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
-                 server_optimizer="sgd",
-                 learning_rate=0.5, batch_size=5, update_steps=50, update_epochs=1,
-                 regularization=0.0, client_weighting="num_examples", min_examples=1,
-                 oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None, split="random",
-                 reconstruction="als",
-                 joint=False, eval_every=0, checkpoint_path=None, checkpoint_every=50,
+                 server_optimizer="sgd", client_update="sgd", client_weighting="num_examples",
+                 min_examples=1, oversample=0.0, dropout=0.0, init_scale=0.05,
+                 rating_scale=None, split="random", reconstruction="als", joint=False,
+                 eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, executor=None, hypergradients=None,
                  item_space="full", random_state=None, verbose=False):
         self.n_factors = n_factors
@@ -194,11 +189,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         self.n_rounds = n_rounds
         self.clients_per_round = clients_per_round
         self.server_optimizer = server_optimizer
-        self.learning_rate = learning_rate
-        self.batch_size = batch_size
-        self.update_steps = update_steps
-        self.update_epochs = update_epochs
-        self.regularization = regularization
+        self.client_update = client_update
         self.client_weighting = client_weighting
         self.min_examples = min_examples
         self.oversample = oversample
@@ -311,7 +302,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         same order) — ReconEval's step.
 
         ``finetune`` (Table 2 of the paper, open item space only): after reconstruction the user
-        also runs the model's client update (``update_steps`` at ``learning_rate``) on its
+        also runs the model's client update (``client_update``) on its
         support set, on the global rows it touches — "all" of them (FedRecon + finetune) or only
         the "adapter" rows (UNK, features: OOV finetuning) — and scores the query with those
         finetuned copies. Nothing is sent or stored."""
@@ -355,7 +346,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         return float(self._reconstruction().regularization)
 
     def _recon_hp(self, mu):
-        return self._reconstruction().hp(self.batch_size, mu, self.biases)
+        return self._reconstruction().hp(self._client_update().batch_size, mu, self.biases)
 
     def _recon_cfg(self):
         """layout.client_cfg of this estimator's split and reconstruction."""

@@ -73,12 +73,10 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         Confidence slope: an interaction of strength r has confidence 1 + alpha·r.
     recon_regularization : float, default 0.01
         λ of the weighted-ALS reconstruction (> 0).
-    n_rounds, clients_per_round, server_optimizer, batch_size, update_steps, update_epochs, regularization,
-    client_weighting, min_examples, oversample, dropout, eval_every, checkpoint_path,
-    checkpoint_every, dtype, aggregator, executor, random_state, verbose
-        As in FedReconMF.
-    learning_rate : float, default 0.5
-        Client step size.
+    n_rounds, clients_per_round, server_optimizer, client_update, client_weighting,
+    min_examples, oversample, dropout, eval_every, checkpoint_path, checkpoint_every, dtype,
+    aggregator, executor, random_state, verbose
+        As in FedReconMF (the client step size is 0.5 unless ``client_update`` sets it).
     negatives : int, default 4
         Weak negatives drawn uniformly from the catalog per positive visit.
     negative_weight : float, default 1.0
@@ -115,8 +113,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     }
 
     def __init__(self, n_factors=50, *, alpha=1.0, recon_regularization=0.01, n_rounds=500,
-                 clients_per_round=100, server_optimizer="sgd", learning_rate=0.5, batch_size=5,
-                 update_steps=50, update_epochs=1, regularization=0.0, negatives=4,
+                 clients_per_round=100, server_optimizer="sgd", client_update="sgd", negatives=4,
                  negative_weight=1.0, full_negatives=False, split="none",
                  client_weighting="num_examples", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
@@ -127,11 +124,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         self.n_rounds = n_rounds
         self.clients_per_round = clients_per_round
         self.server_optimizer = server_optimizer
-        self.learning_rate = learning_rate
-        self.batch_size = batch_size
-        self.update_steps = update_steps
-        self.update_epochs = update_epochs
-        self.regularization = regularization
+        self.client_update = client_update
         self.negatives = negatives
         self.negative_weight = negative_weight
         self.full_negatives = full_negatives

@@ -24,11 +24,9 @@ _PARAMS_DOC = """
     clients_per_round : int, default 100
     server_optimizer : {"sgd", "momentum", "adagrad", "adam", "yogi"} or ServerOptimizer
         As in FedReconMF.
-    learning_rate : float, default 0.1
-        Client step size of the joint user + item steps (the paper's 0.5 diverges here).
-    batch_size : int, default 5
-    update_steps, update_epochs : int, default 50, 1
-    regularization : float, default 0
+    client_update : "sgd" or ClientUpdate, default "sgd"
+        The joint user + item steps, as in FedReconMF; the step size is 0.1 unless set (the
+        paper's 0.5 diverges here).
     client_weighting : {"num_examples", "uniform"}
     min_examples : int, default 1
     oversample, dropout : float, default 0
@@ -131,13 +129,13 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
 
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
     _recon_lam_attr = "recon_regularization"
+    _default_learning_rate = 0.1
     _parameter_constraints = {**FEDERATED_CONSTRAINTS, **HYPER_CONSTRAINTS, "biases": Bool(),
                               "rating_scale": RatingScale(), "recon_regularization": Real(0.0)}
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
                  server_optimizer="sgd",
-                 learning_rate=0.1, batch_size=5, update_steps=50, update_epochs=1,
-                 regularization=0.0, client_weighting="num_examples", min_examples=1,
+                 client_update="sgd", client_weighting="num_examples", min_examples=1,
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None,
                  recon_regularization=0.1, eval_every=0, checkpoint_path=None,
                  checkpoint_every=50, dtype="float32", aggregator=None, hypergradients=None,
@@ -147,11 +145,7 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
         self.n_rounds = n_rounds
         self.clients_per_round = clients_per_round
         self.server_optimizer = server_optimizer
-        self.learning_rate = learning_rate
-        self.batch_size = batch_size
-        self.update_steps = update_steps
-        self.update_epochs = update_epochs
-        self.regularization = regularization
+        self.client_update = client_update
         self.client_weighting = client_weighting
         self.min_examples = min_examples
         self.oversample = oversample

@@ -29,9 +29,8 @@ UPLOAD_FIELDS = ("offsets", "items", "d_Q", "d_b", "weights", "losses", "clients
 DIRECTORY_FIELDS = ("users", "counts", "sums", "catalog")
 RECON_FIELDS = ("sse", "sae", "hits", "n", "users")
 # FedReconMF parameters that decide what a client computes (everything else is the server's)
-CLIENT_PARAMS = ("n_factors", "biases", "learning_rate", "batch_size", "update_steps",
-                 "update_epochs", "regularization", "init_scale", "split",
-                 "reconstruction", "joint", "dtype", "random_state")
+CLIENT_PARAMS = ("n_factors", "biases", "client_update", "init_scale", "split", "reconstruction",
+                 "joint", "dtype", "random_state")
 
 
 class ReplyError(ValueError):

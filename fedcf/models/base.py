@@ -93,9 +93,9 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
         given by name (``server_optimizer="adam"``) first builds that phase's object, so grids
         over nested parameters work from the defaults."""
         for name in {k.partition("__")[0] for k in params if "__" in k}:
-            value = self.__dict__.get(name)
+            value = params.get(name, self.__dict__.get(name))
             if isinstance(value, str) and name in self._parameter_constraints:
-                setattr(self, name, self._parameter_constraints[name](name, value))
+                params[name] = self._parameter_constraints[name](name, value)
         return super().set_params(**params)
 
     # ------------------------------------------------------------------ subclass hooks
