@@ -17,7 +17,7 @@ X, y = df[["user", "item"]], df["rating"]          # scikit-learn form: pairs an
 
 base = FedReconMF(n_factors=10, n_rounds=40, clients_per_round=40,
                   reconstruction=SGDReconstruction(steps=10), random_state=0)
-grid = {"reconstruction__learning_rate": [0.05, 0.2], "learning_rate": [0.1, 0.5]}
+grid = {"reconstruction__learning_rate": [0.05, 0.2], "client_update__learning_rate": [0.1, 0.5]}
 search = GridSearchCV(base, grid, cv=UserKFold(3, random_state=0),
                       scoring=recon_scorer("rmse"), n_jobs=1)
 search.fit(X, y)

@@ -77,10 +77,14 @@ def client_params(est) -> str:
 
 
 def client_estimator(params_json: str):
-    """The FedReconMF a node computes with, from ``client_params``' JSON."""
+    """The FedReconMF a node computes with, from ``client_params``' JSON (phase objects as saved
+    specs, or as the run config's ``{"name": ...}`` specs)."""
     from ..federated.fedrecon import FedReconMF
 
-    return FedReconMF(**{k: registry.decode(v, k) for k, v in json.loads(params_json).items()})
+    kinds = registry.phase_kinds()
+    params = {k: registry.decode(v, k) for k, v in json.loads(params_json).items()}
+    return FedReconMF(**{k: registry.from_spec(k, v) if k in kinds else v
+                         for k, v in params.items()})
 
 
 def encode_upload(out: ClientOutputs) -> object:
