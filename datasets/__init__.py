@@ -3,6 +3,7 @@
 Depends only on numpy, scipy and pandas.
 """
 
+from ._files import atomic_write
 from ._validation import DataValidationError
 from .features import (
     ItemFeatures,
@@ -34,6 +35,7 @@ from .population import SyntheticPopulation
 from .synthetic import SyntheticTruth, make_synthetic_ratings
 
 __all__ = [
+    "atomic_write",
     "CAMPAIGNS",
     "POLICIES",
     "context_free_action_probs",

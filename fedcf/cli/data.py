@@ -18,7 +18,7 @@ from .common import UsageError, _data_options, _read, _say
 def cmd_split(args):
     """Two CSV files from one ratings file: held-out users (``--by users``, for ReconEval) or
     each user's held-out rows (``--by rows``, random or latest by time, for StandardEval)."""
-    from ..datasets._files import atomic_write
+    from ..datasets import atomic_write
     from ..model_selection import PerUserSplit, UserShuffleSplit
 
     if args.data is None or args.train is None or args.test is None:

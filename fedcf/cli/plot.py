@@ -14,7 +14,7 @@ def plot_history(model, out) -> Path:
     """PNG of a model's ``history_``: loss (and per-round evaluation) per round, clients used and
     dropped, values uploaded, learned hyperparameters if any; a centralized model's training
     RMSE per epoch."""
-    from ..datasets._files import atomic_write
+    from ..datasets import atomic_write
 
     plt = _pyplot()
     hist = pd.DataFrame(getattr(model, "history_", []) or [])

@@ -407,7 +407,7 @@ def serve(grid, settings: Settings) -> dict:
     result.update(history=est.history_, refusals=refusals.items,
                   seconds=time.perf_counter() - t0)
     if settings.result_path:
-        from ..datasets._files import atomic_write
+        from ..datasets import atomic_write
 
         atomic_write(settings.result_path,
                      lambda fh: fh.write(json.dumps(result, indent=1, default=float).encode()))
