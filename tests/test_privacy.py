@@ -2,6 +2,7 @@
 aggregators, as phase-3 aggregators of a round."""
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -69,10 +70,12 @@ def outputs(norm_scales=(10.0, 0.5), n_items=4000, K=2):
                          np.array([3.0, 5.0]), np.zeros(2))
 
 
-def bound_dp(sigma, n_items=4000, biases=True):
-    return DPGaussianMean(1.0, sigma).bind(RunContext(
-        n_eligible=1000, clients_per_round=10, n_rounds=5, n_items=n_items, n_factors=2, seed=3,
-        biases=biases))
+def bound_dp(sigma, n_items=4000, biases=True, seeded=False):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the seeded mode's warning
+        return DPGaussianMean(1.0, sigma, insecure_seeded_noise=seeded).bind(RunContext(
+            n_eligible=1000, clients_per_round=10, n_rounds=5, n_items=n_items, n_factors=2,
+            seed=3, biases=biases))
 
 
 def test_dp_clips_each_upload_sums_equally_and_divides_by_expected_cohort():
@@ -84,15 +87,75 @@ def test_dp_clips_each_upload_sums_equally_and_divides_by_expected_cohort():
     np.testing.assert_allclose(d.d_Q[1], [0.0, 0.5 / denom], atol=1e-6)  # below C: unchanged
 
 
-def test_dp_noise_covers_every_row_with_the_right_scale_and_is_reproducible():
-    agg = bound_dp(2.0, n_items=20000)
+@pytest.mark.parametrize("seeded", [False, True])
+def test_dp_noise_covers_every_row_with_the_right_scale(seeded):
+    agg = bound_dp(2.0, n_items=20000, seeded=seeded)
     d = agg(outputs(), HP, 4)
-    untouched = d.d_Q[2:]
-    assert untouched.std() == pytest.approx(2.0 * 1.0 / 10.0, rel=0.02)
-    assert np.all(untouched != 0) and d.d_b[2:].std() > 0
-    np.testing.assert_array_equal(agg(outputs(), HP, 4).d_Q, d.d_Q)
+    for noise in (d.d_Q[2:], d.d_b[2:]):  # untouched rows: noise only, factors and biases
+        assert noise.std() == pytest.approx(2.0 * 1.0 / 10.0, rel=0.02)
+        assert abs(noise.mean()) < 0.01 and np.all(noise != 0)
+    # Gaussian, not merely of the right spread: the share beyond 2σ
+    assert np.mean(np.abs(d.d_Q[2:]) > 2 * 0.2) == pytest.approx(0.0455, abs=0.005)
+    again = agg(outputs(), HP, 4).d_Q
+    assert np.array_equal(again, d.d_Q) == seeded  # secret noise is never drawn twice
     assert not np.array_equal(agg(outputs(), HP, 5).d_Q, d.d_Q)
     assert np.all(bound_dp(2.0, biases=False)(outputs(), HP, 0).d_b == 0)
+
+
+def test_a_server_that_knows_the_seed_cannot_remove_the_noise():
+    """The attack of the issue: regenerate the noise from random_state and subtract it. It
+    recovers the noise-free aggregate exactly in the (loudly named) seeded mode, and does no
+    better than the noised aggregate itself with the default, secret noise."""
+    seeded, secret_agg = bound_dp(1.0, seeded=True), bound_dp(1.0)
+    noised_seeded = seeded(outputs(), HP, 7).d_Q
+    regenerated = np.random.default_rng([3, 7, 0xD9]).normal(0.0, 1.0 / 10.0, (4000, 2))
+    truth = noised_seeded - regenerated
+    assert np.abs(truth[2:]).max() < 1e-12  # the attack works on seeded noise ...
+    noised = secret_agg(outputs(), HP, 7).d_Q
+    attacked = noised - regenerated
+    err_noised = np.sqrt(np.mean((noised - truth) ** 2))
+    err_attacked = np.sqrt(np.mean((attacked - truth) ** 2))
+    assert err_noised == pytest.approx(0.1, rel=0.05)
+    assert err_attacked >= 0.95 * err_noised  # ... and gains nothing on secret noise
+
+
+def test_seeded_noise_reports_no_epsilon(pop):
+    agg = DPGaussianMean(0.5, 1.0, delta=1e-4, insecure_seeded_noise=True)
+    with pytest.warns(UserWarning, match="anyone who knows it can remove the noise"):
+        m = FedReconMF(n_factors=3, n_rounds=3, clients_per_round=60, random_state=0,
+                       aggregator=agg).fit(pop)
+    assert m.epsilon_ is None and all("epsilon" not in h for h in m.history_)
+    with pytest.raises(ValueError, match="insecure_seeded_noise must be True or False"):
+        DPGaussianMean(0.5, 1.0, insecure_seeded_noise="yes")
+
+
+def test_secret_noise_and_cohorts_do_not_follow_random_state(pop):
+    kw = dict(n_factors=3, n_rounds=3, clients_per_round=60, random_state=0)
+    a, b = (FedReconMF(**kw, aggregator=DPGaussianMean(0.5, 1.0, delta=1e-4)).fit(pop)
+            for _ in range(2))
+    assert not np.array_equal(a.item_factors_, b.item_factors_)
+    assert [h["clients_sampled"] for h in a.history_] != [h["clients_sampled"]
+                                                          for h in b.history_]
+
+
+@pytest.mark.parametrize("secret", [True, False])
+def test_poisson_cohorts_have_the_binomial_size_distribution(secret):
+    """Each eligible client is in a round's cohort independently with q: sizes ~ Binomial(n, q)
+    (a fixed size with jitter, or sampling without replacement, fails the variance check) and
+    every client's inclusion rate is q."""
+    from fedcf.federated import Selector
+
+    n, m, rounds = 400, 20, 3000
+    select = Selector(0, np.arange(n), m, poisson=True, secret=secret)
+    cohorts = [select(t).clients for t in range(rounds)]
+    sizes = np.array([len(c) for c in cohorts])
+    q = m / n
+    assert sizes.mean() == pytest.approx(n * q, rel=0.02)
+    assert sizes.var() == pytest.approx(n * q * (1 - q), rel=0.12)
+    rate = np.bincount(np.concatenate(cohorts), minlength=n) / rounds
+    assert abs(rate.mean() - q) < 0.002 and rate.std() < 4 * np.sqrt(q * (1 - q) / rounds)
+    if secret:  # not a function of (seed, round)
+        assert not all(np.array_equal(select(t).clients, c) for t, c in enumerate(cohorts[:5]))
 
 
 def test_fit_with_dp_records_epsilon_and_samples_by_poisson(pop):

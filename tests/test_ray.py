@@ -48,7 +48,8 @@ def test_the_model_is_bit_identical_to_the_local_run(pop, n_shards):
     assert all(h["shard_restarts"] == 0 for h in m.history_)
 
 
-@pytest.mark.parametrize("agg", [DPGaussianMean(0.5, 1.0, delta=1e-4), TrimmedMean(0.1),
+@pytest.mark.parametrize("agg", [DPGaussianMean(0.5, 1.0, delta=1e-4, insecure_seeded_noise=True),
+                                 TrimmedMean(0.1),
                                  SecureAggregation(value_bound=5.0)],
                          ids=["dp", "trimmed", "secagg"])
 def test_every_aggregator_composes_with_it(pop, agg):

@@ -6,11 +6,13 @@ privacy, and robust statistics against malicious clients. Each is selected with 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 from scipy import sparse
 
 from .._kernels.server import robust_sorted_runs
+from . import secret
 from .contracts import RunContext
 from .partials import merged_sums
 from .phases import (
@@ -107,6 +109,15 @@ class DifferentialPrivacy(WeightedMean):
         c of the capped weights above; None weighs every client equally.
     noise : {"server", "distributed"}, default "server"
         Who adds the noise ("distributed" needs ``SecureAggregation``).
+    insecure_seeded_noise : bool, default False
+        Draw the noise and the Poisson cohorts from ``random_state`` (reproducible runs, tests)
+        instead of the operating system's secure generator (``fedcf.federated.secret``). Anyone
+        who knows the seed can then remove the noise, so no ε is reported (``epsilon_`` is None
+        and a warning says why).
+
+    By default the noise and the cohorts are secret: two runs with the same ``random_state``
+    differ in them (and in everything they touch), a resumed run is valid but not bit-identical,
+    and a Ray run equals a local one only with ``insecure_seeded_noise=True``.
 
     Examples
     --------
@@ -124,11 +135,13 @@ class DifferentialPrivacy(WeightedMean):
 
     def __init__(self, aggregator=None, clip_norm: float = 1.0,
                  noise_multiplier: float | None = None, *, target_epsilon: float | None = None,
-                 delta: float = 1e-6, weight_cap: float | None = None, noise: str = "server"):
+                 delta: float = 1e-6, weight_cap: float | None = None, noise: str = "server",
+                 insecure_seeded_noise: bool = False):
         self.aggregator, self.clip_norm, self.noise_multiplier = aggregator, clip_norm, \
             noise_multiplier
         self.target_epsilon, self.delta, self.weight_cap = target_epsilon, delta, weight_cap
         self.noise = noise
+        self.insecure_seeded_noise = insecure_seeded_noise
         self.context, self.sigma_ = None, None
         self.validate()
 
@@ -143,6 +156,16 @@ class DifferentialPrivacy(WeightedMean):
     @property
     def sampling(self) -> str:
         return "poisson"  # what the accountant's subsampling amplification assumes
+
+    @property
+    def secret_sampling(self) -> bool:
+        """Cohorts from the OS's secure generator (not from the seed)."""
+        return not self.insecure_seeded_noise
+
+    @property
+    def guarantee(self) -> bool:
+        """Whether the accountant's ε holds: not when the noise can be regenerated."""
+        return not self.insecure_seeded_noise
 
     def validate(self):
         _positive("clip_norm", self.clip_norm)
@@ -160,6 +183,9 @@ class DifferentialPrivacy(WeightedMean):
                             " (a robust statistic is not a sum: its sensitivity is not C)")
         if self.noise not in ("server", "distributed"):
             raise ValueError(f"noise must be 'server' or 'distributed', got {self.noise!r}")
+        if not isinstance(self.insecure_seeded_noise, (bool, np.bool_)):
+            raise ValueError(f"insecure_seeded_noise must be True or False, got "
+                             f"{self.insecure_seeded_noise!r}")
         if self.noise == "distributed" and self.aggregator is None:
             raise ValueError("noise='distributed' needs aggregator=SecureAggregation(...): "
                              "clients' noise shares only hide anything under masking")
@@ -185,6 +211,11 @@ class DifferentialPrivacy(WeightedMean):
         bound.context = context
         bound.q, bound.denominator_ = q, q * total
         bound.accountant = RdpAccountant(self.delta)
+        if self.insecure_seeded_noise:
+            warnings.warn("insecure_seeded_noise=True: the DP noise and the client sampling are "
+                          "drawn from random_state, so anyone who knows it can remove the noise; "
+                          "no ε is reported for this run (epsilon_ is None)", UserWarning,
+                          stacklevel=2)
         return bound
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
@@ -196,7 +227,8 @@ class DifferentialPrivacy(WeightedMean):
         distributed = self.noise == "distributed"
         delta = self.aggregator.masked_mean(
             out, hp, round_idx, factors=factors, denominator=self.denominator_,
-            noise_scale=self.sigma * self.clip_norm if distributed else 0.0)
+            noise_scale=self.sigma * self.clip_norm if distributed else 0.0,
+            secret_noise=not self.insecure_seeded_noise)
         if delta.summary.n_used == 0 or distributed:  # lost round / noise already in the sum
             return delta
         return self.finish(delta, round_idx)
@@ -214,10 +246,14 @@ class DifferentialPrivacy(WeightedMean):
     def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
         c = self.context
         n_items, K = c.n_items, c.n_factors
-        rng = np.random.default_rng([c.seed, round_idx, 0xD9])
         std = self.sigma * self.clip_norm / self.denominator_
-        dQ = rng.normal(0.0, std, (n_items, K))
-        db = rng.normal(0.0, std, n_items) if c.biases else np.zeros(n_items)
+        if self.insecure_seeded_noise:
+            rng = np.random.default_rng([c.seed, round_idx, 0xD9])
+            dQ = rng.normal(0.0, std, (n_items, K))
+            db = rng.normal(0.0, std, n_items) if c.biases else np.zeros(n_items)
+        else:  # secret: from the OS, never from the seed
+            dQ = secret.normal((n_items, K), std)
+            db = secret.normal(n_items, std) if c.biases else np.zeros(n_items)
         dQ[delta.items] += delta.d_Q
         if c.biases:
             db[delta.items] += delta.d_b
@@ -239,7 +275,7 @@ class DPGaussianMean(DifferentialPrivacy):
 
     Parameters
     ----------
-    clip_norm, noise_multiplier, target_epsilon, delta, weight_cap
+    clip_norm, noise_multiplier, target_epsilon, delta, weight_cap, insecure_seeded_noise
         As in ``DifferentialPrivacy``.
 
     Examples
@@ -251,9 +287,10 @@ class DPGaussianMean(DifferentialPrivacy):
 
     def __init__(self, clip_norm: float = 1.0, noise_multiplier: float | None = None, *,
                  target_epsilon: float | None = None, delta: float = 1e-6,
-                 weight_cap: float | None = None):
+                 weight_cap: float | None = None, insecure_seeded_noise: bool = False):
         super().__init__(None, clip_norm, noise_multiplier, target_epsilon=target_epsilon,
-                         delta=delta, weight_cap=weight_cap)
+                         delta=delta, weight_cap=weight_cap,
+                         insecure_seeded_noise=insecure_seeded_noise)
 
 
 def _check_row_clip(row_clip):

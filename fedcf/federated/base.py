@@ -257,7 +257,8 @@ class FederatedMFBase(MFEstimatorBase):
         run = Run(seed=seed, params=params, opt=opt, local=local, program=program,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
                                   self.dropout, _availability(availability, inter),
-                                  poisson=aggregator.sampling == "poisson"),
+                                  poisson=aggregator.sampling == "poisson",
+                                  secret=aggregator.secret_sampling),
                   executor=self._make_executor(program, inter, local),
                   aggregator=aggregator.bind(RunContext(
                       n_eligible=len(eligible), clients_per_round=self.clients_per_round,

@@ -322,6 +322,11 @@ class Aggregator(Params, ABC):
     def sampling(self) -> str:
         return "any"
 
+    # whether the Poisson cohorts come from the OS's secure generator, and whether the
+    # accountant's ε is a guarantee (both False only for seeded, reproducible DP noise)
+    secret_sampling: ClassVar[bool] = False
+    guarantee: ClassVar[bool] = True
+
     def bind(self, context: RunContext) -> Aggregator:
         """This aggregator fixed to one run (validated; a bound copy when it keeps state)."""
         self.validate()

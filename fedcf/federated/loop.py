@@ -87,7 +87,9 @@ class Run:
 
     def epsilon(self):
         """ε(δ) of the released model after the rounds so far, or None without DP."""
-        return None if self.accountant is None else self.accountant.epsilon()
+        if self.accountant is None or not self.aggregator.guarantee:
+            return None
+        return self.accountant.epsilon()
 
     def account(self):
         """Compose this round's mechanism into the accountant (DP aggregators only)."""

@@ -18,6 +18,7 @@ from operator import attrgetter
 import numpy as np
 
 from .._kernels.server import finite_clients
+from . import secret
 from .contracts import Aggregator, Executor, RoundExecutor
 from .partials import Merged, PartialSums, group_sums, merge, merged_sums
 
@@ -93,6 +94,9 @@ class Selector:
     availability : callable(round) -> sorted dense ids, or None
     poisson : bool, default False
         Sample each eligible client independently with q = m / len(eligible) (for DP).
+    secret : bool, default False
+        Draw the Poisson cohorts from the OS's secure generator (``secret.uniform``), not from
+        the seed: differential privacy's amplification by sampling assumes a secret cohort.
 
     Examples
     --------
@@ -110,6 +114,7 @@ class Selector:
     dropout: float = 0.0
     availability: object = None  # callable(round) -> sorted dense ids, or None
     poisson: bool = False  # each eligible client independently with q = m / len(eligible)
+    secret: bool = False  # Poisson cohorts from the OS's secure generator
 
     def __call__(self, round_idx: int) -> Cohort:
         pool = self.eligible
@@ -118,8 +123,9 @@ class Selector:
         rng = np.random.default_rng([int(self.seed), int(round_idx), 0x5EED])
         if self.poisson:  # the sampling differential-privacy accountants assume
             q = min(1.0, self.clients_per_round / max(len(self.eligible), 1))
-            invited = pool[rng.random(len(pool)) < q]
-            reported = invited[rng.random(len(invited)) >= self.dropout] if self.dropout > 0 \
+            draw = secret.uniform if self.secret else rng.random
+            invited = pool[draw(len(pool)) < q]
+            reported = invited[draw(len(invited)) >= self.dropout] if self.dropout > 0 \
                 else invited
             return Cohort(reported.astype(np.int64), len(invited), len(invited) - len(reported),
                           0)

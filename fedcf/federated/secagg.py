@@ -25,6 +25,7 @@ import dataclasses
 
 import numpy as np
 
+from . import secret
 from .contracts import RunContext
 from .phases import (
     ClientOutputs,
@@ -143,14 +144,16 @@ class SecureAggregation(WeightedMean):
         return self.masked_mean(out, hp, round_idx)
 
     def masked_mean(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0, *,
-                    factors=None, denominator=None, noise_scale: float = 0.0) -> GlobalDelta:
+                    factors=None, denominator=None, noise_scale: float = 0.0,
+                    secret_noise: bool = True) -> GlobalDelta:
         """The cohort's aggregate, learned by the server only as the unmasked sum.
 
         Plain: each client sends w_k·Δ_k and w_k; the server divides the sum by Σ w_k. Under
         ``DifferentialPrivacy``: client k sends ``factors[k]``·Δ_k (clipped, capped weight) and
         1, the sum is divided by the fixed ``denominator``, and with ``noise_scale`` = σC each
-        client adds its share N(0, σ²C²/t) before masking (distributed noise). A lost round
-        (fewer than t survivors) gives no update."""
+        client adds its share N(0, σ²C²/t) before masking (distributed noise), from the OS's
+        secure generator unless ``secret_noise`` is False. A lost round (fewer than t
+        survivors) gives no update."""
         c = self.context
         n_items, K = c.n_items, out.d_Q.shape[1]
         bad, w, n_empty = client_weights(out, hp)
@@ -161,7 +164,7 @@ class SecureAggregation(WeightedMean):
         if factors is not None:
             X[:, -1] = 1.0
         noise_std = noise_scale / np.sqrt(self._t(m)) if noise_scale and m else 0.0
-        summed, survivors, exact = self.protocol(X, rng, noise_std)
+        summed, survivors, exact = self.protocol(X, rng, noise_std, secret_noise)
         self.round_stats = {"secagg_taking_part": m, "secagg_survivors": int(len(survivors)),
                             "secagg_lost_round": summed is None}
         w_used = np.zeros_like(w)
@@ -176,7 +179,8 @@ class SecureAggregation(WeightedMean):
         return GlobalDelta(np.arange(n_items), block[:, :K], block[:, K], None, summary,
                            int(len(survivors)) * X.shape[1], w_used)
 
-    def protocol(self, X: np.ndarray, rng: np.random.Generator, noise_std: float = 0.0):
+    def protocol(self, X: np.ndarray, rng: np.random.Generator, noise_std: float = 0.0,
+                 secret_noise: bool = True):
         """Run the masking protocol on the dense uploads X (one row per client), each client
         adding N(0, noise_std²) to its values (not to its weight) before masking. Returns (the
         unmasked dequantized sum or None if the round is lost, survivor rows, exact float sum
@@ -196,7 +200,8 @@ class SecureAggregation(WeightedMean):
         clipped = np.clip(X, -self.value_bound, self.value_bound)
         clipped[:, -1] = X[:, -1]
         if noise_std > 0:  # each client's own share, drawn on its device
-            clipped[:, :-1] += rng.normal(0.0, noise_std, (m, d - 1))
+            clipped[:, :-1] += secret.normal((m, d - 1), noise_std) if secret_noise else \
+                rng.normal(0.0, noise_std, (m, d - 1))
         quant = np.round(clipped * scale).astype(np.int64).astype(np.uint32)
         sk = [int(rng.integers(1, 2**62)) * 2**64 + int(rng.integers(0, 2**62)) for _ in range(m)]
         pk = [pow(G, s, P) for s in sk]
