@@ -148,6 +148,7 @@ def _replace_upload(field, value_fn):
 @pytest.mark.parametrize("tamper, reason", [
     (_replace_upload("d_Q", lambda a: a[:, :-1]), "d_Q has shape"),
     (_replace_upload("items", lambda a: a + 10_000), "items must be integer ids"),
+    (_replace_upload("items", lambda a: np.full_like(a, a.max())), "one item in two delta slots"),
     (_replace_upload("weights", lambda a: a * 2), "weights are not the query sizes"),
     (_replace_upload("clients", lambda a: a[::-1] + 1), "answers for clients"),
     (lambda msg, reply: Message(RecordDict({}), reply_to=msg)

@@ -87,6 +87,36 @@ def test_dp_clips_each_upload_sums_equally_and_divides_by_expected_cohort():
     np.testing.assert_allclose(d.d_Q[1], [0.0, 0.5 / denom], atol=1e-6)  # below C: unchanged
 
 
+def test_the_clip_covers_bias_deltas_and_duplicate_rows():
+    """C bounds a client's whole contribution: bias deltas count, and k slots naming one item
+    are merged before the norm is taken (else they would escape the clip by √k)."""
+    agg = bound_dp(1e-9)
+    bias_only = ClientOutputs(np.array([0, 1]), np.array([5]), np.zeros((1, 2)),
+                              np.array([30.0]), np.array([1.0]), np.zeros(1))
+    d = agg(bias_only, HP, 0)
+    assert d.d_b[5] == pytest.approx(1.0 / 10.0, rel=1e-6)  # clipped 30 → C = 1
+    dup = ClientOutputs(np.array([0, 4]), np.array([7, 7, 7, 7]), np.full((4, 2), 0.4),
+                        np.zeros(4), np.array([4.0]), np.zeros(1))
+    merged_norm = np.linalg.norm([1.6, 1.6])
+    d = agg(dup, HP, 0)
+    np.testing.assert_allclose(d.d_Q[7] * 10.0, [1.6 / merged_norm] * 2, rtol=1e-6)
+    assert np.linalg.norm(d.d_Q[7] * 10.0) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_epsilon_is_that_of_the_sampler_noise_and_rounds_actually_used(pop):
+    """The accountant's (q, σ, T) are the sampler's rate, the σ the aggregator noised with and
+    the rounds run: ε equals a fresh dp-accounting computation from those, and the cohorts'
+    mean size matches q·n."""
+    m = FedReconMF(n_factors=3, n_rounds=12, clients_per_round=60, random_state=0,
+                   aggregator=DPGaussianMean(0.5, target_epsilon=6.0, delta=1e-4)).fit(pop)
+    q = 60 / pop.n_users
+    assert m.epsilon_ == pytest.approx(epsilon(q, m.noise_multiplier_, 12, 1e-4), rel=1e-9)
+    assert [h["epsilon"] for h in m.history_] == pytest.approx(
+        [epsilon(q, m.noise_multiplier_, t, 1e-4) for t in range(1, 13)], rel=1e-9)
+    sizes = [h["clients_sampled"] for h in m.history_]
+    assert np.mean(sizes) == pytest.approx(q * pop.n_users, abs=4 * np.sqrt(60 / 12))
+
+
 @pytest.mark.parametrize("seeded", [False, True])
 def test_dp_noise_covers_every_row_with_the_right_scale(seeded):
     agg = bound_dp(2.0, n_items=20000, seeded=seeded)

@@ -459,10 +459,21 @@ def entries(out: ClientOutputs, hp: RoundHyperparams):
 
 
 def upload_norms(out: ClientOutputs) -> np.ndarray:
-    """L2 norm of each client's whole upload (its row deltas and bias deltas), float64."""
-    sq = np.einsum("ij,ij->i", out.d_Q, out.d_Q, dtype=np.float64) + \
-        np.square(out.d_b, dtype=np.float64)
+    """L2 norm of each client's whole upload (its row deltas and bias deltas), float64, over its
+    rows as the server adds them up: slots of one client naming the same item are merged first
+    (else k copies of a row would escape a clip by √k)."""
     owner = np.repeat(np.arange(out.n_clients), np.diff(out.offsets))
+    dQ, db = out.d_Q.astype(np.float64), out.d_b.astype(np.float64)
+    order = np.lexsort((out.items, owner))
+    same = (owner[order][1:] == owner[order][:-1]) & (out.items[order][1:] ==
+                                                      out.items[order][:-1])
+    if same.any():  # merge each client's slots of one item into one row
+        group = np.concatenate([[0], np.cumsum(~same)])
+        merged_q = np.zeros((group[-1] + 1, dQ.shape[1]))
+        np.add.at(merged_q, group, dQ[order])
+        merged_b = np.bincount(group, weights=db[order])
+        owner, dQ, db = owner[order][np.r_[True, ~same]], merged_q, merged_b
+    sq = np.einsum("ij,ij->i", dQ, dQ) + np.square(db)
     return np.sqrt(np.bincount(owner, weights=sq, minlength=out.n_clients))
 
 

@@ -122,6 +122,11 @@ def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray, weights: n
     if not np.issubdtype(items.dtype, np.integer) or (total and (
             items.min() < -1 or items.max() >= n_items)):
         raise ReplyError(f"items must be integer ids in [-1, {n_items}) (the catalog)")
+    owner = np.repeat(np.arange(len(clients)), slots)
+    pairs = np.stack([owner, items.astype(np.int64)], axis=1)[items >= 0]
+    if len(np.unique(pairs, axis=0)) < len(pairs):
+        raise ReplyError("a client names one item in two delta slots (each item's row once per "
+                         "client: the clip is taken per row)")
     if not np.array_equal(np.asarray(a["weights"], np.float64), weights):
         raise ReplyError("its weights are not the query sizes of the clients' data")
     for f in ("d_Q", "d_b", "losses"):
