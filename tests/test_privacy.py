@@ -313,6 +313,31 @@ def test_a_resumed_dp_run_restores_the_privacy_spent(pop, tmp_path):
     assert meta["accountant"]["events"] == [[20 / pop.n_users, 1.0, 6]]
 
 
+def test_resume_under_target_epsilon_with_other_rounds_is_refused(pop, tmp_path):
+    """σ of a target_epsilon run is calibrated for its n_rounds: continuing a checkpoint with
+    more rounds would put the target out of reach (the issue's 3.00 reported vs 3.72 true), so it
+    is refused; with noise_multiplier the composed ε is that of the rounds as they ran."""
+    from fedcf.federated.accounting import RdpAccountant
+
+    ck = tmp_path / "t.npz"
+    kw = dict(n_factors=2, clients_per_round=20, random_state=0, checkpoint_path=ck)
+    target = DPGaussianMean(1.0, target_epsilon=3.0, delta=1e-4)
+    FedReconMF(n_rounds=3, **kw, aggregator=target).fit(pop)
+    before = ck.read_bytes()
+    with pytest.raises(ValueError, match="Resume with the original n_rounds"):
+        FedReconMF(n_rounds=6, **kw, aggregator=target).fit(pop)
+    assert ck.read_bytes() == before  # nothing lost
+    m = FedReconMF(n_rounds=3, **kw, aggregator=target).fit(pop)  # same plan: accepted
+    assert m.epsilon_ <= 3.0 * 1.001
+    ck2 = tmp_path / "s.npz"
+    kw2 = dict(kw, checkpoint_path=ck2)
+    FedReconMF(n_rounds=3, **kw2, aggregator=DPGaussianMean(1.0, 1.0, delta=1e-4)).fit(pop)
+    m = FedReconMF(n_rounds=7, **kw2, aggregator=DPGaussianMean(1.0, 1.0, delta=1e-4)).fit(pop)
+    q = 20 / pop.n_users  # 3 rounds before the checkpoint, 4 after: composed as they ran
+    assert m.epsilon_ == pytest.approx(RdpAccountant(1e-4, [[q, 1.0, 7]]).epsilon(), rel=1e-9)
+    assert m.epsilon_ > RdpAccountant(1e-4, [[q, 1.0, 6]]).epsilon()
+
+
 def test_weighted_dp_caps_weights_and_keeps_the_sensitivity():
     out = ClientOutputs(np.array([0, 1, 2]), np.array([0, 1]), np.array([[10.0, 0.0], [0.0, 0.3]]),
                         np.zeros(2), np.array([50.0, 5.0]), np.zeros(2))

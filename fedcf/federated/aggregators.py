@@ -259,6 +259,21 @@ class DifferentialPrivacy(WeightedMean):
             db[delta.items] += delta.d_b
         return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)
 
+    def check_resume(self, spent) -> None:
+        """Under ``target_epsilon`` σ was calibrated for this run's ``n_rounds``: a checkpoint
+        whose rounds ran at another σ (written with another n_rounds) cannot be continued
+        within the target, so it is refused."""
+        if self.target_epsilon is None:
+            return
+        used = sorted({s for _, s, r in spent.events if r})
+        if used and not np.allclose(used, self.sigma, rtol=1e-9, atol=0.0):
+            raise ValueError(f"the checkpoint's rounds ran with noise multiplier {used[0]:.6g}, "
+                             f"calibrated for target_epsilon={self.target_epsilon} over another "
+                             f"n_rounds; this run's n_rounds needs {self.sigma:.6g}, and the "
+                             "rounds already run cannot be re-noised. Resume with the original "
+                             "n_rounds, or give noise_multiplier (ε is then composed over the "
+                             "rounds as they ran)")
+
     def round_mechanism(self) -> tuple[float, float]:
         """(q, σ): each round is a Poisson-sampled Gaussian mechanism (per user)."""
         return self.q, self.sigma

@@ -338,6 +338,10 @@ class Aggregator(Params, ABC):
 
     accountant: Accountant | None = None
 
+    def check_resume(self, spent: Accountant) -> None:
+        """Refuse to continue a run whose privacy already ``spent`` this bound aggregator cannot
+        honour (DP aggregators; others accept any)."""
+
     def round_mechanism(self) -> tuple[float, float]:
         """(q, σ) of one round, for the accountant (DP aggregators only)."""
         raise NotImplementedError(f"{type(self).__name__} adds no noise")

@@ -53,6 +53,7 @@ class Checkpointer:
                                  "(written without DP); it is left untouched — use another "
                                  "checkpoint_path")
             run.accountant = type(run.accountant).from_state(spent)
+            run.aggregator.check_resume(run.accountant)
         self.last_saved = done
         run.guard.kept = f" (the checkpoint of round {done} is kept in {self.path})"
         if local is not None:
