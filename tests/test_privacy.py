@@ -5,9 +5,10 @@ import dataclasses
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from fedcf import FedReconMF
+from fedcf import FedAvgMF, FedReconMF
 from fedcf import _reference as ref
 from fedcf._kernels.server import robust_sorted_runs
 from fedcf.datasets import make_synthetic_ratings
@@ -147,6 +148,18 @@ def test_a_server_that_knows_the_seed_cannot_remove_the_noise():
     err_attacked = np.sqrt(np.mean((attacked - truth) ** 2))
     assert err_noised == pytest.approx(0.1, rel=0.05)
     assert err_attacked >= 0.95 * err_noised  # ... and gains nothing on secret noise
+
+
+def test_a_large_delta_is_refused_or_warned(pop):
+    ctx = RunContext(n_eligible=1000, clients_per_round=10, n_rounds=5, n_items=10, n_factors=2,
+                     seed=0)
+    with pytest.raises(ValueError, match="must be below 1/n"):
+        DPGaussianMean(1.0, 1.0, delta=1e-3).bind(ctx)
+    with pytest.warns(UserWarning, match=r"above 1/\(10·n\)"):
+        DPGaussianMean(1.0, 1.0, delta=5e-4).bind(ctx)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DPGaussianMean(1.0, 1.0, delta=1e-4).bind(ctx)
 
 
 def test_seeded_noise_reports_no_epsilon(pop):
@@ -348,3 +361,27 @@ def test_weighted_dp_caps_weights_and_keeps_the_sensitivity():
     denom = 0.1 * 100 * 0.5  # q · Σ min(n, 10)/10 over the eligible users
     np.testing.assert_allclose(d.d_Q[0], [1.0 / denom, 0.0], atol=1e-6)  # weight capped at 1
     np.testing.assert_allclose(d.d_Q[1], [0.0, 0.5 * 0.3 / denom], atol=1e-6)  # weight 5/10
+
+
+@pytest.mark.parametrize("cls", [FedReconMF, FedAvgMF])
+def test_a_saved_dp_model_holds_no_user_id_seed_or_unnoised_statistic(pop, tmp_path, cls):
+    """Read the file as an attacker would: a DP release carries no training user id, no user
+    row, no seed and, of the history, only ε."""
+    import json
+
+    m = cls(n_factors=3, n_rounds=3, clients_per_round=60, random_state=987654321,
+            aggregator=DPGaussianMean(0.5, 1.0, delta=1e-4)).fit(pop)
+    path = m.save(tmp_path / "dp.npz")
+    with np.load(path) as z:
+        names = set(z.files)
+        meta = json.loads(str(z["metadata"]))
+        assert len(z["user_ids"]) == 0
+    assert not names & {"user_factors_", "user_biases_", "seen_indptr", "seen_items"}
+    assert meta["params"]["random_state"] is None and "987654321" not in json.dumps(meta)
+    assert all(set(h) == {"epsilon"} for h in meta["history"]) and len(meta["history"]) == 3
+    back = cls.load(path)
+    pred = back.predict(pd.DataFrame({"user": [pop.user_ids[0]], "item": [pop.item_ids[0]]}))
+    assert np.isfinite(pred).all()
+    plain = cls(n_factors=3, n_rounds=2, clients_per_round=60, random_state=0).fit(pop)
+    with np.load(plain.save(tmp_path / "plain.npz")) as z:  # without DP: as before
+        assert len(z["user_ids"]) == pop.n_users

@@ -199,6 +199,10 @@ class DifferentialPrivacy(WeightedMean):
         if self.delta >= 1.0 / n:
             raise ValueError(f"delta={self.delta} must be below 1/n = {1.0 / n:.3g} for the "
                              f"{n} clients (a delta of 1/n allows leaking one user outright)")
+        if self.delta > 0.1 / n:
+            warnings.warn(f"delta={self.delta} is above 1/(10·n) = {0.1 / n:.3g} for the {n} "
+                          "clients: with probability delta the mechanism may fail for some user; "
+                          "the usual choice is well below 1/n", UserWarning, stacklevel=2)
         q = min(1.0, m / n)
         sigma = self.noise_multiplier if self.noise_multiplier is not None else \
             noise_for_epsilon(self.target_epsilon, q, max(context.n_rounds, 1), self.delta)

@@ -164,6 +164,9 @@ class FederatedMFBase(MFEstimatorBase):
     def _seed(self) -> int:
         return run_seed(self.random_state)
 
+    def _dp_release(self) -> bool:
+        return self._aggregator().sampling == "poisson"
+
     # ------------------------------------------------------------------ fit
     @atomic_fit
     def fit(self, X, y=None, *, callback=None, availability=None, **data_kwargs):

@@ -35,12 +35,25 @@ class Persistence:
     """``save`` / ``load`` of a fitted estimator."""
 
     _saved_arrays: tuple[str, ...] = ("item_factors_", "item_biases_")
+    # what a release under differential privacy keeps of history_ (covered by ε)
+    _DP_HISTORY = ("epsilon",)
+
+    def _dp_release(self) -> bool:
+        """Whether this model was trained under differential privacy (federated subclasses)."""
+        return False
 
     def save(self, path) -> Path:
         """Write one versioned ``.npz`` (arrays + JSON metadata, no pickle), atomically: a reader
         sees the old file or the new one, never a part. ``.npz`` is appended to a path that does
         not end in it. Models that keep user rows also keep each user's seen items (for
-        ``recommend(user=..., filter_seen=True)``); FedRecon models keep no user data at all."""
+        ``recommend(user=..., filter_seen=True)``); FedRecon models keep the training user ids
+        (to tell seen users) but no rating and no user row.
+
+        A model trained under differential privacy is saved as a DP release: no training user
+        id, no user row or seen item, no ``random_state`` (the seed), and of ``history_`` only
+        what ε covers (ε per round); not the unnoised losses, cohort counts or timings. Its μ,
+        rating scale and item vocabulary are those of the data given to ``fit``: pass a public
+        ``rating_scale`` and a public item catalog where they must not come from the data."""
         self._check_fitted()
         path = Path(path)
         if path.is_dir() or str(path).endswith(os.sep):
@@ -49,6 +62,12 @@ class Persistence:
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
         params = self.get_params(deep=False)
+        private = self._dp_release()
+        if private:
+            params["random_state"] = None
+        history = getattr(self, "history_", [])
+        if private:
+            history = [{k: h[k] for k in self._DP_HISTORY if k in h} for h in history]
         meta = {
             "format_version": FORMAT_VERSION,
             "class": type(self).__name__,
@@ -57,10 +76,12 @@ class Persistence:
                        for k, v in params.items()},
             "global_mean": float(self.global_mean_),
             "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
-            "history": getattr(self, "history_", []),
+            "history": history,
         }
-        arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None}
-        arrays["user_ids"] = _ids_to_array(self.user_ids_, "user")
+        arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None
+                  and not (private and a in ("user_factors_", "user_biases_"))}
+        arrays["user_ids"] = _ids_to_array(self.user_ids_[:0] if private else self.user_ids_,
+                                           "user")
         arrays["item_ids"] = _ids_to_array(self.item_ids_, "item")
         if "user_factors_" in arrays:
             inter = getattr(self, "interactions_", None)
