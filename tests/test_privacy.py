@@ -385,3 +385,28 @@ def test_a_saved_dp_model_holds_no_user_id_seed_or_unnoised_statistic(pop, tmp_p
     plain = cls(n_factors=3, n_rounds=2, clients_per_round=60, random_state=0).fit(pop)
     with np.load(plain.save(tmp_path / "plain.npz")) as z:  # without DP: as before
         assert len(z["user_ids"]) == pop.n_users
+
+
+def test_pld_accounting_is_tighter_and_calibrates_to_the_target(pop):
+    """accounting="pld": ε and the σ calibration come from dp-accounting's PLD accountant (ε
+    equals a direct dp-accounting computation); the model reports both accountants' ε."""
+    from fedcf.federated.accounting import PLD_DISCRETIZATION, PldAccountant, epsilons
+
+    q, rounds = 60 / pop.n_users, 8
+    m = FedReconMF(n_factors=3, n_rounds=rounds, clients_per_round=60, random_state=0,
+                   aggregator=DPGaussianMean(0.5, target_epsilon=2.0, delta=1e-4,
+                                             accounting="pld")).fit(pop)
+    direct = dpa.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    direct.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(m.noise_multiplier_)), rounds)
+    assert m.epsilon_ == pytest.approx(direct.get_epsilon(1e-4), rel=1e-9)
+    assert 1.9 < m.epsilon_ <= 2.0 * 1.001  # calibrated by the PLD accountant, to the target
+    assert m.epsilons_["pld"] == m.epsilon_ and m.epsilons_["rdp"] > m.epsilon_
+    rdp = FedReconMF(n_factors=3, n_rounds=rounds, clients_per_round=60, random_state=0,
+                     aggregator=DPGaussianMean(0.5, target_epsilon=2.0, delta=1e-4)).fit(pop)
+    assert rdp.noise_multiplier_ > m.noise_multiplier_  # the tighter bound needs less noise
+    acc = PldAccountant(1e-5)
+    acc.compose(0.01, 1.0, 500)
+    assert PldAccountant.from_state(acc.state()).epsilon() == acc.epsilon()
+    assert epsilons(acc)["pld"] == acc.epsilon() < epsilons(acc)["rdp"]
+    with pytest.raises(ValueError, match="accounting must be 'rdp' or 'pld'"):
+        DPGaussianMean(0.5, 1.0, accounting="moments")

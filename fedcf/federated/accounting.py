@@ -3,8 +3,10 @@
 The mechanism accounted for: every round, each client takes part independently with probability q
 (Poisson sampling — the assumption of the accountant; fedcf samples that way whenever DP is on),
 its whole upload is clipped to L2 norm C, and Gaussian noise N(0, σ²C²) is added to the sum. Each
-round is a ``PoissonSampledDpEvent(q, GaussianDpEvent(σ))``; T rounds compose. ε(δ) comes from the
-RDP accountant (``dp_accounting.rdp.RdpAccountant``), never from a hand-typed formula.
+round is a ``PoissonSampledDpEvent(q, GaussianDpEvent(σ))``; T rounds compose. ε(δ) comes from
+dp-accounting, never from a hand-typed formula: its RDP accountant (``RdpAccountant`` here, the
+default) or its privacy-loss-distribution accountant (``PldAccountant``: tighter for many rounds,
+e.g. 1.58 instead of 1.97 for q = 0.01, σ = 1, 500 rounds at δ = 1e-6, and slower).
 """
 
 from __future__ import annotations
@@ -118,30 +120,84 @@ class RdpAccountant(Accountant):
         with _quiet():
             return float(compute_epsilon(orders, total, self.delta)[0])
 
+    kind = "rdp"
+
     def state(self) -> dict:
-        return {"kind": "rdp", "delta": self.delta, "events": [list(e) for e in self.events]}
+        return {"kind": self.kind, "delta": self.delta, "events": [list(e) for e in self.events]}
 
     @classmethod
     def from_state(cls, state: dict) -> RdpAccountant:
-        if not isinstance(state, dict) or state.get("kind") != "rdp":
-            raise ValueError(f"not the state of an RdpAccountant: {state!r}")
+        if not isinstance(state, dict) or state.get("kind") != cls.kind:
+            raise ValueError(f"not the state of an {cls.__name__}: {state!r}")
         return cls(state["delta"], state["events"])
 
 
-def noise_for_epsilon(target_epsilon: float, q: float, rounds: int, delta: float) -> float:
-    """The smallest σ whose ``rounds`` rounds at rate q stay within (target_epsilon, δ)."""
+def noise_for_epsilon(target_epsilon: float, q: float, rounds: int, delta: float,
+                      accountant: str = "rdp") -> float:
+    """The smallest σ whose ``rounds`` rounds at rate q stay within (target_epsilon, δ) by the
+    ``accountant`` ("rdp" or "pld")."""
     _check(q, delta, rounds)
     if not target_epsilon > 0:
         raise ValueError(f"target epsilon must be > 0, got {target_epsilon!r}")
     dpa, rdp = _dpa()
     with _quiet():
-        return _calibrate(dpa, rdp, target_epsilon, q, rounds, delta)
+        sigma = _calibrate(dpa, rdp.RdpAccountant, target_epsilon, q, rounds, delta, 1e-3, 1e4)
+        if accountant == "pld":  # tighter: below the RDP σ (a small σ makes PLDs huge: bracket)
+            sigma = _calibrate(dpa, _pld_accountant, target_epsilon, q, rounds, delta,
+                               sigma / 4, sigma)
+        return sigma
 
 
-def _calibrate(dpa, rdp, target_epsilon, q, rounds, delta):
+def epsilons(accountant: RdpAccountant) -> dict:
+    """ε of the same events by both accountants: {"rdp": ..., "pld": ...}."""
+    return {cls.kind: cls(accountant.delta, accountant.events).epsilon()
+            for cls in (RdpAccountant, PldAccountant)}
+
+
+PLD_DISCRETIZATION = 1e-3  # dp-accounting's value_discretization_interval (its pessimistic bound)
+
+
+def _pld_accountant():
+    from dp_accounting import pld
+
+    return pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+
+
+class PldAccountant(RdpAccountant):
+    """As ``RdpAccountant`` (the same events and state), with ε from dp-accounting's
+    privacy-loss-distribution accountant (``pld.PLDAccountant``, pessimistic discretization of
+    ``PLD_DISCRETIZATION``): a tighter bound for many rounds.
+
+    Examples
+    --------
+    >>> from fedcf.federated.accounting import PldAccountant, RdpAccountant
+    >>> pld, rdp = PldAccountant(1e-6), RdpAccountant(1e-6)
+    >>> for acc in (pld, rdp):
+    ...     acc.compose(0.01, 1.0, rounds=500)
+    >>> bool(pld.epsilon() < rdp.epsilon())
+    True
+    """
+
+    kind = "pld"
+
+    def epsilon(self) -> float:
+        if not any(r for _, _, r in self.events):
+            return 0.0
+        key = tuple(tuple(e) for e in self.events)
+        if self._curves.get("eps_key") != key:
+            dpa, _ = _dpa()
+            acc = _pld_accountant()
+            with _quiet():
+                for q, sigma, rounds in self.events:
+                    acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), rounds)
+                self._curves.update(eps_key=key, eps=float(acc.get_epsilon(self.delta)))
+        return self._curves["eps"]
+
+
+def _calibrate(dpa, make_accountant, target_epsilon, q, rounds, delta, low, high):
     return float(dpa.calibrate_dp_mechanism(
-        rdp.RdpAccountant,
+        make_accountant,
         lambda s: dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)),
                                           int(rounds)),
-        target_epsilon, delta, bracket_interval=dpa.ExplicitBracketInterval(1e-3, 1e4),
+        target_epsilon, delta, bracket_interval=dpa.ExplicitBracketInterval(low, high),
         tol=1e-4))

@@ -109,6 +109,10 @@ class DifferentialPrivacy(WeightedMean):
         c of the capped weights above; None weighs every client equally.
     noise : {"server", "distributed"}, default "server"
         Who adds the noise ("distributed" needs ``SecureAggregation``).
+    accounting : {"rdp", "pld"}, default "rdp"
+        dp-accounting's accountant for ε and for calibrating σ to ``target_epsilon``: Rényi DP,
+        or the privacy-loss distribution (tighter for many rounds, a little slower per round).
+        The fitted model reports both in ``epsilons_``.
     insecure_seeded_noise : bool, default False
         Draw the noise and the Poisson cohorts from ``random_state`` (reproducible runs, tests)
         instead of the operating system's secure generator (``fedcf.federated.secret``). Anyone
@@ -136,11 +140,12 @@ class DifferentialPrivacy(WeightedMean):
     def __init__(self, aggregator=None, clip_norm: float = 1.0,
                  noise_multiplier: float | None = None, *, target_epsilon: float | None = None,
                  delta: float = 1e-6, weight_cap: float | None = None, noise: str = "server",
-                 insecure_seeded_noise: bool = False):
+                 accounting: str = "rdp", insecure_seeded_noise: bool = False):
         self.aggregator, self.clip_norm, self.noise_multiplier = aggregator, clip_norm, \
             noise_multiplier
         self.target_epsilon, self.delta, self.weight_cap = target_epsilon, delta, weight_cap
         self.noise = noise
+        self.accounting = accounting
         self.insecure_seeded_noise = insecure_seeded_noise
         self.context, self.sigma_ = None, None
         self.validate()
@@ -183,6 +188,8 @@ class DifferentialPrivacy(WeightedMean):
                             " (a robust statistic is not a sum: its sensitivity is not C)")
         if self.noise not in ("server", "distributed"):
             raise ValueError(f"noise must be 'server' or 'distributed', got {self.noise!r}")
+        if self.accounting not in ("rdp", "pld"):
+            raise ValueError(f"accounting must be 'rdp' or 'pld', got {self.accounting!r}")
         if not isinstance(self.insecure_seeded_noise, (bool, np.bool_)):
             raise ValueError(f"insecure_seeded_noise must be True or False, got "
                              f"{self.insecure_seeded_noise!r}")
@@ -192,7 +199,7 @@ class DifferentialPrivacy(WeightedMean):
 
     def bind(self, context: RunContext) -> DifferentialPrivacy:
         """Fix q, the rounds, the catalog and the seed of the noise for one run."""
-        from .accounting import RdpAccountant, noise_for_epsilon
+        from .accounting import PldAccountant, RdpAccountant, noise_for_epsilon
 
         self.validate()
         n, m = context.n_eligible, context.clients_per_round
@@ -205,7 +212,8 @@ class DifferentialPrivacy(WeightedMean):
                           "the usual choice is well below 1/n", UserWarning, stacklevel=2)
         q = min(1.0, m / n)
         sigma = self.noise_multiplier if self.noise_multiplier is not None else \
-            noise_for_epsilon(self.target_epsilon, q, max(context.n_rounds, 1), self.delta)
+            noise_for_epsilon(self.target_epsilon, q, max(context.n_rounds, 1), self.delta,
+                              self.accounting)
         bound = type(self)(**self.get_params(deep=False))
         if self.aggregator is not None:
             bound.aggregator = self.aggregator.bind(context)
@@ -214,7 +222,8 @@ class DifferentialPrivacy(WeightedMean):
             np.minimum(context.eligible_weights, self.weight_cap).sum() / self.weight_cap)
         bound.context = context
         bound.q, bound.denominator_ = q, q * total
-        bound.accountant = RdpAccountant(self.delta)
+        bound.accountant = (RdpAccountant if self.accounting == "rdp" else
+                            PldAccountant)(self.delta)
         if self.insecure_seeded_noise:
             warnings.warn("insecure_seeded_noise=True: the DP noise and the client sampling are "
                           "drawn from random_state, so anyone who knows it can remove the noise; "
@@ -294,7 +303,8 @@ class DPGaussianMean(DifferentialPrivacy):
 
     Parameters
     ----------
-    clip_norm, noise_multiplier, target_epsilon, delta, weight_cap, insecure_seeded_noise
+    clip_norm, noise_multiplier, target_epsilon, delta, weight_cap, accounting,
+    insecure_seeded_noise
         As in ``DifferentialPrivacy``.
 
     Examples
@@ -306,9 +316,10 @@ class DPGaussianMean(DifferentialPrivacy):
 
     def __init__(self, clip_norm: float = 1.0, noise_multiplier: float | None = None, *,
                  target_epsilon: float | None = None, delta: float = 1e-6,
-                 weight_cap: float | None = None, insecure_seeded_noise: bool = False):
+                 weight_cap: float | None = None, accounting: str = "rdp",
+                 insecure_seeded_noise: bool = False):
         super().__init__(None, clip_norm, noise_multiplier, target_epsilon=target_epsilon,
-                         delta=delta, weight_cap=weight_cap,
+                         delta=delta, weight_cap=weight_cap, accounting=accounting,
                          insecure_seeded_noise=insecure_seeded_noise)
 
 

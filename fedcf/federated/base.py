@@ -24,6 +24,7 @@ from .._validation import (
 from ..datasets import Interactions, SyntheticPopulation
 from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
+from .accounting import epsilons
 from .checkpoint import RESUME_FREE, data_fingerprint
 from .client_update import ClientUpdate
 from .contracts import Aggregator, Executor, Population, RunContext, phase_rule
@@ -202,6 +203,7 @@ class FederatedMFBase(MFEstimatorBase):
         if run.aggregator.sigma is not None:
             self.noise_multiplier_ = run.aggregator.sigma
             self.epsilon_ = run.epsilon()
+            self.epsilons_ = None if self.epsilon_ is None else epsilons(run.accountant)
         self._set_globals(run.params)
         if run.local is not None:
             self.__dict__.update(self._local_state().fitted(run.local))
