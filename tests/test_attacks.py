@@ -141,3 +141,30 @@ def test_foolsgold_stops_a_promotion_the_mean_lets_through():
     assert at(mean) > 0.5 and abs(at(fg)) < 0.1 * at(mean)
     with pytest.raises(ValueError, match="kappa"):
         FoolsGoldMean(kappa=0)
+
+
+def test_foolsgold_pardons_an_honest_client_that_resembles_a_sybil():
+    """FoolsGold's pardoning (cs_kj × v_k / v_j when v_j > v_k): client 2 is as similar to the
+    sybil pair (0, 1) as 0.6, but its own largest similarity is below theirs, so it is pardoned
+    to full weight; without the pardon it would lose a quarter of it."""
+    from fedcf.federated import ClientOutputs
+    from fedcf.federated.aggregators import sybil_scores
+
+    V = np.array([[1, 0, 0], [0.99, 0.141, 0], [0.6, 0.8, 0], [0, 0.6, 0.8]])
+    out = ClientOutputs(np.arange(5), np.zeros(4, np.int64), V[:, :2].copy(), V[:, 2].copy(),
+                        np.ones(4), np.zeros(4))
+
+    def foolsgold(pardon):  # the paper's Algorithm 1 on the cosine similarities, by hand
+        U = V / np.linalg.norm(V, axis=1)[:, None]
+        cs = U @ U.T
+        np.fill_diagonal(cs, 0.0)
+        v = cs.max(axis=1)
+        if pardon:
+            cs = np.where(v[None, :] > v[:, None], cs * v[:, None] / v[None, :], cs)
+        a = np.clip(1 - cs.max(axis=1), 0, 1)
+        a = np.minimum(a / a.max(), 0.99)
+        with np.errstate(divide="ignore"):
+            return np.clip(np.log(a / (1 - a)) + 0.5, 0, 1)
+
+    np.testing.assert_allclose(sybil_scores(out, np.ones(4)), foolsgold(True), atol=1e-12)
+    assert foolsgold(False)[2] < 0.8 and sybil_scores(out, np.ones(4))[2] == 1.0

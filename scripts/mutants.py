@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Mutation testing of the privacy code: break it on purpose, one mutant at a time, and check
+that the privacy tests notice.
+
+Each mutant is a one-line change to ``fedcf/federated/{aggregators,accounting,phases}.py`` of the
+kind a reviewer fears (noise dropped or halved, the clip skipping the bias part, the accountant
+fed q/2 or 2σ, fixed-size sampling passed off as Poisson, FoolsGold without its pardon, ...).
+The script applies it in place, runs the privacy tests, and restores the file (also when
+interrupted); a mutant *survives* when every test still passes. Run it on a clean checkout.
+
+python scripts/mutants.py                      # all mutants, summary on stdout
+python scripts/mutants.py --json eval/results/mutants.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FED = "fedcf/federated/"
+TESTS = ["tests/test_privacy.py", "tests/test_attacks.py", "tests/test_aggregator_contract.py",
+         "tests/test_phases.py"]
+
+# (name, file, original text, mutated text)
+MUTANTS = [
+    ("noise dropped", FED + "aggregators.py",
+     "dQ = secret.normal((n_items, K), std)", "dQ = np.zeros((n_items, K))"),
+    ("bias noise dropped", FED + "aggregators.py",
+     "db = secret.normal(n_items, std) if c.biases else np.zeros(n_items)",
+     "db = np.zeros(n_items)"),
+    ("noise halved", FED + "aggregators.py",
+     "std = self.sigma * self.clip_norm / self.denominator_",
+     "std = 0.5 * self.sigma * self.clip_norm / self.denominator_"),
+    ("noise on touched rows only", FED + "aggregators.py",
+     "return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)",
+     "return dataclasses.replace(delta, d_Q=dQ[delta.items], d_b=db[delta.items])"),
+    ("accountant given q/2", FED + "aggregators.py",
+     "return self.q, self.sigma", "return self.q / 2, self.sigma"),
+    ("accountant given 2σ", FED + "aggregators.py",
+     "return self.q, self.sigma", "return self.q, 2 * self.sigma"),
+    ("no clip", FED + "aggregators.py",
+     "clip = np.where(w > 0, np.minimum(1.0, self.clip_norm / np.maximum(norms, 1e-300)), 0.0)",
+     "clip = np.where(w > 0, 1.0, 0.0)"),
+    ("denominator halved", FED + "aggregators.py",
+     "    def denominator(self, totals: dict) -> float:\n        return self.denominator_",
+     "    def denominator(self, totals: dict) -> float:\n        return self.denominator_ / 2"),
+    ("weight cap ignored", FED + "aggregators.py",
+     "clip = clip * np.minimum(out.weights, self.weight_cap) / self.weight_cap",
+     "clip = clip"),
+    ("FoolsGold without its pardon", FED + "aggregators.py",
+     "cs = np.where(v[j] > v[i], cs * v[i] / np.maximum(v[j], 1e-300), cs)", "cs = cs"),
+    ("clip ignores the bias part", FED + "phases.py",
+     'sq = np.einsum("ij,ij->i", dQ, dQ) + np.square(db)', 'sq = np.einsum("ij,ij->i", dQ, dQ)'),
+    ("duplicate rows not merged", FED + "phases.py", "    if same.any():", "    if False:"),
+    ("fixed-size sampling with jitter as Poisson", FED + "phases.py",
+     "invited = pool[draw(len(pool)) < q]",
+     "invited = np.sort(rng.choice(pool, size=min(len(pool), max(0, self.clients_per_round"
+     " + int(rng.integers(-2, 3)))), replace=False))"),
+    ("cohorts from the seed", FED + "phases.py",
+     "draw = secret.uniform if self.secret else rng.random", "draw = rng.random"),
+    ("epsilon one round short", FED + "accounting.py",
+     "            self.events.append([q, sigma, int(rounds)])",
+     "            self.events.append([q, sigma, max(int(rounds) - 1, 0)])"),
+    ("delta ignored", FED + "accounting.py",
+     "return float(compute_epsilon(orders, total, self.delta)[0])",
+     "return float(compute_epsilon(orders, total, 0.1)[0])"),
+]
+
+
+def run_mutant(name, rel, old, new, tests) -> dict:
+    path = ROOT / rel
+    original = path.read_text()
+    if original.count(old) != 1:
+        raise SystemExit(f"mutant {name!r}: the text to change is not found once in {rel} (the "
+                         "code moved: update MUTANTS)")
+    t0 = time.perf_counter()
+    try:
+        path.write_text(original.replace(old, new))
+        res = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                              *tests], cwd=ROOT, capture_output=True, text=True)
+    finally:
+        path.write_text(original)
+    last = (res.stdout.strip().splitlines() or [""])[-1]
+    return {"mutant": name, "file": rel, "killed": res.returncode != 0, "summary": last,
+            "seconds": time.perf_counter() - t0}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--only", help="run the mutants whose name contains this text")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or args.only in m[0]]
+    rows = []
+    for m in chosen:
+        rows.append(run_mutant(*m, TESTS))
+        r = rows[-1]
+        print(f"{'killed  ' if r['killed'] else 'SURVIVED'} {r['mutant']:45s} {r['summary']}",
+              flush=True)
+    survived = [r["mutant"] for r in rows if not r["killed"]]
+    print(f"{len(rows) - len(survived)} of {len(rows)} mutants killed"
+          + (f"; survived: {', '.join(survived)}" if survived else ""))
+    if args.json:
+        from fedcf.provenance import run_meta, write_json
+
+        write_json(args.json, {"meta": run_meta("mutants.py", argv), "tests": TESTS,
+                               "rows": rows})
+    return rows
+
+
+if __name__ == "__main__":
+    main()
