@@ -409,6 +409,21 @@ def privacy_values(rows) -> dict:
     }
 
 
+def mutants_values(doc) -> dict:
+    """PRIVACY.md's mutation-testing section (scripts/mutants.py)."""
+    if doc is None:
+        return {"mutants": "Not measured yet: run `python scripts/mutants.py --json "
+                           "eval/results/mutants.json`."}
+    rows = doc["rows"]
+    killed = sum(r["killed"] for r in rows)
+    return {"mutants": provenance(doc["meta"], "mutants.json") + "\n\n" +
+            f"{killed} of {len(rows)} mutants killed by " +
+            ", ".join(f"`{t}`" for t in doc["tests"]) + ".\n\n" +
+            table(["mutant", "file", "killed", "first failing run"],
+                  [(r["mutant"], f"`{r['file']}`", "yes" if r["killed"] else "**no**",
+                    r["summary"]) for r in rows])}
+
+
 def promotion_verdict(att) -> str:
     """The issue's promotion target (hit rate at least halved) for each promotion attack: the
     plain mean against the aggregator that holds the item's hit rate lowest."""
@@ -802,7 +817,8 @@ def documents() -> dict[Path, str]:
                                                              load("hyper_1m.json")))}
            if load("hyper.json") else {}),
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
-            **privacy_values(privacy), **population_values(load("privacy_population.json"))})}
+            **privacy_values(privacy), **population_values(load("privacy_population.json")),
+            **mutants_values(load("mutants.json"))})}
            if privacy else {}),
         **({ROOT / "eval" / "CATALOG.md": render((TEMPLATES / "CATALOG.md").read_text(),
                                                   catalog_values(load("out_of_catalog.json")))}

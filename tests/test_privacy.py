@@ -410,3 +410,16 @@ def test_pld_accounting_is_tighter_and_calibrates_to_the_target(pop):
     assert epsilons(acc)["pld"] == acc.epsilon() < epsilons(acc)["rdp"]
     with pytest.raises(ValueError, match="accounting must be 'rdp' or 'pld'"):
         DPGaussianMean(0.5, 1.0, accounting="moments")
+
+
+def test_every_mutant_of_the_mutation_script_still_applies():
+    """scripts/mutants.py changes exact lines of the privacy code; when the code moves, the
+    script must move with it (else it would test nothing)."""
+    from pathlib import Path
+
+    from conftest import load_script
+
+    script = load_script("mutants")
+    for name, rel, old, new in script.MUTANTS:
+        text = (Path(script.ROOT) / rel).read_text()
+        assert text.count(old) == 1 and old != new, name
