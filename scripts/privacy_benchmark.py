@@ -56,8 +56,9 @@ def row(name, model, test, t0, **extra):
 
 
 def utility_rows(train, test, args):
+    # the 1-5 scale is public (DP takes μ and the scale from public figures, not the data)
     base = dict(n_factors=args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
-                random_state=0)
+                random_state=0, rating_scale=(1, 5))
     rows = []
     t0 = time.perf_counter()
     rows.append(row("plain mean", FedReconMF(**base).fit(train), test, t0))
@@ -207,7 +208,7 @@ def population_rows(args):
     train, _val, test = user_split(inter, (0.8, 0.1, 0.1), random_state=0)
     test = test.subset_users(np.arange(min(test.n_users, 20_000)))
     base = dict(n_factors=args.factors, n_rounds=args.population_rounds,
-                clients_per_round=args.population_clients, random_state=0)
+                clients_per_round=args.population_clients, random_state=0, rating_scale=(1, 5))
     rows = []
     dp = DPGaussianMean(args.population_clip, target_epsilon=args.target_epsilon,
                         delta=args.population_delta, weight_cap=args.population_weight_cap)

@@ -140,7 +140,8 @@ def test_phase_objects_survive_save_load_and_refit(data, tmp_path):
 
     agg = DifferentialPrivacy(SecureAggregation(value_bound=10.0), 0.5, 1.0, delta=1e-4,
                               insecure_seeded_noise=True)  # seeded: refits are comparable
-    m = FedReconMF(**FED, **SMALL, server_optimizer=Adam(0.02, beta1=0.8), aggregator=agg)
+    m = FedReconMF(**FED, **SMALL, server_optimizer=Adam(0.02, beta1=0.8), aggregator=agg,
+                   rating_scale=(1, 5))
     with pytest.warns(UserWarning, match="insecure_seeded_noise"):
         m.fit(data)
     back = FedReconMF.load(m.save(tmp_path / "m.npz"))

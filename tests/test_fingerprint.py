@@ -58,11 +58,15 @@ CASES = {
     "fedrecon-dropout": _fedrecon(dropout=0.2, oversample=0.5, min_examples=5),
     "fedrecon-float64": _fedrecon(dtype="float64"),
     "agg-normclip": _fedrecon(aggregator=NormClippedMean(0.5)),
-    # seeded noise: the same draws as before (the default, secret noise, differs run to run)
-    "agg-dp": _fedrecon(aggregator=DPGaussianMean(1.0, 0.3, insecure_seeded_noise=True)),
+    # seeded noise: the same draws as before (the default, secret noise, differs run to run).
+    # Re-recorded on purpose by issue 30: a DP release takes μ from the public rating scale
+    # (its middle), not from the training ratings, so these two models moved
+    "agg-dp": _fedrecon(aggregator=DPGaussianMean(1.0, 0.3, insecure_seeded_noise=True),
+                        rating_scale=(1, 5)),
     "agg-dp-capped": _fedrecon(aggregator=DPGaussianMean(1.0, target_epsilon=20.0, delta=1e-4,
                                                          weight_cap=10,
-                                                         insecure_seeded_noise=True)),
+                                                         insecure_seeded_noise=True),
+                               rating_scale=(1, 5)),
     "agg-trimmed": _fedrecon(aggregator=TrimmedMean(0.1)),
     "agg-median": _fedrecon(aggregator=CoordinateMedian(row_clip=1.0)),
     "agg-foolsgold": _fedrecon(aggregator=FoolsGoldMean()),

@@ -108,7 +108,7 @@ def test_epsilon_is_that_of_the_sampler_noise_and_rounds_actually_used(pop):
     """The accountant's (q, σ, T) are the sampler's rate, the σ the aggregator noised with and
     the rounds run: ε equals a fresh dp-accounting computation from those, and the cohorts'
     mean size matches q·n."""
-    m = FedReconMF(n_factors=3, n_rounds=12, clients_per_round=60, random_state=0,
+    m = FedReconMF(n_factors=3, n_rounds=12, clients_per_round=60, random_state=0, rating_scale=(1, 5),
                    aggregator=DPGaussianMean(0.5, target_epsilon=6.0, delta=1e-4)).fit(pop)
     q = 60 / pop.n_users
     assert m.epsilon_ == pytest.approx(epsilon(q, m.noise_multiplier_, 12, 1e-4), rel=1e-9)
@@ -165,7 +165,7 @@ def test_a_large_delta_is_refused_or_warned(pop):
 def test_seeded_noise_reports_no_epsilon(pop):
     agg = DPGaussianMean(0.5, 1.0, delta=1e-4, insecure_seeded_noise=True)
     with pytest.warns(UserWarning, match="anyone who knows it can remove the noise"):
-        m = FedReconMF(n_factors=3, n_rounds=3, clients_per_round=60, random_state=0,
+        m = FedReconMF(n_factors=3, n_rounds=3, clients_per_round=60, random_state=0, rating_scale=(1, 5),
                        aggregator=agg).fit(pop)
     assert m.epsilon_ is None and all("epsilon" not in h for h in m.history_)
     with pytest.raises(ValueError, match="insecure_seeded_noise must be True or False"):
@@ -173,7 +173,7 @@ def test_seeded_noise_reports_no_epsilon(pop):
 
 
 def test_secret_noise_and_cohorts_do_not_follow_random_state(pop):
-    kw = dict(n_factors=3, n_rounds=3, clients_per_round=60, random_state=0)
+    kw = dict(n_factors=3, n_rounds=3, clients_per_round=60, random_state=0, rating_scale=(1, 5))
     a, b = (FedReconMF(**kw, aggregator=DPGaussianMean(0.5, 1.0, delta=1e-4)).fit(pop)
             for _ in range(2))
     assert not np.array_equal(a.item_factors_, b.item_factors_)
@@ -202,7 +202,7 @@ def test_poisson_cohorts_have_the_binomial_size_distribution(secret):
 
 
 def test_fit_with_dp_records_epsilon_and_samples_by_poisson(pop):
-    m = FedReconMF(n_factors=3, n_rounds=6, clients_per_round=60, random_state=0,
+    m = FedReconMF(n_factors=3, n_rounds=6, clients_per_round=60, random_state=0, rating_scale=(1, 5),
                    aggregator=DPGaussianMean(0.5, target_epsilon=8.0, delta=1e-4)).fit(pop)
     eps = [h["epsilon"] for h in m.history_]
     assert all(b > a for a, b in zip(eps, eps[1:]))
@@ -227,9 +227,11 @@ def test_bad_aggregator_settings_are_named(make, match):
 
 def test_bad_combinations_are_refused(pop):
     with pytest.raises(ValueError, match=r"delta=0.01 must be below 1/n"):
-        FedReconMF(n_rounds=1, aggregator=DPGaussianMean(1.0, 1.0, delta=0.01)).fit(pop)
+        FedReconMF(n_rounds=1, rating_scale=(1, 5),
+                   aggregator=DPGaussianMean(1.0, 1.0, delta=0.01)).fit(pop)
     with pytest.raises(ValueError, match="oversample must be 0"):
-        FedReconMF(n_rounds=1, oversample=0.2, aggregator=DPGaussianMean(1.0, 1.0)).fit(pop)
+        FedReconMF(n_rounds=1, rating_scale=(1, 5), oversample=0.2,
+                   aggregator=DPGaussianMean(1.0, 1.0)).fit(pop)
     with pytest.raises(ValueError, match="'medain' is not a registered aggregator; use one of"):
         FedReconMF(n_rounds=1, aggregator="medain").fit(pop)
     with pytest.raises(TypeError, match="aggregator must be one of .* fedcf.federated.Aggregator"):
@@ -312,7 +314,7 @@ def test_accountant_composes_rounds_as_dp_accounting_does():
 
 
 def test_a_resumed_dp_run_restores_the_privacy_spent(pop, tmp_path):
-    kw = dict(n_factors=2, clients_per_round=20, random_state=0,
+    kw = dict(n_factors=2, clients_per_round=20, random_state=0, rating_scale=(1, 5),
               aggregator=DPGaussianMean(1.0, 1.0))
     full = FedReconMF(n_rounds=6, **kw).fit(pop)
     ck = tmp_path / "dp.npz"
@@ -333,7 +335,7 @@ def test_resume_under_target_epsilon_with_other_rounds_is_refused(pop, tmp_path)
     from fedcf.federated.accounting import RdpAccountant
 
     ck = tmp_path / "t.npz"
-    kw = dict(n_factors=2, clients_per_round=20, random_state=0, checkpoint_path=ck)
+    kw = dict(n_factors=2, clients_per_round=20, random_state=0, rating_scale=(1, 5), checkpoint_path=ck)
     target = DPGaussianMean(1.0, target_epsilon=3.0, delta=1e-4)
     FedReconMF(n_rounds=3, **kw, aggregator=target).fit(pop)
     before = ck.read_bytes()
@@ -369,7 +371,7 @@ def test_a_saved_dp_model_holds_no_user_id_seed_or_unnoised_statistic(pop, tmp_p
     row, no seed and, of the history, only ε."""
     import json
 
-    m = cls(n_factors=3, n_rounds=3, clients_per_round=60, random_state=987654321,
+    m = cls(n_factors=3, n_rounds=3, clients_per_round=60, random_state=987654321, rating_scale=(1, 5),
             aggregator=DPGaussianMean(0.5, 1.0, delta=1e-4)).fit(pop)
     path = m.save(tmp_path / "dp.npz")
     with np.load(path) as z:
@@ -393,7 +395,7 @@ def test_pld_accounting_is_tighter_and_calibrates_to_the_target(pop):
     from fedcf.federated.accounting import PLD_DISCRETIZATION, PldAccountant, epsilons
 
     q, rounds = 60 / pop.n_users, 8
-    m = FedReconMF(n_factors=3, n_rounds=rounds, clients_per_round=60, random_state=0,
+    m = FedReconMF(n_factors=3, n_rounds=rounds, clients_per_round=60, random_state=0, rating_scale=(1, 5),
                    aggregator=DPGaussianMean(0.5, target_epsilon=2.0, delta=1e-4,
                                              accounting="pld")).fit(pop)
     direct = dpa.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
@@ -401,7 +403,7 @@ def test_pld_accounting_is_tighter_and_calibrates_to_the_target(pop):
     assert m.epsilon_ == pytest.approx(direct.get_epsilon(1e-4), rel=1e-9)
     assert 1.9 < m.epsilon_ <= 2.0 * 1.001  # calibrated by the PLD accountant, to the target
     assert m.epsilons_["pld"] == m.epsilon_ and m.epsilons_["rdp"] > m.epsilon_
-    rdp = FedReconMF(n_factors=3, n_rounds=rounds, clients_per_round=60, random_state=0,
+    rdp = FedReconMF(n_factors=3, n_rounds=rounds, clients_per_round=60, random_state=0, rating_scale=(1, 5),
                      aggregator=DPGaussianMean(0.5, target_epsilon=2.0, delta=1e-4)).fit(pop)
     assert rdp.noise_multiplier_ > m.noise_multiplier_  # the tighter bound needs less noise
     acc = PldAccountant(1e-5)
@@ -423,3 +425,33 @@ def test_every_mutant_of_the_mutation_script_still_applies():
     for name, rel, old, new in script.MUTANTS:
         text = (Path(script.ROOT) / rel).read_text()
         assert text.count(old) == 1 and old != new, name
+
+
+def test_a_dp_release_takes_its_mean_scale_and_vocabulary_from_public_figures(pop):
+    """μ, the rating scale and the item vocabulary of a DP model are public inputs, not
+    statistics of the training data (which ε would not cover)."""
+    kw = dict(n_factors=2, n_rounds=2, clients_per_round=60, random_state=0)
+    with pytest.raises(ValueError, match="needs a public rating_scale"):
+        FedReconMF(**kw, aggregator=DPGaussianMean(1.0, 1.0, delta=1e-4)).fit(pop)
+    with pytest.raises(ValueError, match=r"public_mean=7.0 is outside rating_scale=\(1.0, 5.0\)"):
+        FedReconMF(**kw, rating_scale=(1, 5),
+                   aggregator=DPGaussianMean(1.0, 1.0, delta=1e-4, public_mean=7.0)).fit(pop)
+    m = FedReconMF(**kw, rating_scale=(1, 5),
+                   aggregator=DPGaussianMean(1.0, 1.0, delta=1e-4)).fit(pop)
+    assert m.global_mean_ == 3.0 != pytest.approx(pop.values.mean())
+    assert tuple(m.rating_scale_) == (1, 5)
+    m = FedReconMF(**kw, rating_scale=(1, 5),
+                   aggregator=DPGaussianMean(1.0, 1.0, delta=1e-4, public_mean=3.4)).fit(pop)
+    assert m.global_mean_ == 3.4
+    vocab = [*pop.item_ids.tolist(), 10**6]  # one public item no one rated
+    m = FedReconMF(**kw, rating_scale=(1, 5), aggregator=DPGaussianMean(
+        1.0, 1.0, delta=1e-4, public_items=vocab)).fit(pop)
+    assert m.item_ids_.tolist() == vocab and m.item_factors_.shape[0] == len(vocab)
+    with pytest.raises(ValueError, match=f"public_items misses a training item .*{vocab[3]}"):
+        FedReconMF(**kw, rating_scale=(1, 5), aggregator=DPGaussianMean(
+            1.0, 1.0, delta=1e-4, public_items=vocab[:3] + vocab[4:])).fit(pop)
+    for bad, match in [(dict(public_items=[1, 1]), "appears twice"),
+                       (dict(public_items=[]), "non-empty list"),
+                       (dict(public_mean=float("nan")), "public_mean must be None or a finite")]:
+        with pytest.raises(ValueError, match=match):
+            DPGaussianMean(1.0, 1.0, **bad)

@@ -53,8 +53,8 @@ def test_the_model_is_bit_identical_to_the_local_run(pop, n_shards):
                                  SecureAggregation(value_bound=5.0)],
                          ids=["dp", "trimmed", "secagg"])
 def test_every_aggregator_composes_with_it(pop, agg):
-    ref = FedReconMF(**KW, aggregator=agg).fit(pop)
-    m = FedReconMF(**KW, aggregator=agg, executor=RayExecutor(3)).fit(pop)
+    ref = FedReconMF(**KW, rating_scale=(1, 5), aggregator=agg).fit(pop)
+    m = FedReconMF(**KW, rating_scale=(1, 5), aggregator=agg, executor=RayExecutor(3)).fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
 
 

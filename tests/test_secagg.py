@@ -128,7 +128,7 @@ def test_secure_aggregation_with_server_noise_dp():
     agg = DifferentialPrivacy(SecureAggregation(value_bound=1.0), clip_norm=0.5,
                               target_epsilon=10.0, delta=1e-4)
     m = FedReconMF(n_factors=2, n_rounds=4, clients_per_round=20, random_state=0,
-                   aggregator=agg).fit(pop)
+                   rating_scale=(1, 5), aggregator=agg).fit(pop)
     eps = [h["epsilon"] for h in m.history_]
     assert eps == sorted(eps) and m.epsilon_ <= 10.0 * 1.001 and m.noise_multiplier_ > 0
     assert len({h["clients_sampled"] for h in m.history_}) > 1  # Poisson sampling

@@ -9,6 +9,7 @@ import dataclasses
 import warnings
 
 import numpy as np
+import pandas as pd
 from scipy import sparse
 
 from .._kernels.server import robust_sorted_runs
@@ -109,6 +110,15 @@ class DifferentialPrivacy(WeightedMean):
         c of the capped weights above; None weighs every client equally.
     noise : {"server", "distributed"}, default "server"
         Who adds the noise ("distributed" needs ``SecureAggregation``).
+    public_mean : float or None, default None
+        μ of the release, a public figure within the estimator's ``rating_scale`` (which DP
+        requires): the training ratings' mean would be a statistic outside ε. None: the middle
+        of the scale (the item and user biases absorb the difference).
+    public_items : list of raw item ids or None, default None
+        The public item vocabulary: the model has a row for each of these items, rated or not,
+        and a training item outside it is refused. None takes the item catalog of the data
+        given to ``fit`` as public (pass ``Interactions`` built with a public ``item_catalog``
+        where the set of rated items must stay private).
     accounting : {"rdp", "pld"}, default "rdp"
         dp-accounting's accountant for ε and for calibrating σ to ``target_epsilon``: Rényi DP,
         or the privacy-loss distribution (tighter for many rounds, a little slower per round).
@@ -140,9 +150,13 @@ class DifferentialPrivacy(WeightedMean):
     def __init__(self, aggregator=None, clip_norm: float = 1.0,
                  noise_multiplier: float | None = None, *, target_epsilon: float | None = None,
                  delta: float = 1e-6, weight_cap: float | None = None, noise: str = "server",
-                 accounting: str = "rdp", insecure_seeded_noise: bool = False):
+                 public_mean: float | None = None, public_items=None, accounting: str = "rdp",
+                 insecure_seeded_noise: bool = False):
         self.aggregator, self.clip_norm, self.noise_multiplier = aggregator, clip_norm, \
             noise_multiplier
+        if isinstance(public_items, (np.ndarray, pd.Index, pd.Series)):
+            public_items = public_items.tolist()  # a list compares by value
+        self.public_mean, self.public_items = public_mean, public_items
         self.target_epsilon, self.delta, self.weight_cap = target_epsilon, delta, weight_cap
         self.noise = noise
         self.accounting = accounting
@@ -188,6 +202,19 @@ class DifferentialPrivacy(WeightedMean):
                             " (a robust statistic is not a sum: its sensitivity is not C)")
         if self.noise not in ("server", "distributed"):
             raise ValueError(f"noise must be 'server' or 'distributed', got {self.noise!r}")
+        pm = self.public_mean
+        if pm is not None and (isinstance(pm, bool) or not isinstance(pm, (int, float, np.number))
+                               or not np.isfinite(pm)):
+            raise ValueError(f"public_mean must be None or a finite number, got {pm!r}")
+        items = self.public_items
+        if items is not None:
+            if not isinstance(items, (list, tuple)) or not len(items):
+                raise ValueError(f"public_items must be None or a non-empty list of raw item "
+                                 f"ids, got {items!r}")
+            dup = pd.Index(items).duplicated()
+            if dup.any():
+                raise ValueError(f"public_items: item {items[int(np.argmax(dup))]!r} appears "
+                                 "twice")
         if self.accounting not in ("rdp", "pld"):
             raise ValueError(f"accounting must be 'rdp' or 'pld', got {self.accounting!r}")
         if not isinstance(self.insecure_seeded_noise, (bool, np.bool_)):
@@ -272,6 +299,20 @@ class DifferentialPrivacy(WeightedMean):
             db[delta.items] += delta.d_b
         return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)
 
+    def public_release(self, rating_scale, biases: bool) -> float:
+        """μ of the release under DP: ``public_mean`` (checked against the public
+        ``rating_scale``), else the scale's middle; 0 without biases."""
+        if rating_scale is None:
+            raise ValueError("differential privacy needs a public rating_scale=(low, high) on "
+                             "the estimator: the range of the training ratings would reveal the "
+                             "users who gave the extreme ones")
+        lo, hi = rating_scale
+        pm = (lo + hi) / 2.0 if self.public_mean is None else float(self.public_mean)
+        if not lo <= pm <= hi:
+            raise ValueError(f"public_mean={self.public_mean} is outside rating_scale="
+                             f"{tuple(rating_scale)}; give a mean within the scale")
+        return pm if biases else 0.0
+
     def check_resume(self, spent) -> None:
         """Under ``target_epsilon`` σ was calibrated for this run's ``n_rounds``: a checkpoint
         whose rounds ran at another σ (written with another n_rounds) cannot be continued
@@ -303,8 +344,8 @@ class DPGaussianMean(DifferentialPrivacy):
 
     Parameters
     ----------
-    clip_norm, noise_multiplier, target_epsilon, delta, weight_cap, accounting,
-    insecure_seeded_noise
+    clip_norm, noise_multiplier, target_epsilon, delta, weight_cap, public_mean, public_items,
+    accounting, insecure_seeded_noise
         As in ``DifferentialPrivacy``.
 
     Examples
@@ -316,10 +357,12 @@ class DPGaussianMean(DifferentialPrivacy):
 
     def __init__(self, clip_norm: float = 1.0, noise_multiplier: float | None = None, *,
                  target_epsilon: float | None = None, delta: float = 1e-6,
-                 weight_cap: float | None = None, accounting: str = "rdp",
+                 weight_cap: float | None = None, public_mean: float | None = None,
+                 public_items=None, accounting: str = "rdp",
                  insecure_seeded_noise: bool = False):
         super().__init__(None, clip_norm, noise_multiplier, target_epsilon=target_epsilon,
-                         delta=delta, weight_cap=weight_cap, accounting=accounting,
+                         delta=delta, weight_cap=weight_cap, public_mean=public_mean,
+                         public_items=public_items, accounting=accounting,
                          insecure_seeded_noise=insecure_seeded_noise)
 
 

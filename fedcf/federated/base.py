@@ -21,7 +21,7 @@ from .._validation import (
     RandomState,
     Real,
 )
-from ..datasets import Interactions, SyntheticPopulation
+from ..datasets import DataValidationError, Interactions, SyntheticPopulation
 from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .accounting import epsilons
@@ -158,6 +158,9 @@ class FederatedMFBase(MFEstimatorBase):
         hg = self._hypergradients()
         if hg is not None:
             check_learnable(self, hg, self._local_state() is not None)
+        if self._dp_release() and "rating_scale" in self._parameter_constraints:
+            self._aggregator().public_release(self._check_params().get("rating_scale"),
+                                              bool(self.biases))  # names what is missing
         if self._aggregator().sampling == "poisson" and self.oversample > 0:
             raise ValueError("oversample must be 0 with DPGaussianMean: differential privacy "
                              "samples clients by Poisson sampling, which has no surplus to cut")
@@ -185,7 +188,7 @@ class FederatedMFBase(MFEstimatorBase):
         check_callback(callback)
         self._check_params()
         self._check_combinations()
-        inter = self._coerce(X, y, **data_kwargs)
+        inter = self._public_vocabulary(self._coerce(X, y, **data_kwargs))
         run = None
         try:
             run = self._start(inter, availability, callback)
@@ -248,7 +251,7 @@ class FederatedMFBase(MFEstimatorBase):
         state = self._local_state()
         local = None if state is None else state.init(inter.n_users, self.n_factors, rng, dtype)
         stats = inter.value_stats()
-        mu = stats["mean"] if self.biases else 0.0
+        mu, scale = self._release_mean_and_scale(stats)
         counts = inter.counts()
         eligible = np.flatnonzero(counts >= max(self.min_examples, 1))
         if len(eligible) == 0:
@@ -274,12 +277,39 @@ class FederatedMFBase(MFEstimatorBase):
                   checkpointer=self._checkpointer(inter, seed),
                   observe=self._observer(callback), hyper=self._make_hyper(),
                   hyper_select=hyper_select)
-        self.rating_scale_ = self._check_params().get("rating_scale") or (
-            stats["min"], stats["max"])
+        self.rating_scale_ = scale
         self.global_mean_ = mu
         self.user_ids_, self.item_ids_ = inter.user_ids, inter.item_ids
         self.interactions_ = inter
         return run
+
+    def _release_mean_and_scale(self, stats):
+        """(μ, rating scale) of the model: the training data's, or under differential privacy
+        the public ones (the data's would be statistics outside ε)."""
+        scale = self._check_params().get("rating_scale")
+        if self._dp_release():
+            if "rating_scale" not in self._parameter_constraints:  # implicit: no rating scale
+                return 0.0, None
+            return self._aggregator().public_release(scale, bool(self.biases)), scale
+        return (stats["mean"] if self.biases else 0.0), scale or (stats["min"], stats["max"])
+
+    def _public_vocabulary(self, inter):
+        """Under DP with ``public_items``: the data on exactly that item vocabulary (a training
+        item outside it is refused, naming it)."""
+        agg = self._aggregator()
+        items = agg.public_items if self._dp_release() else None
+        if items is None:
+            return inter
+        if inter.executor is not None:
+            raise ValueError("public_items needs the training data in this process (it re-maps "
+                             "the items); a Ray or Flower population keeps its own catalog")
+        try:
+            return Interactions.from_arrays(
+                inter.user_ids[inter.user_index()], inter.item_ids[inter.items], inter.values,
+                inter.timestamps, user_catalog=inter.user_ids, item_catalog=np.asarray(items))
+        except DataValidationError as e:
+            raise ValueError(f"public_items misses a training item ({e}); add it to the public "
+                             "vocabulary or drop its ratings") from None
 
     def _make_executor(self, program, inter, local):
         """Phase 2 (client work): where the population's clients already run (a Ray or

@@ -338,6 +338,13 @@ class Aggregator(Params, ABC):
 
     accountant: Accountant | None = None
 
+    public_items = None  # a DP aggregator's public item vocabulary
+
+    def public_release(self, rating_scale, biases: bool) -> float:
+        """μ of a release under DP from public figures (DP aggregators)."""
+        raise NotImplementedError(f"{type(self).__name__} declares Poisson sampling but gives "
+                                  "no public μ (public_release)")
+
     def check_resume(self, spent: Accountant) -> None:
         """Refuse to continue a run whose privacy already ``spent`` this bound aggregator cannot
         honour (DP aggregators; others accept any)."""
