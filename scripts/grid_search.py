@@ -2,7 +2,8 @@
 """Tune a differentially private FedReconMF with scikit-learn's GridSearchCV: the server
 optimizer's learning rate and the DP aggregator's clip norm, as nested parameters of the phase
 objects (``server_optimizer__learning_rate``, ``aggregator__clip_norm``), on held-out users
-(``UserShuffleSplit``) scored by ReconEval.
+(``UserShuffleSplit``) scored by ReconEval; beside the fixed clips, adaptive clipping
+(``aggregator__target_quantile``) from a small starting clip.
 
 The search itself is not differentially private: every setting sees the same users, and the
 selection is not accounted. ε reported per setting is that of one training run.
@@ -29,8 +30,12 @@ from fedcf.federated import SGD, DPGaussianMean
 from fedcf.model_selection import UserShuffleSplit, recon_scorer
 from fedcf.provenance import run_meta, write_json
 
-GRID = {"server_optimizer__learning_rate": [0.5, 1.0, 2.0],
-        "aggregator__clip_norm": [0.05, 0.2, 1.0]}
+GRID = [{"server_optimizer__learning_rate": [0.5, 1.0, 2.0],
+         "aggregator__clip_norm": [0.05, 0.2, 1.0]},
+        # adaptive clipping (Andrew et al. 2021): the clip follows the median upload norm
+        # (its clip grows to the median norm, so it pairs with smaller server steps)
+        {"server_optimizer__learning_rate": [0.125, 0.25, 0.5], "aggregator__clip_norm": [0.05],
+         "aggregator__target_quantile": [0.5]}]
 NOISE = 1.0  # noise multiplier σ of every setting
 DELTA = 1e-4
 

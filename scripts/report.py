@@ -550,8 +550,13 @@ def tune_block(tuned) -> str:
 
 def grid_block(doc) -> str:
     """README's GridSearchCV over phase parameters (scripts/grid_search.py)."""
-    names = list(doc["rows"][0]["params"])
-    rows = sorted(doc["rows"], key=lambda r: tuple(r["params"][n] for n in names))
+    names = list(dict.fromkeys(n for r in doc["rows"] for n in r["params"]))
+
+    def cell(r, n):
+        if n not in r["params"]:
+            return "fixed"
+        return f"{r['params'][n]:g}"
+    rows = sorted(doc["rows"], key=lambda r: tuple(r["params"].get(n, -1) for n in names))
     s = doc["settings"]
     data = {"100k": "MovieLens-100K"}.get(doc["dataset"], doc["dataset"])
     return (provenance(doc["meta"], "grid_search.json") + "\n\n" +
@@ -561,7 +566,7 @@ def grid_block(doc) -> str:
             f"training run; {s['splits']} held-out user draws per setting; the whole search took "
             f"{doc['search_seconds']:.0f} s.\n\n" + table(
                 [*(f"`{n}`" for n in names), "ReconEval RMSE (± SD over draws)", "selected"],
-                [(*(f"{r['params'][n]:g}" for n in names), f"{r['rmse']:.4f} ± {r['rmse_sd']:.4f}",
+                [(*(cell(r, n) for n in names), f"{r['rmse']:.4f} ± {r['rmse_sd']:.4f}",
                   "✓" if r["params"] == doc["best"] else "") for r in rows]))
 
 

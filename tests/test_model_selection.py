@@ -339,8 +339,10 @@ def test_grid_search_script_tunes_nested_phase_parameters(tmp_path):
     out = tmp_path / "grid.json"
     script.main(["--dataset", "synthetic", "--quick", "--json", str(out)])
     doc = json.loads(out.read_text())
-    assert len(doc["rows"]) == 9 and {tuple(sorted(r["params"])) for r in doc["rows"]} == {
-        ("aggregator__clip_norm", "server_optimizer__learning_rate")}
+    assert len(doc["rows"]) == 12 and {tuple(sorted(r["params"])) for r in doc["rows"]} == {
+        ("aggregator__clip_norm", "server_optimizer__learning_rate"),
+        ("aggregator__clip_norm", "aggregator__target_quantile",
+         "server_optimizer__learning_rate")}
     best = min(doc["rows"], key=lambda r: r["rmse"])
     assert doc["best"] == best["params"] and best["rank"] == 1
     assert np.isfinite(doc["epsilon"]) and doc["epsilon"] > 0

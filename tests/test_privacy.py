@@ -455,3 +455,61 @@ def test_a_dp_release_takes_its_mean_scale_and_vocabulary_from_public_figures(po
                        (dict(public_mean=float("nan")), "public_mean must be None or a finite")]:
         with pytest.raises(ValueError, match=match):
             DPGaussianMean(1.0, 1.0, **bad)
+
+
+def _norm_cohort(norms):
+    """One client per norm, each uploading one row of that norm (item k for client k)."""
+    n = len(norms)
+    return ClientOutputs(np.arange(n + 1), np.arange(n), np.c_[np.asarray(norms, float),
+                                                              np.zeros(n)],
+                         np.zeros(n), np.ones(n), np.zeros(n))
+
+
+def test_adaptive_clipping_follows_the_target_quantile_of_upload_norms():
+    """Andrew et al. 2021: C ← C·exp(−η(b̃ − γ)) reaches the γ-quantile of the norms; the
+    update noise is σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2)·C so that the round is accounted as σ."""
+    rng = np.random.default_rng(0)
+    ctx = RunContext(n_eligible=200, clients_per_round=200, n_rounds=300, n_items=200,
+                     n_factors=2, seed=0)
+    for gamma in (0.3, 0.7):
+        agg = DPGaussianMean(0.01, 0.5, delta=1e-3, target_quantile=gamma,
+                             clip_learning_rate=0.3).bind(ctx)
+        clips = []
+        for t in range(300):
+            agg(_norm_cohort(rng.lognormal(0.0, 1.0, 200)), HP, t)
+            clips.append(agg.round_stats["clip_norm"])
+        want = float(np.exp(np.quantile(rng.standard_normal(200_000), gamma)))
+        assert np.median(clips[-100:]) == pytest.approx(want, rel=0.15), gamma
+    agg = DPGaussianMean(0.4, 1.0, delta=1e-3, target_quantile=0.5).bind(ctx)
+    d = agg(_norm_cohort(np.full(3, 0.1)), HP, 0)
+    sigma_b = 200 / 20
+    sigma_update = (1.0 ** -2 - (2 * sigma_b) ** -2) ** -0.5
+    assert d.d_Q[3:].std() == pytest.approx(sigma_update * 0.4 / 200, rel=0.03)
+    assert agg.round_mechanism() == (1.0, 1.0) and not agg.linear
+
+
+def test_adaptive_clipping_is_checked_recorded_and_survives_resume(pop, tmp_path):
+    for bad, match in [(dict(target_quantile=1.5), r"target_quantile must be None or in \(0, 1\)"),
+                       (dict(target_quantile=0.5, clip_learning_rate=0), "clip_learning_rate"),
+                       (dict(target_quantile=0.5, clip_count_stddev=-1), "clip_count_stddev")]:
+        with pytest.raises(ValueError, match=match):
+            DPGaussianMean(1.0, 1.0, **bad)
+    ctx = RunContext(n_eligible=100, clients_per_round=10, n_rounds=3, n_items=5, n_factors=2,
+                     seed=0)
+    with pytest.raises(ValueError, match="2·σ_b must exceed σ"):
+        DPGaussianMean(1.0, 4.0, target_quantile=0.5, clip_count_stddev=1.0).bind(ctx)
+    ck = tmp_path / "a.npz"
+    kw = dict(n_factors=2, clients_per_round=60, random_state=0, rating_scale=(1, 5),
+              checkpoint_path=ck, checkpoint_every=2,
+              aggregator=DPGaussianMean(0.05, 1.0, delta=1e-4, target_quantile=0.5))
+    first = FedReconMF(n_rounds=4, **kw).fit(pop)
+    clips = [h["clip_norm"] for h in first.history_]
+    assert len(set(clips)) == 4 and clips[0] == 0.05
+    resumed = FedReconMF(n_rounds=6, **kw).fit(pop)
+    assert [h["clip_norm"] for h in resumed.history_[:4]] == clips
+    assert resumed.history_[4]["clip_norm"] != 0.05  # continued from the checkpoint's clip
+    with np.load(resumed.save(tmp_path / "m.npz")) as z:
+        import json
+
+        hist = json.loads(str(z["metadata"]))["history"]
+    assert all(set(h) == {"epsilon", "clip_norm"} for h in hist)

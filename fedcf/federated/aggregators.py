@@ -110,6 +110,16 @@ class DifferentialPrivacy(WeightedMean):
         c of the capped weights above; None weighs every client equally.
     noise : {"server", "distributed"}, default "server"
         Who adds the noise ("distributed" needs ``SecureAggregation``).
+    target_quantile : float in (0, 1) or None, default None
+        Adaptive clipping (Andrew et al. 2021): the clip starts at ``clip_norm`` and follows
+        this quantile of the clients' upload norms, C ← C·exp(−η(b̃ − γ)) after every round,
+        b̃ the noised share of clients at or below C. None: the clip stays ``clip_norm``.
+    clip_learning_rate : float > 0, default 0.2
+        η of that update.
+    clip_count_stddev : float > 0 or None, default None
+        σ_b, the noise on the count of unclipped clients (None: the expected cohort / 20, the
+        paper's choice). The update noise is then σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) so that the
+        round stays a Gaussian mechanism of multiplier σ (accounted as such); 2σ_b must exceed σ.
     public_mean : float or None, default None
         μ of the release, a public figure within the estimator's ``rating_scale`` (which DP
         requires): the training ratings' mean would be a statistic outside ε. None: the middle
@@ -150,13 +160,17 @@ class DifferentialPrivacy(WeightedMean):
     def __init__(self, aggregator=None, clip_norm: float = 1.0,
                  noise_multiplier: float | None = None, *, target_epsilon: float | None = None,
                  delta: float = 1e-6, weight_cap: float | None = None, noise: str = "server",
-                 public_mean: float | None = None, public_items=None, accounting: str = "rdp",
-                 insecure_seeded_noise: bool = False):
+                 target_quantile: float | None = None, clip_learning_rate: float = 0.2,
+                 clip_count_stddev: float | None = None, public_mean: float | None = None,
+                 public_items=None, accounting: str = "rdp", insecure_seeded_noise: bool = False):
         self.aggregator, self.clip_norm, self.noise_multiplier = aggregator, clip_norm, \
             noise_multiplier
         if isinstance(public_items, (np.ndarray, pd.Index, pd.Series)):
             public_items = public_items.tolist()  # a list compares by value
         self.public_mean, self.public_items = public_mean, public_items
+        self.target_quantile, self.clip_learning_rate = target_quantile, clip_learning_rate
+        self.clip_count_stddev = clip_count_stddev
+        self.clip_, self.unclipped_ = clip_norm, 0
         self.target_epsilon, self.delta, self.weight_cap = target_epsilon, delta, weight_cap
         self.noise = noise
         self.accounting = accounting
@@ -165,12 +179,15 @@ class DifferentialPrivacy(WeightedMean):
         self.validate()
 
     @property
-    def linear(self) -> bool:
-        return self.aggregator is None  # the mean in the clear: reducible from partial sums
+    def linear(self) -> bool:  # the mean in the clear with a fixed clip: reducible from partials
+        return self.aggregator is None and self.target_quantile is None
 
     @property
     def round_stats(self) -> dict:
-        return {} if self.aggregator is None else self.aggregator.round_stats
+        stats = {} if self.aggregator is None else dict(self.aggregator.round_stats)
+        if self.target_quantile is not None:
+            stats["clip_norm"] = self.used_clip_
+        return stats
 
     @property
     def sampling(self) -> str:
@@ -215,6 +232,16 @@ class DifferentialPrivacy(WeightedMean):
             if dup.any():
                 raise ValueError(f"public_items: item {items[int(np.argmax(dup))]!r} appears "
                                  "twice")
+        if self.target_quantile is not None:
+            tq = self.target_quantile
+            if isinstance(tq, bool) or not isinstance(tq, (int, float)) or not 0 < tq < 1:
+                raise ValueError(f"target_quantile must be None or in (0, 1), got {tq!r}")
+            _positive("clip_learning_rate", self.clip_learning_rate)
+            if self.clip_count_stddev is not None:
+                _positive("clip_count_stddev", self.clip_count_stddev)
+            if self.aggregator is not None:
+                raise ValueError("adaptive clipping (target_quantile) needs aggregator=None: "
+                                 "its count of unclipped clients is not secure-aggregated yet")
         if self.accounting not in ("rdp", "pld"):
             raise ValueError(f"accounting must be 'rdp' or 'pld', got {self.accounting!r}")
         if not isinstance(self.insecure_seeded_noise, (bool, np.bool_)):
@@ -251,6 +278,15 @@ class DifferentialPrivacy(WeightedMean):
         bound.q, bound.denominator_ = q, q * total
         bound.accountant = (RdpAccountant if self.accounting == "rdp" else
                             PldAccountant)(self.delta)
+        bound.clip_ = bound.used_clip_ = float(self.clip_norm)
+        bound.count_std_, bound.update_sigma_ = None, bound.sigma_
+        if self.target_quantile is not None:
+            bound.count_std_ = float(self.clip_count_stddev or q * n / 20.0)
+            if not 2 * bound.count_std_ > bound.sigma_:
+                raise ValueError(f"clip_count_stddev={bound.count_std_:g} is too small for noise "
+                                 f"multiplier {bound.sigma_:.4g}: 2·σ_b must exceed σ (the "
+                                 "count's noise is part of the accounted mechanism)")
+            bound.update_sigma_ = (bound.sigma_ ** -2 - (2 * bound.count_std_) ** -2) ** -0.5
         if self.insecure_seeded_noise:
             warnings.warn("insecure_seeded_noise=True: the DP noise and the client sampling are "
                           "drawn from random_state, so anyone who knows it can remove the noise; "
@@ -275,7 +311,9 @@ class DifferentialPrivacy(WeightedMean):
 
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
         norms = upload_norms(out)
-        clip = np.where(w > 0, np.minimum(1.0, self.clip_norm / np.maximum(norms, 1e-300)), 0.0)
+        C = self.clip_
+        self.unclipped_ = int(np.sum((w > 0) & (norms <= C)))
+        clip = np.where(w > 0, np.minimum(1.0, C / np.maximum(norms, 1e-300)), 0.0)
         if self.weight_cap is not None:
             clip = clip * np.minimum(out.weights, self.weight_cap) / self.weight_cap
         return clip
@@ -286,7 +324,7 @@ class DifferentialPrivacy(WeightedMean):
     def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
         c = self.context
         n_items, K = c.n_items, c.n_factors
-        std = self.sigma * self.clip_norm / self.denominator_
+        std = self.update_sigma_ * self.clip_ / self.denominator_
         if self.insecure_seeded_noise:
             rng = np.random.default_rng([c.seed, round_idx, 0xD9])
             dQ = rng.normal(0.0, std, (n_items, K))
@@ -297,7 +335,28 @@ class DifferentialPrivacy(WeightedMean):
         dQ[delta.items] += delta.d_Q
         if c.biases:
             db[delta.items] += delta.d_b
+        self.adapt_clip(round_idx)
         return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)
+
+    def adapt_clip(self, round_idx: int) -> None:
+        """Adaptive clipping's geometric step toward the target quantile, from the noised
+        share of unclipped clients (a no-op with a fixed clip)."""
+        self.used_clip_ = self.clip_
+        if self.target_quantile is None:
+            return
+        noise = np.random.default_rng([self.context.seed, round_idx, 0xC1]).normal(
+            0.0, self.count_std_) if self.insecure_seeded_noise else \
+            float(secret.normal(1, self.count_std_)[0])
+        share = (self.unclipped_ + noise) / (self.q * self.context.n_eligible)
+        self.clip_ = float(self.clip_ * np.exp(-self.clip_learning_rate *
+                                               (share - self.target_quantile)))
+
+    def state(self) -> dict:
+        return {"clip": self.clip_} if self.target_quantile is not None else {}
+
+    def load_state(self, state: dict) -> None:
+        if self.target_quantile is not None and "clip" in state:
+            self.clip_ = float(state["clip"])
 
     def public_release(self, rating_scale, biases: bool) -> float:
         """μ of the release under DP: ``public_mean`` (checked against the public
@@ -344,8 +403,9 @@ class DPGaussianMean(DifferentialPrivacy):
 
     Parameters
     ----------
-    clip_norm, noise_multiplier, target_epsilon, delta, weight_cap, public_mean, public_items,
-    accounting, insecure_seeded_noise
+    clip_norm, noise_multiplier, target_epsilon, delta, weight_cap, target_quantile,
+    clip_learning_rate, clip_count_stddev, public_mean, public_items, accounting,
+    insecure_seeded_noise
         As in ``DifferentialPrivacy``.
 
     Examples
@@ -357,11 +417,14 @@ class DPGaussianMean(DifferentialPrivacy):
 
     def __init__(self, clip_norm: float = 1.0, noise_multiplier: float | None = None, *,
                  target_epsilon: float | None = None, delta: float = 1e-6,
-                 weight_cap: float | None = None, public_mean: float | None = None,
-                 public_items=None, accounting: str = "rdp",
+                 weight_cap: float | None = None, target_quantile: float | None = None,
+                 clip_learning_rate: float = 0.2, clip_count_stddev: float | None = None,
+                 public_mean: float | None = None, public_items=None, accounting: str = "rdp",
                  insecure_seeded_noise: bool = False):
         super().__init__(None, clip_norm, noise_multiplier, target_epsilon=target_epsilon,
-                         delta=delta, weight_cap=weight_cap, public_mean=public_mean,
+                         delta=delta, weight_cap=weight_cap, target_quantile=target_quantile,
+                         clip_learning_rate=clip_learning_rate,
+                         clip_count_stddev=clip_count_stddev, public_mean=public_mean,
                          public_items=public_items, accounting=accounting,
                          insecure_seeded_noise=insecure_seeded_noise)
 

@@ -36,13 +36,13 @@ def data_fingerprint(inter, seed: int) -> dict:
 
 def save_checkpoint(path, *, cls: str, params: dict, opt_state: dict, local, done: int,
                     history: list, fingerprint: dict, run_params: dict,
-                    accountant: dict | None = None) -> None:
+                    accountant: dict | None = None, aggregator: dict | None = None) -> None:
     arrays = {"Q": params["Q"], "b": params["b"], **state_to_arrays(opt_state)}
     if local is not None:
         arrays["P"], arrays["c"] = local
     meta = {"class": cls, "round": done, "fingerprint": fingerprint,
             "params": {k: repr(v) for k, v in run_params.items()}, "history": history,
-            "accountant": accountant}
+            "accountant": accountant, "aggregator": aggregator or {}}
     atomic_savez(path, arrays, meta, meta_key=_META)
 
 
@@ -83,4 +83,4 @@ def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_ro
     params = {"Q": arrays["Q"], "b": arrays["b"]}
     local = (arrays["P"], arrays["c"]) if "P" in expect else None
     return (params, state_from_arrays(arrays), local, meta["history"], done,
-            meta.get("accountant"))
+            meta.get("accountant"), meta.get("aggregator") or {})

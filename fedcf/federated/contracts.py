@@ -340,6 +340,13 @@ class Aggregator(Params, ABC):
 
     public_items = None  # a DP aggregator's public item vocabulary
 
+    def state(self) -> dict:
+        """What a bound aggregator carries from round to round (JSON; checkpointed)."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from ``state()`` of a checkpointed run."""
+
     def public_release(self, rating_scale, biases: bool) -> float:
         """μ of a release under DP from public figures (DP aggregators)."""
         raise NotImplementedError(f"{type(self).__name__} declares Poisson sampling but gives "

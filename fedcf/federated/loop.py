@@ -30,7 +30,8 @@ class Checkpointer:
         save_checkpoint(self.path, cls=self.cls, params=run.params, opt_state=run.opt_state,
                         local=run.local, done=done, history=run.history,
                         fingerprint=self.fingerprint, run_params=self.run_params,
-                        accountant=None if run.accountant is None else run.accountant.state())
+                        accountant=None if run.accountant is None else run.accountant.state(),
+                        aggregator=run.aggregator.state())
         self.last_saved = done
         run.guard.kept = f" (the checkpoint of round {done} is kept in {self.path})"
 
@@ -43,7 +44,7 @@ class Checkpointer:
         if run.local is not None:
             expect["P"] = (run.local[0].shape, run.local[0].dtype)
             expect["c"] = (run.local[1].shape, run.local[1].dtype)
-        params, state, local, history, done, spent = load_checkpoint(
+        params, state, local, history, done, spent, agg_state = load_checkpoint(
             self.path, cls=self.cls, run_params=self.run_params, fingerprint=self.fingerprint,
             n_rounds=self.n_rounds, expect=expect)
         run.params, run.opt_state, run.history, run.start = params, state, history, done
@@ -54,6 +55,7 @@ class Checkpointer:
                                  "checkpoint_path")
             run.accountant = type(run.accountant).from_state(spent)
             run.aggregator.check_resume(run.accountant)
+        run.aggregator.load_state(agg_state)
         self.last_saved = done
         run.guard.kept = f" (the checkpoint of round {done} is kept in {self.path})"
         if local is not None:

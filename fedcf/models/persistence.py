@@ -36,7 +36,7 @@ class Persistence:
 
     _saved_arrays: tuple[str, ...] = ("item_factors_", "item_biases_")
     # what a release under differential privacy keeps of history_ (covered by ε)
-    _DP_HISTORY = ("epsilon",)
+    _DP_HISTORY = ("epsilon", "clip_norm")  # the adaptive clip: from noised counts
 
     def _dp_release(self) -> bool:
         """Whether this model was trained under differential privacy (federated subclasses)."""
