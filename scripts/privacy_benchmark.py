@@ -210,18 +210,28 @@ def population_rows(args):
     base = dict(n_factors=args.factors, n_rounds=args.population_rounds,
                 clients_per_round=args.population_clients, random_state=0, rating_scale=(1, 5))
     rows = []
-    dp = DPGaussianMean(args.population_clip, target_epsilon=args.target_epsilon,
-                        delta=args.population_delta, weight_cap=args.population_weight_cap)
-    for name, kw in (("no DP", {}), ("no DP, equal client weights",
-                                     {"client_weighting": "uniform"}),
-                     (f"DP, target ε={args.target_epsilon}", {"aggregator": dp})):
+
+    def dp(eps, **kw):  # secret noise, public μ and scale, PLD accounting
+        return DPGaussianMean(args.population_clip, target_epsilon=eps,
+                              delta=args.population_delta, weight_cap=args.population_weight_cap,
+                              accounting="pld", **kw)
+    runs = [("no DP", {}, None, False),
+            ("no DP, equal client weights", {"client_weighting": "uniform"}, None, False)]
+    runs += [(f"DP, target ε={eps:g}", {"aggregator": dp(eps)}, eps, False)
+             for eps in sorted({*args.population_epsilons, args.target_epsilon})]
+    runs.append((f"DP, target ε={args.target_epsilon:g}, adaptive clip (median)",
+                 {"aggregator": dp(args.target_epsilon, target_quantile=0.5)},
+                 args.target_epsilon, True))
+    for name, kw, eps, adaptive in runs:
         t0 = time.perf_counter()
         m = FedReconMF(**base, **kw).fit(train)
-        agg = kw.get("aggregator")
         rows.append(row(f"{n:,} users: {name}", m, test, t0, population=n,
-                        train_users=train.n_users, delta=args.population_delta if agg else None,
+                        train_users=train.n_users, delta=args.population_delta if eps else None,
                         noise_multiplier=getattr(m, "noise_multiplier_", None),
+                        target_epsilon=eps, adaptive=adaptive,
+                        epsilon_rdp=(getattr(m, "epsilons_", None) or {}).get("rdp"),
                         generate_seconds=gen_s))
+        print(f"{name}: RMSE {rows[-1]['rmse']:.4f}", flush=True)
     return rows
 
 
@@ -278,6 +288,9 @@ def main(argv=None):
     ap.add_argument("--population-clients", type=int, default=10_000)
     ap.add_argument("--target-epsilon", type=float, default=2.0)
     ap.add_argument("--population-clip", type=float, default=3.0)
+    ap.add_argument("--population-epsilons", type=lambda s: [float(x) for x in s.split(",")],
+                    default=[0.5, 1.0, 4.0, 8.0],
+                    help="the privacy-utility curve's targets beside --target-epsilon")
     ap.add_argument("--population-weight-cap", type=float, default=100.0,
                     help="the population run's DP client weight cap (see --weight-cap)")
     ap.add_argument("--weight-cap", type=float, default=30.0,

@@ -355,7 +355,8 @@ def scale_summary(rows) -> str:
 def population_values(rows) -> dict:
     st = rows[0]["meta"]["settings"]
     plain = next(r for r in rows if r.get("delta") is None)
-    dp = next(r for r in rows if r.get("delta") is not None)
+    dp = next(r for r in rows if r.get("delta") is not None and not r.get("adaptive") and
+              r.get("target_epsilon", st["target_epsilon"]) == st["target_epsilon"])
     rel = dp["rmse"] / plain["rmse"] - 1
     met = dp["epsilon"] <= st["target_epsilon"] * 1.001 and rel <= 0.03
     return {
@@ -366,9 +367,10 @@ def population_values(rows) -> dict:
         "population_weight_cap": f"{st.get('population_weight_cap', st['weight_cap']):g}",
         "population_clients": f"{st['population_clients']:,}",
         "table_population": table(
-            ["run", "RMSE", "accuracy", "ε", "δ", "noise multiplier σ", "seconds"],
+            ["run", "RMSE", "accuracy", "ε", "ε by RDP", "δ", "noise multiplier σ", "seconds"],
             [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
               "" if r["epsilon"] is None else f"{r['epsilon']:.3f}",
+              "" if r.get("epsilon_rdp") is None else f"{r['epsilon_rdp']:.3f}",
               "" if r.get("delta") is None else f"{r['delta']:g}",
               "" if r.get("noise_multiplier") is None else f"{r['noise_multiplier']:.3f}",
               f"{r['seconds']:.1f}") for r in rows]),

@@ -40,7 +40,9 @@ def _positive(name, value, *, upper=None):
 
 class NormClippedMean(WeightedMean):
     """Weighted mean after clipping each client's whole upload to L2 norm ``clip_norm`` (bounds
-    what one client, honest or not, can move the model; no noise).
+    what one client, honest or not, can move the model; no noise). The norm is taken over the
+    client's rows as they are summed: slots naming one item are merged first, so repeating a
+    row does not escape the clip.
 
     Parameters
     ----------
@@ -478,6 +480,10 @@ class TrimmedMean(_RowStatistic):
     """Coordinate-wise β-trimmed mean (Yin et al. 2018): per item and coordinate, drop the
     floor(β·n) smallest and largest of the n touching clients' values, average the rest.
 
+    It bounds one client's push only where something is trimmed: an item touched by fewer than
+    1/β clients is averaged untrimmed, so one client moves a rarely rated item as far as it
+    likes unless ``row_clip`` bounds each client's delta on each row.
+
     Parameters
     ----------
     beta : float in [0, 0.5), default 0.1
@@ -507,6 +513,10 @@ class TrimmedMean(_RowStatistic):
 
 class CoordinateMedian(_RowStatistic):
     """Coordinate-wise median (Yin et al. 2018) of the touching clients' deltas.
+
+    On an item touched by one client the median is that client's delta (by two, their mean):
+    it bounds one client's push only on items many clients touch, unless ``row_clip`` bounds
+    each client's delta on each row.
 
     Parameters
     ----------
