@@ -15,8 +15,8 @@ _ENTRIES: dict[str, dict[str, object]] = {
     "aggregator": {
         "mean": "fedcf.federated.phases:WeightedMean",
         "norm-clipped": "fedcf.federated.aggregators:NormClippedMean",
-        "dp": "fedcf.federated.aggregators:DPGaussianMean",
-        "differential-privacy": "fedcf.federated.aggregators:DifferentialPrivacy",
+        "dp": "fedcf.federated.dp:DPGaussianMean",
+        "differential-privacy": "fedcf.federated.dp:DifferentialPrivacy",
         "trimmed-mean": "fedcf.federated.aggregators:TrimmedMean",
         "median": "fedcf.federated.aggregators:CoordinateMedian",
         "foolsgold": "fedcf.federated.aggregators:FoolsGoldMean",

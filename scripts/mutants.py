@@ -2,7 +2,7 @@
 """Mutation testing of the privacy code: break it on purpose, one mutant at a time, and check
 that the privacy tests notice.
 
-Each mutant is a one-line change to ``fedcf/federated/{aggregators,accounting,phases}.py`` of the
+Each mutant is a one-line change to ``fedcf/federated/{dp,aggregators,accounting,phases}.py`` of the
 kind a reviewer fears (noise dropped or halved, the clip skipping the bias part, the accountant
 fed q/2 or 2σ, fixed-size sampling passed off as Poisson, FoolsGold without its pardon, ...).
 The script applies it in place, runs the privacy tests, and restores the file (also when
@@ -27,33 +27,33 @@ TESTS = ["tests/test_privacy.py", "tests/test_attacks.py", "tests/test_aggregato
 
 # (name, file, original text, mutated text)
 MUTANTS = [
-    ("noise dropped", FED + "aggregators.py",
+    ("noise dropped", FED + "dp.py",
      "dQ = secret.normal((n_items, K), std)", "dQ = np.zeros((n_items, K))"),
-    ("bias noise dropped", FED + "aggregators.py",
+    ("bias noise dropped", FED + "dp.py",
      "db = secret.normal(n_items, std) if c.biases else np.zeros(n_items)",
      "db = np.zeros(n_items)"),
-    ("noise halved", FED + "aggregators.py",
+    ("noise halved", FED + "dp.py",
      "std = self.update_sigma_ * self.clip_ / self.denominator_",
      "std = 0.5 * self.update_sigma_ * self.clip_ / self.denominator_"),
-    ("noise on touched rows only", FED + "aggregators.py",
+    ("noise on touched rows only", FED + "dp.py",
      "return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)",
      "return dataclasses.replace(delta, d_Q=dQ[delta.items], d_b=db[delta.items])"),
-    ("accountant given q/2", FED + "aggregators.py",
+    ("accountant given q/2", FED + "dp.py",
      "return self.q, self.sigma", "return self.q / 2, self.sigma"),
-    ("accountant given 2σ", FED + "aggregators.py",
+    ("accountant given 2σ", FED + "dp.py",
      "return self.q, self.sigma", "return self.q, 2 * self.sigma"),
-    ("no clip", FED + "aggregators.py",
+    ("no clip", FED + "dp.py",
      "clip = np.where(w > 0, np.minimum(1.0, C / np.maximum(norms, 1e-300)), 0.0)",
      "clip = np.where(w > 0, 1.0, 0.0)"),
-    ("denominator halved", FED + "aggregators.py",
+    ("denominator halved", FED + "dp.py",
      "    def denominator(self, totals: dict) -> float:\n        return self.denominator_",
      "    def denominator(self, totals: dict) -> float:\n        return self.denominator_ / 2"),
-    ("weight cap ignored", FED + "aggregators.py",
+    ("weight cap ignored", FED + "dp.py",
      "clip = clip * np.minimum(out.weights, self.weight_cap) / self.weight_cap",
      "clip = clip"),
-    ("adaptive clip moves the wrong way", FED + "aggregators.py",
+    ("adaptive clip moves the wrong way", FED + "dp.py",
      "(share - self.target_quantile)))", "(self.target_quantile - share)))"),
-    ("adaptive clip: count noise left out of the update noise", FED + "aggregators.py",
+    ("adaptive clip: count noise left out of the update noise", FED + "dp.py",
      "bound.update_sigma_ = (bound.sigma_ ** -2 - (2 * bound.count_std_) ** -2) ** -0.5",
      "bound.update_sigma_ = bound.sigma_"),
     ("FoolsGold without its pardon", FED + "aggregators.py",

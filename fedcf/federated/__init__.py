@@ -1,14 +1,7 @@
 """Federated algorithms: Federated Reconstruction, FedAvg (server-side users), FURL (stateful),
 and the phases a round is composed of (to replace one: a custom executor or aggregator)."""
 
-from .aggregators import (
-    CoordinateMedian,
-    DifferentialPrivacy,
-    DPGaussianMean,
-    FoolsGoldMean,
-    NormClippedMean,
-    TrimmedMean,
-)
+from .aggregators import CoordinateMedian, FoolsGoldMean, NormClippedMean, TrimmedMean
 from .client_update import ClientUpdate
 from .contracts import (
     Aggregator,
@@ -18,6 +11,7 @@ from .contracts import (
     RoundExecutor,
     RunContext,
 )
+from .dp import DifferentialPrivacy, DPGaussianMean
 from .fedrecon import FedReconMF
 from .hyper import Hypergradients
 from .implicit import FedReconImplicitMF
