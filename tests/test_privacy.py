@@ -514,3 +514,27 @@ def test_adaptive_clipping_is_checked_recorded_and_survives_resume(pop, tmp_path
 
         hist = json.loads(str(z["metadata"]))["history"]
     assert all(set(h) == {"epsilon", "clip_norm"} for h in hist)
+
+
+def test_under_dp_the_divergence_guard_stops_only_on_released_quantities(pop):
+    """The clients' unnoised loss and their count of non-finite uploads are not covered by ε:
+    under DP the guard does not stop on them (it still stops on a non-finite global model)."""
+    from fedcf.federated.guard import STAGES, DivergenceGuard
+    from fedcf.federated.phases import RoundSummary
+
+    blame = dict.fromkeys(STAGES, "lower it")
+    summary = RoundSummary(n_clients=5, n_used=0, n_nonfinite=5, n_nonfinite_recon=0, n_empty=0,
+                           loss=1e12, worst_client=0, worst_loss=1e12)
+    params = {"Q": np.zeros((2, 2))}
+    loose = DivergenceGuard(1.0, blame)
+    with pytest.raises(FloatingPointError, match="mean client query loss"):
+        loose.check_clients(0, summary, params)
+    private = DivergenceGuard(1.0, blame, released_only=True)
+    for t in range(5):
+        private.check_clients(t, summary, params)
+    assert private.n_nonfinite == 25  # counted for the warning, never a stop
+    with pytest.raises(FloatingPointError, match="non-finite after the server step"):
+        private.check_server(5, False, params)
+    m = FedReconMF(rating_scale=(1, 5), aggregator=DPGaussianMean(1.0, 1.0, delta=1e-4))
+    assert m._guard(pop, 3.0, m._server_optimizer()).released_only
+    assert not FedReconMF()._guard(pop, 3.0, m._server_optimizer()).released_only

@@ -110,10 +110,13 @@ class FederatedMFBase(MFEstimatorBase):
         """The run's divergence guard: this estimator's advice per stage, a diagnosis on the
         worst client's ratings where this process holds them, and the server optimizer's
         stability (``server_is_wild``)."""
+        private = self._dp_release()  # under DP: stop only on what the run releases
         diagnose = Diagnosis(inter, mu, bool(self.biases), self._client_rate(),
-                             self._recon_can_diverge()) if inter.holds_ratings else None
+                             self._recon_can_diverge()) if inter.holds_ratings and not private \
+            else None
         return DivergenceGuard(self._usable_loss(inter), {s: self._blame(s) for s in STAGES},
-                               diagnose, partial(opt.is_wild, self.init_scale))
+                               diagnose, partial(opt.is_wild, self.init_scale),
+                               released_only=private)
 
     def _checkpointer(self, inter, seed) -> Checkpointer | None:
         if self.checkpoint_path is None:

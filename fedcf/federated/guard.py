@@ -62,14 +62,21 @@ class DivergenceGuard:
     """Counts non-finite uploads and stops a run that is no longer usable, naming the parameter
     to change (``blame``: stage → advice). ``diagnose(params, summary)`` (a ``Diagnosis`` or
     None) names the stage of an exploding loss; ``server_is_wild(Q)`` says the server step alone
-    is unstable (then the server is blamed whatever happened first)."""
+    is unstable (then the server is blamed whatever happened first).
 
-    def __init__(self, usable_loss: float, blame: dict, diagnose=None, server_is_wild=None):
+    With ``released_only`` (a run under differential privacy) the guard stops a run only on what
+    the run releases — the global parameters after the noised server step — never on the
+    clients' unnoised loss or their count of non-finite uploads, which ε does not cover (it
+    still counts them for the warning at the end)."""
+
+    def __init__(self, usable_loss: float, blame: dict, diagnose=None, server_is_wild=None,
+                 released_only: bool = False):
         missing = set(STAGES) - set(blame)
         if missing:
             raise ValueError(f"blame needs advice for every stage; missing {sorted(missing)}")
         self.usable_loss, self.blame = float(usable_loss), dict(blame)
         self.diagnose, self.server_is_wild = diagnose, server_is_wild
+        self.released_only = released_only
         self.all_bad_rounds = self.n_nonfinite = self.bad_rounds = 0
         self.first_problem = None  # (round, stage)
         self.kept = ""  # where the last checkpoint is, for the error message
@@ -82,6 +89,8 @@ class DivergenceGuard:
             if self.first_problem is None:
                 stage = "reconstruction" if s.n_nonfinite_recon else "client update"
                 self.first_problem = (t, stage)
+        if self.released_only:
+            return
         self.all_bad_rounds = self.all_bad_rounds + 1 if (s.n_nonfinite and s.n_used == 0) else 0
         if self.all_bad_rounds >= 3:
             self.stop(t, "every client upload was non-finite for 3 rounds in a row", params)
