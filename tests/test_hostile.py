@@ -220,7 +220,7 @@ def _edited(phase, **attrs):
     (dict(dtype="int8"), "dtype must be float32 or float64"),
     (dict(random_state=-1), "random_state must be in"),
     (dict(client_update=_edited(ClientUpdate(), learning_rate=float("nan"))),
-     "learning_rate must be a finite number > 0"),
+     "learning_rate must be a number > 0"),
     (dict(client_update=_edited(ClientUpdate(), steps=10**12)), "steps must be an integer"),
     (dict(client_update=_edited(ClientUpdate(), batch_size=2.5)), "batch_size must be an integer"),
     (dict(client_update="adam"), "'adam' is not a registered client_update"),

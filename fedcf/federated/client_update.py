@@ -9,16 +9,7 @@ import numpy as np
 
 from .._kernels.layout import sgd_hp
 from .contracts import Params
-
-
-def _check(name, value, low, high=None, *, integer=False, low_open=False):
-    kinds = (int, np.integer) if integer else (int, float, np.number)
-    ok = isinstance(value, kinds) and not isinstance(value, bool) and np.isfinite(value) and \
-        (value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        bound = f"> {low}" if low_open else f">= {low}"
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a finite number'} "
-                         f"{bound}{'' if high is None else f' and <= {high}'}, got {value!r}")
+from .contracts import check_number as _check
 
 
 class ClientUpdate(Params):
@@ -59,9 +50,9 @@ class ClientUpdate(Params):
     def validate(self):
         if self.learning_rate is not None:
             _check("learning_rate", self.learning_rate, 0.0, low_open=True)
-        _check("batch_size", self.batch_size, 1, 10**9, integer=True)
-        _check("steps", self.steps, 0, 10**9, integer=True)
-        _check("epochs", self.epochs, 1, 10**6, integer=True)
+        _check("batch_size", self.batch_size, 1, integer=True, high=10**9)
+        _check("steps", self.steps, 0, integer=True, high=10**9)
+        _check("epochs", self.epochs, 1, integer=True, high=10**6)
         _check("regularization", self.regularization, 0.0)
 
     def rate(self, default: float) -> float:

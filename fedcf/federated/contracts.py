@@ -95,6 +95,19 @@ def _same(a, b) -> bool:
     return bool(a == b)
 
 
+def check_number(name, value, low, *, integer=False, low_open=False, high=None) -> None:
+    """A phase object's numeric setting: a finite number (or an integer) above ``low`` (and at
+    most ``high``); anything else raises, naming the setting."""
+    ok = isinstance(value, (int, np.integer) if integer else (int, float, np.number)) and \
+        not isinstance(value, bool) and np.isfinite(value) and \
+        (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        kind = "an integer" if integer else "a number"
+        bound = f"> {low}" if low_open else f">= {low}"
+        raise ValueError(f"{name} must be {kind} {bound}{'' if high is None else f' and <= {high}'}"
+                         f", got {value!r}")
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What a phase object may know about the run it is bound to (and nothing else).

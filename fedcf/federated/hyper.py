@@ -26,7 +26,7 @@ import numpy as np
 
 from .._kernels.server import sum_sorted_runs
 from .._validation import NoneOr
-from .contracts import Params, phase_rule
+from .contracts import Params, check_number, phase_rule
 from .optimizers import SGD, Adam, ServerOptimizer
 from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, entries
 
@@ -80,10 +80,7 @@ class Hypergradients(Params):
                              f"{learn!r}")
         if len(set(learn)) != len(learn):
             raise ValueError(f"learn={list(learn)!r} names a hyperparameter twice")
-        lr = self.learning_rate
-        if isinstance(lr, bool) or not isinstance(lr, (int, float, np.number)) or \
-                not (np.isfinite(lr) and lr > 0):
-            raise ValueError(f"learning_rate must be a finite number > 0, got {lr!r}")
+        check_number("learning_rate", self.learning_rate, 0.0, low_open=True)
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
         h = self.holdout

@@ -10,17 +10,7 @@ import numpy as np
 
 from .._kernels.layout import sgd_hp
 from .contracts import Params
-
-
-def _check(name, value, low, *, integer=False, low_open=False, high=None):
-    ok = isinstance(value, (int, np.integer) if integer else (int, float, np.number)) and \
-        not isinstance(value, bool) and np.isfinite(value) and \
-        (value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        kind = "an integer" if integer else "a number"
-        bound = f"> {low}" if low_open else f">= {low}"
-        raise ValueError(f"{name} must be {kind} {bound}{'' if high is None else f' and <= {high}'}"
-                         f", got {value!r}")
+from .contracts import check_number as _check
 
 
 class Reconstruction(Params):
