@@ -163,7 +163,7 @@ BAD = [
     (["recommend", "--model", "{m}", "--items", "1", "2", "--ratings", "5"], "2 ids but"),
     (["recommend", "--model", "{m}", "--items", "abc", "--ratings", "5"], "integers"),
     (["recommend", "--model", "{m}", "--items", "1"], "needs --ratings"),
-    (["recommend", "--model", "{m}", "--user", "{u}"], "no user data"),
+    (["recommend", "--model", "{m}", "--user", "{u}"], "without its training user ids"),
     (["recommend", "--model", "{m}"], "either --items"),
     (["recommend", "--model", "{m}", "--items", "1", "--ratings", "nan"], "non-finite"),
     (["recommend", "--model", "{m}", "--items", "1", "--ratings", "5", "-n", "-2"], "n must"),

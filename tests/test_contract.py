@@ -76,9 +76,11 @@ def test_save_load_identical(fitted, data, tmp_path, name):
         np.testing.assert_array_equal(m.predict(data.head(50)), m2.predict(data.head(50)))
         pd.testing.assert_frame_equal(m.recommend(user="u3"), m2.recommend(user="u3"))
         assert not set(m2.recommend(user="u3", n=60).item) & set(hist.item)
-    else:  # FedRecon keeps no user data: seen users need their history, and say so
-        with pytest.raises(ValueError, match="holds no user data"):
+    else:  # FedRecon keeps no user data and by default no user id: it says so
+        with pytest.warns(UserWarning, match="saved without its training user ids"):
             m2.predict(data.head(5))
+        with pytest.raises(ValueError, match="holds no user data"):
+            type(m).load(m.save(tmp_path / "ids", user_ids=True)).predict(data.head(5))
 
 
 @pytest.mark.parametrize("name", IDS)

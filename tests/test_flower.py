@@ -135,6 +135,49 @@ def test_upload_rows_are_query_items_only(tmp_path):
     assert seen and all(s[1] == PARAMS["n_factors"] for s in seen)
 
 
+DP = {"name": "dp", "clip_norm": 0.5, "noise_multiplier": 0.8, "insecure_seeded_noise": True}
+DP_PARAMS = {**PARAMS, "rating_scale": [1.0, 5.0], "aggregator": DP, "clients_per_round": 40}
+
+
+def test_under_dp_the_directory_holds_no_count_or_sum_and_the_model_is_the_in_process_one(
+        tmp_path):
+    """Under DP the server learns who is eligible and the catalog, nothing of a user's ratings
+    before an upload; with seeded (insecure, test-only) noise the Flower model is the in-process
+    one bit for bit, so the reply-declared layout is the one the counts would give."""
+    grid = FakeGrid(partitions(3))
+    with pytest.warns(UserWarning, match="insecure_seeded_noise"):
+        res, model = run(grid, tmp_path, DP_PARAMS)
+        ref, _ = reference(DP_PARAMS)
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    assert model.global_mean_ == ref.global_mean_ == 3.0  # the public scale's middle
+    directory = [f for kind, d, f in grid.log if kind == "query" and d == "up"]
+    assert directory and all(f == {"users": ["catalog", "users"]} for f in directory)
+    assert all("counts" not in f and "sums" not in f for _, _, rec in grid.log
+               for f in rec.values())
+    assert len(model.user_ids_) == 0 and res["refusals"] == []
+
+
+def test_under_dp_a_node_lists_only_its_eligible_users():
+    from fedcf.flower.node import describe
+
+    own = load_dataset(DATA).subset_users(np.arange(6))
+    counts = own.counts()
+    floor = int(np.sort(counts)[3])
+    rec = describe(own, ConfigRecord({"private-floor": floor}))
+    assert sorted(rec) == ["catalog", "users"]
+    np.testing.assert_array_equal(rec["users"].numpy(), own.user_ids[counts >= floor])
+    assert sorted(describe(own)) == ["catalog", "counts", "sums", "users"]
+
+
+def test_under_dp_a_reply_that_lies_about_its_layout_is_refused(tmp_path):
+    grid = FakeGrid(partitions(3), tamper={BIG + 1: _replace_upload("weights", lambda a: a + 1)})
+    with pytest.warns(UserWarning, match="insecure_seeded_noise"):
+        res, _ = run(grid, tmp_path, DP_PARAMS)
+    assert any("not the clients' query sizes" in r["reason"] for r in res["refusals"])
+    with pytest.raises(ValueError, match="weight_cap needs every user's rating count"):
+        Settings(params={**DP_PARAMS, "aggregator": {**DP, "weight_cap": 5.0}}).check()
+
+
 def _replace_upload(field, value_fn):
     def tamper(msg, reply):
         if msg.metadata.message_type != "train":

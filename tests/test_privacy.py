@@ -384,9 +384,34 @@ def test_a_saved_dp_model_holds_no_user_id_seed_or_unnoised_statistic(pop, tmp_p
     back = cls.load(path)
     pred = back.predict(pd.DataFrame({"user": [pop.user_ids[0]], "item": [pop.item_ids[0]]}))
     assert np.isfinite(pred).all()
+    with pytest.raises(ValueError, match="outside ε"):
+        m.save(tmp_path / "dp2.npz", user_ids=True)
+
+
+@pytest.mark.parametrize("cls", [FedReconMF, FedAvgMF])
+def test_without_dp_only_models_with_user_rows_carry_user_ids_unless_asked(pop, tmp_path, cls):
+    """A FedRecon file names no training user by default (it keeps no user row); a model with
+    user rows keeps them with their ids; user_ids=False drops both; a model loaded without ids
+    warns that every user scores as a new user."""
     plain = cls(n_factors=3, n_rounds=2, clients_per_round=60, random_state=0).fit(pop)
-    with np.load(plain.save(tmp_path / "plain.npz")) as z:  # without DP: as before
-        assert len(z["user_ids"]) == pop.n_users
+    rows = cls is FedAvgMF
+    default, kept, dropped = (plain.save(tmp_path / f"{k}.npz", user_ids=v) for k, v in
+                              (("d", None), ("k", True), ("x", False)))
+    for path, n in ((default, pop.n_users if rows else 0), (kept, pop.n_users), (dropped, 0)):
+        with np.load(path) as z:
+            assert len(z["user_ids"]) == n, path
+            assert ("user_factors_" in z.files) == (rows and n > 0)
+    pair = pd.DataFrame({"user": [pop.user_ids[0]], "item": [pop.item_ids[0]]})
+    with pytest.warns(UserWarning, match="saved without its training user ids"):
+        fallback = cls.load(dropped).predict(pair)
+    assert fallback == pytest.approx(plain.global_mean_ + plain.item_biases_[0], abs=1e-5)
+    with pytest.raises(KeyError, match="saved without its training user ids"):
+        cls.load(dropped).recommend(user=pop.user_ids[0])
+    if not rows:  # FedRecon with ids kept: a training user is known, their data is not
+        with pytest.raises(ValueError, match="holds no user data"):
+            cls.load(kept).predict(pair)
+    with pytest.raises(TypeError, match="user_ids must be None, True or False"):
+        plain.save(tmp_path / "bad.npz", user_ids="yes")
 
 
 def test_pld_accounting_is_tighter_and_calibrates_to_the_target(pop):

@@ -114,7 +114,8 @@ class FederatedMFBase(MFEstimatorBase):
         diagnose = Diagnosis(inter, mu, bool(self.biases), self._client_rate(),
                              self._recon_can_diverge()) if inter.holds_ratings and not private \
             else None
-        return DivergenceGuard(self._usable_loss(inter), {s: self._blame(s) for s in STAGES},
+        usable = np.inf if private else self._usable_loss(inter)  # (unused under DP: no data)
+        return DivergenceGuard(usable, {s: self._blame(s) for s in STAGES},
                                diagnose, partial(opt.is_wild, self.init_scale),
                                released_only=private)
 
@@ -173,6 +174,20 @@ class FederatedMFBase(MFEstimatorBase):
 
     def _dp_release(self) -> bool:
         return self._aggregator().sampling == "poisson"
+
+    @property
+    def dp_release(self) -> bool:
+        """Whether ``fit`` trains under differential privacy (a DP aggregator): then μ and the
+        rating scale are the public ones and a saved model is a DP release."""
+        return self._dp_release()
+
+    def release_mean(self, stats: dict | None = None) -> float:
+        """μ a fit uses and releases: under DP the public one (``stats`` unused), else the
+        training data's mean ``stats["mean"]`` (0 without biases)."""
+        if stats is None and not self._dp_release() and self.biases:
+            raise ValueError("release_mean needs the data's value statistics (stats=) when the "
+                             "model is not trained under differential privacy")
+        return self._release_mean_and_scale(stats)[0]
 
     # ------------------------------------------------------------------ fit
     @atomic_fit
@@ -253,7 +268,7 @@ class FederatedMFBase(MFEstimatorBase):
         params = self._init_globals(inter, rng, dtype)
         state = self._local_state()
         local = None if state is None else state.init(inter.n_users, self.n_factors, rng, dtype)
-        stats = inter.value_stats()
+        stats = None if self._dp_release() else inter.value_stats()  # DP: public μ, scale
         mu, scale = self._release_mean_and_scale(stats)
         counts = inter.counts()
         eligible = np.flatnonzero(counts >= max(self.min_examples, 1))

@@ -122,6 +122,7 @@ class OpenScorer:
         out-of-catalog item is scored by UNK / the adapter / the user's local row."""
         m = self.model
         raw_u, raw_i = _as_pairs(X, user_col, item_col)
+        m._warn_withheld(len(raw_u))
         codes, users = pd.factorize(np.asarray(raw_u))
         order = np.argsort(codes, kind="stable")
         qptr = np.zeros(len(users) + 1, np.int64)

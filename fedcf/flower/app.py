@@ -44,7 +44,7 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
 
     @capp.query()
     def query(msg, context):
-        return _answer(msg, lambda: {"users": describe(own(context))})
+        return _answer(msg, lambda: {"users": describe(own(context), msg.content.get("config"))})
 
     @capp.train()
     def fit(msg, context):

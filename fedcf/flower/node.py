@@ -75,20 +75,29 @@ def partition(run_config, node_config) -> Interactions:
     return _PARTITIONS[key]
 
 
-def describe(own: Interactions) -> dict:
+def describe(own: Interactions, config=None) -> dict:
     """The directory entry of this node: its users' raw ids and rating counts, per user the
     sums a fit needs of the ratings (count, Σv, Σv², min, max — for μ and the rating scale),
-    and the item catalog. Never a rating or an item a user rated."""
-    v, users = own.values, own.user_index()
+    and the item catalog. Never a rating or an item a user rated.
+
+    Under differential privacy the query's config has ``private-floor`` (the run's
+    min_examples): the node then lists only its users with at least that many ratings and
+    sends no count and no sum — each device decides its own eligibility, and the server learns
+    a user's query size only from an upload (covered by the DP aggregator)."""
+    ids = np.asarray(own.user_ids, np.int64)
+    catalog = np.asarray(own.item_ids, np.int64)
     counts = own.counts()
+    if config is not None and "private-floor" in config:
+        floor = int(config["private-floor"])
+        return arrays(users=ids[counts >= max(floor, 1)], catalog=catalog)
+    v, users = own.values, own.user_index()
     sums = np.zeros((own.n_users, 4))
     sums[:, 0] = np.bincount(users, v, own.n_users)
     sums[:, 1] = np.bincount(users, v * v, own.n_users)
     sums[:, 2], sums[:, 3] = np.inf, -np.inf
     np.minimum.at(sums[:, 2], users, v)
     np.maximum.at(sums[:, 3], users, v)
-    return arrays(users=np.asarray(own.user_ids, np.int64), counts=counts.astype(np.int64),
-                  sums=sums, catalog=np.asarray(own.item_ids, np.int64))
+    return arrays(users=ids, counts=counts.astype(np.int64), sums=sums, catalog=catalog)
 
 
 def _rows(own: Interactions, raw_users) -> np.ndarray:

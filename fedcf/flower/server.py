@@ -77,6 +77,8 @@ def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals):
 class Directory:
     """Who holds which user, from the nodes' answers to the first (query) message: raw user ids
     in sorted order, the node of each, rating counts and per-user sums, the item catalog.
+    Under differential privacy (``private_floor`` = the run's min_examples) the nodes list only
+    their eligible users and send no count or sum: ``counts`` and ``sums`` are None.
 
     Parameters
     ----------
@@ -86,12 +88,14 @@ class Directory:
         Position in ``nodes`` of each user's node.
     nodes : list of int
         Flower node ids.
-    counts : ndarray
-        Each user's number of ratings.
-    sums : ndarray (n, 4)
-        Σv, Σv², min, max of each user's ratings.
+    counts : ndarray or None
+        Each user's number of ratings (None under DP).
+    sums : ndarray (n, 4) or None
+        Σv, Σv², min, max of each user's ratings (None under DP).
     catalog : ndarray
         The item catalog every node shares.
+    private_floor : int or None
+        Under DP, the least number of ratings every listed user has (the nodes' filter).
 
     Examples
     --------
@@ -106,24 +110,30 @@ class Directory:
     user_ids: np.ndarray
     node_of: np.ndarray  # position in ``nodes`` of each user's node
     nodes: list  # Flower node ids (uint64: kept as Python ints)
-    counts: np.ndarray
-    sums: np.ndarray  # (n, 4): Σv, Σv², min, max
+    counts: np.ndarray | None
+    sums: np.ndarray | None  # (n, 4): Σv, Σv², min, max
     catalog: np.ndarray
+    private_floor: int | None = None
 
     @classmethod
-    def query(cls, grid, nodes, timeout: float, refusals: Refusals) -> Directory:
-        msgs = [_message({}, n, flwr().MessageType.QUERY, "directory") for n in nodes]
+    def query(cls, grid, nodes, timeout: float, refusals: Refusals,
+              private_floor: int | None = None) -> Directory:
+        private = private_floor is not None
+        config = {} if not private else \
+            {"config": flwr().ConfigRecord({"private-floor": int(private_floor)})}
+        fields = ("users", "catalog") if private else DIRECTORY_FIELDS
+        msgs = [_message(config, n, flwr().MessageType.QUERY, "directory") for n in nodes]
         entries, catalog, seen = [], None, set()
         for node, content in sorted(exchange(grid, msgs, timeout, "directory", refusals),
                                     key=lambda r: r[0]):
             try:
-                d = read_arrays(content, "users", DIRECTORY_FIELDS)
+                d = read_arrays(content, "users", fields)
                 n = len(d["users"])
-                if not all(np.issubdtype(d[f].dtype, np.integer)
-                           for f in ("users", "counts", "catalog")):
-                    raise ReplyError("its users, counts and catalog must be integer arrays")
-                if d["counts"].shape != (n,) or d["sums"].shape != (n, 4) or \
-                        (n and d["counts"].min() < 1) or not np.isfinite(d["sums"]).all():
+                if not all(np.issubdtype(d[f].dtype, np.integer) for f in fields if f != "sums"):
+                    raise ReplyError(f"its {', '.join(f for f in fields if f != 'sums')} must "
+                                     "be integer arrays")
+                if not private and (d["counts"].shape != (n,) or d["sums"].shape != (n, 4) or (
+                        n and d["counts"].min() < 1) or not np.isfinite(d["sums"]).all()):
                     raise ReplyError("its users, counts and sums do not line up")
                 if n == 0:
                     raise ReplyError("it holds no users (an empty partition)")
@@ -146,15 +156,18 @@ class Directory:
         order = np.argsort(users, kind="stable")
         node_of = np.concatenate([np.full(len(d["users"]), k) for k, (_, d) in
                                   enumerate(entries)])
-        return cls(users[order], node_of[order], [n for n, _ in entries],
-                   np.concatenate([d["counts"] for _, d in entries])[order],
-                   np.concatenate([d["sums"] for _, d in entries])[order], catalog)
+        def joined(f):
+            return None if private else np.concatenate([d[f] for _, d in entries])[order]
+
+        return cls(users[order], node_of[order], [n for n, _ in entries], joined("counts"),
+                   joined("sums"), catalog, private_floor)
 
     def describe(self) -> dict:
         h = hashlib.sha256()
         for a in (self.user_ids, self.counts, self.sums, self.catalog):
-            h.update(np.ascontiguousarray(a).tobytes())
-        return {"flower_directory": h.hexdigest()}
+            if a is not None:
+                h.update(np.ascontiguousarray(a).tobytes())
+        return {"flower_directory": h.hexdigest(), "private_floor": self.private_floor}
 
 
 class FlowerPopulation:
@@ -188,17 +201,27 @@ class FlowerPopulation:
         self.user_ids = directory.user_ids[users]
         self.item_ids = directory.catalog
         self.n_users, self.n_items = len(users), len(directory.catalog)
-        self._counts = directory.counts[users]
+        self._stats = None
+        if directory.counts is None:  # under DP: only the public floor every user passes
+            self._counts = np.full(len(users), directory.private_floor, np.int64)
+        else:
+            self._counts = directory.counts[users]
+            s = directory.sums[users]
+            total = max(int(self._counts.sum()), 1)
+            self._stats = {"mean": float(s[:, 0].sum()) / total,
+                           "mean_sq": float(s[:, 1].sum()) / total,
+                           "min": float(s[:, 2].min()), "max": float(s[:, 3].max())}
         self.nnz = int(self._counts.sum())
-        s = directory.sums[users]
-        self._stats = {"mean": float(s[:, 0].sum()) / self.nnz,
-                       "mean_sq": float(s[:, 1].sum()) / self.nnz,
-                       "min": float(s[:, 2].min()), "max": float(s[:, 3].max())}
 
     def counts(self) -> np.ndarray:
+        """Each user's rating count; under DP the public floor (the nodes listed only users
+        with at least that many and sent no count)."""
         return self._counts
 
     def value_stats(self) -> dict:
+        if self._stats is None:
+            raise RuntimeError("under differential privacy the Flower nodes send no rating "
+                               "statistics; μ and the rating scale are the public ones")
         return dict(self._stats)
 
     def subset_users(self, users):
@@ -251,7 +274,7 @@ class FlowerExecutor(RoundExecutor):
         self.grid, self.directory, self.users = grid, directory, users
         self.params_json, self.mu, self.timeout = client_params(est), float(mu), timeout
         self.refusals, self.program, self.round_stats = refusals, None, {}
-        self.counts = directory.counts[users]
+        self.counts = None if directory.counts is None else directory.counts[users]
         self.round = 0
 
     def set_program(self, program) -> FlowerExecutor:
@@ -284,9 +307,11 @@ class FlowerExecutor(RoundExecutor):
             clients = sent[node][0]
             up += content_bytes(content)
             try:
-                weights, slots = self.program.layout(self.counts[clients])
-                out = decode_upload(content, clients=clients, slots=slots,
-                                    weights=weights.astype(np.float64), n_items=Q.shape[0],
+                weights, slots = (None, None) if self.counts is None else \
+                    self.program.layout(self.counts[clients])  # under DP: the reply's layout
+                out = decode_upload(content, clients=clients, slots=slots, weights=None if
+                                    weights is None else weights.astype(np.float64),
+                                    n_items=Q.shape[0],
                                     K=Q.shape[1], dtype=Q.dtype)
             except ReplyError as e:
                 self.refusals.add(f"round {int(ids[1])}", node, str(e), len(clients))
@@ -381,14 +406,15 @@ def serve(grid, settings: Settings) -> dict:
     t0 = time.perf_counter()
     refusals = Refusals()
     nodes = wait_for_nodes(grid, int(settings.min_nodes), float(settings.wait_seconds))
-    directory = Directory.query(grid, nodes, settings.reply_timeout, refusals)
     est = FedReconMF(**settings.params)
+    floor = max(int(est.min_examples), 1) if est.dp_release else None
+    directory = Directory.query(grid, nodes, settings.reply_timeout, refusals, floor)
     seed = run_seed(est.random_state)
     f = float(settings.eval_fraction)
     train, test = user_split_indices(len(directory.user_ids), (1 - f, f), seed) if f else \
         (np.arange(len(directory.user_ids)), np.zeros(0, np.int64))
     pop = FlowerPopulation(directory, train, None)
-    mu = pop.value_stats()["mean"] if est.biases else 0.0
+    mu = est.release_mean(None if est.dp_release else pop.value_stats())
     pop.executor = FlowerExecutor(grid, directory, train, est, mu, settings.reply_timeout,
                                   refusals)
     evaluate = dict(seed=seed, support_fraction=settings.eval_support_fraction,

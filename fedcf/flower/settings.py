@@ -117,6 +117,10 @@ class Settings:
             raise ValueError("fedcf-params: an open item space (item_space=OpenCatalog) is not "
                              "available in a Flower run yet (its nodes run FedReconMF's "
                              "full-catalog kernel); leave item_space unset")
+        if est.dp_release and getattr(est.aggregator, "weight_cap", None) is not None:
+            raise ValueError("fedcf-params: weight_cap needs every user's rating count at the "
+                             "server, which a Flower run under differential privacy never "
+                             "sends (the nodes list only eligible users); leave weight_cap=None")
         return self
 
 

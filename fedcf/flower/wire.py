@@ -11,7 +11,8 @@ Up (node → server) after training: record ``"upload"`` (ArrayRecord) with exac
 ``d_Q``, ``d_b``), query sizes ``weights``, query losses ``losses`` and the dense ``clients``.
 After evaluation: record ``"recon"`` (MetricRecord) with sums over the query ratings. After the
 directory query: record ``"users"`` (ArrayRecord) — raw user ids, rating counts, per-user rating
-sums — and the item catalog. No message ever carries a user embedding or a user bias.
+sums — and the item catalog; under DP only the ids of the users with at least ``private-floor``
+ratings and the catalog. No message ever carries a user embedding or a user bias.
 """
 
 from __future__ import annotations
@@ -95,17 +96,23 @@ def encode_upload(out: ClientOutputs) -> object:
     return arrays(**fields)
 
 
-def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray, weights: np.ndarray,
-                  n_items: int, K: int, dtype) -> ClientOutputs:
+def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray | None,
+                  weights: np.ndarray | None, n_items: int, K: int, dtype) -> ClientOutputs:
     """The ClientOutputs of one node's reply, after checking it is what the server asked for:
     the same clients in the same order, the layout the client program gives for their rating
     counts (slots and query sizes), item ids in the catalog, K columns. Non-finite deltas pass
-    (the aggregator leaves such clients out and counts them, as in a simulation)."""
+    (the aggregator leaves such clients out and counts them, as in a simulation).
+
+    ``slots=None, weights=None`` (a run under DP, where the server knows no rating count): the
+    layout is the reply's own, checked to be FedRecon's — each client's weight is its query
+    size, the number of its delta slots."""
     a = read_arrays(content, "upload", UPLOAD_FIELDS)
     got = np.asarray(a["clients"])
     if got.shape != clients.shape or not np.array_equal(got, clients):
         raise ReplyError(f"it answers for clients {got[:5].tolist()}…, not the "
                          f"{len(clients)} asked for")
+    if slots is None:
+        slots, weights = _reply_layout(a, len(clients))
     offsets = np.asarray(a["offsets"])
     expect = np.zeros(len(clients) + 1, np.int64)
     np.cumsum(slots, out=expect[1:])
@@ -135,6 +142,20 @@ def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray, weights: n
     return ClientOutputs(expect, items.astype(np.int64), a["d_Q"].astype(dtype, copy=False),
                          a["d_b"].astype(dtype, copy=False), weights,
                          a["losses"].astype(np.float64), None, clients)
+
+
+def _reply_layout(a: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, weights) a reply declares, when the server has no count to derive them from."""
+    offsets, weights = np.asarray(a["offsets"]), np.asarray(a["weights"])
+    if offsets.shape != (n + 1,) or not np.issubdtype(offsets.dtype, np.integer) or \
+            (n and offsets[0] != 0):
+        raise ReplyError("its offsets must be n_clients + 1 integers starting at 0")
+    slots = np.diff(offsets).astype(np.int64)
+    if (slots < 0).any():
+        raise ReplyError("its offsets must not decrease")
+    if weights.shape != (n,) or not np.array_equal(weights.astype(np.float64), slots):
+        raise ReplyError("its weights are not the clients' query sizes (their slot counts)")
+    return slots, slots.astype(np.float64)
 
 
 def content_bytes(content, sizes: dict | None = None) -> int:

@@ -42,18 +42,26 @@ class Persistence:
         """Whether this model was trained under differential privacy (federated subclasses)."""
         return False
 
-    def save(self, path) -> Path:
+    def save(self, path, *, user_ids: bool | None = None) -> Path:
         """Write one versioned ``.npz`` (arrays + JSON metadata, no pickle), atomically: a reader
         sees the old file or the new one, never a part. ``.npz`` is appended to a path that does
-        not end in it. Models that keep user rows also keep each user's seen items (for
-        ``recommend(user=..., filter_seen=True)``); FedRecon models keep the training user ids
-        (to tell seen users) but no rating and no user row.
+        not end in it.
+
+        ``user_ids`` says whether the training users travel with the model. None (default):
+        only where the model keeps user rows (centralized, FedAvg, FURL), which are addressed by
+        them, with each user's seen items (for ``recommend(user=..., filter_seen=True)``); a
+        FedRecon model keeps no user row, so by default its file names no training user. True
+        keeps FedRecon's ids (a loaded model then tells a training user from a new one); False
+        drops them and, where present, the user rows and seen items: the file is the global
+        model alone. A loaded model without user ids scores every user by the new-user
+        fallback (and warns): reconstruct users from their ratings instead.
 
         A model trained under differential privacy is saved as a DP release: no training user
-        id, no user row or seen item, no ``random_state`` (the seed), and of ``history_`` only
-        what ε covers (ε per round); not the unnoised losses, cohort counts or timings. Its μ,
-        rating scale and item vocabulary are those of the data given to ``fit``: pass a public
-        ``rating_scale`` and a public item catalog where they must not come from the data."""
+        id (``user_ids=True`` is refused), no user row or seen item, no ``random_state`` (the
+        seed), and of ``history_`` only what ε covers (ε per round, the adaptive clip); not the
+        unnoised losses, cohort counts or timings. Its μ and rating scale are the public ones
+        the fit was given (``rating_scale``, the aggregator's ``public_mean``), and its item
+        vocabulary the aggregator's ``public_items`` where given."""
         self._check_fitted()
         path = Path(path)
         if path.is_dir() or str(path).endswith(os.sep):
@@ -63,6 +71,7 @@ class Persistence:
             path = path.with_name(path.name + ".npz")
         params = self.get_params(deep=False)
         private = self._dp_release()
+        keep_users = self._keep_user_ids(user_ids, private)
         if private:
             params["random_state"] = None
         history = getattr(self, "history_", [])
@@ -77,10 +86,11 @@ class Persistence:
             "global_mean": float(self.global_mean_),
             "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
             "history": history,
+            "user_ids_kept": keep_users,
         }
         arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None
-                  and not (private and a in ("user_factors_", "user_biases_"))}
-        arrays["user_ids"] = _ids_to_array(self.user_ids_[:0] if private else self.user_ids_,
+                  and not (not keep_users and a in ("user_factors_", "user_biases_"))}
+        arrays["user_ids"] = _ids_to_array(self.user_ids_ if keep_users else self.user_ids_[:0],
                                            "user")
         arrays["item_ids"] = _ids_to_array(self.item_ids_, "item")
         if "user_factors_" in arrays:
@@ -90,6 +100,17 @@ class Persistence:
             elif getattr(self, "seen_indptr_", None) is not None:
                 arrays["seen_indptr"], arrays["seen_items"] = self.seen_indptr_, self.seen_items_
         return atomic_savez(path, arrays, meta, meta_key=_META)
+
+    def _keep_user_ids(self, user_ids, private: bool) -> bool:
+        if user_ids not in (None, True, False):
+            raise TypeError(f"user_ids must be None, True or False, got {user_ids!r}")
+        if private and user_ids:
+            raise ValueError("user_ids=True would put the training users' ids in a model "
+                             "trained under differential privacy, outside ε; a DP release "
+                             "names no user (leave user_ids unset)")
+        if user_ids is None:
+            return not private and getattr(self, "user_factors_", None) is not None
+        return bool(user_ids)
 
     @classmethod
     def load(cls, path):
@@ -118,6 +139,8 @@ class Persistence:
         model.global_mean_ = meta["global_mean"]
         model.rating_scale_ = None if meta["rating_scale"] is None else tuple(meta["rating_scale"])
         model.history_ = meta["history"]
+        model.user_ids_withheld_ = not meta.get("user_ids_kept", True) or (
+            len(model.user_ids_) == 0 and model._dp_release())
         model._check_loaded(where)
         return model
 

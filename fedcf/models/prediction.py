@@ -4,6 +4,7 @@ scores over the catalog and recommendations (``Prediction``, mixed into ``MFEsti
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +60,10 @@ class LocalParams:
 
     factors: np.ndarray  # (K,)
     bias: float
+
+
+_WITHHELD = ("this model was saved without its training user ids (a DP release, a FedRecon "
+             "model by default, or save(user_ids=False))")
 
 
 def _as_pairs(X, user_col: str, item_col: str):
@@ -146,6 +151,7 @@ class Prediction:
         """
         self._check_fitted()
         raw_u, raw_i = _as_pairs(X, user_col, item_col)
+        self._warn_withheld(len(raw_u))
         users = self._user_index(raw_u).astype(np.int64)
         items = self._item_index(raw_i)
         known = np.unique(users[users >= 0])
@@ -158,6 +164,12 @@ class Prediction:
         predict_pairs(compact, items, (P_known, c_known),
                       (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
         return self._clip(out, clip)
+
+    def _warn_withheld(self, n_pairs: int) -> None:
+        if getattr(self, "user_ids_withheld_", False) and n_pairs:
+            warnings.warn(_WITHHELD + "; every user scores as a new user (no personal term). "
+                          "Reconstruct users from their ratings (reconstruct_users, "
+                          "recon_predict) for personal scores", UserWarning, stacklevel=3)
 
     def recon_predict(self, support: Interactions, query: Interactions, *, clip: bool = True):
         """Reconstruct each user of ``support`` and predict the entries of ``query`` (same users,
@@ -248,6 +260,9 @@ class Prediction:
         if user is None:
             return -1
         u = self._user_index([user])[0]
+        if u < 0 and getattr(self, "user_ids_withheld_", False):
+            raise KeyError(f"user {user!r}: " + _WITHHELD + "; pass the user's items= (and "
+                           "ratings=) to reconstruct them")
         if u < 0:
             raise KeyError(f"user {user!r} was not seen in fit; pass their items= to reconstruct")
         return u
