@@ -35,13 +35,15 @@ from fedcf.federated import (
     DPGaussianMean,
     FoolsGoldMean,
     NormClippedMean,
+    RunContext,
     SecureAggregation,
     Selector,
     TrimmedMean,
+    secagg_audit,
 )
 from fedcf.federated.attacks import attacked
 from fedcf.federated.implicit import FedReconImplicitMF
-from fedcf.federated.secagg import P, masked
+from fedcf.federated.secagg import quantize
 from fedcf.models.implicit_mf import implicit_fold_in
 from fedcf.provenance import run_meta, write_json
 
@@ -68,19 +70,21 @@ def utility_rows(train, test, args):
                                                          weight_cap=args.weight_cap))
         rows.append(row(f"DP σ={sigma}", m.fit(train), test, t0, delta=args.delta,
                         noise_multiplier=sigma))
+    rows += clip_rows(train, test, args, base)
     small = {**base, "clients_per_round": args.secagg_clients}
     t0 = time.perf_counter()
     rows.append(row(f"plain mean, {args.secagg_clients} clients/round",
                     FedReconMF(**small).fit(train), test, t0))
     t0 = time.perf_counter()
-    m = FedReconMF(**small, aggregator=SecureAggregation(0.5, value_bound=args.value_bound))
+    secure = dict(value_bound=args.value_bound, min_cohort=args.min_cohort)
+    m = FedReconMF(**small, aggregator=SecureAggregation(**secure))
     rows.append(row(f"secure aggregation, {args.secagg_clients} clients/round", m.fit(train),
                     test, t0))
     sigma = args.noise[len(args.noise) // 2]
     for noise in ("server", "distributed"):
         t0 = time.perf_counter()
         m = FedReconMF(**small, aggregator=DifferentialPrivacy(
-            SecureAggregation(0.5, value_bound=args.value_bound), args.clip, sigma,
+            SecureAggregation(**secure), args.clip, sigma,
             delta=args.delta, weight_cap=args.weight_cap, noise=noise))
         rows.append(row(f"secure aggregation + DP σ={sigma} ({noise} noise), "
                         f"{args.secagg_clients} clients/round", m.fit(train), test, t0,
@@ -88,56 +92,103 @@ def utility_rows(train, test, args):
     return rows
 
 
+def clip_rows(train, test, args, base):
+    """Adaptive clipping (Andrew et al. 2021, the clip follows the median upload norm from
+    noised counts) against fixed clips around ``--clip``, all at the middle σ."""
+    sigma, rows = args.noise[len(args.noise) // 2], []
+    runs = [(f"DP σ={sigma}, clip {c:g}", dict(clip_norm=c)) for c in args.clip_sweep
+            if c != args.clip]
+    runs += [(f"DP σ={sigma}, adaptive clip (quantile {q:g}, from {args.clip:g})",
+              dict(clip_norm=args.clip, target_quantile=q,  # σ_b = m/20 (the paper's)
+                   clip_count_stddev=max(args.clients / 20.0, sigma))) for q in (0.5, 0.9)]
+    for name, kw in runs:
+        t0 = time.perf_counter()
+        m = FedReconMF(**base, aggregator=DPGaussianMean(
+            noise_multiplier=sigma, delta=args.delta, weight_cap=args.weight_cap, **kw))
+        rows.append(row(name, m.fit(train), test, t0, delta=args.delta, noise_multiplier=sigma,
+                        clip=kw["clip_norm"], adaptive="target_quantile" in kw))
+    return rows
+
+
 def leakage_rows(train, args):
-    return _leakage(train, args, "random") + _leakage(train, args, "none")[:1]
+    return _leakage(train, args, "random") + _leakage(train, args, "none")[:1] + \
+        transcript_rows(train, args) + sum_rows(train, args)
 
 
 def _leakage(train, args, split):
-    """Rated-set recovery from one round's uploads, as the server sees them."""
-    model = FedReconMF(n_factors=args.factors, n_rounds=20, clients_per_round=args.clients,
-                       split=split, random_state=0).fit(train)
-    cohort = Selector(0, np.arange(train.n_users), args.clients)(999)
+    """Rated-set recovery from one round's uploads as the server sees them: plain, and under
+    central DP (the DP aggregator clips and noises on the server, after it has read them)."""
+    rows = []
+    for name, agg in (("plain uploads", None),
+                      ("DP only, uploads still seen one by one",
+                       DPGaussianMean(args.clip, 1.0, delta=args.delta))):
+        model = FedReconMF(n_factors=args.factors, n_rounds=20, clients_per_round=args.clients,
+                           split=split, random_state=0, rating_scale=(1, 5),
+                           aggregator=agg).fit(train)
+        cohort = Selector(0, np.arange(train.n_users), args.clients)(999)
+        out = model.client_uploads(train, cohort.clients, round_idx=999)
+        rec, prec = [], []
+        for k, u in enumerate(cohort.clients[:args.leak_clients]):
+            rated = set(train.items[train.indptr[u]:train.indptr[u + 1]].tolist())
+            sent = set(out.items[out.offsets[k]:out.offsets[k + 1]].tolist()) - {-1}
+            rec.append(len(sent & rated) / len(rated))
+            if sent:
+                prec.append(len(sent & rated) / len(sent))
+        rows.append({"name": f"leakage: {name} (split='{split}')",
+                     "rated_set_recall": float(np.mean(rec)),
+                     "rated_set_precision": float(np.mean(prec))})
+    return rows
+
+
+def _round(train, args, m):
+    """One round's real uploads of m clients (``ClientOutputs``), their rated sets and the
+    rows each upload touches."""
+    model = FedReconMF(n_factors=args.factors, n_rounds=20, clients_per_round=m,
+                       random_state=0).fit(train)
+    cohort = Selector(0, np.arange(train.n_users), m)(999)
     out = model.client_uploads(train, cohort.clients, round_idx=999)
-    rec_plain, prec_plain, rec_sec, prec_sec, rec_dp, prec_dp = [], [], [], [], [], []
-    n_items, K = train.n_items, args.factors
+    rated = [set(train.items[train.indptr[u]:train.indptr[u + 1]].tolist())
+             for u in cohort.clients]
+    touched = [set(out.items[out.offsets[k]:out.offsets[k + 1]].tolist()) - {-1}
+               for k in range(len(cohort.clients))]
+    return out, rated, touched
+
+
+def transcript_rows(train, args):
+    """Attacks (a)–(d) of ``fedcf.federated.secagg_audit`` on a real round's transcript: the
+    clients quantize their uploads as ``SecureAggregation`` does (dense over the catalog,
+    weights normalised by the public maximum)."""
+    m = args.secagg_clients
+    out, rated, _ = _round(train, args, m)
+    agg = SecureAggregation(min_cohort=2).bind(RunContext(
+        n_eligible=train.n_users, clients_per_round=m, n_rounds=1, n_items=train.n_items,
+        n_factors=args.factors, seed=0))
+    scale = np.minimum(out.weights, agg.max_weight) / agg.max_weight
+    q, _ = quantize(agg.dense_uploads(out, scale, np.arange(m)), agg.value_bound, m)
+    t = agg.threshold_for(m)
+    res = secagg_audit.transcript_attacks(q, rated, train.n_items, args.factors, t,
+                                          min(args.leak_clients, m))
+    names = {"plain": "the quantized upload itself (no masks)",
+             "a": "(a) honest-but-curious server, full transcript",
+             "b": "(b) server that knows random_state, replays the masks",
+             "c": "(c) server that lies about who dropped",
+             "d": "(d) late-arriving client"}
+    return [{"name": f"leakage: secure aggregation, {names[k]}", "rated_set_recall": res[k],
+             "chance": res["chance"], "chance_halfwidth": res["chance_halfwidth"],
+             "cohort": m, "threshold": t} for k in names]
+
+
+def sum_rows(train, args):
+    """What the unmasked sum reveals by cohort size: the union of the members' rows."""
+    _, rated, touched = _round(train, args, train.n_users)
     rng = np.random.default_rng(0)
-    sk = [int(rng.integers(1, 2**62)) for _ in range(4)]
-    pk = [pow(3, s, P) for s in sk]
-    for k, u in enumerate(cohort.clients[:args.leak_clients]):
-        rated = set(train.items[train.indptr[u]:train.indptr[u + 1]].tolist())
-        sent = set(out.items[out.offsets[k]:out.offsets[k + 1]].tolist()) - {-1}
-        rec_plain.append(len(sent & rated) / len(rated))
-        if sent:
-            prec_plain.append(len(sent & rated) / len(sent))
-        q = np.zeros(n_items * (K + 1), np.uint32)  # its dense fixed-point upload, then masked
-        block = q.reshape(n_items, K + 1)
-        lo, hi = out.offsets[k], out.offsets[k + 1]
-        ok = out.items[lo:hi] >= 0
-        block[out.items[lo:hi][ok], :K] = np.round(out.d_Q[lo:hi][ok] * 2**16).astype(np.int64
-                                                                                    ).astype(np.uint32)
-        # and with its share of distributed DP noise (σ = 1, threshold half of 4) added first
-        share = np.round(rng.normal(0, args.clip / np.sqrt(2.0), q.shape) * 2**16)
-        for vec, rec, prec in ((q, rec_sec, prec_sec),
-                               (q + share.astype(np.int64).astype(np.uint32), rec_dp, prec_dp)):
-            view = masked(vec, 0, sk[0], pk, 4).reshape(n_items, K + 1).astype(np.float64)
-            guess = set(top_k(np.abs(view - 2.0**31).sum(axis=1), len(rated)).tolist())
-            rec.append(len(guess & rated) / len(rated))
-            prec.append(len(guess & rated) / len(guess))
-    chance = float(np.mean([train.counts()[u] / n_items
-                            for u in cohort.clients[:args.leak_clients]]))
-    tag = f" (split='{split}')"
-    return [{"name": "leakage: plain uploads" + tag,
-             "rated_set_recall": float(np.mean(rec_plain)),
-             "rated_set_precision": float(np.mean(prec_plain))},
-            {"name": "leakage: DP only, uploads still seen one by one" + tag,
-             "rated_set_recall": float(np.mean(rec_plain)),
-             "rated_set_precision": float(np.mean(prec_plain))},
-            {"name": "leakage: secure aggregation, masked dense vector" + tag,
-             "rated_set_recall": float(np.mean(rec_sec)),
-             "rated_set_precision": float(np.mean(prec_sec)), "chance": chance},
-            {"name": "leakage: secure aggregation + distributed DP noise" + tag,
-             "rated_set_recall": float(np.mean(rec_dp)),
-             "rated_set_precision": float(np.mean(prec_dp)), "chance": chance}]
+    rows = []
+    for m in args.sum_cohorts:
+        r = secagg_audit.sum_leakage(touched, rated, train.n_items, m, 20, rng)
+        rows.append({"name": f"leakage: the sum of a cohort of {r['cohort']}",
+                     "rated_set_recall": r["recall"], "rated_set_precision": r["precision"],
+                     "lift": r["lift"], "cohort": r["cohort"]})
+    return rows
 
 
 def embedding_row(train, args):
@@ -244,7 +295,7 @@ def plot_privacy_utility(rows, path):
     import matplotlib.ticker
 
     dp = sorted((r for r in rows if r.get("noise_multiplier") and "rmse" in r
-                 and r.get("epsilon")), key=lambda r: r["epsilon"])
+                 and r.get("epsilon") and "clip" not in r), key=lambda r: r["epsilon"])
     plain = next((r for r in rows if r["name"] == "plain mean"), None)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r["epsilon"] for r in dp], [r["rmse"] for r in dp], marker="o", label="user-level DP")
@@ -273,14 +324,21 @@ def main(argv=None):
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--secagg-clients", type=int, default=20)
     ap.add_argument("--clip", type=float, default=0.5, help="DP clip norm C on ML-100K")
-    ap.add_argument("--value-bound", type=float, default=3.0,
-                    help="secure aggregation: per-coordinate bound before quantization")
+    ap.add_argument("--clip-sweep", type=float, nargs="+", default=[0.1, 0.25, 1.0, 2.0],
+                    help="fixed clips compared with the adaptive clip on ML-100K")
+    ap.add_argument("--min-cohort", type=int, default=10,
+                    help="secure aggregation: smallest cohort a round is aggregated for")
+    ap.add_argument("--value-bound", type=float, default=1.0,
+                    help="secure aggregation: bound on each normalised value before "
+                         "quantization")
     ap.add_argument("--noise", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     ap.add_argument("--delta", type=float, default=1e-4)
     ap.add_argument("--attackers", type=float, default=0.1)
     ap.add_argument("--row-clip", type=float, default=0.3,
                     help="robust aggregators' per-client, per-row clip in the clipped variants")
-    ap.add_argument("--leak-clients", type=int, default=30)
+    ap.add_argument("--leak-clients", type=int, default=20)
+    ap.add_argument("--sum-cohorts", type=int, nargs="+", default=[2, 5, 10, 20, 100, 1000],
+                    help="cohort sizes for what the secure sum reveals (capped at the users)")
     ap.add_argument("--population", type=int, default=0,
                     help="instead of the ML-100K rows: the DP run on a synthetic population of "
                          "this many users")

@@ -398,17 +398,47 @@ def privacy_values(rows) -> dict:
                                  num(r.get("epsilon"), ".3g"), f"{r['values_up']:,.0f}",
                                  f"{r['seconds']:.1f}") for r in util]),
         "table_leakage": table(["server's view", "rated-set recall", "rated-set precision",
-                                "chance", "embedding cosine (abs)"],
+                                "chance (95 % interval)", "embedding cosine (abs)"],
                                [(r["name"].removeprefix("leakage: "),
                                  num(r.get("rated_set_recall"), ".3f"),
                                  num(r.get("rated_set_precision"), ".3f"),
-                                 num(r.get("chance"), ".3f"),
-                                 num(r.get("embedding_abs_cosine"), ".3f")) for r in leak]),
+                                 _chance(r), num(r.get("embedding_abs_cosine"), ".3f"))
+                                for r in leak if "lift" not in r]),
+        "table_sum": table(["cohort", "rated-set precision of the sum's rows",
+                            "rated-set recall", "× chance"],
+                           [(f"{r['cohort']:,}", f"{r['rated_set_precision']:.3f}",
+                             f"{r['rated_set_recall']:.3f}", f"{r['lift']:.2f}")
+                            for r in leak if "lift" in r]),
+        "secagg_verdict": secagg_verdict(rows),
         "table_attacks": table(["attack + aggregator", "RMSE", "accuracy", "target hit rate"],
                                [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
                                  pct(r["target_hit_rate"])) for r in att]),
         "promotion_verdict": promotion_verdict(att),
     }
+
+
+def _chance(r) -> str:
+    if r.get("chance") is None:
+        return ""
+    if r.get("chance_halfwidth") is None:
+        return f"{r['chance']:.3f}"
+    return f"{r['chance']:.3f} ± {r['chance_halfwidth']:.3f}"
+
+
+def secagg_verdict(rows) -> str:
+    """Issue 31's targets on the transcript attacks and the utility of secure aggregation."""
+    attacks = [r for r in rows if r["name"].startswith("leakage: secure aggregation, (")]
+    if not attacks:
+        return "not measured in this JSON (it predates the protocol's transcript audit)"
+    inside = [r for r in attacks if abs(r["rated_set_recall"] - r["chance"])
+              <= r["chance_halfwidth"]]
+    out = [f"{len(inside)} of {len(attacks)} attacks within the chance interval"]
+    plain = next((r for r in rows if r["name"].startswith("plain mean, ")), None)
+    sec = next((r for r in rows if r["name"].startswith("secure aggregation, ")), None)
+    if plain and sec:
+        out.append(f"secure aggregation's RMSE {sec['rmse']:.4f} against the plain row's "
+                   f"{plain['rmse']:.4f} ({signed_pct(sec['rmse'] / plain['rmse'] - 1)})")
+    return "; ".join(out)
 
 
 def mutants_values(doc) -> dict:

@@ -60,13 +60,19 @@ def test_a_sign_flip_attack_hurts_the_mean_more_than_the_median(pop):
 def test_privacy_benchmark_runs_end_to_end(tmp_path):
     rows = load_script("privacy_benchmark").main([
         "--dataset", "synthetic", "--rounds", "5", "--clients", "20", "--secagg-clients", "6",
-        "--factors", "3", "--leak-clients", "5", "--noise", "1.0", "2.0", "--json",
+        "--factors", "3", "--leak-clients", "5", "--noise", "1.0", "2.0", "--min-cohort", "3",
+        "--sum-cohorts", "2", "50", "--json",
         str(tmp_path / "p.json"), "--plot", str(tmp_path / "pu.png")])
     names = [r["name"] for r in rows]
     assert any(n.startswith("secure aggregation") for n in names)
     assert any("embedding" in n for n in names) and any(n.startswith("promote") for n in names)
+    assert any("adaptive clip" in n for n in names) and any("clip 2" in n for n in names)
     plain = next(r for r in rows if r["name"] == "leakage: plain uploads (split='none')")
     assert plain["rated_set_recall"] == pytest.approx(1.0)
+    attacks = [r for r in rows if "(a)" in r["name"] or "(d)" in r["name"]]
+    assert len(attacks) == 2 and all(r["rated_set_recall"] < 0.5 for r in attacks)
+    sums = [r for r in rows if "the sum of a cohort" in r["name"]]
+    assert [r["cohort"] for r in sums] == [2, 50] and sums[0]["lift"] > sums[1]["lift"]
     assert (tmp_path / "p.json").exists()
     assert (tmp_path / "pu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -294,10 +294,12 @@ def test_no_node_or_bad_settings_fail_clearly(tmp_path):
         Settings(params={"aggregator": {"name": "Mean"}}).check()
     with pytest.raises(ValueError, match="n_factors"):
         Settings(params={"n_factors": 0}).check()
-    from fedcf.federated import SecureAggregation
+    from fedcf.federated import DifferentialPrivacy, SecureAggregation
 
-    with pytest.raises(ValueError, match="would protect nothing"):
-        Settings(params={"aggregator": SecureAggregation()}).check()
+    for agg in (SecureAggregation(), DifferentialPrivacy(SecureAggregation(), 0.5, 1.0,
+                                                         noise="distributed")):
+        with pytest.raises(ValueError, match="would protect nothing"):
+            Settings(params={"aggregator": agg, "rating_scale": [1, 5]}).check()
     with pytest.raises(ValueError, match="not available in a Flower run"):
         Settings(params={"item_space": {"name": "open", "catalog": 0.5}}).check()
     s = Settings.from_run_config({"fedcf-params": json.dumps(PARAMS), "eval-fraction": 0.3,

@@ -1,8 +1,14 @@
-"""Secure aggregation: Shamir recovery, masks that cancel modulo 2^32, dropout after setup,
-what the server sees of one client, and a full fit under it."""
+"""Secure aggregation: the protocol's halves (exact sums with dropouts, secrets from the OS, a
+server that lies about who dropped, forged keys), the aggregator around it (weights, clipping
+counted, rounds not aggregated), and fits under it with and without DP."""
+
+import dataclasses
+import os
 
 import numpy as np
 import pytest
+from Crypto.Protocol.SecretSharing import Shamir
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
@@ -15,8 +21,18 @@ from fedcf.federated import (
     SecureAggregation,
     TrimmedMean,
     WeightedMean,
+    secagg_audit,
+    secagg_protocol,
 )
-from fedcf.federated.secagg import P, masked, shamir_recover, shamir_shares
+from fedcf.federated.secagg_protocol import (
+    Advert,
+    Identities,
+    MaskedInput,
+    ProtocolAbort,
+    SecAggClient,
+    SecAggServer,
+    simulate,
+)
 
 HP = RoundHyperparams(1.0, {}, 1.0)
 N_ITEMS, K = 30, 3
@@ -42,62 +58,184 @@ def bound(**kw):
                                                    seed=1))
 
 
-def test_shamir_any_t_shares_recover_the_secret_fewer_do_not():
-    rng = np.random.default_rng(0)
-    secret = 2**100 + 12345
-    sh = shamir_shares(secret, 7, 4, rng)
-    for pick in ([0, 1, 2, 3], [6, 2, 4, 0], [1, 3, 5, 6]):
-        assert shamir_recover([(j + 1, sh[j]) for j in pick]) == secret
-    assert shamir_recover([(j + 1, sh[j]) for j in [0, 1, 2]]) != secret
-    assert all(0 <= s < P for s in sh)
+def _vectors(m, d=200, seed=0):
+    return np.random.default_rng(seed).integers(0, 2**32, (m, d), dtype=np.uint64).astype(
+        np.uint32)
+
+
+def _sum(X, rows):
+    return X[list(rows)].sum(axis=0, dtype=np.uint64).astype(np.uint32)
+
+
+@pytest.mark.parametrize("m, dropped", [(3, ()), (7, (2, 5)), (12, (0, 4, 11))])
+def test_the_protocol_sums_exactly_the_survivors(m, dropped):
+    X = _vectors(m)
+    t = 2 * m // 3 + 1
+    total, u3, server = simulate(X, range(m), t, drop_after_shares=dropped)
+    assert u3 == [c for c in range(m) if c not in dropped]
+    np.testing.assert_array_equal(total, _sum(X, u3))
+    # the server saw masked vectors, each far from its client's input
+    for msg in server.transcript:
+        if isinstance(msg, MaskedInput):
+            assert np.mean(msg.y == X[msg.client]) < 0.01
+
+
+def test_secrets_come_from_the_os_not_from_any_seed():
+    """Two aggregations of the same vectors (same everything a server could know) give
+    different masked vectors and keys: nothing to regenerate from random_state."""
+    X = _vectors(4)
+    views = [simulate(X, range(4), 3)[2].transcript for _ in range(2)]
+    ys = [[m.y for m in v if isinstance(m, MaskedInput)] for v in views]
+    keys = [[m.s_pk for m in v if isinstance(m, Advert)] for v in views]
+    assert not any(np.array_equal(a, b) for a, b in zip(*ys))
+    assert not set(keys[0]) & set(keys[1])
+
+
+def _halves(m, t):
+    session = os.urandom(16)
+    ids = Identities(range(m))
+    halves = [SecAggClient(c, t, session, ids.signing_key(c), ids.verifying) for c in range(m)]
+    server = SecAggServer(t, 50, session)
+    adverts = server.collect_adverts([h.advertise() for h in halves])
+    inbox = server.route_shares([h.share_keys(adverts) for h in halves])
+    X = _vectors(m, 50)
+    inputs = [h.masked_input(X[h.id], inbox[h.id]) for h in halves]
+    return halves, server, inputs, X
+
+
+def test_a_server_lying_about_who_dropped_never_gets_both_secrets_of_a_client():
+    m, t = 6, 5
+    halves, server, inputs, X = _halves(m, t)
+    server.collect_inputs(inputs)
+    full, lie = list(range(m)), [c for c in range(m) if c != 0]  # "client 0 dropped"
+    # told different survivor lists, no list gathers t signatures: nobody unmasks anything
+    sigs_full = [h.consistency(full) for h in halves[:3]]
+    sigs_lie = [h.consistency(lie) for h in halves[3:]]
+    for h in halves[:3]:
+        with pytest.raises(ProtocolAbort, match="signatures on the survivor list"):
+            h.unmask(full, sigs_full)
+    for h in halves[3:]:
+        with pytest.raises(ProtocolAbort, match="signatures on the survivor list"):
+            h.unmask(lie, sigs_lie)
+    # one consistent lie: clients reveal client 0's mask-key share but not its self-mask
+    # share, and refuse a second request that would add the other
+    sigs = [h.consistency(lie) for h in halves[1:]]
+    answers = [h.unmask(lie, sigs) for h in halves[1:]]
+    assert all(0 in a.s_shares and 0 not in a.b_shares for a in answers)
+    with pytest.raises(ProtocolAbort, match="already answered"):
+        halves[1].unmask(full, [h.consistency(full) for h in halves])
+    # what the server can do with client 0's input: strip its pair masks, not its self-mask
+    server.u3 = lie
+    total = server.unmasked_sum(answers)
+    np.testing.assert_array_equal(total, _sum(X, lie))
+    key = secagg_protocol._x25519_from_seed(
+        Shamir.combine([a.s_shares[0] for a in answers[:t]]), server.session)
+    y0 = inputs[0].y.copy()
+    for u in lie:
+        mask = secagg_protocol.prg(secagg_protocol.pair_key(
+            key, server.adverts[u].s_pk, 0, u, server.session), len(y0))
+        y0 -= mask  # client 0 (the lowest id) added +mask for every u
+    assert np.mean(y0 == X[0]) < 0.05  # still hidden by the self-mask
+
+
+def test_a_forged_key_or_relabelled_share_aborts_the_client():
+    m, t = 4, 3
+    session = os.urandom(16)
+    ids = Identities(range(m))
+    halves = [SecAggClient(c, t, session, ids.signing_key(c), ids.verifying) for c in range(m)]
+    adverts = [h.advertise() for h in halves]
+    server_key = X25519PrivateKey.generate().public_key().public_bytes(*secagg_protocol.RAW)
+    forged = [dataclasses.replace(adverts[0], s_pk=server_key)] + adverts[1:]
+    with pytest.raises(ProtocolAbort, match="does not verify"):
+        halves[1].share_keys(forged)
+    bundles = [h.share_keys(adverts) for h in halves]
+    swapped = {0: bundles[2].ciphertexts[1], 2: bundles[0].ciphertexts[1],
+               3: bundles[3].ciphertexts[1]}
+    with pytest.raises(ProtocolAbort, match="does not decrypt"):
+        halves[1].masked_input(np.zeros(5, np.uint32), swapped)
+
+
+def test_too_few_clients_at_any_step_abort_the_round():
+    with pytest.raises(ProtocolAbort, match="fewer than the threshold"):
+        simulate(_vectors(5), range(5), 4, drop_after_shares=(0, 1))
+    with pytest.raises(ProtocolAbort, match="fewer than the threshold"):
+        simulate(_vectors(3), range(3), 4)
 
 
 def test_masks_cancel_and_the_sum_equals_the_weighted_mean():
     out = cohort()
-    agg = bound()
+    agg = bound(max_weight=8.0)  # weights are 1..8: none capped
     got = agg(out, HP, 0)
     want = dense(WeightedMean()(out, HP))
-    np.testing.assert_allclose(got.d_Q, want[0], atol=1e-8)
-    np.testing.assert_allclose(got.d_b, want[1], atol=1e-8)
+    np.testing.assert_allclose(got.d_Q, want[0], atol=1e-7)
+    np.testing.assert_allclose(got.d_b, want[1], atol=1e-7)
     assert got.items.tolist() == list(range(N_ITEMS))  # dense: no row ids leak
-    assert agg.round_stats["secagg_max_quantization_error"] < 1e-8
+    st = agg.round_stats
+    assert st["secagg_error"] < 1e-7 and st["secagg_clipped"] == 0
+    assert st["secagg_threshold"] == 10 and st["secagg_bytes_per_client"] > 4 * N_ITEMS * (K + 1)
+
+
+def test_weights_above_the_public_maximum_are_capped():
+    out = cohort()
+    got = bound(max_weight=4.0)(out, HP, 0)
+    capped = dataclasses.replace(out, weights=np.minimum(out.weights, 4.0))
+    np.testing.assert_allclose(got.d_Q, dense(WeightedMean()(capped, HP))[0], atol=1e-7)
+
+
+def test_clipping_is_counted_against_the_unclipped_sum_and_warned():
+    out = cohort()
+    out = dataclasses.replace(out, d_Q=out.d_Q * 40)  # values up to ~ ±1.6·w/W
+    agg = bound(max_weight=8.0, value_bound=0.5)
+    with pytest.warns(RuntimeWarning, match="clipped .* values"):
+        agg(out, HP, 0)
+    st = agg.round_stats
+    dense_values = np.abs(agg.dense_uploads(out, np.minimum(out.weights, 8) / 8,
+                                            np.arange(12))[:, :-1])
+    assert st["secagg_clipped"] == int((dense_values > 0.5).sum()) > 0
+    assert st["secagg_error"] > 1e-3  # measured against what the clients meant to send
 
 
 def test_clients_that_drop_after_setup_are_unmasked_from_the_survivors_shares():
     out = cohort(seed=3)
-    agg = bound(drop_after_setup=0.3)
+    agg = bound(drop_after_setup=0.2, max_weight=8.0, min_cohort=5, threshold=0.5)
     got = agg(out, HP, 2)
-    assert 0 < agg.round_stats["secagg_survivors"] < 12
+    assert 7 <= agg.round_stats["secagg_survivors"] < 12
     survivors = np.flatnonzero(got.client_weights > 0)
     kept = np.isin(np.repeat(np.arange(12), 4), survivors)
     sub = ClientOutputs(np.r_[0, np.cumsum(np.full(len(survivors), 4))], out.items[kept],
                         out.d_Q[kept], out.d_b[kept], out.weights[survivors],
                         np.zeros(len(survivors)))
     want = dense(WeightedMean()(sub, HP))
-    np.testing.assert_allclose(got.d_Q, want[0], atol=1e-8)
+    np.testing.assert_allclose(got.d_Q, want[0], atol=1e-7)
 
 
 def test_a_round_with_fewer_survivors_than_the_threshold_is_lost():
     agg = bound(threshold=12, drop_after_setup=0.5)
     got = agg(cohort(), HP, 0)
     assert agg.round_stats["secagg_lost_round"] and len(got.items) == 0
+    assert "fewer than the threshold" in agg.round_stats["secagg_abort"]
 
 
-def test_one_masked_vector_looks_uniform_and_hides_the_touched_rows():
-    rng = np.random.default_rng(0)
-    q = np.zeros(20_000, np.uint32)
-    q[:10] = 5  # a sparse upload: ten touched coordinates
-    sk = [int(rng.integers(1, 2**62)) for _ in range(5)]
-    pk = [pow(3, s, P) for s in sk]
-    y = masked(q, 0, sk[0], pk, 5).astype(np.float64) / 2**32
-    assert np.count_nonzero(y) == len(y)  # every coordinate moved, not only the touched ones
-    hist, _ = np.histogram(y, bins=10, range=(0, 1))
-    assert hist.min() > 0.9 * len(y) / 10 and abs(y.mean() - 0.5) < 0.01
+@pytest.mark.parametrize("m, kw", [(5, {"min_cohort": 10}), (12, {"threshold": 6,
+                                                                  "min_cohort": 2})])
+def test_small_cohorts_and_thresholds_at_most_half_are_never_aggregated(m, kw):
+    agg = bound(**kw)
+    got = agg(cohort(m=m), HP, 0)
+    assert len(got.items) == 0 and got.summary.n_used == 0
+    assert agg.round_stats["secagg_lost_round"] and agg.round_stats["secagg_threshold"] is None
+    assert agg.round_stats["secagg_below_min_cohort"] == (m < kw["min_cohort"])
+    with pytest.raises(ValueError, match="min_cohort=13 is larger than the cohort"):
+        bound(min_cohort=13)
 
 
 @pytest.mark.parametrize("kw,err,match", [
     (dict(threshold=0), ValueError, "threshold must be"),
     (dict(threshold=1.5), ValueError, "threshold must be"),
+    (dict(threshold=0.4), ValueError, "threshold must be"),
+    (dict(threshold=1.0), ValueError, "threshold must be"),
+    (dict(threshold=1), ValueError, "threshold must be"),
+    (dict(min_cohort=1), ValueError, "min_cohort must be"),
+    (dict(max_weight=0.0), ValueError, "max_weight must be"),
     (dict(value_bound=-1.0), ValueError, "value_bound must be"),
     (dict(drop_after_setup=1.0), ValueError, "drop_after_setup"),
 ])
@@ -118,7 +256,8 @@ def test_fit_under_secure_aggregation_matches_the_plain_fit():
     kw = dict(n_factors=2, n_rounds=3, clients_per_round=15, random_state=0, dtype="float64",
               client_weighting="uniform")
     plain = FedReconMF(**kw).fit(pop)
-    sec = FedReconMF(**kw, aggregator=SecureAggregation(value_bound=5.0)).fit(pop)
+    sec = FedReconMF(**kw, aggregator=SecureAggregation(value_bound=5.0, max_weight=1.0,
+                                                        min_cohort=5)).fit(pop)
     np.testing.assert_allclose(sec.item_factors_, plain.item_factors_, atol=1e-6)
     assert all(h["secagg_survivors"] == h["clients_used"] for h in sec.history_)
 
@@ -144,14 +283,15 @@ def test_secure_aggregation_with_server_noise_dp():
         DifferentialPrivacy(TrimmedMean(0.1), 1.0, 1.0)
 
 
-@pytest.mark.parametrize("threshold", [12, 6])
+@pytest.mark.parametrize("threshold", [12, 7])
 def test_distributed_noise_comes_from_the_clients_and_covers_the_threshold(threshold):
     out = cohort()
     ctx = RunContext(n_items=2000, seed=1, clients_per_round=12, n_eligible=1000,
                      n_rounds=3, n_factors=K, biases=True)
 
     def run(sigma, noise):
-        agg = DifferentialPrivacy(SecureAggregation(threshold, value_bound=1.0), 0.1, sigma,
+        agg = DifferentialPrivacy(SecureAggregation(threshold, value_bound=1.0, min_cohort=2),
+                                  0.1, sigma,
                                   delta=1e-4, noise=noise).bind(ctx)
         return agg, agg(out, HP, 2)
 
@@ -171,3 +311,79 @@ def test_distributed_noise_needs_secure_aggregation_and_a_known_mode():
         DifferentialPrivacy(None, 1.0, 1.0, noise="distributed")
     with pytest.raises(ValueError, match="noise must be"):
         DifferentialPrivacy(SecureAggregation(), 1.0, 1.0, noise="local")
+
+
+def _audit_cohort(m=6, n_items=60, K=2, per=8, seed=0):
+    """Quantized dense uploads of m clients each touching ``per`` rows, and their rated sets."""
+    rng = np.random.default_rng(seed)
+    q = np.zeros((m, n_items * (K + 1) + 2), np.uint32)
+    rated = []
+    for u in range(m):
+        rows = rng.choice(n_items, per, replace=False)
+        block = q[u, :n_items * (K + 1)].reshape(n_items, K + 1)
+        block[rows] = rng.integers(1, 2**20, (per, K + 1)).astype(np.uint32)
+        rated.append(set(rows.tolist()))
+    return q, rated, n_items, K
+
+
+def test_the_transcript_attacks_recover_nothing_beyond_chance():
+    q, rated, n_items, K = _audit_cohort()
+    res = secagg_audit.transcript_attacks(q, rated, n_items, K, t=5, victims=6)
+    assert res["plain"] == 1.0  # the attack works on what it can read
+    for name in "abcd":
+        assert abs(res[name] - res["chance"]) <= res["chance_halfwidth"] + 0.15, (name, res)
+
+
+def test_the_attacks_succeed_when_the_protocol_is_broken(monkeypatch):
+    """Break what the docs promise and watch the audit read the uploads: seeds from a
+    generator a server can replay (b), a client that reveals both secrets of one client (c)."""
+    q, rated, n_items, K = _audit_cohort()
+    counter = iter(range(10**6))
+
+    def seeded(n):  # every run draws the same "random" bytes in the same order
+        return np.random.default_rng(next(counter) % 64).bytes(n)
+
+    real = secagg_protocol.os.urandom
+    monkeypatch.setattr(secagg_protocol.os, "urandom", seeded)
+    counter = iter(range(10**6))
+    _, _, server = simulate(q, range(6), 5)
+    counter = iter(range(10**6))
+    _, _, replay = simulate(np.zeros_like(q), range(6), 5)
+    y = {m.client: m.y for m in server.transcript if isinstance(m, MaskedInput)}
+    z = {m.client: m.y for m in replay.transcript if isinstance(m, MaskedInput)}
+    got = secagg_audit.recall(secagg_audit.guess_rows(y[0] - z[0], n_items, K, 8), rated[0])
+    assert got == 1.0
+    monkeypatch.setattr(secagg_protocol.os, "urandom", real)
+
+    def leaky_unmask(self, u3, signatures):  # also hands over the b-share of a dropped client
+        ans = SecAggClient.__dict__["_honest_unmask"](self, u3, signatures)
+        return dataclasses.replace(ans, b_shares={v: (self._held[v][0], self._held[v][2])
+                                                  for v in self._u2})
+
+    monkeypatch.setattr(SecAggClient, "_honest_unmask", SecAggClient.unmask, raising=False)
+    monkeypatch.setattr(SecAggClient, "unmask", leaky_unmask)
+    server, answers, y0 = secagg_audit._run_to_unmask(q, 5, lie_dropped=0, late=None)
+    view = secagg_audit.strip_masks(server, answers, 0, y0)
+    np.testing.assert_array_equal(view, q[0])
+
+
+def test_what_the_sum_reveals_shrinks_with_the_cohort():
+    rng = np.random.default_rng(0)
+    rated = [set(rng.choice(200, 20, replace=False).tolist()) for _ in range(300)]
+    touched = [set(list(r)[:10]) for r in rated]
+    small = secagg_audit.sum_leakage(touched, rated, 200, 2, 20, rng)
+    large = secagg_audit.sum_leakage(touched, rated, 200, 100, 5, rng)
+    assert small["lift"] > 3 * large["lift"] and large["lift"] < 1.5
+    assert small["recall"] >= 0.5 and large["cohort"] == 100  # its own touched rows at least
+
+
+def test_the_cost_script_reports_client_and_server_time_and_bytes():
+    from conftest import load_script
+
+    rows = load_script("secagg_cost").main(["--clients", "6", "--items", "50", "200",
+                                            "--factors", "2", "--drop", "0.2"])
+    assert [r["n_items"] for r in rows] == [50, 200]
+    for r in rows:
+        assert r["dropped"] == 1 and r["threshold"] == 5
+        assert r["client_seconds"] > 0 and r["server_seconds"] > 0
+        assert r["bytes_up_per_client"] > r["plain_bytes"]  # the vector plus keys and shares

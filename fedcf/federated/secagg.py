@@ -1,27 +1,29 @@
-"""Secure aggregation, simulated faithfully (Bonawitz et al. 2017, pairwise masking with dropout
-recovery): the server learns the sum of the cohort's uploads and nothing else.
+"""The weighted mean under secure aggregation: each client's dense upload is quantized,
+masked by the client half of ``secagg_protocol`` (X25519, HKDF, AES-GCM, Ed25519, ChaCha20 and
+Shamir sharing from ``cryptography`` and ``pycryptodome``; secrets from the OS), and the server
+half learns only the sum over the surviving cohort.
 
-Per round, each reporting client k
-1. draws a secret key sk_k, publishes pk_k = g^sk_k mod P (Diffie-Hellman over the Mersenne prime
-   P = 2^127 − 1), and Shamir-shares sk_k among the cohort with threshold t;
-2. turns its upload into a *dense* vector over the whole catalog (w_k·Δq for every item row, w_k·Δb,
-   then w_k) — sparse uploads would reveal which rows it touched — quantizes it to fixed point
-   (``frac_bits``) after clipping every coordinate to ±``value_bound``, and adds, modulo 2^32,
-   the pairwise masks ±PRG(s_kj) with s_kj = pk_j^sk_k mod P (= pk_k^sk_j: both ends compute it);
-3. sends the masked vector. A client may drop after step 1 (``drop_after_setup``): the server
-   then collects t shares of its key from the survivors, rebuilds the key, recomputes its pair
-   seeds with every survivor and removes those masks. With fewer than t survivors the round is
-   lost (no update) and recorded.
-The masks cancel in the sum modulo 2^32; the server dequantizes and divides by Σ w_k. With
-``DifferentialPrivacy`` around it the noise is added by the server to the unmasked sum or, with
-``noise="distributed"``, by the clients before masking (``masked_mean``). Clients whose
-update is not finite do not take part (they can tell locally). Every number here is a real
-protocol step on real arrays; only the network is simulated.
+Per round, each client k taking part (finite, non-empty upload)
+1. turns its upload into a *dense* vector over the whole catalog — sparse uploads would reveal
+   which rows it touched — scaled by its normalised weight min(w_k, W)/W with the public
+   maximum W = ``max_weight`` (under DP: its clip factor), followed by that weight and by how
+   many of its coordinates it clipped;
+2. clips each value to ±``value_bound`` and quantizes it to fixed point with a scale that
+   depends only on public figures (the cohort size, ``value_bound``, the DP noise);
+3. runs the five message rounds of the protocol. Clients that vanish after sharing their keys
+   (``drop_after_setup``) are unmasked from the survivors' shares.
+The server dequantizes the sum and divides by the summed weight (or the DP denominator). A
+round is not aggregated — no update, counted in the history — when the cohort is below
+``min_cohort`` or fewer than the threshold survive. With ``DifferentialPrivacy`` around it the
+noise is added by the server to the unmasked sum or, with ``noise="distributed"``, by each
+client before quantization (a Gaussian share; the rounding to fixed point is not part of the DP
+analysis: its gap is one quantization step per client and coordinate, reported).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 
@@ -36,35 +38,28 @@ from .phases import (
     empty_delta,
     summarize,
 )
+from .secagg_protocol import ProtocolAbort, simulate
 
-P = 2**127 - 1  # prime modulus of the key-agreement group and of the Shamir field
-G = 3
 MOD_BITS = 32
+CLIP_WARNING = 1e-3  # share of clipped coordinates above which a round warns
 
 
-def shamir_shares(secret: int, n: int, t: int, rng: np.random.Generator) -> list[int]:
-    """Shares f(1), ..., f(n) of a degree t−1 polynomial over GF(P) with f(0) = secret."""
-    coeffs = [secret] + [int(rng.integers(0, 2**62)) * (2**62) + int(rng.integers(0, 2**62))
-                         for _ in range(t - 1)]
-    return [sum(c * pow(x, e, P) for e, c in enumerate(coeffs)) % P for x in range(1, n + 1)]
-
-
-def shamir_recover(points: list[tuple[int, int]]) -> int:
-    """f(0) from t points (x, f(x)) by Lagrange interpolation over GF(P)."""
-    secret = 0
-    for i, (xi, yi) in enumerate(points):
-        num, den = 1, 1
-        for j, (xj, _) in enumerate(points):
-            if i != j:
-                num = num * (-xj) % P
-                den = den * (xi - xj) % P
-        secret = (secret + yi * num * pow(den, P - 2, P)) % P
-    return secret
-
-
-def _prg(seed: int, size: int) -> np.ndarray:
-    return np.random.default_rng([seed & (2**64 - 1), seed >> 64]).integers(
-        0, 2**MOD_BITS, size, dtype=np.uint64).astype(np.uint32)
+def quantize(X: np.ndarray, value_bound: float, m: int, noise_std: float = 0.0):
+    """(uint32 rows [fixed-point values | clip count], fractional bits) of the dense uploads X
+    whose last column is a weight <= 1: values clipped to ±value_bound, the scale chosen from
+    public figures only (the cohort size m, the bound, the noise) so that m rows sum without
+    overflow out to 8 standard deviations of the summed noise."""
+    reach = m * max(value_bound, 1.0) + 8.0 * noise_std * np.sqrt(m)
+    frac_bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
+    if frac_bits < 0:
+        raise ValueError(f"value_bound={value_bound} does not fit {m} clients in a {MOD_BITS}-bit "
+                         "sum; lower value_bound")
+    clipped = np.clip(X, -value_bound, value_bound)
+    clipped[:, -1] = X[:, -1]  # the weight, <= 1 by construction
+    q = np.empty((X.shape[0], X.shape[1] + 1), np.uint32)
+    q[:, :-1] = np.round(clipped * 2.0 ** frac_bits).astype(np.int64).astype(np.uint32)
+    q[:, -1] = np.count_nonzero(clipped != X, axis=1)  # summed inside the protocol
+    return q, frac_bits
 
 
 class SecureAggregation(WeightedMean):
@@ -72,13 +67,21 @@ class SecureAggregation(WeightedMean):
 
     Parameters
     ----------
-    threshold : float in (0, 1] or int
-        Shares needed to rebuild a dropped client's key: a share of the cohort, or a count.
+    threshold : float in (0.5, 1) or int
+        Shares needed to rebuild a client's secret: t = ⌊share·m⌋ + 1 of a cohort of m (> m/2
+        always; the default 2/3 gives t > 2m/3, the bound for a malicious server), or a count,
+        which must exceed m/2 in every round (else the round is not aggregated).
     value_bound : float
-        Each coordinate of w_k·Δ is clipped to ±value_bound before quantization (the sum of the
-        cohort must fit in the 32-bit ring; the fixed-point scale is chosen from it).
+        Each value of a client's normalised upload is clipped to ±value_bound before
+        quantization (counted: ``secagg_clipped`` in the history, a warning above 0.1 %).
+    max_weight : float
+        The public maximum client weight W: client k's upload is scaled by min(w_k, W)/W (its
+        weight capped at W; weights are query sizes by default). Ignored under DP.
+    min_cohort : int
+        Rounds with fewer clients taking part are not aggregated: the sum of a very small
+        cohort reveals its members' uploads (eval/PRIVACY.md measures by cohort size).
     drop_after_setup : float in [0, 1)
-        Probability that a client drops after sharing its key and before sending its vector.
+        Probability that a client drops after sharing its keys and before sending its vector.
 
     Examples
     --------
@@ -90,21 +93,31 @@ class SecureAggregation(WeightedMean):
     10.0
     """
 
-    def __init__(self, threshold=0.5, value_bound: float = 1.0, drop_after_setup: float = 0.0):
+    def __init__(self, threshold=2 / 3, value_bound: float = 1.0, max_weight: float = 1000.0,
+                 min_cohort: int = 10, drop_after_setup: float = 0.0):
         self.threshold, self.value_bound = threshold, value_bound
+        self.max_weight, self.min_cohort = max_weight, min_cohort
         self.drop_after_setup = drop_after_setup
         self.context, self.round_stats = None, {}
         self.validate()
 
     def validate(self):
-        threshold, value_bound = self.threshold, self.value_bound
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or \
-                threshold <= 0 or (isinstance(threshold, float) and threshold > 1):
-            raise ValueError(f"threshold must be a share in (0, 1] or a count >= 1, got "
-                             f"{threshold!r}")
-        if not (isinstance(value_bound, (int, float)) and np.isfinite(value_bound)
-                and value_bound > 0):
-            raise ValueError(f"value_bound must be a finite number > 0, got {value_bound!r}")
+        threshold = self.threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer,
+                                                                     np.floating)) or \
+                (isinstance(threshold, (float, np.floating)) and not 0.5 <= threshold < 1) or \
+                (isinstance(threshold, (int, np.integer)) and threshold < 2):
+            raise ValueError(f"threshold must be a share in [0.5, 1) of the cohort (t = "
+                             f"floor(share·m) + 1 > m/2) or a count >= 2, got {threshold!r}")
+        for name in ("value_bound", "max_weight"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and np.isfinite(v)
+                                           and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+        if isinstance(self.min_cohort, bool) or not isinstance(self.min_cohort, (int, np.integer)) \
+                or self.min_cohort < 2:
+            raise ValueError(f"min_cohort must be an integer >= 2 (a cohort of one reveals its "
+                             f"upload as the sum), got {self.min_cohort!r}")
         if not (isinstance(self.drop_after_setup, (int, float))
                 and 0 <= self.drop_after_setup < 1):
             raise ValueError(f"drop_after_setup must be in [0, 1), got {self.drop_after_setup!r}")
@@ -113,20 +126,29 @@ class SecureAggregation(WeightedMean):
 
     def bind(self, context: RunContext) -> SecureAggregation:
         self.validate()
-        bound = SecureAggregation(self.threshold, self.value_bound, self.drop_after_setup)
+        bound = SecureAggregation(self.threshold, self.value_bound, self.max_weight,
+                                  self.min_cohort, self.drop_after_setup)
         bound.context = context
-        if isinstance(self.threshold, int) and self.threshold > context.clients_per_round:
+        m = context.clients_per_round
+        if isinstance(self.threshold, (int, np.integer)) and self.threshold > m:
             raise ValueError(f"threshold={self.threshold} is larger than the cohort "
-                             f"(clients_per_round={context.clients_per_round}): no key of a "
-                             "dropped client could ever be rebuilt")
+                             f"(clients_per_round={m}): no round could ever be unmasked")
+        if self.min_cohort > m:
+            raise ValueError(f"min_cohort={self.min_cohort} is larger than the cohort "
+                             f"(clients_per_round={m}): no round would be aggregated; raise "
+                             "clients_per_round or lower min_cohort")
         return bound
 
-    def _t(self, m: int) -> int:
-        t = self.threshold if isinstance(self.threshold, int) else int(np.ceil(self.threshold * m))
-        return max(1, t)
+    def threshold_for(self, m: int) -> int | None:
+        """t for a cohort of m, or None when no t > m/2 (and >= min_cohort) fits."""
+        t = int(self.threshold) if isinstance(self.threshold, (int, np.integer)) else \
+            int(np.floor(self.threshold * m)) + 1
+        t = max(t, int(self.min_cohort))
+        return t if m / 2 < t <= m else None
 
-    def dense_uploads(self, out: ClientOutputs, w: np.ndarray, clients: np.ndarray):
-        """What each taking-part client would send before masking: [w·Δq rows | w·Δb | w]."""
+    def dense_uploads(self, out: ClientOutputs, scale: np.ndarray, clients: np.ndarray):
+        """What each taking-part client would send before masking: [scale·Δq rows | scale·Δb
+        | scale]."""
         n_items, K = self.context.n_items, out.d_Q.shape[1]
         X = np.zeros((len(clients), n_items * (K + 1) + 1))
         for r, k in enumerate(clients):
@@ -134,9 +156,9 @@ class SecureAggregation(WeightedMean):
             rows = out.items[lo:hi]
             ok = rows >= 0
             block = X[r, :n_items * (K + 1)].reshape(n_items, K + 1)
-            block[rows[ok], :K] = w[k] * out.d_Q[lo:hi][ok]
-            block[rows[ok], K] = w[k] * out.d_b[lo:hi][ok]
-            X[r, -1] = w[k]
+            block[rows[ok], :K] = scale[k] * out.d_Q[lo:hi][ok]
+            block[rows[ok], K] = scale[k] * out.d_b[lo:hi][ok]
+            X[r, -1] = scale[k]
         return X
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
@@ -148,85 +170,70 @@ class SecureAggregation(WeightedMean):
                     secret_noise: bool = True) -> GlobalDelta:
         """The cohort's aggregate, learned by the server only as the unmasked sum.
 
-        Plain: each client sends w_k·Δ_k and w_k; the server divides the sum by Σ w_k. Under
-        ``DifferentialPrivacy``: client k sends ``factors[k]``·Δ_k (clipped, capped weight) and
-        1, the sum is divided by the fixed ``denominator``, and with ``noise_scale`` = σC each
-        client adds its share N(0, σ²C²/t) before masking (distributed noise), from the OS's
-        secure generator unless ``secret_noise`` is False. A lost round (fewer than t
-        survivors) gives no update."""
-        c = self.context
-        n_items, K = c.n_items, out.d_Q.shape[1]
-        bad, w, n_empty = client_weights(out, hp)
+        Plain: client k sends s_k·Δ_k and s_k with s_k = min(w_k, W)/W; the server divides
+        the sum by Σ s_k. Under ``DifferentialPrivacy``: client k sends ``factors[k]``·Δ_k
+        (clipped, capped weight) and 1, the sum is divided by the fixed ``denominator``, and
+        with ``noise_scale`` = σC each client adds its share N(0, σ²C²/t) before quantization
+        (distributed noise), from the OS's secure generator unless ``secret_noise`` is False.
+        A round not aggregated gives no update."""
+        K = out.d_Q.shape[1]
+        _, w, _ = client_weights(out, hp)
         clients = np.flatnonzero(w > 0)
-        rng = np.random.default_rng([c.seed, round_idx, 0x5EC])
         m = len(clients)
-        X = self.dense_uploads(out, w if factors is None else factors, clients)
+        scale = np.minimum(w, self.max_weight) / self.max_weight if factors is None else factors
+        X = self.dense_uploads(out, scale, clients)
         if factors is not None:
             X[:, -1] = 1.0
-        noise_std = noise_scale / np.sqrt(self._t(m)) if noise_scale and m else 0.0
-        summed, survivors, exact = self.protocol(X, rng, noise_std, secret_noise)
-        self.round_stats = {"secagg_taking_part": m, "secagg_survivors": int(len(survivors)),
-                            "secagg_lost_round": summed is None}
+        t = self.threshold_for(m)
+        noise_std = noise_scale / np.sqrt(t) if noise_scale and t else 0.0
+        rng = np.random.default_rng([self.context.seed, round_idx, 0x5EC])  # dropouts only
+        summed, survivors, exact = self.protocol(X, t, rng, noise_std, secret_noise)
         w_used = np.zeros_like(w)
         w_used[clients[survivors]] = w[clients[survivors]]
         summary = dataclasses.replace(summarize(out, hp), n_used=int(len(survivors)))
         if summed is None or summed[-1] <= 0:
             return empty_delta(K, dataclasses.replace(summary, n_used=0), w_used * 0)
         total = summed[-1] if denominator is None else denominator
-        self.round_stats["secagg_max_quantization_error"] = float(
-            np.abs(summed - exact).max() / total)
-        block = (summed[:-1] / total).reshape(n_items, K + 1)
-        return GlobalDelta(np.arange(n_items), block[:, :K], block[:, K], None, summary,
-                           int(len(survivors)) * X.shape[1], w_used)
+        self.round_stats["secagg_error"] = float(np.abs(summed - exact).max() / total)
+        block = (summed[:-1] / total).reshape(self.context.n_items, K + 1)
+        return GlobalDelta(np.arange(self.context.n_items), block[:, :K], block[:, K], None,
+                           summary, int(len(survivors)) * (X.shape[1] + 1), w_used)
 
-    def protocol(self, X: np.ndarray, rng: np.random.Generator, noise_std: float = 0.0,
-                 secret_noise: bool = True):
-        """Run the masking protocol on the dense uploads X (one row per client), each client
-        adding N(0, noise_std²) to its values (not to its weight) before masking. Returns (the
-        unmasked dequantized sum or None if the round is lost, survivor rows, exact float sum
-        of the survivors' clipped uploads, noise included)."""
+    def protocol(self, X: np.ndarray, t: int | None, rng: np.random.Generator,
+                 noise_std: float = 0.0, secret_noise: bool = True):
+        """Quantize the dense uploads X (one row per client; each adds N(0, noise_std²) to
+        its values first) and aggregate them with the protocol. Returns (the dequantized sum
+        of the survivors or None when the round is not aggregated, survivor rows, the exact
+        float sum of the survivors' *unclipped* uploads with their noise)."""
         m, d = X.shape
-        if m == 0:
-            return None, np.zeros(0, np.int64), None
-        t = self._t(m)
-        # room for m clipped values plus the summed noise out to 8 standard deviations
-        reach = m * max(self.value_bound, X[:, -1].max()) + 8.0 * noise_std * np.sqrt(m)
-        frac_bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
-        if frac_bits < 0:
-            raise ValueError(f"value_bound={self.value_bound} and client weights up to "
-                             f"{X[:, -1].max():g} do not fit {m} clients in a {MOD_BITS}-bit "
-                             "sum; lower value_bound or use client_weighting='uniform'")
-        scale = 2.0 ** frac_bits
-        clipped = np.clip(X, -self.value_bound, self.value_bound)
-        clipped[:, -1] = X[:, -1]
+        self.round_stats = {"secagg_taking_part": m, "secagg_survivors": 0,
+                            "secagg_lost_round": True, "secagg_threshold": t,
+                            "secagg_below_min_cohort": m < self.min_cohort}
+        none = (None, np.zeros(0, np.int64), None)
+        if t is None:
+            return none
+        noisy = X.copy()
         if noise_std > 0:  # each client's own share, drawn on its device
-            clipped[:, :-1] += secret.normal((m, d - 1), noise_std) if secret_noise else \
+            noisy[:, :-1] += secret.normal((m, d - 1), noise_std) if secret_noise else \
                 rng.normal(0.0, noise_std, (m, d - 1))
-        quant = np.round(clipped * scale).astype(np.int64).astype(np.uint32)
-        sk = [int(rng.integers(1, 2**62)) * 2**64 + int(rng.integers(0, 2**62)) for _ in range(m)]
-        pk = [pow(G, s, P) for s in sk]
-        shares = [shamir_shares(s, m, t, rng) for s in sk]  # shares[k][j]: k's key, held by j
-        survivors = np.flatnonzero(rng.random(m) >= self.drop_after_setup)
-        if len(survivors) < t:
-            return None, survivors, None
-        total = np.zeros(d, np.uint32)
-        for k in survivors:  # each survivor's masked vector, summed as it arrives
-            total += masked(quant[k], k, sk[k], pk, m)
-        for dropped in sorted(set(range(m)) - set(survivors.tolist())):
-            key = shamir_recover([(int(j) + 1, shares[dropped][j]) for j in survivors[:t]])
-            for j in survivors:  # remove the mask j added for its pair with the dropped client
-                seed = pow(pk[j], key, P)
-                total -= _prg(seed, d) if j < dropped else -_prg(seed, d)
+        q, frac_bits = quantize(noisy, self.value_bound, m, noise_std)
+        dropped = np.flatnonzero(rng.random(m) < self.drop_after_setup)
+        try:
+            total, u3, server = simulate(q, range(m), t, drop_after_shares=dropped)
+        except ProtocolAbort as e:
+            self.round_stats["secagg_abort"] = str(e)
+            return none
+        survivors = np.asarray(u3, np.int64)
         signed = total.astype(np.int64)
-        signed[signed >= 2**(MOD_BITS - 1)] -= 2**MOD_BITS
-        return signed / scale, survivors, clipped[survivors].sum(axis=0)
-
-
-def masked(q: np.ndarray, k: int, sk_k: int, pk: list, m: int) -> np.ndarray:
-    """Client k's vector modulo 2^32: q + Σ_{j>k} PRG(s_kj) − Σ_{j<k} PRG(s_kj)."""
-    y = q.copy()
-    for j in range(m):
-        if j != k:
-            mask = _prg(pow(pk[j], sk_k, P), len(q))
-            y = y + mask if k < j else y - mask
-    return y
+        signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
+        clipped_total = int(signed[d])  # (column d: each client's clip count)
+        self.round_stats.update(
+            secagg_survivors=len(survivors), secagg_lost_round=False,
+            secagg_clipped=clipped_total, secagg_clipped_share=clipped_total / (len(u3) * d),
+            secagg_bytes_per_client=server.bytes_received() / m)
+        if clipped_total > CLIP_WARNING * len(u3) * d:
+            warnings.warn(f"secure aggregation clipped {clipped_total} of {len(u3) * d} values "
+                          f"to ±value_bound={self.value_bound:g} this round: the aggregate is "
+                          "biased; raise value_bound (or max_weight)", RuntimeWarning,
+                          stacklevel=4)
+        return signed[:d] / 2.0 ** frac_bits, survivors, noisy[survivors].sum(axis=0)

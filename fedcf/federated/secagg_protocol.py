@@ -1,0 +1,368 @@
+"""Secure aggregation as a protocol between client halves and a server half (Bonawitz et al.
+2017, "Practical Secure Aggregation for Privacy-Preserving Machine Learning", §4 and Fig. 4).
+
+Every cryptographic step comes from a library: X25519 key agreement, HKDF-SHA256 key
+derivation, AES-GCM share encryption, Ed25519 signatures and the ChaCha20 keystream that expands
+a mask seed (``cryptography``), and Shamir secret sharing over GF(2¹²⁸) (``pycryptodome``). Every
+secret (key seeds, self-mask seeds, share coefficients, nonces) comes from the OS's secure
+randomness, never from ``random_state``.
+
+A client's vector x_u (integers modulo 2³²) travels as
+
+    y_u = x_u + PRG(b_u) + Σ_{v ∈ U2, u < v} PRG(s_uv) − Σ_{v ∈ U2, u > v} PRG(s_uv)   (mod 2³²)
+
+with b_u a fresh self-mask seed and s_uv = HKDF(X25519(s_u, s_v^PK)) the pairwise seed. Five
+message rounds per aggregation:
+
+0. ``advertise``: two X25519 public keys (for share encryption and for masks), signed with
+   the client's Ed25519 identity key (its verifying key comes from a PKI the server cannot
+   forge; ``Identities``).
+1. ``share_keys``: the seed of the mask key and b_u split into Shamir shares (threshold t)
+   among U1 (those who advertised), each share encrypted to its holder with AES-GCM.
+2. ``masked_input``: y_u, from clients who received shares (U2).
+3. ``consistency``: each client signs the list U3 of clients whose y_u arrived.
+4. ``unmask``: with at least t valid signatures on one U3, a client reveals, for each v in
+   U2 \\ U3 (dropped), its share of v's mask-key seed, and for each v in U3 its share of b_v —
+   never both for one v. The server rebuilds the dropped clients' pairwise masks and the
+   survivors' self-masks from t shares each and removes them.
+
+The server half (``SecAggServer``) sees only these messages, which it records (``transcript``)
+for the leakage audit. Threat model: an honest-but-curious server, or a malicious one that
+relays, drops and lies about who dropped, colluding with fewer than t − m/3 clients (the
+paper's bounds hold for t > 2m/3, the default; t ≤ m/2 is refused); see eval/PRIVACY.md.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from Crypto.Protocol.SecretSharing import Shamir
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+SEED_BYTES = 16  # Shamir shares 16-byte secrets; keys are derived from them by HKDF (128-bit)
+RAW = serialization.Encoding.Raw, serialization.PublicFormat.Raw
+
+
+class ProtocolAbort(RuntimeError):
+    """A client or the server stops the protocol (too few clients, a bad signature, a request
+    that would reveal both secrets of one client)."""
+
+
+def _kdf(secret: bytes, info: bytes) -> bytes:
+    return HKDF(hashes.SHA256(), 32, salt=None, info=b"fedcf-secagg/" + info).derive(secret)
+
+
+def prg(seed_key: bytes, size: int) -> np.ndarray:
+    """``size`` uint32 words of the ChaCha20 keystream keyed by a 32-byte derived key."""
+    enc = Cipher(algorithms.ChaCha20(seed_key, b"\0" * 16), mode=None).encryptor()
+    return np.frombuffer(enc.update(b"\0" * (4 * size)), dtype="<u4").astype(np.uint32)
+
+
+def self_mask_key(seed: bytes, session: bytes) -> bytes:
+    """The ChaCha20 key of a client's self-mask PRG(b_u), from its seed b_u."""
+    return _kdf(seed, b"self/" + session)
+
+
+def _x25519_from_seed(seed: bytes, session: bytes) -> X25519PrivateKey:
+    return X25519PrivateKey.from_private_bytes(_kdf(seed, b"mask-key/" + session))
+
+
+def _pub(key) -> bytes:
+    return key.public_key().public_bytes(*RAW)
+
+
+def _ints(values) -> bytes:
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+class Identities:
+    """The PKI of a cohort: each client's Ed25519 identity key, the verifying keys public. In a
+    deployment the device holds its key and a registry the server cannot write holds the
+    verifying keys; in a simulation both are made here from the OS's randomness."""
+
+    def __init__(self, clients):
+        self._keys = {int(c): Ed25519PrivateKey.generate() for c in clients}
+        self.verifying = {c: k.public_key() for c, k in self._keys.items()}
+
+    def signing_key(self, client: int) -> Ed25519PrivateKey:
+        return self._keys[int(client)]
+
+
+@dataclass(frozen=True)
+class Advert:
+    client: int
+    c_pk: bytes  # X25519 key for share encryption
+    s_pk: bytes  # X25519 key for pairwise masks
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class EncryptedShares:
+    client: int
+    ciphertexts: dict  # receiver -> nonce ‖ AES-GCM(sender, receiver, s-share, b-share)
+
+
+@dataclass(frozen=True)
+class MaskedInput:
+    client: int
+    y: np.ndarray  # uint32
+
+
+@dataclass(frozen=True)
+class ConsistencySignature:
+    client: int
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class UnmaskShares:
+    client: int
+    s_shares: dict  # dropped v -> (index, share of v's mask-key seed)
+    b_shares: dict  # surviving v -> (index, share of v's self-mask seed)
+
+
+def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
+             identities: Identities | None = None, clock: dict | None = None):
+    """One aggregation of the rows of ``X`` (uint32, one per client) with every client half in
+    this process: returns (sum mod 2³² of the survivors' rows, U3, the server half). Clients in
+    ``drop_after_shares`` vanish after round 1. ``clock`` (a dict) accumulates the seconds
+    spent in the client halves ("clients") and in the server half ("server")."""
+    clients = [int(c) for c in clients]
+    session = os.urandom(16)
+    ids = identities or Identities(clients)
+    halves = {c: SecAggClient(c, threshold, session, ids.signing_key(c), ids.verifying)
+              for c in clients}
+    server = SecAggServer(threshold, X.shape[1], session)
+
+    def timed(side, work):
+        t0 = time.perf_counter()
+        out = work()
+        if clock is not None:
+            clock[side] = clock.get(side, 0.0) + time.perf_counter() - t0
+        return out
+
+    own = timed("clients", lambda: [h.advertise() for h in halves.values()])
+    adverts = timed("server", lambda: server.collect_adverts(own))
+    bundles = timed("clients", lambda: [h.share_keys(adverts) for h in halves.values()])
+    inbox = timed("server", lambda: server.route_shares(bundles))
+    alive = [c for c in server.u2 if c not in set(drop_after_shares)]
+    row = {c: k for k, c in enumerate(clients)}
+    inputs = timed("clients", lambda: [halves[c].masked_input(X[row[c]], inbox[c])
+                                       for c in alive])
+    u3 = timed("server", lambda: server.collect_inputs(inputs))
+    answers = timed("clients", lambda: _unmasking(halves, u3))
+    total = timed("server", lambda: server.unmasked_sum(answers))
+    return total, u3, server
+
+
+def _unmasking(halves: dict, u3: list[int]) -> list:
+    sigs = [halves[c].consistency(u3) for c in u3]
+    return [halves[c].unmask(u3, sigs) for c in u3]
+
+
+class SecAggClient:
+    """One client's half: its keys, seeds and received shares stay in this object (in the
+    process where the client runs). ``session`` binds every derived key and signature to one
+    aggregation."""
+
+    def __init__(self, client: int, threshold: int, session: bytes, signing_key, verifying):
+        self.id, self.t, self.session = int(client), int(threshold), session
+        self._sign, self._verifying = signing_key, verifying
+        self._c = X25519PrivateKey.generate()
+        self._s_seed, self._b_seed = os.urandom(SEED_BYTES), os.urandom(SEED_BYTES)
+        self._s = _x25519_from_seed(self._s_seed, session)
+        self._adverts, self._held, self._u2, self._answered = {}, {}, None, False
+
+    def advertise(self) -> Advert:
+        c_pk, s_pk = _pub(self._c), _pub(self._s)
+        return Advert(self.id, c_pk, s_pk, self._sign.sign(self.session + c_pk + s_pk))
+
+    def share_keys(self, adverts: list[Advert]) -> EncryptedShares:
+        """Round 1: check the advertised keys, split both seeds among U1 and encrypt."""
+        for a in adverts:
+            self._verify(a.client, a.signature, self.session + a.c_pk + a.s_pk, "advert")
+        self._adverts = {a.client: a for a in adverts}
+        u1 = sorted(self._adverts)
+        if len(u1) < self.t or self.id not in self._adverts:
+            raise ProtocolAbort(f"client {self.id}: {len(u1)} clients advertised keys, fewer "
+                                f"than the threshold t={self.t}")
+        s_sh, b_sh = (Shamir.split(self.t, len(u1), seed) for seed in (self._s_seed,
+                                                                       self._b_seed))
+        out = {}
+        for pos, v in enumerate(u1):
+            plain = _ints([self.id, v]) + struct.pack("<H", s_sh[pos][0]) + s_sh[pos][1] + \
+                b_sh[pos][1]
+            nonce = os.urandom(12)
+            out[v] = nonce + AESGCM(self._share_key(v)).encrypt(nonce, plain, self.session)
+        return EncryptedShares(self.id, out)
+
+    def masked_input(self, x: np.ndarray, received: dict) -> MaskedInput:
+        """Round 2: keep the shares addressed to this client (senders = U2) and send y_u."""
+        if len(received) < self.t:
+            raise ProtocolAbort(f"client {self.id}: shares from {len(received)} clients, fewer "
+                                f"than t={self.t}")
+        for v, ct in received.items():
+            try:
+                plain = AESGCM(self._share_key(v)).decrypt(ct[:12], ct[12:], self.session)
+            except InvalidTag:
+                raise ProtocolAbort(f"client {self.id}: the share from {v} does not decrypt"
+                                    ) from None
+            if plain[:16] != _ints([v, self.id]):
+                raise ProtocolAbort(f"client {self.id}: a share relabelled by the server")
+            idx = struct.unpack("<H", plain[16:18])[0]
+            self._held[v] = (idx, plain[18:18 + SEED_BYTES], plain[18 + SEED_BYTES:])
+        self._u2 = sorted(received)
+        y = np.asarray(x, np.uint32) + prg(self_mask_key(self._b_seed, self.session), len(x))
+        for v in self._u2:
+            if v != self.id:
+                mask = prg(self._pair_key(v), len(x))
+                y = y + mask if self.id < v else y - mask
+        return MaskedInput(self.id, y)
+
+    def consistency(self, u3: list[int]) -> ConsistencySignature:
+        """Round 3: sign the survivor list the server announced."""
+        self._check_u3(u3)
+        return ConsistencySignature(self.id, self._sign.sign(self.session + _ints(sorted(u3))))
+
+    def unmask(self, u3: list[int], signatures: list[ConsistencySignature]) -> UnmaskShares:
+        """Round 4: with t valid signatures on ``u3``, reveal s-shares of U2 \\ U3 and b-shares
+        of U3 — once per aggregation, so the server never holds both secrets of one client."""
+        self._check_u3(u3)
+        if self._answered:
+            raise ProtocolAbort(f"client {self.id}: already answered the unmasking round")
+        msg = self.session + _ints(sorted(u3))
+        good = set()
+        for sig in signatures:
+            self._verify(sig.client, sig.signature, msg, "consistency signature")
+            good.add(sig.client)
+        if len(good & set(u3)) < self.t:
+            raise ProtocolAbort(f"client {self.id}: {len(good & set(u3))} signatures on the "
+                                f"survivor list, fewer than t={self.t}")
+        self._answered = True
+        dropped = sorted(set(self._u2) - set(u3))
+        return UnmaskShares(self.id, {v: self._held[v][:2] for v in dropped},
+                            {v: (self._held[v][0], self._held[v][2]) for v in sorted(u3)})
+
+    # -------------------------------------------------------------- helpers
+    def _check_u3(self, u3):
+        if self._u2 is None:
+            raise ProtocolAbort(f"client {self.id}: asked about survivors before round 2")
+        if not set(u3) <= set(self._u2) or len(set(u3)) < self.t or len(set(u3)) != len(u3):
+            raise ProtocolAbort(f"client {self.id}: the survivor list is not {self.t} or more "
+                                "distinct clients that received shares")
+
+    def _verify(self, client, signature, message, what):
+        key = self._verifying.get(int(client))
+        try:
+            if key is None:
+                raise InvalidSignature
+            key.verify(signature, message)
+        except InvalidSignature:
+            raise ProtocolAbort(f"client {self.id}: the {what} of client {client} does not "
+                                "verify against its identity key") from None
+
+    def _share_key(self, v: int) -> bytes:
+        peer = X25519PublicKey.from_public_bytes(self._adverts[v].c_pk)
+        lo, hi = sorted((self.id, v))
+        return _kdf(self._c.exchange(peer), b"share/" + _ints([lo, hi]) + self.session)
+
+    def _pair_key(self, v: int) -> bytes:
+        return pair_key(self._s, self._adverts[v].s_pk, self.id, v, self.session)
+
+
+def pair_key(private: X25519PrivateKey, peer_pk: bytes, u: int, v: int, session: bytes) -> bytes:
+    """The 32-byte ChaCha20 key of the pairwise mask of u and v (either end computes it)."""
+    lo, hi = sorted((int(u), int(v)))
+    shared = private.exchange(X25519PublicKey.from_public_bytes(peer_pk))
+    return _kdf(shared, b"pair/" + _ints([lo, hi]) + session)
+
+
+def message_bytes(msg) -> int:
+    """Size of one protocol message on the wire (its payload; ids as 8 bytes)."""
+    if isinstance(msg, Advert):
+        return 8 + len(msg.c_pk) + len(msg.s_pk) + len(msg.signature)
+    if isinstance(msg, EncryptedShares):
+        return 8 + sum(8 + len(c) for c in msg.ciphertexts.values())
+    if isinstance(msg, MaskedInput):
+        return 8 + msg.y.nbytes
+    if isinstance(msg, ConsistencySignature):
+        return 8 + len(msg.signature)
+    return 8 + sum(8 + 2 + len(s) for d in (msg.s_shares, msg.b_shares) for _, s in d.values())
+
+
+@dataclass
+class SecAggServer:
+    """The server half: relays messages, learns U1 ⊇ U2 ⊇ U3, and from t unmasking answers
+    the sum of the survivors' vectors modulo 2³². ``transcript`` is everything it received."""
+
+    threshold: int
+    dim: int
+    session: bytes
+    transcript: list = field(default_factory=list)
+
+    def collect_adverts(self, adverts: list[Advert]) -> list[Advert]:
+        self.transcript += adverts
+        self.adverts = {a.client: a for a in adverts}
+        self._need(len(adverts), "advertised keys")
+        return adverts
+
+    def route_shares(self, bundles: list[EncryptedShares]) -> dict:
+        """Each U2 client's inbox: the ciphertexts addressed to it."""
+        self.transcript += bundles
+        self.u2 = sorted(b.client for b in bundles)
+        self._need(len(self.u2), "shared their keys")
+        return {v: {b.client: b.ciphertexts[v] for b in bundles if v in b.ciphertexts}
+                for v in self.u2}
+
+    def collect_inputs(self, inputs: list[MaskedInput]) -> list[int]:
+        self.transcript += inputs
+        self.inputs = {i.client: np.asarray(i.y, np.uint32) for i in inputs}
+        bad = [c for c, y in self.inputs.items() if y.shape != (self.dim,)]
+        if bad:
+            raise ProtocolAbort(f"client {bad[0]} sent a vector of the wrong length")
+        self.u3 = sorted(set(self.inputs) & set(self.u2))
+        self._need(len(self.u3), "sent masked inputs")
+        return self.u3
+
+    def unmasked_sum(self, answers: list[UnmaskShares]) -> np.ndarray:
+        """Σ_{u ∈ U3} x_u mod 2³² from the masked inputs and the unmasking answers."""
+        self.transcript += answers
+        self._need(len(answers), "answered the unmasking round")
+        total = np.zeros(self.dim, np.uint32)
+        for u in self.u3:
+            total += self.inputs[u]
+        for u in self.u3:  # remove the self-masks
+            b = self._combine([a.b_shares[u] for a in answers if u in a.b_shares], u, "self")
+            total -= prg(self_mask_key(b, self.session), self.dim)
+        for v in sorted(set(self.u2) - set(self.u3)):  # remove the dropped clients' pair masks
+            seed = self._combine([a.s_shares[v] for a in answers if v in a.s_shares], v, "key")
+            key = _x25519_from_seed(seed, self.session)
+            for u in self.u3:
+                mask = prg(pair_key(key, self.adverts[u].s_pk, v, u, self.session), self.dim)
+                total = total - mask if u < v else total + mask  # u added +mask iff u < v
+        return total
+
+    def bytes_received(self) -> int:
+        """Bytes of every message the server received (ids as 8 bytes, shares with index)."""
+        return sum(message_bytes(msg) for msg in self.transcript)
+
+    def _combine(self, shares, client, what) -> bytes:
+        if len(shares) < self.threshold:
+            raise ProtocolAbort(f"only {len(shares)} shares of client {client}'s {what} seed, "
+                                f"fewer than t={self.threshold}")
+        return Shamir.combine([(int(i), bytes(s)) for i, s in shares[:self.threshold]])
+
+    def _need(self, n: int, what: str):
+        if n < self.threshold:
+            raise ProtocolAbort(f"{n} clients {what}, fewer than the threshold "
+                                f"t={self.threshold}: the round is not aggregated")
