@@ -387,3 +387,21 @@ def test_the_cost_script_reports_client_and_server_time_and_bytes():
         assert r["dropped"] == 1 and r["threshold"] == 5
         assert r["client_seconds"] > 0 and r["server_seconds"] > 0
         assert r["bytes_up_per_client"] > r["plain_bytes"]  # the vector plus keys and shares
+
+
+@pytest.mark.parametrize("noise", ["server", "distributed"])
+def test_adaptive_clipping_learns_only_the_cohorts_count_from_the_secure_sum(noise):
+    """The server under secure aggregation cannot take each upload's norm: the clients' "not
+    clipped" bits travel inside the masked sum, and the clip adapts in both noise modes."""
+    out = cohort()
+    ctx = RunContext(n_items=N_ITEMS, seed=1, clients_per_round=12, n_eligible=1000,
+                     n_rounds=3, n_factors=K, biases=True)
+    agg = DifferentialPrivacy(SecureAggregation(min_cohort=2), 0.2, 1.0, delta=1e-4,
+                              noise=noise, target_quantile=0.5,
+                              clip_count_stddev=1.0).bind(ctx)
+    norms = np.sqrt(np.add.reduceat((out.d_Q ** 2).sum(axis=1) + out.d_b ** 2,
+                                    out.offsets[:-1]))
+    agg(out, HP, 0)
+    assert agg.unclipped_ == int((norms <= 0.2).sum()) > 0
+    assert agg.aggregator.round_stats["secagg_indicator_sum"] == agg.unclipped_
+    assert agg.clip_ != 0.2 and agg.used_clip_ == 0.2

@@ -67,6 +67,8 @@ class DifferentialPrivacy(WeightedMean):
         Adaptive clipping (Andrew et al. 2021): the clip starts at ``clip_norm`` and follows
         this quantile of the clients' upload norms, C ← C·exp(−η(b̃ − γ)) after every round,
         b̃ the noised share of clients at or below C. None: the clip stays ``clip_norm``.
+        Under ``SecureAggregation`` each client's "at or below C" bit travels inside the
+        masked sum, so the server learns only the survivors' count.
     clip_learning_rate : float > 0, default 0.2
         η of that update.
     clip_count_stddev : float > 0 or None, default None
@@ -192,9 +194,6 @@ class DifferentialPrivacy(WeightedMean):
             _positive("clip_learning_rate", self.clip_learning_rate)
             if self.clip_count_stddev is not None:
                 _positive("clip_count_stddev", self.clip_count_stddev)
-            if self.aggregator is not None:
-                raise ValueError("adaptive clipping (target_quantile) needs aggregator=None: "
-                                 "its count of unclipped clients is not secure-aggregated yet")
         if self.accounting not in ("rdp", "pld"):
             raise ValueError(f"accounting must be 'rdp' or 'pld', got {self.accounting!r}")
         if not isinstance(self.insecure_seeded_noise, (bool, np.bool_)):
@@ -254,18 +253,25 @@ class DifferentialPrivacy(WeightedMean):
         _, w, _ = client_weights(out, hp)
         factors = np.where(w > 0, self.client_numerators(out, w), 0.0)
         distributed = self.noise == "distributed"
+        adaptive = self.target_quantile is not None  # the unclipped count rides in the sum
         delta = self.aggregator.masked_mean(
             out, hp, round_idx, factors=factors, denominator=self.denominator_,
-            noise_scale=self.sigma * self.clip_norm if distributed else 0.0,
-            secret_noise=not self.insecure_seeded_noise)
-        if delta.summary.n_used == 0 or distributed:  # lost round / noise already in the sum
+            noise_scale=self.update_sigma_ * self.clip_ if distributed else 0.0,
+            secret_noise=not self.insecure_seeded_noise,
+            indicators=self.unclipped_mask_ if adaptive else None)
+        self.unclipped_ = self.aggregator.round_stats.get("secagg_indicator_sum", 0)
+        if delta.summary.n_used == 0:  # a round not aggregated: no release, no clip step
+            return delta
+        if distributed:  # the noise is already in the sum
+            self.adapt_clip(round_idx)
             return delta
         return self.finish(delta, round_idx)
 
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
         norms = upload_norms(out)
         C = self.clip_
-        self.unclipped_ = int(np.sum((w > 0) & (norms <= C)))
+        self.unclipped_mask_ = (w > 0) & (norms <= C)
+        self.unclipped_ = int(np.sum(self.unclipped_mask_))
         clip = np.where(w > 0, np.minimum(1.0, C / np.maximum(norms, 1e-300)), 0.0)
         if self.weight_cap is not None:
             clip = clip * np.minimum(out.weights, self.weight_cap) / self.weight_cap

@@ -44,18 +44,21 @@ MOD_BITS = 32
 CLIP_WARNING = 1e-3  # share of clipped coordinates above which a round warns
 
 
-def quantize(X: np.ndarray, value_bound: float, m: int, noise_std: float = 0.0):
-    """(uint32 rows [fixed-point values | clip count], fractional bits) of the dense uploads X
-    whose last column is a weight <= 1: values clipped to ±value_bound, the scale chosen from
-    public figures only (the cohort size m, the bound, the noise) so that m rows sum without
-    overflow out to 8 standard deviations of the summed noise."""
+def quantize(X: np.ndarray, value_bound: float, m: int, noise_std: float = 0.0,
+             n_values: int | None = None):
+    """(uint32 rows [fixed point of X | clip count], fractional bits) of the dense uploads X:
+    its first ``n_values`` columns (default all but the last) clipped to ±value_bound and
+    counted, the rest (counts and a weight, each in [0, 1]) kept; the scale chosen from public
+    figures only (the cohort size m, the bound, the noise) so that m rows sum without overflow
+    out to 8 standard deviations of the summed noise."""
+    n_values = X.shape[1] - 1 if n_values is None else n_values
     reach = m * max(value_bound, 1.0) + 8.0 * noise_std * np.sqrt(m)
     frac_bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
     if frac_bits < 0:
         raise ValueError(f"value_bound={value_bound} does not fit {m} clients in a {MOD_BITS}-bit "
                          "sum; lower value_bound")
-    clipped = np.clip(X, -value_bound, value_bound)
-    clipped[:, -1] = X[:, -1]  # the weight, <= 1 by construction
+    clipped = X.copy()
+    clipped[:, :n_values] = np.clip(X[:, :n_values], -value_bound, value_bound)
     q = np.empty((X.shape[0], X.shape[1] + 1), np.uint32)
     q[:, :-1] = np.round(clipped * 2.0 ** frac_bits).astype(np.int64).astype(np.uint32)
     q[:, -1] = np.count_nonzero(clipped != X, axis=1)  # summed inside the protocol
@@ -167,7 +170,7 @@ class SecureAggregation(WeightedMean):
 
     def masked_mean(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0, *,
                     factors=None, denominator=None, noise_scale: float = 0.0,
-                    secret_noise: bool = True) -> GlobalDelta:
+                    secret_noise: bool = True, indicators=None) -> GlobalDelta:
         """The cohort's aggregate, learned by the server only as the unmasked sum.
 
         Plain: client k sends s_k·Δ_k and s_k with s_k = min(w_k, W)/W; the server divides
@@ -175,8 +178,10 @@ class SecureAggregation(WeightedMean):
         (clipped, capped weight) and 1, the sum is divided by the fixed ``denominator``, and
         with ``noise_scale`` = σC each client adds its share N(0, σ²C²/t) before quantization
         (distributed noise), from the OS's secure generator unless ``secret_noise`` is False.
-        A round not aggregated gives no update."""
-        K = out.d_Q.shape[1]
+        ``indicators`` (0/1 per client, e.g. "my upload was not clipped" for adaptive
+        clipping) ride in the secure sum: only their total over the survivors is learned
+        (``round_stats["secagg_indicator_sum"]``). A round not aggregated gives no update."""
+        K, n_values = out.d_Q.shape[1], self.context.n_items * (out.d_Q.shape[1] + 1)
         _, w, _ = client_weights(out, hp)
         clients = np.flatnonzero(w > 0)
         m = len(clients)
@@ -184,28 +189,34 @@ class SecureAggregation(WeightedMean):
         X = self.dense_uploads(out, scale, clients)
         if factors is not None:
             X[:, -1] = 1.0
+        if indicators is not None:
+            X = np.column_stack([X[:, :-1], np.asarray(indicators, float)[clients], X[:, -1]])
         t = self.threshold_for(m)
         noise_std = noise_scale / np.sqrt(t) if noise_scale and t else 0.0
         rng = np.random.default_rng([self.context.seed, round_idx, 0x5EC])  # dropouts only
-        summed, survivors, exact = self.protocol(X, t, rng, noise_std, secret_noise)
+        summed, survivors, exact = self.protocol(X, t, rng, noise_std, secret_noise, n_values)
         w_used = np.zeros_like(w)
         w_used[clients[survivors]] = w[clients[survivors]]
         summary = dataclasses.replace(summarize(out, hp), n_used=int(len(survivors)))
         if summed is None or summed[-1] <= 0:
             return empty_delta(K, dataclasses.replace(summary, n_used=0), w_used * 0)
+        if indicators is not None:
+            self.round_stats["secagg_indicator_sum"] = int(round(summed[n_values]))
         total = summed[-1] if denominator is None else denominator
         self.round_stats["secagg_error"] = float(np.abs(summed - exact).max() / total)
-        block = (summed[:-1] / total).reshape(self.context.n_items, K + 1)
+        block = (summed[:n_values] / total).reshape(self.context.n_items, K + 1)
         return GlobalDelta(np.arange(self.context.n_items), block[:, :K], block[:, K], None,
                            summary, int(len(survivors)) * (X.shape[1] + 1), w_used)
 
     def protocol(self, X: np.ndarray, t: int | None, rng: np.random.Generator,
-                 noise_std: float = 0.0, secret_noise: bool = True):
-        """Quantize the dense uploads X (one row per client; each adds N(0, noise_std²) to
-        its values first) and aggregate them with the protocol. Returns (the dequantized sum
-        of the survivors or None when the round is not aggregated, survivor rows, the exact
-        float sum of the survivors' *unclipped* uploads with their noise)."""
+                 noise_std: float = 0.0, secret_noise: bool = True, n_values: int | None = None):
+        """Quantize the dense uploads X (one row per client: ``n_values`` values, then counts
+        and a weight in [0, 1]; each client adds N(0, noise_std²) to its values first) and
+        aggregate them with the protocol. Returns (the dequantized sum of the survivors or
+        None when the round is not aggregated, survivor rows, the exact float sum of the
+        survivors' *unclipped* uploads with their noise)."""
         m, d = X.shape
+        n_values = d - 1 if n_values is None else n_values
         self.round_stats = {"secagg_taking_part": m, "secagg_survivors": 0,
                             "secagg_lost_round": True, "secagg_threshold": t,
                             "secagg_below_min_cohort": m < self.min_cohort}
@@ -214,9 +225,9 @@ class SecureAggregation(WeightedMean):
             return none
         noisy = X.copy()
         if noise_std > 0:  # each client's own share, drawn on its device
-            noisy[:, :-1] += secret.normal((m, d - 1), noise_std) if secret_noise else \
-                rng.normal(0.0, noise_std, (m, d - 1))
-        q, frac_bits = quantize(noisy, self.value_bound, m, noise_std)
+            noisy[:, :n_values] += secret.normal((m, n_values), noise_std) if secret_noise \
+                else rng.normal(0.0, noise_std, (m, n_values))
+        q, frac_bits = quantize(noisy, self.value_bound, m, noise_std, n_values)
         dropped = np.flatnonzero(rng.random(m) < self.drop_after_setup)
         try:
             total, u3, server = simulate(q, range(m), t, drop_after_shares=dropped)
@@ -229,10 +240,12 @@ class SecureAggregation(WeightedMean):
         clipped_total = int(signed[d])  # (column d: each client's clip count)
         self.round_stats.update(
             secagg_survivors=len(survivors), secagg_lost_round=False,
-            secagg_clipped=clipped_total, secagg_clipped_share=clipped_total / (len(u3) * d),
+            secagg_clipped=clipped_total,
+            secagg_clipped_share=clipped_total / (len(u3) * n_values),
             secagg_bytes_per_client=server.bytes_received() / m)
-        if clipped_total > CLIP_WARNING * len(u3) * d:
-            warnings.warn(f"secure aggregation clipped {clipped_total} of {len(u3) * d} values "
+        if clipped_total > CLIP_WARNING * len(u3) * n_values:
+            warnings.warn(f"secure aggregation clipped {clipped_total} of "
+                          f"{len(u3) * n_values} values "
                           f"to ±value_bound={self.value_bound:g} this round: the aggregate is "
                           "biased; raise value_bound (or max_weight)", RuntimeWarning,
                           stacklevel=4)
