@@ -35,6 +35,7 @@ from fedcf.federated import (
     DPGaussianMean,
     FoolsGoldMean,
     NormClippedMean,
+    RoundHyperparams,
     RunContext,
     SecureAggregation,
     Selector,
@@ -43,7 +44,6 @@ from fedcf.federated import (
 )
 from fedcf.federated.attacks import attacked
 from fedcf.federated.implicit import FedReconImplicitMF
-from fedcf.federated.secagg import quantize
 from fedcf.models.implicit_mf import implicit_fold_in
 from fedcf.provenance import run_meta, write_json
 
@@ -163,11 +163,10 @@ def transcript_rows(train, args):
     agg = SecureAggregation(min_cohort=2).bind(RunContext(
         n_eligible=train.n_users, clients_per_round=m, n_rounds=1, n_items=train.n_items,
         n_factors=args.factors, seed=0))
-    scale = np.minimum(out.weights, agg.max_weight) / agg.max_weight
-    q, _ = quantize(agg.dense_uploads(out, scale, np.arange(m)), agg.value_bound, m)
-    t = agg.threshold_for(m)
-    res = secagg_audit.transcript_attacks(q, rated, train.n_items, args.factors, t,
-                                          min(args.leak_clients, m))
+    take, _, q, _ = agg.encoding(m).encode(out, RoundHyperparams(1.0, {}, 1.0))
+    m, t = len(take), agg.threshold_for(len(take))  # the clients taking part
+    res = secagg_audit.transcript_attacks(q, [rated[k] for k in take], train.n_items,
+                                          args.factors, t, min(args.leak_clients, m))
     names = {"plain": "the quantized upload itself (no masks)",
              "a": "(a) honest-but-curious server, full transcript",
              "b": "(b) server that knows random_state, replays the masks",

@@ -7,7 +7,8 @@ Per configuration: seconds in all client halves divided by m (what one device sp
 agreement, Shamir sharing, share encryption, m − 1 ChaCha20 mask expansions over the whole
 vector), seconds in the server half (relaying, and unmasking: a Shamir reconstruction per
 survivor and per dropped client, masks regenerated for the dropped), bytes each client uploads
-(its masked vector dominates), and the same vector's plain size for comparison. ``--drop``
+(its masked vector dominates; averaged over every client that advertised keys, the dropped
+included), and the same vector's plain size for comparison. ``--drop``
 clients vanish after sharing their keys, so the server also rebuilds their masks.
 
 Example: python scripts/secagg_cost.py --json eval/results/secagg_cost.json
@@ -47,7 +48,7 @@ def main(argv=None):
     ap.add_argument("--items", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     ap.add_argument("--factors", type=int, default=16)
     ap.add_argument("--drop", type=float, default=0.1)
-    ap.add_argument("--max-words", type=float, default=2e8,
+    ap.add_argument("--max-words", type=float, default=2e9,
                     help="skip configurations whose masks exceed this many words (m² · d)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)

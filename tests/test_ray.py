@@ -2,12 +2,15 @@
 local executor; faults (a killed actor) and bad settings. One local Ray instance on 127.0.0.1
 for the module, shut down at its end (also when a test fails)."""
 
+import warnings
+
 import numpy as np
 import pytest
 
 from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import (
+    DifferentialPrivacy,
     DPGaussianMean,
     FedReconImplicitMF,
     Hypergradients,
@@ -16,7 +19,7 @@ from fedcf.federated import (
     SecureAggregation,
     TrimmedMean,
 )
-from fedcf.federated.ray_executor import BoundRayExecutor
+from fedcf.federated.ray_executor import BoundRayExecutor, ShardedHalves
 
 ray = pytest.importorskip("ray")
 
@@ -56,6 +59,42 @@ def test_every_aggregator_composes_with_it(pop, agg):
     ref = FedReconMF(**KW, rating_scale=(1, 5), aggregator=agg).fit(pop)
     m = FedReconMF(**KW, rating_scale=(1, 5), aggregator=agg, executor=RayExecutor(3)).fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+
+
+SECURE = [SecureAggregation(min_cohort=5, drop_after_setup=0.1),
+          DifferentialPrivacy(SecureAggregation(min_cohort=5), 0.5, 1.0, delta=1e-4,
+                              noise="distributed", target_quantile=0.5,
+                              insecure_seeded_noise=True)]
+
+
+@pytest.mark.parametrize("agg", SECURE, ids=["secagg", "secagg-dp-distributed-adaptive"])
+def test_under_secure_aggregation_the_shards_mask_and_the_driver_gets_messages_only(
+        pop, agg, monkeypatch):
+    """Each shard runs, encodes and masks its own clients; the driver receives public keys,
+    encrypted shares, masked vectors, signatures and unmasking shares — no upload — and the
+    model is the local executor's bit for bit, with 1, 2 or 4 shards."""
+    received = []
+    real = ShardedHalves._all
+
+    def spy(self, step, *args, **kw):
+        out = real(self, step, *args, **kw)
+        received.extend(type(m).__name__ for m in out)
+        return out
+
+    monkeypatch.setattr(ShardedHalves, "_all", spy)
+    kw = dict(KW, rating_scale=(1, 5), clients_per_round=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the seeded-noise test mode says so
+        ref = FedReconMF(**kw, aggregator=agg).fit(pop)
+        for n in (1, 2, 4):
+            m = FedReconMF(**kw, aggregator=agg, executor=RayExecutor(n)).fit(pop)
+            np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+            assert [h["loss"] for h in m.history_] == [h["loss"] for h in ref.history_]
+            assert [h["secagg_survivors"] for h in m.history_] == \
+                [h["secagg_survivors"] for h in ref.history_]
+    assert set(received) == {"Advert", "EncryptedShares", "MaskedInput",
+                             "ConsistencySignature", "UnmaskShares"}
+    assert all(h["secagg_survivors"] > 0 for h in ref.history_)
 
 
 def test_learned_hyperparameters_take_their_derivatives_from_the_shards(pop):

@@ -33,6 +33,7 @@ from .hyper import HYPER_CONSTRAINTS, Hypergradients, HyperLearner, check_learna
 from .loop import Checkpointer, Run
 from .optimizers import ServerOptimizer
 from .phases import Cohort, RoundHyperparams, Selector
+from .secagg import warn_if_masked_on_driver
 
 _WEIGHT_EXPONENT = {"num_examples": 1.0, "uniform": 0.0}
 
@@ -295,6 +296,7 @@ class FederatedMFBase(MFEstimatorBase):
                   checkpointer=self._checkpointer(inter, seed),
                   observe=self._observer(callback), hyper=self._make_hyper(),
                   hyper_select=hyper_select)
+        warn_if_masked_on_driver(run.executor, run.aggregator)
         self.rating_scale_ = scale
         self.global_mean_ = mu
         self.user_ids_, self.item_ids_ = inter.user_ids, inter.item_ids

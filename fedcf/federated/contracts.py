@@ -329,6 +329,9 @@ class Aggregator(Params, ABC):
     """
 
     linear: ClassVar[bool] = False
+    # masks uploads: on an executor with ``secure_clients`` the clients encode and mask where
+    # they run and the aggregator's ``remote_round`` sees protocol messages only
+    secure: ClassVar[bool] = False
     round_stats: dict = {}
 
     @property

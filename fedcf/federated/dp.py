@@ -15,7 +15,7 @@ import pandas as pd
 from . import secret
 from .aggregators import _positive
 from .contracts import RunContext
-from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, client_weights, upload_norms
+from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, upload_norms
 from .secagg import SecureAggregation
 
 
@@ -250,31 +250,53 @@ class DifferentialPrivacy(WeightedMean):
                  ) -> GlobalDelta:
         if self.aggregator is None:
             return super().__call__(out, hp, round_idx)
-        _, w, _ = client_weights(out, hp)
-        factors = np.where(w > 0, self.client_numerators(out, w), 0.0)
+        return self.after_secure(self.aggregator.masked_mean(
+            out, hp, round_idx, **self.secure_kwargs()), round_idx)
+
+    @property
+    def secure(self) -> bool:
+        return isinstance(self.aggregator, SecureAggregation)
+
+    def remote_round(self, executor, cohort, params, ids, hp, round_idx: int) -> GlobalDelta:
+        """Under secure aggregation with clients that run elsewhere (Ray shards): they clip,
+        noise and mask there."""
+        return self.after_secure(self.aggregator.remote_round(
+            executor, cohort, params, ids, hp, round_idx, **self.secure_kwargs()), round_idx)
+
+    def secure_kwargs(self) -> dict:
+        """How the clients encode under secure aggregation: clipped by this rule, divided by
+        the fixed denominator, with their share of the noise in the distributed mode."""
         distributed = self.noise == "distributed"
-        adaptive = self.target_quantile is not None  # the unclipped count rides in the sum
-        delta = self.aggregator.masked_mean(
-            out, hp, round_idx, factors=factors, denominator=self.denominator_,
-            noise_scale=self.update_sigma_ * self.clip_ if distributed else 0.0,
-            secret_noise=not self.insecure_seeded_noise,
-            indicators=self.unclipped_mask_ if adaptive else None)
+        return dict(dp=self, denominator=self.denominator_,
+                    noise_scale=self.update_sigma_ * self.clip_ if distributed else 0.0,
+                    secret_noise=not self.insecure_seeded_noise)
+
+    def after_secure(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
+        """The server's step after the unmasked sum: the clients' not-clipped bits arrive as
+        one count (adaptive clipping); server noise is added here, distributed noise is
+        already in the sum."""
         self.unclipped_ = self.aggregator.round_stats.get("secagg_indicator_sum", 0)
         if delta.summary.n_used == 0:  # a round not aggregated: no release, no clip step
             return delta
-        if distributed:  # the noise is already in the sum
+        if self.noise == "distributed":
             self.adapt_clip(round_idx)
             return delta
         return self.finish(delta, round_idx)
 
-    def client_numerators(self, out: ClientOutputs, w: np.ndarray):
+    def client_factors(self, out: ClientOutputs, w: np.ndarray):
+        """(factor of each client's upload: clip to C times its capped weight; whether it was
+        at or below C) — computed by each client on its own upload under secure aggregation."""
         norms = upload_norms(out)
         C = self.clip_
-        self.unclipped_mask_ = (w > 0) & (norms <= C)
-        self.unclipped_ = int(np.sum(self.unclipped_mask_))
+        unclipped = (w > 0) & (norms <= C)
         clip = np.where(w > 0, np.minimum(1.0, C / np.maximum(norms, 1e-300)), 0.0)
         if self.weight_cap is not None:
             clip = clip * np.minimum(out.weights, self.weight_cap) / self.weight_cap
+        return clip, unclipped.astype(np.float64)
+
+    def client_numerators(self, out: ClientOutputs, w: np.ndarray):
+        clip, unclipped = self.client_factors(out, w)
+        self.unclipped_ = int(unclipped.sum())
         return clip
 
     def denominator(self, totals: dict) -> float:

@@ -140,8 +140,16 @@ class Run:
         client-weighting exponent (its derivative needs every upload), and an executor whose
         outputs are here anyway give the aggregator the per-client outputs (the same bits)."""
         t0 = time.perf_counter()
-        if self.executor.supports_partials and self.aggregator.linear and not (
-                self.hyper is not None and "weight_exponent" in self.hyper.names):
+        learns_exponent = self.hyper is not None and "weight_exponent" in self.hyper.names
+        if getattr(self.executor, "supports_secure", False) and \
+                hasattr(self.aggregator, "remote_round") and self.aggregator.secure:
+            if learns_exponent:
+                raise ValueError("learning weight_exponent needs every client's upload; it is "
+                                 "not available under secure aggregation on a remote executor")
+            outputs = None  # the clients encode and mask where they run
+            delta = self.aggregator.remote_round(self.executor, cohort, self.params, ids, hp, t)
+            t1 = time.perf_counter()
+        elif self.executor.supports_partials and self.aggregator.linear and not learns_exponent:
             outputs = None
             parts = self.executor.partials(cohort, self.params, ids, self.aggregator, hp)
             t1 = time.perf_counter()

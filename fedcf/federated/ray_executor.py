@@ -35,6 +35,7 @@ import numpy as np
 from .contracts import Executor, RoundExecutor
 from .partials import REDUCE_GROUPS, PartialSums, reduce_group
 from .phases import BoundLocalExecutor, ClientOutputs, Cohort, cohort_order
+from .secagg import ClientHalves
 
 START_TIMEOUT = 300  # seconds for the shard actors to come up (Numba compiles on first use)
 
@@ -211,8 +212,27 @@ class Shard:
     def call(self, method: str, clients, args):
         """One round's work: ``method`` on this shard's clients, with the round's arguments
         (one object in the store for all shards)."""
-        calls = {"run": self.run, "partials": self.partials, "tangents": self.tangents}
+        calls = {"run": self.run, "partials": self.partials, "tangents": self.tangents,
+                 "secure_begin": self.secure_begin}
         return calls[method](clients, *args)
+
+    def secure_begin(self, clients, params, ids, hp, enc, session, t):
+        """Secure aggregation, in this actor: run the clients, encode their uploads and make
+        their protocol halves (kept here). Returns why clients did not take part and their
+        identity keys' public halves — never an upload."""
+        out = self.run(clients, params, ids)
+        take, status, q, _ = enc.encode(out, hp)
+        cids = out.client_ids()
+        self.halves = ClientHalves(cids[take], q, t, session)
+        return {int(cids[k]): v for k, v in status.items()}, self.halves.verifying()
+
+    def secure(self, step: str, *args):
+        """One protocol step of this actor's client halves (``ClientHalves``' methods); an
+        actor restarted mid-round holds none, so its clients count as dropped."""
+        if step not in ("advertise", "share", "mask", "consistency", "unmask"):
+            raise ValueError(f"unknown protocol step {step!r}")
+        halves = getattr(self, "halves", None)
+        return [] if halves is None else getattr(halves, step)(*args)
 
     def run(self, clients, params, ids) -> ClientOutputs:
         return self.executor.run(_cohort(clients), params, ids)
@@ -354,6 +374,18 @@ class BoundRayExecutor(RoundExecutor):
         res, parts = self._map("run", cohort, params, ids)
         return ClientOutputs.concat(res).take(cohort_order(cohort, parts))
 
+    supports_secure = True
+
+    def secure_clients(self, cohort, params, ids, hp, enc, session, t):
+        """(the shards' client halves as one ``ShardedHalves``, status of the clients that
+        do not take part): each shard runs, encodes and masks its own clients."""
+        res, _ = self._map("secure_begin", cohort, params, ids, hp, enc, session, t)
+        status, registry = {}, {}
+        for st, keys in res:
+            status.update(st)
+            registry.update(keys)
+        return ShardedHalves(self, registry), status
+
     def tangents(self, cohort, params, tangents, ids):
         res, parts = self._map("tangents", cohort, params, tangents, ids)
         order = cohort_order(cohort, parts)
@@ -371,6 +403,54 @@ class BoundRayExecutor(RoundExecutor):
         for a in self.actors:
             self.ray.kill(a, no_restart=True)
         self.actors = []
+
+
+class ShardedHalves:
+    """The client halves of a round spread over the shards, as the server half talks to them:
+    each step goes to every shard and the messages come back; ``received`` lists the types of
+    everything the driver got (for the test that no upload arrives). A shard whose actor
+    failed mid-round answers nothing (its clients drop) and is restarted."""
+
+    def __init__(self, executor: BoundRayExecutor, registry: dict):
+        self.executor, self.registry, self.received = executor, registry, []
+
+    def verifying(self) -> dict:
+        return dict(self.registry)
+
+    def _all(self, step: str, *args, per_shard=None) -> list:
+        ex, ray = self.executor, self.executor.ray
+        pending = [a.secure.remote(step, *(args if per_shard is None else per_shard[s]))
+                   for s, a in enumerate(ex.actors)]
+        out = []
+        for s, p in enumerate(pending):
+            try:
+                got = ray.get(p)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                ray.kill(ex.actors[s], no_restart=True)
+                ex.actors[s] = ex._start(s)
+                got = []
+            out += got
+        self.received += [type(m).__name__ for m in out]
+        return out
+
+    def advertise(self, registry):
+        return self._all("advertise", registry)
+
+    def share(self, adverts):
+        return self._all("share", adverts)
+
+    def mask(self, inboxes, dropped):
+        """Each shard gets only the inboxes of its own clients."""
+        n = self.executor.spec.n_shards
+        where = {c: int(shard_of(np.array([c]), n)[0]) for c in inboxes}
+        return self._all("mask", per_shard=[({c: b for c, b in inboxes.items() if where[c] == s},
+                                             dropped) for s in range(n)])
+
+    def consistency(self, u3):
+        return self._all("consistency", u3)
+
+    def unmask(self, u3, sigs):
+        return self._all("unmask", u3, sigs)
 
 
 class RemotePopulation:

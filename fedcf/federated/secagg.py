@@ -22,8 +22,9 @@ analysis: its gap is one quantization step per client and coordinate, reported).
 
 from __future__ import annotations
 
-import dataclasses
+import os
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,36 +34,148 @@ from .phases import (
     ClientOutputs,
     GlobalDelta,
     RoundHyperparams,
+    RoundSummary,
     WeightedMean,
     client_weights,
     empty_delta,
-    summarize,
 )
-from .secagg_protocol import ProtocolAbort, simulate
+from .secagg_protocol import Identities, ProtocolAbort, SecAggClient, SecAggServer
 
 MOD_BITS = 32
 CLIP_WARNING = 1e-3  # share of clipped coordinates above which a round warns
 
 
-def quantize(X: np.ndarray, value_bound: float, m: int, noise_std: float = 0.0,
-             n_values: int | None = None):
-    """(uint32 rows [fixed point of X | clip count], fractional bits) of the dense uploads X:
-    its first ``n_values`` columns (default all but the last) clipped to ±value_bound and
-    counted, the rest (counts and a weight, each in [0, 1]) kept; the scale chosen from public
-    figures only (the cohort size m, the bound, the noise) so that m rows sum without overflow
-    out to 8 standard deviations of the summed noise."""
-    n_values = X.shape[1] - 1 if n_values is None else n_values
-    reach = m * max(value_bound, 1.0) + 8.0 * noise_std * np.sqrt(m)
-    frac_bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
-    if frac_bits < 0:
-        raise ValueError(f"value_bound={value_bound} does not fit {m} clients in a {MOD_BITS}-bit "
-                         "sum; lower value_bound")
-    clipped = X.copy()
-    clipped[:, :n_values] = np.clip(X[:, :n_values], -value_bound, value_bound)
-    q = np.empty((X.shape[0], X.shape[1] + 1), np.uint32)
-    q[:, :-1] = np.round(clipped * 2.0 ** frac_bits).astype(np.int64).astype(np.uint32)
-    q[:, -1] = np.count_nonzero(clipped != X, axis=1)  # summed inside the protocol
-    return q, frac_bits
+@dataclass(frozen=True)
+class Encoding:
+    """What every client of a round needs to turn its upload into the integers it masks — all
+    public: the catalog shape, the number of clients asked (m), the bounds, and under DP the
+    clip rule and the share of distributed noise. ``encode`` runs where the clients run.
+
+    Row layout: [s·Δ over every item row (K factors and the bias) | u·loss | u | not-clipped
+    bit | s | count of clipped values], u = min(w, W)/W the normalised weight, s = u (plain) or
+    the DP factor (then the s column is 1, counting clients). Each column has its own fixed-point
+    scale, chosen so that m clients sum without overflow modulo 2³²."""
+
+    n_items: int
+    K: int
+    m: int
+    value_bound: float
+    max_weight: float
+    loss_bound: float = 1e3
+    noise_std: float = 0.0
+    secret_noise: bool = True
+    seed: tuple = (0, 0)  # (run seed, round): only for insecure seeded noise
+    dp: object = None  # the bound DifferentialPrivacy whose ``client_factors`` clip uploads
+
+    @property
+    def n_values(self) -> int:
+        return self.n_items * (self.K + 1)
+
+    def scales(self) -> np.ndarray:
+        """Fixed-point scale of each column (values, u·loss, u, bit, s; the clip count is 1)."""
+        def bits(bound):
+            reach = self.m * bound
+            return 2.0 ** int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
+        values = self.m * max(self.value_bound, 1e-300) + 8.0 * self.noise_std * np.sqrt(self.m)
+        v = 2.0 ** int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / values)))
+        if v < 1:
+            raise ValueError(f"value_bound={self.value_bound} does not fit {self.m} clients in "
+                             f"a {MOD_BITS}-bit sum; lower value_bound")
+        return np.concatenate([np.full(self.n_values, v),
+                               [bits(self.loss_bound), bits(1.0), 1.0, bits(1.0), 1.0]])
+
+    def encode(self, out: ClientOutputs, hp: RoundHyperparams):
+        """(positions in ``out`` of the clients taking part, status of the others — "empty",
+        "nonfinite", "nonfinite_recon" —, their uint32 rows, the float rows before clipping
+        and rounding (a simulation's diagnostic only))."""
+        bad, w, _ = client_weights(out, hp)
+        take = np.flatnonzero(w > 0)
+        status = {int(k): ("empty" if not bad[k] else "nonfinite_recon"
+                           if not np.isfinite(out.losses[k]) else "nonfinite")
+                  for k in np.flatnonzero(w <= 0)}
+        u = np.minimum(w, self.max_weight) / self.max_weight
+        rows = np.zeros((len(take), self.n_values + 4))
+        if self.dp is None:
+            s, bit = u, np.zeros(len(w))
+        else:
+            s, bit = self.dp.client_factors(out, w)
+        for r, k in enumerate(take):
+            lo, hi = out.offsets[k], out.offsets[k + 1]
+            ok = out.items[lo:hi] >= 0
+            block = rows[r, :self.n_values].reshape(self.n_items, self.K + 1)
+            np.add.at(block, (out.items[lo:hi][ok], slice(0, self.K)), s[k] * out.d_Q[lo:hi][ok])
+            np.add.at(block[:, self.K], out.items[lo:hi][ok], s[k] * out.d_b[lo:hi][ok])
+        rows[:, self.n_values:] = np.column_stack([
+            u[take] * np.minimum(out.losses[take], self.loss_bound), u[take], bit[take],
+            s[take] if self.dp is None else np.ones(len(take))])
+        if self.noise_std > 0:  # each client's own share, drawn where the client runs
+            for r, k in enumerate(take):
+                rows[r, :self.n_values] += secret.normal(self.n_values, self.noise_std) \
+                    if self.secret_noise else np.random.default_rng(
+                        [*self.seed, 0x5EC, int(out.client_ids()[k])]).normal(
+                        0.0, self.noise_std, self.n_values)
+        return take, status, self.quantize(rows), rows
+
+    def quantize(self, rows: np.ndarray) -> np.ndarray:
+        clipped = rows.copy()
+        clipped[:, :self.n_values] = np.clip(rows[:, :self.n_values], -self.value_bound,
+                                             self.value_bound)
+        q = np.empty((rows.shape[0], rows.shape[1] + 1), np.uint32)
+        q[:, :-1] = np.round(clipped * self.scales()[:-1]).astype(np.int64).astype(np.uint32)
+        q[:, -1] = np.count_nonzero(clipped != rows, axis=1)  # summed inside the protocol
+        return q
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        signed = total.astype(np.int64)
+        signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
+        return signed / self.scales()
+
+
+class ClientHalves:
+    """The protocol's client halves of some clients, held where those clients run (the
+    driver's process for the local executor, a shard's actor on Ray): their encoded rows,
+    keys and received shares never leave this object except as protocol messages."""
+
+    def __init__(self, ids, q: np.ndarray, threshold: int, session: bytes):
+        self.ids = [int(c) for c in ids]
+        self.q = {c: q[r] for r, c in enumerate(self.ids)}
+        self.identities = Identities(self.ids)
+        self.t, self.session, self.halves = int(threshold), session, {}
+
+    def verifying(self) -> dict:
+        return self.identities.public_bytes()
+
+    def advertise(self, registry: dict) -> list:
+        pki = Identities.verifiers(registry)
+        self.halves = {c: SecAggClient(c, self.t, self.session, self.identities.signing_key(c),
+                                       pki) for c in self.ids}
+        return [h.advertise() for h in self.halves.values()]
+
+    def share(self, adverts) -> list:
+        return [h.share_keys(adverts) for h in self.halves.values()]
+
+    def mask(self, inboxes: dict, dropped) -> list:
+        gone = set(int(c) for c in dropped)
+        return [self.halves[c].masked_input(self.q[c], inboxes[c]) for c in self.ids
+                if c in inboxes and c not in gone]
+
+    def consistency(self, u3) -> list:
+        return [self.halves[c].consistency(u3) for c in self.ids if c in set(u3)]
+
+    def unmask(self, u3, sigs) -> list:
+        return [self.halves[c].unmask(u3, sigs) for c in self.ids if c in set(u3)]
+
+
+def warn_if_masked_on_driver(executor, aggregator) -> None:
+    """Say so when the clients run elsewhere (Ray shards) but the protocol's client halves
+    run in the driver: each upload then travels to the driver in the clear."""
+    inner = getattr(aggregator, "aggregator", aggregator)
+    if isinstance(inner, SecureAggregation) and getattr(executor, "supports_partials", False) \
+            and not getattr(executor, "supports_secure", False):
+        warnings.warn("SecureAggregation with a remote executor: the protocol's client halves "
+                      "run in the driver's process, so each client's upload travels from its "
+                      "shard to the driver in the clear; only a server outside the driver sees "
+                      "masked vectors alone", UserWarning, stacklevel=4)
 
 
 class SecureAggregation(WeightedMean):
@@ -126,6 +239,7 @@ class SecureAggregation(WeightedMean):
             raise ValueError(f"drop_after_setup must be in [0, 1), got {self.drop_after_setup!r}")
 
     linear = False  # the protocol runs on every client's masked vector
+    secure = True
 
     def bind(self, context: RunContext) -> SecureAggregation:
         self.validate()
@@ -149,104 +263,119 @@ class SecureAggregation(WeightedMean):
         t = max(t, int(self.min_cohort))
         return t if m / 2 < t <= m else None
 
-    def dense_uploads(self, out: ClientOutputs, scale: np.ndarray, clients: np.ndarray):
-        """What each taking-part client would send before masking: [scale·Δq rows | scale·Δb
-        | scale]."""
-        n_items, K = self.context.n_items, out.d_Q.shape[1]
-        X = np.zeros((len(clients), n_items * (K + 1) + 1))
-        for r, k in enumerate(clients):
-            lo, hi = out.offsets[k], out.offsets[k + 1]
-            rows = out.items[lo:hi]
-            ok = rows >= 0
-            block = X[r, :n_items * (K + 1)].reshape(n_items, K + 1)
-            block[rows[ok], :K] = scale[k] * out.d_Q[lo:hi][ok]
-            block[rows[ok], K] = scale[k] * out.d_b[lo:hi][ok]
-            X[r, -1] = scale[k]
-        return X
+    def encoding(self, m: int, round_idx: int = 0, *, dp=None, noise_scale: float = 0.0,
+                 secret_noise: bool = True) -> Encoding:
+        """The public encoding of a round whose cohort has m clients (see ``Encoding``);
+        distributed noise N(0, noise_scale²/t) per client."""
+        t = self.threshold_for(m)
+        c = self.context
+        return Encoding(c.n_items, c.n_factors, max(m, 1), float(self.value_bound),
+                        float(self.max_weight),
+                        noise_std=noise_scale / np.sqrt(t) if noise_scale and t else 0.0,
+                        secret_noise=secret_noise, seed=(int(c.seed), int(round_idx)), dp=dp)
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
         return self.masked_mean(out, hp, round_idx)
 
     def masked_mean(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0, *,
-                    factors=None, denominator=None, noise_scale: float = 0.0,
-                    secret_noise: bool = True, indicators=None) -> GlobalDelta:
-        """The cohort's aggregate, learned by the server only as the unmasked sum.
+                    dp=None, denominator=None, noise_scale: float = 0.0,
+                    secret_noise: bool = True) -> GlobalDelta:
+        """The cohort's aggregate from uploads held in this process: each client's half
+        encodes and masks here (the local executor's clients run here too).
 
         Plain: client k sends s_k·Δ_k and s_k with s_k = min(w_k, W)/W; the server divides
-        the sum by Σ s_k. Under ``DifferentialPrivacy``: client k sends ``factors[k]``·Δ_k
-        (clipped, capped weight) and 1, the sum is divided by the fixed ``denominator``, and
-        with ``noise_scale`` = σC each client adds its share N(0, σ²C²/t) before quantization
-        (distributed noise), from the OS's secure generator unless ``secret_noise`` is False.
-        ``indicators`` (0/1 per client, e.g. "my upload was not clipped" for adaptive
-        clipping) ride in the secure sum: only their total over the survivors is learned
-        (``round_stats["secagg_indicator_sum"]``). A round not aggregated gives no update."""
-        K, n_values = out.d_Q.shape[1], self.context.n_items * (out.d_Q.shape[1] + 1)
-        _, w, _ = client_weights(out, hp)
-        clients = np.flatnonzero(w > 0)
-        m = len(clients)
-        scale = np.minimum(w, self.max_weight) / self.max_weight if factors is None else factors
-        X = self.dense_uploads(out, scale, clients)
-        if factors is not None:
-            X[:, -1] = 1.0
-        if indicators is not None:
-            X = np.column_stack([X[:, :-1], np.asarray(indicators, float)[clients], X[:, -1]])
-        t = self.threshold_for(m)
-        noise_std = noise_scale / np.sqrt(t) if noise_scale and t else 0.0
-        rng = np.random.default_rng([self.context.seed, round_idx, 0x5EC])  # dropouts only
-        summed, survivors, exact = self.protocol(X, t, rng, noise_std, secret_noise, n_values)
-        w_used = np.zeros_like(w)
-        w_used[clients[survivors]] = w[clients[survivors]]
-        summary = dataclasses.replace(summarize(out, hp), n_used=int(len(survivors)))
-        if summed is None or summed[-1] <= 0:
-            return empty_delta(K, dataclasses.replace(summary, n_used=0), w_used * 0)
-        if indicators is not None:
-            self.round_stats["secagg_indicator_sum"] = int(round(summed[n_values]))
-        total = summed[-1] if denominator is None else denominator
-        self.round_stats["secagg_error"] = float(np.abs(summed - exact).max() / total)
-        block = (summed[:n_values] / total).reshape(self.context.n_items, K + 1)
-        return GlobalDelta(np.arange(self.context.n_items), block[:, :K], block[:, K], None,
-                           summary, int(len(survivors)) * (X.shape[1] + 1), w_used)
+        the sum by Σ s_k. Under ``DifferentialPrivacy`` (``dp``): client k sends its clipped,
+        capped-weight upload (``dp.client_factors``) and 1, the sum is divided by the fixed
+        ``denominator``, and with ``noise_scale`` = σC each client adds its share N(0,
+        σ²C²/t) before quantization, from the OS's secure generator unless ``secret_noise``
+        is False. A round not aggregated gives no update."""
+        enc = self.encoding(out.n_clients, round_idx, dp=dp, noise_scale=noise_scale,
+                            secret_noise=secret_noise)
+        take, status, q, rows = enc.encode(out, hp)
+        ids = out.client_ids()
+        session = os.urandom(16)
+        halves = ClientHalves(ids[take], q, self.threshold_for(out.n_clients) or 2, session)
+        delta = self.secure_round(halves, session, enc, ids, status, round_idx, denominator)
+        if delta.summary.n_used and enc.m:
+            used = np.isin(ids[take], ids[delta.client_weights > 0])
+            exact = rows[used].sum(axis=0)
+            got = enc.decode(self._last_total)[:-1]
+            total = denominator or got[enc.n_values + 3]
+            self.round_stats["secagg_error"] = float(
+                np.abs(got[:enc.n_values] - exact[:enc.n_values]).max() / total)
+        return delta
 
-    def protocol(self, X: np.ndarray, t: int | None, rng: np.random.Generator,
-                 noise_std: float = 0.0, secret_noise: bool = True, n_values: int | None = None):
-        """Quantize the dense uploads X (one row per client: ``n_values`` values, then counts
-        and a weight in [0, 1]; each client adds N(0, noise_std²) to its values first) and
-        aggregate them with the protocol. Returns (the dequantized sum of the survivors or
-        None when the round is not aggregated, survivor rows, the exact float sum of the
-        survivors' *unclipped* uploads with their noise)."""
-        m, d = X.shape
-        n_values = d - 1 if n_values is None else n_values
-        self.round_stats = {"secagg_taking_part": m, "secagg_survivors": 0,
+    def remote_round(self, executor, cohort, params, ids, hp, round_idx: int, *, dp=None,
+                     denominator=None, noise_scale: float = 0.0, secret_noise: bool = True
+                     ) -> GlobalDelta:
+        """One round whose clients run elsewhere (``executor.secure_clients``, e.g. Ray shards):
+        they encode and mask there, and only protocol messages come back."""
+        enc = self.encoding(len(cohort.clients), round_idx, dp=dp, noise_scale=noise_scale,
+                            secret_noise=secret_noise)
+        session = os.urandom(16)
+        t = self.threshold_for(len(cohort.clients)) or 2
+        clients, status = executor.secure_clients(cohort, params, ids, hp, enc, session, t)
+        return self.secure_round(clients, session, enc, cohort.clients, status, round_idx,
+                                 denominator)
+
+    def secure_round(self, clients, session: bytes, enc: Encoding, cohort_ids: np.ndarray,
+                     status: dict, round_idx: int, denominator=None) -> GlobalDelta:
+        """The server half of one round against ``clients`` (``ClientHalves`` or shards
+        holding them): run the protocol, decode the sum, and build the update and the round
+        summary from it — the server sees only protocol messages, the taking-part list and
+        why the others did not take part."""
+        m, t = len(cohort_ids), self.threshold_for(len(cohort_ids))
+        self.round_stats = {"secagg_taking_part": m - len(status), "secagg_survivors": 0,
                             "secagg_lost_round": True, "secagg_threshold": t,
                             "secagg_below_min_cohort": m < self.min_cohort}
-        none = (None, np.zeros(0, np.int64), None)
-        if t is None:
-            return none
-        noisy = X.copy()
-        if noise_std > 0:  # each client's own share, drawn on its device
-            noisy[:, :n_values] += secret.normal((m, n_values), noise_std) if secret_noise \
-                else rng.normal(0.0, noise_std, (m, n_values))
-        q, frac_bits = quantize(noisy, self.value_bound, m, noise_std, n_values)
-        dropped = np.flatnonzero(rng.random(m) < self.drop_after_setup)
-        try:
-            total, u3, server = simulate(q, range(m), t, drop_after_shares=dropped)
-        except ProtocolAbort as e:
-            self.round_stats["secagg_abort"] = str(e)
-            return none
-        survivors = np.asarray(u3, np.int64)
-        signed = total.astype(np.int64)
-        signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
-        clipped_total = int(signed[d])  # (column d: each client's clip count)
+        total, u3 = None, []
+        if t is not None:
+            try:
+                total, u3 = self._protocol(clients, session, t, enc, round_idx)
+            except ProtocolAbort as e:
+                self.round_stats["secagg_abort"] = str(e)
+        self._last_total = total
+        used = np.isin(cohort_ids, u3).astype(np.float64)
+        return self._delta(enc, total, used, status, m, denominator)
+
+    def _protocol(self, clients, session, t, enc, round_idx):
+        dim = enc.n_values + 5
+        server = SecAggServer(t, dim, session)
+        adverts = server.collect_adverts(clients.advertise(clients.verifying()))
+        inbox = server.route_shares(clients.share(adverts))
+        draw = np.random.default_rng([self.context.seed, round_idx, 0x5EC]).random(
+            len(server.u2))  # who drops after sharing (a simulation of the network)
+        dropped = [c for c, r in zip(server.u2, draw) if r < self.drop_after_setup]
+        u3 = server.collect_inputs(clients.mask(inbox, dropped))
+        total = server.unmasked_sum(clients.unmask(u3, clients.consistency(u3)))
+        self.round_stats["secagg_bytes_per_client"] = server.bytes_received() / max(
+            len(server.adverts), 1)
+        return total, u3
+
+    def _delta(self, enc, total, used, status, m, denominator) -> GlobalDelta:
+        K, nv = enc.K, enc.n_values
+        counts = {k: sum(v == k for v in status.values())
+                  for k in ("empty", "nonfinite", "nonfinite_recon")}
+        n_bad = counts["nonfinite"] + counts["nonfinite_recon"]
+        got = None if total is None else enc.decode(total)
+        n_used = int(used.sum()) if got is not None and got[nv + 3] > 0 else 0
+        loss = got[nv] / got[nv + 1] if n_used and got[nv + 1] > 0 else float("nan")
+        summary = RoundSummary(m, n_used, n_bad, counts["nonfinite_recon"], counts["empty"],
+                               float(loss), -1, float("nan"))
+        if not n_used:
+            return empty_delta(K, summary, used * 0)
+        clipped = int(round(got[nv + 4]))
         self.round_stats.update(
-            secagg_survivors=len(survivors), secagg_lost_round=False,
-            secagg_clipped=clipped_total,
-            secagg_clipped_share=clipped_total / (len(u3) * n_values),
-            secagg_bytes_per_client=server.bytes_received() / m)
-        if clipped_total > CLIP_WARNING * len(u3) * n_values:
-            warnings.warn(f"secure aggregation clipped {clipped_total} of "
-                          f"{len(u3) * n_values} values "
-                          f"to ±value_bound={self.value_bound:g} this round: the aggregate is "
+            secagg_survivors=n_used, secagg_lost_round=False, secagg_clipped=clipped,
+            secagg_clipped_share=clipped / (n_used * nv))
+        if enc.dp is not None:
+            self.round_stats["secagg_indicator_sum"] = int(round(got[nv + 2]))
+        if clipped > CLIP_WARNING * n_used * nv:
+            warnings.warn(f"secure aggregation clipped {clipped} of {n_used * nv} values to "
+                          f"±value_bound={self.value_bound:g} this round: the aggregate is "
                           "biased; raise value_bound (or max_weight)", RuntimeWarning,
-                          stacklevel=4)
-        return signed[:d] / 2.0 ** frac_bits, survivors, noisy[survivors].sum(axis=0)
+                          stacklevel=5)
+        block = (got[:nv] / (denominator or got[nv + 3])).reshape(enc.n_items, K + 1)
+        return GlobalDelta(np.arange(enc.n_items), block[:, :K], block[:, K], None, summary,
+                           n_used * (nv + 5), used)

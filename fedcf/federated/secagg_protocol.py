@@ -43,7 +43,10 @@ import numpy as np
 from Crypto.Protocol.SecretSharing import Shamir
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -96,6 +99,15 @@ class Identities:
 
     def signing_key(self, client: int) -> Ed25519PrivateKey:
         return self._keys[int(client)]
+
+    def public_bytes(self) -> dict:
+        """The verifying keys as raw bytes (what a PKI publishes)."""
+        return {c: k.public_bytes(*RAW) for c, k in self.verifying.items()}
+
+    @staticmethod
+    def verifiers(registry: dict) -> dict:
+        """Verifying keys from a registry of raw public keys."""
+        return {int(c): Ed25519PublicKey.from_public_bytes(b) for c, b in registry.items()}
 
 
 @dataclass(frozen=True)
