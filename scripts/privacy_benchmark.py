@@ -163,10 +163,10 @@ def transcript_rows(train, args):
     agg = SecureAggregation(min_cohort=2).bind(RunContext(
         n_eligible=train.n_users, clients_per_round=m, n_rounds=1, n_items=train.n_items,
         n_factors=args.factors, seed=0))
-    take, _, q, _ = agg.encoding(m).encode(out, RoundHyperparams(1.0, {}, 1.0))
-    m, t = len(take), agg.threshold_for(len(take))  # the clients taking part
-    res = secagg_audit.transcript_attacks(q, [rated[k] for k in take], train.n_items,
-                                          args.factors, t, min(args.leak_clients, m))
+    q, _ = agg.encoding(m).encode(out, RoundHyperparams(1.0, {}, 1.0))
+    t = agg.threshold_for(m)
+    res = secagg_audit.transcript_attacks(q, rated, train.n_items, args.factors, t,
+                                          min(args.leak_clients, m))
     names = {"plain": "the quantized upload itself (no masks)",
              "a": "(a) honest-but-curious server, full transcript",
              "b": "(b) server that knows random_state, replays the masks",

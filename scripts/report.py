@@ -441,6 +441,26 @@ def secagg_verdict(rows) -> str:
     return "; ".join(out)
 
 
+def secagg_cost_values(rows) -> dict:
+    """PRIVACY.md's cost of secure aggregation (scripts/secagg_cost.py)."""
+    if not rows:
+        return {"secagg_cost": "Not measured yet: run `python scripts/secagg_cost.py --json "
+                               "eval/results/secagg_cost.json`."}
+    st = rows[0]["meta"]["settings"]
+    body = table(["clients m", "items", "threshold t", "dropped", "seconds per client",
+                  "server seconds", "MiB up per client", "plain vector, MiB"],
+                 [(r["clients"], f"{r['n_items']:,}", r["threshold"], r["dropped"],
+                   f"{r['client_seconds']:.3f}", f"{r['server_seconds']:.2f}",
+                   f"{r['bytes_up_per_client'] / 2**20:.2f}", f"{r['plain_bytes'] / 2**20:.2f}")
+                  for r in rows])
+    ran = {(r["clients"], r["n_items"]) for r in rows}
+    skipped = [f"m = {m:,} with {n:,} items" for m in st["clients"] for n in st["items"]
+               if (m, n) not in ran]
+    return {"secagg_cost": provenance(rows[0]["meta"], "secagg_cost.json") + "\n\n" + body + (
+        "\n\nNot run (over the script's --max-words budget of masks): " + "; ".join(skipped)
+        + "." if skipped else "")}
+
+
 def mutants_values(doc) -> dict:
     """PRIVACY.md's mutation-testing section (scripts/mutants.py)."""
     if doc is None:
@@ -855,6 +875,7 @@ def documents() -> dict[Path, str]:
            if load("hyper.json") else {}),
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json")),
+            **secagg_cost_values(load("secagg_cost.json")),
             **mutants_values(load("mutants.json"))})}
            if privacy else {}),
         **({ROOT / "eval" / "CATALOG.md": render((TEMPLATES / "CATALOG.md").read_text(),

@@ -218,13 +218,11 @@ class Shard:
 
     def secure_begin(self, clients, params, ids, hp, enc, session, t):
         """Secure aggregation, in this actor: run the clients, encode their uploads and make
-        their protocol halves (kept here). Returns why clients did not take part and their
-        identity keys' public halves — never an upload."""
+        their protocol halves (kept here). Returns their identity keys' public halves — never
+        an upload."""
         out = self.run(clients, params, ids)
-        take, status, q, _ = enc.encode(out, hp)
-        cids = out.client_ids()
-        self.halves = ClientHalves(cids[take], q, t, session)
-        return {int(cids[k]): v for k, v in status.items()}, self.halves.verifying()
+        self.halves = ClientHalves(out.client_ids(), enc.encode(out, hp)[0], t, session)
+        return self.halves.verifying()
 
     def secure(self, step: str, *args):
         """One protocol step of this actor's client halves (``ClientHalves``' methods); an
@@ -377,14 +375,13 @@ class BoundRayExecutor(RoundExecutor):
     supports_secure = True
 
     def secure_clients(self, cohort, params, ids, hp, enc, session, t):
-        """(the shards' client halves as one ``ShardedHalves``, status of the clients that
-        do not take part): each shard runs, encodes and masks its own clients."""
+        """The shards' client halves as one ``ShardedHalves``: each shard runs, encodes and
+        masks its own clients."""
         res, _ = self._map("secure_begin", cohort, params, ids, hp, enc, session, t)
-        status, registry = {}, {}
-        for st, keys in res:
-            status.update(st)
+        registry = {}
+        for keys in res:
             registry.update(keys)
-        return ShardedHalves(self, registry), status
+        return ShardedHalves(self, registry)
 
     def tangents(self, cohort, params, tangents, ids):
         res, parts = self._map("tangents", cohort, params, tangents, ids)

@@ -45,16 +45,24 @@ MOD_BITS = 32
 CLIP_WARNING = 1e-3  # share of clipped coordinates above which a round warns
 
 
+STATS = ("loss", "weight", "unclipped", "used", "empty", "nonfinite", "nonfinite_recon")
+
+
 @dataclass(frozen=True)
 class Encoding:
     """What every client of a round needs to turn its upload into the integers it masks — all
     public: the catalog shape, the number of clients asked (m), the bounds, and under DP the
     clip rule and the share of distributed noise. ``encode`` runs where the clients run.
 
-    Row layout: [s·Δ over every item row (K factors and the bias) | u·loss | u | not-clipped
-    bit | s | count of clipped values], u = min(w, W)/W the normalised weight, s = u (plain) or
-    the DP factor (then the s column is 1, counting clients). Each column has its own fixed-point
-    scale, chosen so that m clients sum without overflow modulo 2³²."""
+    Every client asked takes part; one with nothing to send (an empty query set, a non-finite
+    update) sends zeros, so the server cannot tell it apart. Row layout: [s·Δ over every item
+    row (K factors and the bias) | r·loss | r | not-clipped bit | used | empty bit | non-finite
+    bit | non-finite-reconstruction bit | count of clipped values], u = min(w, W)/W the
+    normalised weight, r = min(n, W)/W the normalised query size (the loss is weighted by
+    query size as in the plain round; sizes above W weigh as W), both 0 for a client not
+    used; s = u (plain) or the DP factor; "used" = s (plain) or 1 (DP: counts the clients in
+    the fixed-denominator sum). Each column has its own fixed-point scale, so that m clients
+    sum without overflow modulo 2³²."""
 
     n_items: int
     K: int
@@ -72,49 +80,46 @@ class Encoding:
         return self.n_items * (self.K + 1)
 
     def scales(self) -> np.ndarray:
-        """Fixed-point scale of each column (values, u·loss, u, bit, s; the clip count is 1)."""
-        def bits(bound):
-            reach = self.m * bound
-            return 2.0 ** int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
-        values = self.m * max(self.value_bound, 1e-300) + 8.0 * self.noise_std * np.sqrt(self.m)
-        v = 2.0 ** int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / values)))
-        if v < 1:
-            raise ValueError(f"value_bound={self.value_bound} does not fit {self.m} clients in "
-                             f"a {MOD_BITS}-bit sum; lower value_bound")
-        return np.concatenate([np.full(self.n_values, v),
-                               [bits(self.loss_bound), bits(1.0), 1.0, bits(1.0), 1.0]])
+        """Fixed-point scale of each column (the values, then ``STATS``, then the clip count)."""
+        def scale(reach):
+            bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
+            if bits < 0:
+                raise ValueError(f"value_bound={self.value_bound} does not fit {self.m} clients "
+                                 f"in a {MOD_BITS}-bit sum; lower value_bound")
+            return 2.0 ** bits
+        values = scale(self.m * self.value_bound + 8.0 * self.noise_std * np.sqrt(self.m))
+        unit = scale(self.m)
+        return np.concatenate([np.full(self.n_values, values),
+                               [scale(self.m * self.loss_bound), unit, 1, unit, 1, 1, 1, 1]])
 
     def encode(self, out: ClientOutputs, hp: RoundHyperparams):
-        """(positions in ``out`` of the clients taking part, status of the others — "empty",
-        "nonfinite", "nonfinite_recon" —, their uint32 rows, the float rows before clipping
-        and rounding (a simulation's diagnostic only))."""
+        """(uint32 rows of every client of ``out``, the float rows before clipping and
+        rounding — a simulation's diagnostic only)."""
         bad, w, _ = client_weights(out, hp)
-        take = np.flatnonzero(w > 0)
-        status = {int(k): ("empty" if not bad[k] else "nonfinite_recon"
-                           if not np.isfinite(out.losses[k]) else "nonfinite")
-                  for k in np.flatnonzero(w <= 0)}
+        used = w > 0
         u = np.minimum(w, self.max_weight) / self.max_weight
-        rows = np.zeros((len(take), self.n_values + 4))
-        if self.dp is None:
-            s, bit = u, np.zeros(len(w))
-        else:
-            s, bit = self.dp.client_factors(out, w)
-        for r, k in enumerate(take):
+        rows = np.zeros((out.n_clients, self.n_values + len(STATS)))
+        s, bit = (u, np.zeros(len(w))) if self.dp is None else self.dp.client_factors(out, w)
+        for k in np.flatnonzero(used):
             lo, hi = out.offsets[k], out.offsets[k + 1]
             ok = out.items[lo:hi] >= 0
-            block = rows[r, :self.n_values].reshape(self.n_items, self.K + 1)
+            block = rows[k, :self.n_values].reshape(self.n_items, self.K + 1)
             np.add.at(block, (out.items[lo:hi][ok], slice(0, self.K)), s[k] * out.d_Q[lo:hi][ok])
             np.add.at(block[:, self.K], out.items[lo:hi][ok], s[k] * out.d_b[lo:hi][ok])
-        rows[:, self.n_values:] = np.column_stack([
-            u[take] * np.minimum(out.losses[take], self.loss_bound), u[take], bit[take],
-            s[take] if self.dp is None else np.ones(len(take))])
+        loss = np.where(used, np.minimum(np.nan_to_num(out.losses), self.loss_bound), 0.0)
+        recon_bad = bad & ~np.isfinite(out.losses)
+        r = np.where(used, np.minimum(out.weights, self.max_weight) / self.max_weight, 0.0)
+        rows[:, self.n_values:] = np.column_stack([  # the loss is weighted by query size
+            r * loss, r, np.where(used, bit, 0.0),
+            np.where(used, s if self.dp is None else 1.0, 0.0), ~used & ~bad,
+            bad & ~recon_bad, recon_bad])
         if self.noise_std > 0:  # each client's own share, drawn where the client runs
-            for r, k in enumerate(take):
-                rows[r, :self.n_values] += secret.normal(self.n_values, self.noise_std) \
+            for k in range(out.n_clients):
+                rows[k, :self.n_values] += secret.normal(self.n_values, self.noise_std) \
                     if self.secret_noise else np.random.default_rng(
                         [*self.seed, 0x5EC, int(out.client_ids()[k])]).normal(
                         0.0, self.noise_std, self.n_values)
-        return take, status, self.quantize(rows), rows
+        return self.quantize(rows), rows
 
     def quantize(self, rows: np.ndarray) -> np.ndarray:
         clipped = rows.copy()
@@ -125,10 +130,12 @@ class Encoding:
         q[:, -1] = np.count_nonzero(clipped != rows, axis=1)  # summed inside the protocol
         return q
 
-    def decode(self, total: np.ndarray) -> np.ndarray:
+    def decode(self, total: np.ndarray) -> tuple[np.ndarray, dict]:
+        """(the summed values, the summed ``STATS`` and clip count by name)."""
         signed = total.astype(np.int64)
         signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
-        return signed / self.scales()
+        got = signed / self.scales()
+        return got[:self.n_values], dict(zip(STATS + ("clipped",), got[self.n_values:]))
 
 
 class ClientHalves:
@@ -292,18 +299,16 @@ class SecureAggregation(WeightedMean):
         is False. A round not aggregated gives no update."""
         enc = self.encoding(out.n_clients, round_idx, dp=dp, noise_scale=noise_scale,
                             secret_noise=secret_noise)
-        take, status, q, rows = enc.encode(out, hp)
+        q, rows = enc.encode(out, hp)
         ids = out.client_ids()
         session = os.urandom(16)
-        halves = ClientHalves(ids[take], q, self.threshold_for(out.n_clients) or 2, session)
-        delta = self.secure_round(halves, session, enc, ids, status, round_idx, denominator)
-        if delta.summary.n_used and enc.m:
-            used = np.isin(ids[take], ids[delta.client_weights > 0])
-            exact = rows[used].sum(axis=0)
-            got = enc.decode(self._last_total)[:-1]
-            total = denominator or got[enc.n_values + 3]
-            self.round_stats["secagg_error"] = float(
-                np.abs(got[:enc.n_values] - exact[:enc.n_values]).max() / total)
+        halves = ClientHalves(ids, q, self.threshold_for(out.n_clients) or 2, session)
+        delta = self.secure_round(halves, session, enc, ids, round_idx, denominator)
+        if delta.summary.n_used:
+            got = enc.decode(self._last_total)[0]
+            exact = rows[delta.client_weights > 0, :enc.n_values].sum(axis=0)
+            total = denominator or self._last_stats["used"]
+            self.round_stats["secagg_error"] = float(np.abs(got - exact).max() / total)
         return delta
 
     def remote_round(self, executor, cohort, params, ids, hp, round_idx: int, *, dp=None,
@@ -315,20 +320,17 @@ class SecureAggregation(WeightedMean):
                             secret_noise=secret_noise)
         session = os.urandom(16)
         t = self.threshold_for(len(cohort.clients)) or 2
-        clients, status = executor.secure_clients(cohort, params, ids, hp, enc, session, t)
-        return self.secure_round(clients, session, enc, cohort.clients, status, round_idx,
-                                 denominator)
+        clients = executor.secure_clients(cohort, params, ids, hp, enc, session, t)
+        return self.secure_round(clients, session, enc, cohort.clients, round_idx, denominator)
 
     def secure_round(self, clients, session: bytes, enc: Encoding, cohort_ids: np.ndarray,
-                     status: dict, round_idx: int, denominator=None) -> GlobalDelta:
+                     round_idx: int, denominator=None) -> GlobalDelta:
         """The server half of one round against ``clients`` (``ClientHalves`` or shards
         holding them): run the protocol, decode the sum, and build the update and the round
-        summary from it — the server sees only protocol messages, the taking-part list and
-        why the others did not take part."""
+        summary from it — the server sees only protocol messages and the survivor list."""
         m, t = len(cohort_ids), self.threshold_for(len(cohort_ids))
-        self.round_stats = {"secagg_taking_part": m - len(status), "secagg_survivors": 0,
-                            "secagg_lost_round": True, "secagg_threshold": t,
-                            "secagg_below_min_cohort": m < self.min_cohort}
+        self.round_stats = {"secagg_survivors": 0, "secagg_lost_round": True,
+                            "secagg_threshold": t, "secagg_below_min_cohort": m < self.min_cohort}
         total, u3 = None, []
         if t is not None:
             try:
@@ -336,11 +338,11 @@ class SecureAggregation(WeightedMean):
             except ProtocolAbort as e:
                 self.round_stats["secagg_abort"] = str(e)
         self._last_total = total
-        used = np.isin(cohort_ids, u3).astype(np.float64)
-        return self._delta(enc, total, used, status, m, denominator)
+        survived = np.isin(cohort_ids, u3).astype(np.float64)
+        return self._delta(enc, total, survived, m, denominator)
 
     def _protocol(self, clients, session, t, enc, round_idx):
-        dim = enc.n_values + 5
+        dim = enc.n_values + len(STATS) + 1
         server = SecAggServer(t, dim, session)
         adverts = server.collect_adverts(clients.advertise(clients.verifying()))
         inbox = server.route_shares(clients.share(adverts))
@@ -353,29 +355,31 @@ class SecureAggregation(WeightedMean):
             len(server.adverts), 1)
         return total, u3
 
-    def _delta(self, enc, total, used, status, m, denominator) -> GlobalDelta:
+    def _delta(self, enc, total, survived, m, denominator) -> GlobalDelta:
         K, nv = enc.K, enc.n_values
-        counts = {k: sum(v == k for v in status.values())
-                  for k in ("empty", "nonfinite", "nonfinite_recon")}
-        n_bad = counts["nonfinite"] + counts["nonfinite_recon"]
-        got = None if total is None else enc.decode(total)
-        n_used = int(used.sum()) if got is not None and got[nv + 3] > 0 else 0
-        loss = got[nv] / got[nv + 1] if n_used and got[nv + 1] > 0 else float("nan")
-        summary = RoundSummary(m, n_used, n_bad, counts["nonfinite_recon"], counts["empty"],
-                               float(loss), -1, float("nan"))
+        values, st = (None, {k: 0.0 for k in STATS + ("clipped",)}) if total is None else \
+            enc.decode(total)
+        self._last_stats = st
+        count = {k: int(round(st[k])) for k in ("empty", "nonfinite", "nonfinite_recon")}
+        n_used = int(len(np.flatnonzero(survived))) - sum(count.values()) \
+            if values is not None and st["used"] > 0 else 0
+        loss = st["loss"] / st["weight"] if n_used and st["weight"] > 0 else float("nan")
+        summary = RoundSummary(m, n_used, count["nonfinite"] + count["nonfinite_recon"],
+                               count["nonfinite_recon"], count["empty"], float(loss), -1,
+                               float("nan"))
         if not n_used:
-            return empty_delta(K, summary, used * 0)
-        clipped = int(round(got[nv + 4]))
+            return empty_delta(K, summary, survived * 0)
+        clipped = int(round(st["clipped"]))
         self.round_stats.update(
-            secagg_survivors=n_used, secagg_lost_round=False, secagg_clipped=clipped,
-            secagg_clipped_share=clipped / (n_used * nv))
+            secagg_survivors=int(survived.sum()), secagg_lost_round=False,
+            secagg_clipped=clipped, secagg_clipped_share=clipped / (n_used * nv))
         if enc.dp is not None:
-            self.round_stats["secagg_indicator_sum"] = int(round(got[nv + 2]))
+            self.round_stats["secagg_indicator_sum"] = int(round(st["unclipped"]))
         if clipped > CLIP_WARNING * n_used * nv:
             warnings.warn(f"secure aggregation clipped {clipped} of {n_used * nv} values to "
                           f"±value_bound={self.value_bound:g} this round: the aggregate is "
                           "biased; raise value_bound (or max_weight)", RuntimeWarning,
                           stacklevel=5)
-        block = (got[:nv] / (denominator or got[nv + 3])).reshape(enc.n_items, K + 1)
+        block = (values / (denominator or st["used"])).reshape(enc.n_items, K + 1)
         return GlobalDelta(np.arange(enc.n_items), block[:, :K], block[:, K], None, summary,
-                           n_used * (nv + 5), used)
+                           int(survived.sum()) * (nv + len(STATS) + 1), survived)
