@@ -3,11 +3,14 @@
 
     python scripts/flower_deploy.py --nodes 2 --rounds 3 --json /tmp/deploy.json
 
-Insecure mode (plain HTTP) on loopback only; for TLS give the SuperLink ``--ssl-certfile``,
-``--ssl-keyfile``, ``--ssl-ca-certfile``, the SuperNodes ``--root-certificates`` and the ``flwr``
-connection ``root-certificates`` instead of ``insecure = true`` (see README "Deploying with
-Flower"). Each process runs in its own process group under a deadline and is killed with its
-children (the ``flwr-serverapp`` / ``flwr-clientapp`` processes) when the run ends or fails.
+By default every connection is TLS (a throw-away CA and a SuperLink certificate for
+127.0.0.1/localhost, made here with ``cryptography``) and SuperNodes authenticate: the SuperLink
+runs with ``--enable-supernode-auth``, each node's P-384 public key is registered with ``flwr
+supernode register`` before it starts with its private key, and only registered nodes are let
+in (``--intruders N`` starts unregistered nodes to show it). ``--insecure`` runs plain HTTP
+instead (loopback only). Each process runs in its own process group under a deadline and is
+killed with its children (the ``flwr-serverapp`` / ``flwr-clientapp`` processes) when the run
+ends or fails.
 """
 
 from __future__ import annotations
@@ -78,10 +81,63 @@ def stop(procs, grace: float = 5.0):
             time.sleep(0.1)
 
 
-def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0) -> dict:
+def credentials(folder: Path, nodes: int) -> dict:
+    """A CA, the SuperLink's TLS certificate for 127.0.0.1/localhost signed by it, and a P-384
+    key pair per SuperNode (OpenSSH format, as ``flwr supernode register`` takes)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(subject, key, issuer, issuer_key, extensions):
+        b = x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(
+            key.public_key()).serial_number(x509.random_serial_number()).not_valid_before(
+            now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        for ext, critical in extensions:
+            b = b.add_extension(ext, critical=critical)
+        return b.sign(issuer_key, hashes.SHA256())
+
+    def pem_key(key):
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
+    ca_key, srv_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
+        ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedcf test CA")])
+    ca = cert(ca_name, ca_key, ca_name, ca_key, [(x509.BasicConstraints(ca=True, path_length=None),
+                                                  True)])
+    san = x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                       x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    srv = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]), srv_key,
+               ca_name, ca_key, [(san, False)])
+    out = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
+    out["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    out["cert"].write_bytes(srv.public_bytes(serialization.Encoding.PEM))
+    out["key"].write_bytes(pem_key(srv_key))
+    for k in range(nodes):
+        key = ec.generate_private_key(ec.SECP384R1())
+        (folder / f"node{k}").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption()))
+        (folder / f"node{k}.pub").write_bytes(key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+        out[f"node{k}"] = folder / f"node{k}"
+    return out
+
+
+def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
+           secure: bool = True, intruders: int = 0) -> dict:
     """Start the SuperLink and ``nodes`` SuperNodes, ``flwr run`` the app with ``run_config``,
-    wait for its result file; always stop every process. Returns the ServerApp's result plus
-    the addresses the processes listened on and the seconds taken."""
+    wait for its result file; always stop every process. With ``secure`` (the default) every
+    connection is TLS and only registered SuperNodes get in; ``intruders`` more nodes start
+    with keys nobody registered. Returns the ServerApp's result plus the addresses the
+    processes listened on and the seconds taken."""
     from fedcf.flower import write_app
 
     folder = Path(folder)
@@ -89,14 +145,16 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0)
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     link = free_port()
+    creds = credentials(folder / "credentials", nodes + intruders) if secure else None
+    tls = f'root-certificates = "{creds["ca"]}"\n' if secure else "insecure = true\n"
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link}"\n'
-        "insecure = true\n")
+        + tls)
     result_path = folder / "result.json"
     app = write_app(folder / "app", **{**run_config, "min-nodes": nodes,
                                        "result-path": str(result_path)})
     limit = ["timeout", "-s", "KILL", str(int(deadline) + 30)]
-    procs, t0 = [], time.monotonic()
+    procs, outside, t0 = [], set(), time.monotonic()
 
     def start(name, args):
         log = open(folder / f"{name}.log", "w")
@@ -104,16 +162,31 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0)
                                       env=env, cwd=folder, start_new_session=True))
         return procs[-1]
 
+    link_tls = ["--ssl-ca-certfile", str(creds["ca"]), "--ssl-certfile", str(creds["cert"]),
+                "--ssl-keyfile", str(creds["key"]), "--enable-supernode-auth"] if secure \
+        else ["--insecure"]
     try:
-        sl = start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1",
+        sl = start("superlink", ["flower-superlink", *link_tls, "--host", "127.0.0.1",
                                  "--port", str(link), "--database", str(folder / "state.db"),
                                  "--disable-runtime-dependency-installation"])
         wait_port(link, sl, 60)
-        for k in range(nodes):
-            start(f"supernode{k}", [
-                "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}",
+        for k in range(nodes + intruders):
+            node_tls = ["--insecure"] if not secure else [
+                "--root-certificates", str(creds["ca"]),
+                "--auth-supernode-private-key", str(creds[f"node{k}"])]
+            if secure and k < nodes:  # registered through the Control API; intruders are not
+                reg = subprocess.run(["flwr", "supernode", "register",
+                                      str(creds[f"node{k}"]) + ".pub", "local"], env=env,
+                                     cwd=folder, capture_output=True, text=True, timeout=60)
+                if reg.returncode != 0:
+                    raise RuntimeError(f"flwr supernode register failed: {reg.stdout}"
+                                       f"{reg.stderr}")
+            node = start(f"supernode{k}", [
+                "flower-supernode", *node_tls, "--superlink", f"127.0.0.1:{link}",
                 "--host", "127.0.0.1", "--port", str(free_port()),
-                "--node-config", f"partition-id={k} num-partitions={nodes}"])
+                "--node-config", f"partition-id={k % nodes} num-partitions={nodes}"])
+            if k >= nodes:
+                outside.add(node.pid)
         run = subprocess.run(["flwr", "run", str(app), "local"], env=env, cwd=folder,
                              capture_output=True, text=True, timeout=120)
         if run.returncode != 0:
@@ -122,14 +195,17 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0)
         while not result_path.exists():
             if time.monotonic() - t0 > deadline:
                 raise TimeoutError(f"no result after {deadline:g} s; logs in {folder}")
-            if any(p.poll() is not None for p in procs):
+            if any(p.poll() is not None for p in procs if p.pid not in outside):
                 raise RuntimeError(f"a Flower process exited early; logs in {folder}")
             time.sleep(1)
         result = json.loads(result_path.read_text())
         addresses = sorted(set(addresses) | set(listening({p.pid for p in procs})))
     finally:
         stop(procs)
+    turned_away = sum("Failed to activate SuperNode" in (folder / f"supernode{k}.log").read_text()
+                      for k in range(nodes, nodes + intruders))
     result.update(listening=addresses, deploy_seconds=time.monotonic() - t0,
+                  intruders_turned_away=turned_away,
                   left_running=sorted(members({p.pid for p in procs})),
                   flwr_run_output=run.stdout.strip().splitlines()[-1:])
     return result
@@ -144,6 +220,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--data-path", default="")
     ap.add_argument("--deadline", type=float, default=300.0)
     ap.add_argument("--folder", default=None)
+    ap.add_argument("--insecure", action="store_true", help="plain HTTP, no node authentication")
+    ap.add_argument("--intruders", type=int, default=0,
+                    help="also start this many SuperNodes whose keys are not registered")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from fedcf import FedReconMF
@@ -158,12 +237,14 @@ def main(argv=None) -> dict:
             "synthetic-items": 60, "synthetic-ratings": 4000}
     config = {**data, "fedcf-params": json.dumps(params), "eval-fraction": 0.1,
               "model-path": str(folder / "model.npz")}
-    out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline)
+    out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline,
+                 secure=not args.insecure, intruders=args.intruders)
     ref, ref_eval, _ = fit_in_process(params, data, 0.1)
     model = FedReconMF.load(out["model_path"])
     hist = out.pop("history")
     out = {"meta": run_meta("flower_deploy.py", argv, packages=("flwr",)), "dataset":
-           args.dataset, "nodes": args.nodes, **out, "local_recon_eval": ref_eval,
+           args.dataset, "nodes": args.nodes, "tls_and_node_auth": not args.insecure,
+           "intruders": args.intruders, **out, "local_recon_eval": ref_eval,
            "identical_item_factors": bool(np.array_equal(model.item_factors_,
                                                          ref.item_factors_)),
            "round_seconds": [r["seconds"] for r in hist],

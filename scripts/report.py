@@ -712,6 +712,12 @@ def flower_block(sim, dep) -> str:
                   f"{all(a.startswith('127.0.0.1:') for a in dep['listening'])}; processes "
                   f"left after shutdown: {len(dep['left_running'])}; whole deployment "
                   f"{dep['deploy_seconds']:.0f} s."]
+        if "tls_and_node_auth" in dep:
+            lines.append(f"- TLS and SuperNode authentication: "
+                         f"{'on' if dep['tls_and_node_auth'] else 'off'}; SuperNodes started "
+                         f"with unregistered keys: {dep['intruders']} (turned away by the "
+                         f"SuperLink: {dep.get('intruders_turned_away', 'not recorded')}); "
+                         f"nodes the server saw: {dep['n_nodes']}.")
     return "\n".join(lines)
 
 

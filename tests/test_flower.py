@@ -368,15 +368,20 @@ def test_flower_simulation_ml100k_matches_fedreconmf(tmp_path):
 
 
 def test_flower_deployment_superlink_and_supernodes(tmp_path):
-    """A SuperLink and two SuperNodes as separate processes on 127.0.0.1, ``flwr run``: the
-    result is the in-process model, every socket is on loopback, every process is gone."""
+    """A SuperLink and two SuperNodes as separate processes on 127.0.0.1 with TLS and SuperNode
+    authentication, ``flwr run``: a third node whose key was never registered is kept out (it
+    would hold a partition the others hold, which the directory would refuse), the result is
+    the in-process model, every socket is on loopback, every process is gone."""
     deploy = load_script("flower_deploy")
     params = {**PARAMS, "n_rounds": 2, "clients_per_round": 10}
     config = {**DATA, "fedcf-params": json.dumps(params), "eval-fraction": 0.2,
               "model-path": str(tmp_path / "deployed.npz")}
-    res = deploy.deploy(tmp_path / "run", nodes=2, run_config=config, deadline=240)
+    res = deploy.deploy(tmp_path / "run", nodes=2, run_config=config, deadline=240,
+                        intruders=1)
     assert res["listening"] and all(a.startswith("127.0.0.1:") for a in res["listening"])
-    assert res["refusals"] == [] and res["n_nodes"] == 2
+    assert res["refusals"] == [] and res["n_nodes"] == 2  # the intruder never got in
+    assert res["intruders_turned_away"] == 1  # the SuperLink refused to activate it
+    assert (tmp_path / "run" / "credentials" / "ca.crt").exists()
     model = FedReconMF.load(res["model_path"])
     ref, ref_eval = reference(params)
     np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
