@@ -2,9 +2,11 @@
 """Mutation testing of the privacy code: break it on purpose, one mutant at a time, and check
 that the privacy tests notice.
 
-Each mutant is a one-line change to ``fedcf/federated/{dp,aggregators,accounting,phases}.py`` of the
-kind a reviewer fears (noise dropped or halved, the clip skipping the bias part, the accountant
-fed q/2 or 2σ, fixed-size sampling passed off as Poisson, FoolsGold without its pardon, ...).
+Each mutant is a one-line change to ``fedcf/federated/{dp,aggregators,accounting,phases,secagg,
+secagg_protocol}.py`` of the kind a reviewer fears (noise dropped or halved, the clip skipping
+the bias part, the accountant fed q/2 or 2σ, fixed-size sampling passed off as Poisson,
+FoolsGold without its pardon, a secure-aggregation client revealing both secrets of one client,
+mask seeds not from the OS, ...).
 The script applies it in place, runs the privacy tests, and restores the file (also when
 interrupted); a mutant *survives* when every test still passes. Run it on a clean checkout.
 
@@ -22,8 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FED = "fedcf/federated/"
-TESTS = ["tests/test_privacy.py", "tests/test_attacks.py", "tests/test_aggregator_contract.py",
-         "tests/test_phases.py"]
+TESTS = ["tests/test_privacy.py", "tests/test_secagg.py", "tests/test_attacks.py",
+         "tests/test_aggregator_contract.py", "tests/test_phases.py"]
 
 # (name, file, original text, mutated text)
 MUTANTS = [
@@ -73,6 +75,27 @@ MUTANTS = [
     ("delta ignored", FED + "accounting.py",
      "return float(compute_epsilon(orders, total, self.delta)[0])",
      "return float(compute_epsilon(orders, total, 0.1)[0])"),
+    # secure aggregation: the protocol's promises
+    ("secagg: a client reveals both secrets of a dropped client", FED + "secagg_protocol.py",
+     "{v: (self._held[v][0], self._held[v][2]) for v in sorted(u3)})",
+     "{v: (self._held[v][0], self._held[v][2]) for v in self._u2})"),
+    ("secagg: a client answers the unmasking round twice", FED + "secagg_protocol.py",
+     "        if self._answered:", "        if False:"),
+    ("secagg: unmasking without t signatures", FED + "secagg_protocol.py",
+     "        if len(good & set(u3)) < self.t:", "        if False:"),
+    ("secagg: mask seeds not from the OS", FED + "secagg_protocol.py",
+     "self._s_seed, self._b_seed = os.urandom(SEED_BYTES), os.urandom(SEED_BYTES)",
+     "self._s_seed, self._b_seed = bytes(SEED_BYTES), bytes(SEED_BYTES)"),
+    ("secagg: masks from a NumPy generator, not ChaCha20", FED + "secagg_protocol.py",
+     'return np.frombuffer(enc.update(b"\\0" * (4 * size)), dtype="<u4").astype(np.uint32)',
+     "return np.random.default_rng(list(seed_key)).integers(0, 2**32, size, "
+     "dtype=np.uint64).astype(np.uint32)"),
+    ("secagg: a threshold of half the cohort accepted", FED + "secagg.py",
+     "return t if m / 2 < t <= m else None", "return t if t <= m else None"),
+    ("secagg: min_cohort ignored", FED + "secagg.py",
+     "t = max(t, int(self.min_cohort))", "t = t"),
+    ("secagg: clipping not counted", FED + "secagg.py",
+     "q[:, -1] = np.count_nonzero(clipped != rows, axis=1)", "q[:, -1] = 0"),
 ]
 
 

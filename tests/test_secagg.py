@@ -89,6 +89,14 @@ def test_secrets_come_from_the_os_not_from_any_seed():
     keys = [[m.s_pk for m in v if isinstance(m, Advert)] for v in views]
     assert not any(np.array_equal(a, b) for a, b in zip(*ys))
     assert not set(keys[0]) & set(keys[1])
+    assert len(set(keys[0])) == 4  # and no two clients of one round share a mask key
+
+
+def test_the_mask_prg_is_the_chacha20_keystream():
+    """RFC 7539, appendix A.1, test vector 1: key and nonce zero, block counter 0."""
+    expected = ("76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
+                "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586")
+    assert secagg_protocol.prg(bytes(32), 16).astype("<u4").tobytes().hex() == expected
 
 
 def _halves(m, t):
