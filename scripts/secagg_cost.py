@@ -11,6 +11,9 @@ survivor and per dropped client, masks regenerated for the dropped), bytes each 
 included), and the same vector's plain size for comparison. ``--drop``
 clients vanish after sharing their keys, so the server also rebuilds their masks.
 
+Cohorts run with every pair masking (Bonawitz et al.) and with the SecAgg+ graph of degree k
+(``--neighbours``), whose per-client work grows with k rather than m.
+
 Example: python scripts/secagg_cost.py --json eval/results/secagg_cost.json
 """
 
@@ -26,17 +29,20 @@ from fedcf.federated.secagg_protocol import simulate
 from fedcf.provenance import run_meta, write_json
 
 
-def one(m: int, n_items: int, K: int, drop: float, rng) -> dict:
-    d = n_items * (K + 1) + 2  # rows, the weight, the clip count
+def one(m: int, n_items: int, K: int, drop: float, rng, neighbours: int | None) -> dict:
+    d = n_items * (K + 1) + 9  # rows, then the statistics and the clip count
     X = rng.integers(0, 2**32, (m, d), dtype=np.uint64).astype(np.uint32)
-    t = SecureAggregation(min_cohort=2).threshold_for(m)
+    agg = SecureAggregation(min_cohort=2, neighbours=neighbours)
+    t = agg.threshold_for(m)
     dropped = rng.choice(m, int(round(drop * m)), replace=False)
     clock = {}
     t0 = time.perf_counter()
-    total, u3, server = simulate(X, range(m), t, drop_after_shares=dropped, clock=clock)
+    total, u3, server = simulate(X, range(m), t, drop_after_shares=dropped, clock=clock,
+                                 neighbours=neighbours)
     wall = time.perf_counter() - t0
     assert np.array_equal(total, X[u3].sum(axis=0, dtype=np.uint64).astype(np.uint32))
-    return {"clients": m, "n_items": n_items, "K": K, "threshold": t, "dropped": len(dropped),
+    return {"clients": m, "n_items": n_items, "K": K, "neighbours": neighbours,
+            "holders": agg.holders(m), "threshold": t, "dropped": len(dropped),
             "client_seconds": clock["clients"] / m, "server_seconds": clock["server"],
             "round_seconds": wall, "bytes_up_per_client": server.bytes_received() / m,
             "plain_bytes": 4 * d}
@@ -44,26 +50,37 @@ def one(m: int, n_items: int, K: int, drop: float, rng) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", type=int, nargs="+", default=[20, 100])
+    ap.add_argument("--clients", type=int, nargs="+", default=[20, 100, 1000])
     ap.add_argument("--items", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     ap.add_argument("--factors", type=int, default=16)
     ap.add_argument("--drop", type=float, default=0.1)
+    ap.add_argument("--neighbours", type=int, nargs="+", default=[0, 40],
+                    help="graph degrees to run: 0 = every pair (Bonawitz et al.), k = SecAgg+")
     ap.add_argument("--max-words", type=float, default=2e9,
-                    help="skip configurations whose masks exceed this many words (m² · d)")
+                    help="skip configurations whose masks exceed this many words (m·k·d)")
+    ap.add_argument("--max-holders", type=int, default=150,
+                    help="skip configurations with more share holders per client (Shamir in "
+                         "pure Python costs holders² per client)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     rows = []
     for m in args.clients:
-        for n in args.items:
-            if m * m * n * (args.factors + 1) > args.max_words:
-                print(f"m={m}, {n:,} items: skipped (over --max-words)")
-                continue
-            r = one(m, n, args.factors, args.drop, rng)
-            rows.append(r)
-            print(f"m={m:<5} items={n:<7,} client {r['client_seconds']:.3f} s  server "
-                  f"{r['server_seconds']:.2f} s  up {r['bytes_up_per_client'] / 2**20:.2f} MiB "
-                  f"per client (plain {r['plain_bytes'] / 2**20:.2f} MiB)", flush=True)
+        for k in sorted(set(args.neighbours)):
+            h = SecureAggregation(neighbours=k or None).holders(m)
+            if k and h >= m:
+                continue  # the graph is complete at this cohort: the k = 0 row
+            for n in args.items:
+                words = m * (h - 1) * n * (args.factors + 1)
+                if words > args.max_words or h > args.max_holders:
+                    print(f"m={m}, k={k}, {n:,} items: skipped (over the budget)")
+                    continue
+                r = one(m, n, args.factors, args.drop, rng, k or None)
+                rows.append(r)
+                print(f"m={m:<5} k={k:<3} items={n:<7,} client {r['client_seconds']:.3f} s  "
+                      f"server {r['server_seconds']:.2f} s  up "
+                      f"{r['bytes_up_per_client'] / 2**20:.2f} MiB per client (plain "
+                      f"{r['plain_bytes'] / 2**20:.2f} MiB)", flush=True)
     if args.json:
         meta = {**run_meta("secagg_cost.py", argv), "settings": vars(args)}
         write_json(args.json, [{**r, "meta": meta} for r in rows])

@@ -26,6 +26,7 @@ from fedcf.federated import (
 )
 from fedcf.federated.secagg_protocol import (
     Advert,
+    EncryptedShares,
     Identities,
     MaskedInput,
     ProtocolAbort,
@@ -78,6 +79,23 @@ def test_the_protocol_sums_exactly_the_survivors(m, dropped):
     for msg in server.transcript:
         if isinstance(msg, MaskedInput):
             assert np.mean(msg.y == X[msg.client]) < 0.01
+
+
+@pytest.mark.parametrize("dropped", [(), (1, 7)])  # t = 3 of 5: never short
+def test_secagg_plus_masks_and_shares_with_neighbours_only_and_sums_exactly(dropped):
+    """SecAgg+ (neighbours=k): each client's shares go to itself and its k ring neighbours, the
+    graph is symmetric, and the survivors' sum is still exact with dropouts."""
+    m, k = 20, 4
+    X = _vectors(m)
+    total, u3, server = simulate(X, range(m), 3, drop_after_shares=dropped, neighbours=k)
+    np.testing.assert_array_equal(total, _sum(X, u3))
+    assert all(len(h) == k + 1 and u in h for u, h in server.graph.items())
+    assert all(u in server.graph[v] for u, h in server.graph.items() for v in h)
+    bundles = [msg for msg in server.transcript if isinstance(msg, EncryptedShares)]
+    assert all(sorted(b.ciphertexts) == server.graph[b.client] for b in bundles)
+    agg = SecureAggregation(neighbours=k, min_cohort=5)
+    assert agg.holders(m) == k + 1 and agg.threshold_for(m) == 4
+    assert SecureAggregation(neighbours=k).holders(5) == 5  # small cohorts: every pair
 
 
 def test_secrets_come_from_the_os_not_from_any_seed():
@@ -244,6 +262,8 @@ def test_small_cohorts_and_thresholds_at_most_half_are_never_aggregated(m, kw):
     (dict(threshold=1), ValueError, "threshold must be"),
     (dict(min_cohort=1), ValueError, "min_cohort must be"),
     (dict(max_weight=0.0), ValueError, "max_weight must be"),
+    (dict(neighbours=1), ValueError, "neighbours must be"),
+    (dict(neighbours=3.0), ValueError, "neighbours must be"),
     (dict(value_bound=-1.0), ValueError, "value_bound must be"),
     (dict(drop_after_setup=1.0), ValueError, "drop_after_setup"),
 ])
@@ -257,6 +277,15 @@ def test_threshold_larger_than_the_cohort_is_refused():
     with pytest.raises(ValueError, match="threshold=50 is larger than the cohort"):
         FedReconMF(n_factors=2, n_rounds=1, clients_per_round=10,
                    aggregator=SecureAggregation(threshold=50)).fit(pop)
+
+
+def test_secagg_plus_gives_the_model_of_every_pair_masking():
+    pop = make_synthetic_ratings(120, 25, 1800, n_factors=2, random_state=4)
+    kw = dict(n_factors=2, n_rounds=2, clients_per_round=15, random_state=0)
+    full = FedReconMF(**kw, aggregator=SecureAggregation(min_cohort=5)).fit(pop)
+    plus = FedReconMF(**kw, aggregator=SecureAggregation(min_cohort=5, neighbours=4)).fit(pop)
+    np.testing.assert_array_equal(plus.item_factors_, full.item_factors_)
+    assert [h["secagg_threshold"] for h in plus.history_] == [4, 4]
 
 
 def test_fit_under_secure_aggregation_matches_the_plain_fit():
@@ -391,11 +420,14 @@ def test_what_the_sum_reveals_shrinks_with_the_cohort():
 def test_the_cost_script_reports_client_and_server_time_and_bytes():
     from conftest import load_script
 
-    rows = load_script("secagg_cost").main(["--clients", "6", "--items", "50", "200",
-                                            "--factors", "2", "--drop", "0.2"])
-    assert [r["n_items"] for r in rows] == [50, 200]
+    rows = load_script("secagg_cost").main(["--clients", "6", "12", "--items", "50", "200",
+                                            "--factors", "2", "--drop", "0.1",
+                                            "--neighbours", "0", "4"])  # one drop: never short
+    assert [(r["clients"], r["neighbours"], r["n_items"]) for r in rows] == [
+        (m, k, n) for m in (6, 12) for k in (None, 4) for n in (50, 200)]
     for r in rows:
-        assert r["dropped"] == 1 and r["threshold"] == 5
+        assert r["threshold"] == (5 if r["holders"] == 6 else 9 if r["holders"] == 12 else 4)
+        assert r["dropped"] == 1
         assert r["client_seconds"] > 0 and r["server_seconds"] > 0
         assert r["bytes_up_per_client"] > r["plain_bytes"]  # the vector plus keys and shares
 

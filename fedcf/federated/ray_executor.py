@@ -216,12 +216,13 @@ class Shard:
                  "secure_begin": self.secure_begin}
         return calls[method](clients, *args)
 
-    def secure_begin(self, clients, params, ids, hp, enc, session, t):
+    def secure_begin(self, clients, params, ids, hp, enc, session, t, neighbours=None):
         """Secure aggregation, in this actor: run the clients, encode their uploads and make
         their protocol halves (kept here). Returns their identity keys' public halves — never
         an upload."""
         out = self.run(clients, params, ids)
-        self.halves = ClientHalves(out.client_ids(), enc.encode(out, hp)[0], t, session)
+        self.halves = ClientHalves(out.client_ids(), enc.encode(out, hp)[0], t, session,
+                                   neighbours)
         return self.halves.verifying()
 
     def secure(self, step: str, *args):
@@ -374,10 +375,11 @@ class BoundRayExecutor(RoundExecutor):
 
     supports_secure = True
 
-    def secure_clients(self, cohort, params, ids, hp, enc, session, t):
+    def secure_clients(self, cohort, params, ids, hp, enc, session, t, neighbours=None):
         """The shards' client halves as one ``ShardedHalves``: each shard runs, encodes and
         masks its own clients."""
-        res, _ = self._map("secure_begin", cohort, params, ids, hp, enc, session, t)
+        res, _ = self._map("secure_begin", cohort, params, ids, hp, enc, session, t,
+                           neighbours)
         registry = {}
         for keys in res:
             registry.update(keys)

@@ -143,11 +143,13 @@ class ClientHalves:
     driver's process for the local executor, a shard's actor on Ray): their encoded rows,
     keys and received shares never leave this object except as protocol messages."""
 
-    def __init__(self, ids, q: np.ndarray, threshold: int, session: bytes):
+    def __init__(self, ids, q: np.ndarray, threshold: int, session: bytes,
+                 neighbours: int | None = None):
         self.ids = [int(c) for c in ids]
         self.q = {c: q[r] for r, c in enumerate(self.ids)}
         self.identities = Identities(self.ids)
         self.t, self.session, self.halves = int(threshold), session, {}
+        self.neighbours = neighbours
 
     def verifying(self) -> dict:
         return self.identities.public_bytes()
@@ -155,7 +157,7 @@ class ClientHalves:
     def advertise(self, registry: dict) -> list:
         pki = Identities.verifiers(registry)
         self.halves = {c: SecAggClient(c, self.t, self.session, self.identities.signing_key(c),
-                                       pki) for c in self.ids}
+                                       pki, self.neighbours) for c in self.ids}
         return [h.advertise() for h in self.halves.values()]
 
     def share(self, adverts) -> list:
@@ -190,10 +192,11 @@ class SecureAggregation(WeightedMean):
 
     Parameters
     ----------
-    threshold : float in (0.5, 1) or int
-        Shares needed to rebuild a client's secret: t = ⌊share·m⌋ + 1 of a cohort of m (> m/2
-        always; the default 2/3 gives t > 2m/3, the bound for a malicious server), or a count,
-        which must exceed m/2 in every round (else the round is not aggregated).
+    threshold : float in [0.5, 1) or int
+        Shares needed to rebuild a client's secret: t = ⌊share·h⌋ + 1 of its h share holders
+        (the cohort m, or k + 1 with ``neighbours``; > h/2 always; the default 2/3 gives
+        t > 2h/3, the bound for a malicious server), or a count, which must exceed h/2 in
+        every round (else the round is not aggregated).
     value_bound : float
         Each value of a client's normalised upload is clipped to ±value_bound before
         quantization (counted: ``secagg_clipped`` in the history, a warning above 0.1 %).
@@ -205,6 +208,12 @@ class SecureAggregation(WeightedMean):
         cohort reveals its members' uploads (eval/PRIVACY.md measures by cohort size).
     drop_after_setup : float in [0, 1)
         Probability that a client drops after sharing its keys and before sending its vector.
+    neighbours : int or None
+        None: every pair of clients masks and holds shares (Bonawitz et al.). An integer k:
+        the SecAgg+ graph of Bell et al. 2020 — each client masks with, and shares with, its
+        k nearest clients on a ring ordered by a hash of the round's advertised keys, so a
+        client's work grows with k instead of m and the threshold applies among the k + 1
+        holders (choose k of order log m; eval/PRIVACY.md measures the cost).
 
     Examples
     --------
@@ -217,10 +226,11 @@ class SecureAggregation(WeightedMean):
     """
 
     def __init__(self, threshold=2 / 3, value_bound: float = 1.0, max_weight: float = 1000.0,
-                 min_cohort: int = 10, drop_after_setup: float = 0.0):
+                 min_cohort: int = 10, drop_after_setup: float = 0.0,
+                 neighbours: int | None = None):
         self.threshold, self.value_bound = threshold, value_bound
         self.max_weight, self.min_cohort = max_weight, min_cohort
-        self.drop_after_setup = drop_after_setup
+        self.drop_after_setup, self.neighbours = drop_after_setup, neighbours
         self.context, self.round_stats = None, {}
         self.validate()
 
@@ -244,6 +254,11 @@ class SecureAggregation(WeightedMean):
         if not (isinstance(self.drop_after_setup, (int, float))
                 and 0 <= self.drop_after_setup < 1):
             raise ValueError(f"drop_after_setup must be in [0, 1), got {self.drop_after_setup!r}")
+        k = self.neighbours
+        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer))
+                              or k < 2):
+            raise ValueError(f"neighbours must be None (every pair) or an integer >= 2 (the "
+                             f"SecAgg+ graph degree), got {k!r}")
 
     linear = False  # the protocol runs on every client's masked vector
     secure = True
@@ -251,7 +266,7 @@ class SecureAggregation(WeightedMean):
     def bind(self, context: RunContext) -> SecureAggregation:
         self.validate()
         bound = SecureAggregation(self.threshold, self.value_bound, self.max_weight,
-                                  self.min_cohort, self.drop_after_setup)
+                                  self.min_cohort, self.drop_after_setup, self.neighbours)
         bound.context = context
         m = context.clients_per_round
         if isinstance(self.threshold, (int, np.integer)) and self.threshold > m:
@@ -263,12 +278,21 @@ class SecureAggregation(WeightedMean):
                              "clients_per_round or lower min_cohort")
         return bound
 
+    def holders(self, m: int) -> int:
+        """How many clients hold each client's shares: the cohort, or with ``neighbours`` the
+        client and its neighbours on the SecAgg+ ring."""
+        k = self.neighbours
+        return m if k is None or k >= m - 1 else 2 * ((k + 1) // 2) + 1
+
     def threshold_for(self, m: int) -> int | None:
-        """t for a cohort of m, or None when no t > m/2 (and >= min_cohort) fits."""
+        """t for a cohort of m (of the share holders, with ``neighbours``), or None when no
+        t > holders/2 fits, or the cohort is below ``min_cohort``."""
+        h = self.holders(m)
         t = int(self.threshold) if isinstance(self.threshold, (int, np.integer)) else \
-            int(np.floor(self.threshold * m)) + 1
-        t = max(t, int(self.min_cohort))
-        return t if m / 2 < t <= m else None
+            int(np.floor(self.threshold * h)) + 1
+        if h == m:  # every pair: the threshold also keeps the survivors >= min_cohort
+            t = max(t, int(self.min_cohort))
+        return t if h / 2 < t <= h and m >= self.min_cohort else None
 
     def encoding(self, m: int, round_idx: int = 0, *, dp=None, noise_scale: float = 0.0,
                  secret_noise: bool = True) -> Encoding:
@@ -302,7 +326,8 @@ class SecureAggregation(WeightedMean):
         q, rows = enc.encode(out, hp)
         ids = out.client_ids()
         session = os.urandom(16)
-        halves = ClientHalves(ids, q, self.threshold_for(out.n_clients) or 2, session)
+        halves = ClientHalves(ids, q, self.threshold_for(out.n_clients) or 2, session,
+                              self.neighbours)
         delta = self.secure_round(halves, session, enc, ids, round_idx, denominator)
         if delta.summary.n_used:
             got = enc.decode(self._last_total)[0]
@@ -320,7 +345,8 @@ class SecureAggregation(WeightedMean):
                             secret_noise=secret_noise)
         session = os.urandom(16)
         t = self.threshold_for(len(cohort.clients)) or 2
-        clients = executor.secure_clients(cohort, params, ids, hp, enc, session, t)
+        clients = executor.secure_clients(cohort, params, ids, hp, enc, session, t,
+                                          self.neighbours)
         return self.secure_round(clients, session, enc, cohort.clients, round_idx, denominator)
 
     def secure_round(self, clients, session: bytes, enc: Encoding, cohort_ids: np.ndarray,
@@ -343,13 +369,16 @@ class SecureAggregation(WeightedMean):
 
     def _protocol(self, clients, session, t, enc, round_idx):
         dim = enc.n_values + len(STATS) + 1
-        server = SecAggServer(t, dim, session)
+        server = SecAggServer(t, dim, session, self.neighbours)
         adverts = server.collect_adverts(clients.advertise(clients.verifying()))
         inbox = server.route_shares(clients.share(adverts))
         draw = np.random.default_rng([self.context.seed, round_idx, 0x5EC]).random(
             len(server.u2))  # who drops after sharing (a simulation of the network)
         dropped = [c for c, r in zip(server.u2, draw) if r < self.drop_after_setup]
         u3 = server.collect_inputs(clients.mask(inbox, dropped))
+        if len(u3) < self.min_cohort:
+            raise ProtocolAbort(f"{len(u3)} clients sent masked inputs, fewer than "
+                                f"min_cohort={self.min_cohort}: the round is not aggregated")
         total = server.unmasked_sum(clients.unmask(u3, clients.consistency(u3)))
         self.round_stats["secagg_bytes_per_client"] = server.bytes_received() / max(
             len(server.adverts), 1)

@@ -34,6 +34,7 @@ paper's bounds hold for t > 2m/3, the default; t ≤ m/2 is refused); see eval/P
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import time
@@ -144,17 +145,19 @@ class UnmaskShares:
 
 
 def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
-             identities: Identities | None = None, clock: dict | None = None):
+             identities: Identities | None = None, clock: dict | None = None,
+             neighbours: int | None = None):
     """One aggregation of the rows of ``X`` (uint32, one per client) with every client half in
     this process: returns (sum mod 2³² of the survivors' rows, U3, the server half). Clients in
     ``drop_after_shares`` vanish after round 1. ``clock`` (a dict) accumulates the seconds
-    spent in the client halves ("clients") and in the server half ("server")."""
+    spent in the client halves ("clients") and in the server half ("server"). ``neighbours``:
+    the SecAgg+ graph degree (``share_graph``; None: every pair)."""
     clients = [int(c) for c in clients]
     session = os.urandom(16)
     ids = identities or Identities(clients)
-    halves = {c: SecAggClient(c, threshold, session, ids.signing_key(c), ids.verifying)
-              for c in clients}
-    server = SecAggServer(threshold, X.shape[1], session)
+    halves = {c: SecAggClient(c, threshold, session, ids.signing_key(c), ids.verifying,
+                              neighbours) for c in clients}
+    server = SecAggServer(threshold, X.shape[1], session, neighbours)
 
     def timed(side, work):
         t0 = time.perf_counter()
@@ -182,13 +185,31 @@ def _unmasking(halves: dict, u3: list[int]) -> list:
     return [halves[c].unmask(u3, sigs) for c in u3]
 
 
+def share_graph(adverts: dict, session: bytes, neighbours: int | None) -> dict:
+    """Each advertised client's share holders: itself and its neighbours. ``neighbours`` None
+    (or at least |U1| − 1): everyone (Bonawitz et al.). Else SecAgg+ (Bell et al. 2020): the
+    clients on a ring ordered by a hash of the session and their advertised keys — fixed by
+    what every client saw, not chosen by the server — each with ⌈k/2⌉ neighbours on either
+    side. Symmetric: v holds u's shares iff u holds v's."""
+    ids = sorted(adverts)
+    if neighbours is None or neighbours >= len(ids) - 1:
+        return {u: ids for u in ids}
+    ring = sorted(ids, key=lambda c: hashlib.sha256(
+        session + _ints([c]) + adverts[c].s_pk + adverts[c].c_pk).digest())
+    half, n = (neighbours + 1) // 2, len(ring)
+    pos = {c: i for i, c in enumerate(ring)}
+    return {u: sorted({ring[(pos[u] + d) % n] for d in range(-half, half + 1)}) for u in ids}
+
+
 class SecAggClient:
     """One client's half: its keys, seeds and received shares stay in this object (in the
     process where the client runs). ``session`` binds every derived key and signature to one
     aggregation."""
 
-    def __init__(self, client: int, threshold: int, session: bytes, signing_key, verifying):
+    def __init__(self, client: int, threshold: int, session: bytes, signing_key, verifying,
+                 neighbours: int | None = None):
         self.id, self.t, self.session = int(client), int(threshold), session
+        self.neighbours = neighbours
         self._sign, self._verifying = signing_key, verifying
         self._c = X25519PrivateKey.generate()
         self._s_seed, self._b_seed = os.urandom(SEED_BYTES), os.urandom(SEED_BYTES)
@@ -204,14 +225,17 @@ class SecAggClient:
         for a in adverts:
             self._verify(a.client, a.signature, self.session + a.c_pk + a.s_pk, "advert")
         self._adverts = {a.client: a for a in adverts}
-        u1 = sorted(self._adverts)
-        if len(u1) < self.t or self.id not in self._adverts:
-            raise ProtocolAbort(f"client {self.id}: {len(u1)} clients advertised keys, fewer "
+        if self.id not in self._adverts:
+            raise ProtocolAbort(f"client {self.id}: its own keys are not in the advert list")
+        holders = share_graph(self._adverts, self.session, self.neighbours)[self.id]
+        if len(holders) < self.t:
+            raise ProtocolAbort(f"client {self.id}: {len(holders)} clients to share with, fewer "
                                 f"than the threshold t={self.t}")
-        s_sh, b_sh = (Shamir.split(self.t, len(u1), seed) for seed in (self._s_seed,
-                                                                       self._b_seed))
+        self._holders = holders
+        s_sh, b_sh = (Shamir.split(self.t, len(holders), seed) for seed in (self._s_seed,
+                                                                            self._b_seed))
         out = {}
-        for pos, v in enumerate(u1):
+        for pos, v in enumerate(holders):
             plain = _ints([self.id, v]) + struct.pack("<H", s_sh[pos][0]) + s_sh[pos][1] + \
                 b_sh[pos][1]
             nonce = os.urandom(12)
@@ -257,21 +281,24 @@ class SecAggClient:
         for sig in signatures:
             self._verify(sig.client, sig.signature, msg, "consistency signature")
             good.add(sig.client)
-        if len(good & set(u3)) < self.t:
+        if len(good & set(u3) & set(self._holders)) < self.t:
             raise ProtocolAbort(f"client {self.id}: {len(good & set(u3))} signatures on the "
                                 f"survivor list, fewer than t={self.t}")
         self._answered = True
         dropped = sorted(set(self._u2) - set(u3))
         return UnmaskShares(self.id, {v: self._held[v][:2] for v in dropped},
-                            {v: (self._held[v][0], self._held[v][2]) for v in sorted(u3)})
+                            {v: (self._held[v][0], self._held[v][2])
+                             for v in sorted(set(u3) & set(self._held))})
 
     # -------------------------------------------------------------- helpers
     def _check_u3(self, u3):
         if self._u2 is None:
             raise ProtocolAbort(f"client {self.id}: asked about survivors before round 2")
-        if not set(u3) <= set(self._u2) or len(set(u3)) < self.t or len(set(u3)) != len(u3):
-            raise ProtocolAbort(f"client {self.id}: the survivor list is not {self.t} or more "
-                                "distinct clients that received shares")
+        if not set(u3) <= set(self._adverts) or len(set(u3) & set(self._u2)) < self.t or \
+                len(set(u3)) != len(u3) or (self.neighbours is None and
+                                            not set(u3) <= set(self._u2)):
+            raise ProtocolAbort(f"client {self.id}: the survivor list is not distinct clients "
+                                f"with {self.t} or more that shared keys with it")
 
     def _verify(self, client, signature, message, what):
         key = self._verifying.get(int(client))
@@ -320,12 +347,14 @@ class SecAggServer:
     threshold: int
     dim: int
     session: bytes
+    neighbours: int | None = None
     transcript: list = field(default_factory=list)
 
     def collect_adverts(self, adverts: list[Advert]) -> list[Advert]:
         self.transcript += adverts
         self.adverts = {a.client: a for a in adverts}
         self._need(len(adverts), "advertised keys")
+        self.graph = share_graph(self.adverts, self.session, self.neighbours)
         return adverts
 
     def route_shares(self, bundles: list[EncryptedShares]) -> dict:
@@ -359,7 +388,7 @@ class SecAggServer:
         for v in sorted(set(self.u2) - set(self.u3)):  # remove the dropped clients' pair masks
             seed = self._combine([a.s_shares[v] for a in answers if v in a.s_shares], v, "key")
             key = _x25519_from_seed(seed, self.session)
-            for u in self.u3:
+            for u in set(self.u3) & set(self.graph[v]):  # u masked with v: v shared with it
                 mask = prg(pair_key(key, self.adverts[u].s_pk, v, u, self.session), self.dim)
                 total = total - mask if u < v else total + mask  # u added +mask iff u < v
         return total
