@@ -96,6 +96,27 @@ def test_under_secure_aggregation_the_shards_mask_and_the_driver_gets_messages_o
     assert all(h["secagg_survivors"] > 0 for h in ref.history_)
 
 
+def test_a_shard_lost_after_masking_counts_as_its_clients_dropping(pop, monkeypatch):
+    """An actor killed between the masked inputs and the unmasking round: its clients answer
+    nothing, the others hold enough shares to remove their masks, and the round is the one
+    that would have been (the sum is exact); the restart is recorded."""
+    kw = dict(KW, clients_per_round=20, n_rounds=2, rating_scale=(1, 5))
+    agg = SecureAggregation(threshold=0.5, min_cohort=5)
+    ref = FedReconMF(**kw, aggregator=agg).fit(pop)
+    real, killed = ShardedHalves.unmask, []
+
+    def unmask(self, u3, sigs):
+        if not killed:
+            killed.append(ray.kill(self.executor.actors[0], no_restart=True))
+        return real(self, u3, sigs)
+
+    monkeypatch.setattr(ShardedHalves, "unmask", unmask)
+    m = FedReconMF(**kw, aggregator=agg, executor=RayExecutor(3)).fit(pop)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    assert m.history_[0]["shard_restarts"] == 1 and m.history_[1]["shard_restarts"] == 0
+    assert not m.history_[0]["secagg_lost_round"]
+
+
 def test_learned_hyperparameters_take_their_derivatives_from_the_shards(pop):
     kw = dict(KW, server_optimizer=Momentum(0.5),
               hypergradients=Hypergradients(["server_learning_rate", "momentum",

@@ -427,6 +427,7 @@ class ShardedHalves:
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 ray.kill(ex.actors[s], no_restart=True)
                 ex.actors[s] = ex._start(s)
+                ex.round_stats["shard_restarts"] = ex.round_stats.get("shard_restarts", 0) + 1
                 got = []
             out += got
         self.received += [type(m).__name__ for m in out]
