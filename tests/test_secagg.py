@@ -243,7 +243,8 @@ def test_a_round_with_fewer_survivors_than_the_threshold_is_lost():
 
 
 @pytest.mark.parametrize("m, kw", [(5, {"min_cohort": 10}), (12, {"threshold": 6,
-                                                                  "min_cohort": 2})])
+                                                                  "min_cohort": 2}),
+                                   (8, {"min_cohort": 10, "neighbours": 4})])
 def test_small_cohorts_and_thresholds_at_most_half_are_never_aggregated(m, kw):
     agg = bound(**kw)
     got = agg(cohort(m=m), HP, 0)
