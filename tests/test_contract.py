@@ -140,8 +140,8 @@ def test_failed_refit_leaves_model_as_it_was(fitted, data, name):
 def test_phase_objects_survive_save_load_and_refit(data, tmp_path):
     from fedcf.federated import Adam, DifferentialPrivacy, SecureAggregation
 
-    agg = DifferentialPrivacy(SecureAggregation(value_bound=10.0), 0.5, 1.0, delta=1e-4,
-                              insecure_seeded_noise=True)  # seeded: refits are comparable
+    agg = DifferentialPrivacy(SecureAggregation(value_bound=10.0, neighbours=8), 0.5, 1.0,
+                              delta=1e-4, insecure_seeded_noise=True)  # seeded: refits compare
     m = FedReconMF(**FED, **SMALL, server_optimizer=Adam(0.02, beta1=0.8), aggregator=agg,
                    rating_scale=(1, 5))
     with pytest.warns(UserWarning, match="insecure_seeded_noise"):
