@@ -347,7 +347,9 @@ def test_item_steps_match_twin(dtype, seed, bs, steps, epochs, joint, fit_bias):
     P = rng.normal(0, 0.3, (n, K)).astype(dtype)
     c = rng.normal(0, 0.1, n).astype(dtype)
     P0, c0, Q0, b0 = P.copy(), c.copy(), Q.copy(), b.copy()
-    hp = layout.sgd_hp(0.5, 0.01, bs, steps, epochs, 3.0, fit_bias, joint)
+    # step 0.2: at 0.5 joint single-example steps diverge (|Δ| ~ 1e50) and float32 kernels and
+    # their twin then part by rounding chaos, which says nothing about the kernel
+    hp = layout.sgd_hp(0.2, 0.01, bs, steps, epochs, 3.0, fit_bias, joint)
     seeds = seeds_for(n, seed)
     nnz = indptr[-1]
     out = (np.empty(nnz, np.int64), np.empty((nnz, K), dtype), np.empty(nnz, dtype))
