@@ -35,7 +35,7 @@ import numpy as np
 from .contracts import Executor, RoundExecutor
 from .partials import REDUCE_GROUPS, PartialSums, reduce_group
 from .phases import BoundLocalExecutor, ClientOutputs, Cohort, cohort_order
-from .secagg import ClientHalves
+from .secagg_protocol import ClientHalves
 
 START_TIMEOUT = 300  # seconds for the shard actors to come up (Numba compiles on first use)
 

@@ -39,7 +39,7 @@ from .phases import (
     client_weights,
     empty_delta,
 )
-from .secagg_protocol import Identities, ProtocolAbort, SecAggClient, SecAggServer
+from .secagg_protocol import ClientHalves, ProtocolAbort, SecAggServer, run_round
 
 MOD_BITS = 32
 CLIP_WARNING = 1e-3  # share of clipped coordinates above which a round warns
@@ -136,43 +136,6 @@ class Encoding:
         signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
         got = signed / self.scales()
         return got[:self.n_values], dict(zip(STATS + ("clipped",), got[self.n_values:]))
-
-
-class ClientHalves:
-    """The protocol's client halves of some clients, held where those clients run (the
-    driver's process for the local executor, a shard's actor on Ray): their encoded rows,
-    keys and received shares never leave this object except as protocol messages."""
-
-    def __init__(self, ids, q: np.ndarray, threshold: int, session: bytes,
-                 neighbours: int | None = None):
-        self.ids = [int(c) for c in ids]
-        self.q = {c: q[r] for r, c in enumerate(self.ids)}
-        self.identities = Identities(self.ids)
-        self.t, self.session, self.halves = int(threshold), session, {}
-        self.neighbours = neighbours
-
-    def verifying(self) -> dict:
-        return self.identities.public_bytes()
-
-    def advertise(self, registry: dict) -> list:
-        pki = Identities.verifiers(registry)
-        self.halves = {c: SecAggClient(c, self.t, self.session, self.identities.signing_key(c),
-                                       pki, self.neighbours) for c in self.ids}
-        return [h.advertise() for h in self.halves.values()]
-
-    def share(self, adverts) -> list:
-        return [h.share_keys(adverts) for h in self.halves.values()]
-
-    def mask(self, inboxes: dict, dropped) -> list:
-        gone = set(int(c) for c in dropped)
-        return [self.halves[c].masked_input(self.q[c], inboxes[c]) for c in self.ids
-                if c in inboxes and c not in gone]
-
-    def consistency(self, u3) -> list:
-        return [self.halves[c].consistency(u3) for c in self.ids if c in set(u3)]
-
-    def unmask(self, u3, sigs) -> list:
-        return [self.halves[c].unmask(u3, sigs) for c in self.ids if c in set(u3)]
 
 
 def warn_if_masked_on_driver(executor, aggregator) -> None:
@@ -368,18 +331,13 @@ class SecureAggregation(WeightedMean):
         return self._delta(enc, total, survived, m, denominator)
 
     def _protocol(self, clients, session, t, enc, round_idx):
-        dim = enc.n_values + len(STATS) + 1
-        server = SecAggServer(t, dim, session, self.neighbours)
-        adverts = server.collect_adverts(clients.advertise(clients.verifying()))
-        inbox = server.route_shares(clients.share(adverts))
-        draw = np.random.default_rng([self.context.seed, round_idx, 0x5EC]).random(
-            len(server.u2))  # who drops after sharing (a simulation of the network)
-        dropped = [c for c, r in zip(server.u2, draw) if r < self.drop_after_setup]
-        u3 = server.collect_inputs(clients.mask(inbox, dropped))
-        if len(u3) < self.min_cohort:
-            raise ProtocolAbort(f"{len(u3)} clients sent masked inputs, fewer than "
-                                f"min_cohort={self.min_cohort}: the round is not aggregated")
-        total = server.unmasked_sum(clients.unmask(u3, clients.consistency(u3)))
+        server = SecAggServer(t, enc.n_values + len(STATS) + 1, session, self.neighbours)
+
+        def dropped(u2):  # who drops after sharing (a simulation of the network)
+            draw = np.random.default_rng([self.context.seed, round_idx, 0x5EC]).random(len(u2))
+            return [c for c, r in zip(u2, draw) if r < self.drop_after_setup]
+
+        total, u3 = run_round(clients, server, dropped, min_survivors=self.min_cohort)
         self.round_stats["secagg_bytes_per_client"] = server.bytes_received() / max(
             len(server.adverts), 1)
         return total, u3

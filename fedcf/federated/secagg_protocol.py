@@ -145,20 +145,26 @@ class UnmaskShares:
 
 
 def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
-             identities: Identities | None = None, clock: dict | None = None,
-             neighbours: int | None = None):
+             clock: dict | None = None, neighbours: int | None = None):
     """One aggregation of the rows of ``X`` (uint32, one per client) with every client half in
     this process: returns (sum mod 2³² of the survivors' rows, U3, the server half). Clients in
     ``drop_after_shares`` vanish after round 1. ``clock`` (a dict) accumulates the seconds
     spent in the client halves ("clients") and in the server half ("server"). ``neighbours``:
     the SecAgg+ graph degree (``share_graph``; None: every pair)."""
-    clients = [int(c) for c in clients]
     session = os.urandom(16)
-    ids = identities or Identities(clients)
-    halves = {c: SecAggClient(c, threshold, session, ids.signing_key(c), ids.verifying,
-                              neighbours) for c in clients}
+    halves = ClientHalves(clients, X, threshold, session, neighbours)
     server = SecAggServer(threshold, X.shape[1], session, neighbours)
+    gone = [int(c) for c in drop_after_shares]
+    total, u3 = run_round(halves, server, lambda u2: gone, clock=clock)
+    return total, u3, server
 
+
+def run_round(clients, server: SecAggServer, dropped, *, min_survivors: int = 0,
+              clock: dict | None = None):
+    """The five message rounds between client halves (``ClientHalves``, or shards holding
+    them) and the server half: returns (the survivors' sum mod 2³², U3). ``dropped(U2)``
+    names the clients that vanish after sharing their keys; fewer than ``min_survivors``
+    masked inputs end the round (ProtocolAbort)."""
     def timed(side, work):
         t0 = time.perf_counter()
         out = work()
@@ -166,23 +172,55 @@ def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
             clock[side] = clock.get(side, 0.0) + time.perf_counter() - t0
         return out
 
-    own = timed("clients", lambda: [h.advertise() for h in halves.values()])
+    own = timed("clients", lambda: clients.advertise(clients.verifying()))
     adverts = timed("server", lambda: server.collect_adverts(own))
-    bundles = timed("clients", lambda: [h.share_keys(adverts) for h in halves.values()])
+    bundles = timed("clients", lambda: clients.share(adverts))
     inbox = timed("server", lambda: server.route_shares(bundles))
-    alive = [c for c in server.u2 if c not in set(drop_after_shares)]
-    row = {c: k for k, c in enumerate(clients)}
-    inputs = timed("clients", lambda: [halves[c].masked_input(X[row[c]], inbox[c])
-                                       for c in alive])
+    inputs = timed("clients", lambda: clients.mask(inbox, dropped(server.u2)))
     u3 = timed("server", lambda: server.collect_inputs(inputs))
-    answers = timed("clients", lambda: _unmasking(halves, u3))
+    if len(u3) < min_survivors:
+        raise ProtocolAbort(f"{len(u3)} clients sent masked inputs, fewer than "
+                            f"min_cohort={min_survivors}: the round is not aggregated")
+    answers = timed("clients", lambda: clients.unmask(u3, clients.consistency(u3)))
     total = timed("server", lambda: server.unmasked_sum(answers))
-    return total, u3, server
+    return total, u3
 
 
-def _unmasking(halves: dict, u3: list[int]) -> list:
-    sigs = [halves[c].consistency(u3) for c in u3]
-    return [halves[c].unmask(u3, sigs) for c in u3]
+class ClientHalves:
+    """The protocol's client halves of some clients, held where those clients run (the
+    driver's process for the local executor, a shard's actor on Ray): their encoded rows,
+    keys and received shares never leave this object except as protocol messages."""
+
+    def __init__(self, ids, q: np.ndarray, threshold: int, session: bytes,
+                 neighbours: int | None = None):
+        self.ids = [int(c) for c in ids]
+        self.q = {c: q[r] for r, c in enumerate(self.ids)}
+        self.identities = Identities(self.ids)
+        self.t, self.session, self.halves = int(threshold), session, {}
+        self.neighbours = neighbours
+
+    def verifying(self) -> dict:
+        return self.identities.public_bytes()
+
+    def advertise(self, registry: dict) -> list:
+        pki = Identities.verifiers(registry)
+        self.halves = {c: SecAggClient(c, self.t, self.session, self.identities.signing_key(c),
+                                       pki, self.neighbours) for c in self.ids}
+        return [h.advertise() for h in self.halves.values()]
+
+    def share(self, adverts) -> list:
+        return [h.share_keys(adverts) for h in self.halves.values()]
+
+    def mask(self, inboxes: dict, dropped) -> list:
+        gone = set(int(c) for c in dropped)
+        return [self.halves[c].masked_input(self.q[c], inboxes[c]) for c in self.ids
+                if c in inboxes and c not in gone]
+
+    def consistency(self, u3) -> list:
+        return [self.halves[c].consistency(u3) for c in self.ids if c in set(u3)]
+
+    def unmask(self, u3, sigs) -> list:
+        return [self.halves[c].unmask(u3, sigs) for c in self.ids if c in set(u3)]
 
 
 def share_graph(adverts: dict, session: bytes, neighbours: int | None) -> dict:
