@@ -26,6 +26,22 @@ ray = pytest.importorskip("ray")
 KW = dict(n_factors=4, n_rounds=4, clients_per_round=40, random_state=0)
 
 
+def kill_now(actor, timeout=60.0):
+    """Kill an actor and wait until Ray reports it dead: ray.kill is asynchronous, and on a busy
+    machine a call sent right after it may still be served, moving the restart to a later round."""
+    import time
+
+    ray.kill(actor, no_restart=True)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            ray.get(actor.peak_memory.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
@@ -107,7 +123,7 @@ def test_a_shard_lost_after_masking_counts_as_its_clients_dropping(pop, monkeypa
 
     def unmask(self, u3, sigs):
         if not killed:
-            killed.append(ray.kill(self.executor.actors[0], no_restart=True))
+            killed.append(kill_now(self.executor.actors[0]))
         return real(self, u3, sigs)
 
     monkeypatch.setattr(ShardedHalves, "unmask", unmask)
@@ -156,7 +172,7 @@ def test_a_killed_actor_is_restarted_and_the_round_retried(pop):
 
     def kill(model, done):
         if done == 2:
-            ray.kill(bound["ex"].actors[1], no_restart=True)
+            kill_now(bound["ex"].actors[1])
 
     ref = FedReconMF(**KW).fit(pop)
     m = FedReconMF(**KW, eval_every=1, executor=Captured(2)).fit(pop, callback=kill)
@@ -220,7 +236,7 @@ def test_a_population_spec_is_built_on_the_workers_never_on_the_driver(monkeypat
 
     def kill(model, done):  # a restarted actor rebuilds its shard from the spec
         if done == 1:
-            ray.kill(bound["ex"].actors[0], no_restart=True)
+            kill_now(bound["ex"].actors[0])
 
     for n_shards in (1, 3):
         m = FedReconMF(**KW, eval_every=1, executor=OpenedRay(n_shards)).fit(spec,
