@@ -15,7 +15,14 @@ import pandas as pd
 from . import secret
 from .aggregators import _positive
 from .contracts import RunContext
-from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, upload_norms
+from .phases import (
+    ClientOutputs,
+    GlobalDelta,
+    RoundHyperparams,
+    WeightedMean,
+    clip_factors,
+    upload_norms,
+)
 from .secagg import SecureAggregation
 
 
@@ -267,7 +274,7 @@ class DifferentialPrivacy(WeightedMean):
         """How the clients encode under secure aggregation: clipped by this rule, divided by
         the fixed denominator, with their share of the noise in the distributed mode."""
         distributed = self.noise == "distributed"
-        return dict(dp=self, denominator=self.denominator_,
+        return dict(clip=(self.clip_, self.weight_cap), denominator=self.denominator_,
                     noise_scale=self.update_sigma_ * self.clip_ if distributed else 0.0,
                     secret_noise=not self.insecure_seeded_noise)
 
@@ -285,14 +292,8 @@ class DifferentialPrivacy(WeightedMean):
 
     def client_factors(self, out: ClientOutputs, w: np.ndarray):
         """(factor of each client's upload: clip to C times its capped weight; whether it was
-        at or below C) — computed by each client on its own upload under secure aggregation."""
-        norms = upload_norms(out)
-        C = self.clip_
-        unclipped = (w > 0) & (norms <= C)
-        clip = np.where(w > 0, np.minimum(1.0, C / np.maximum(norms, 1e-300)), 0.0)
-        if self.weight_cap is not None:
-            clip = clip * np.minimum(out.weights, self.weight_cap) / self.weight_cap
-        return clip, unclipped.astype(np.float64)
+        at or below C) — ``phases.clip_factors`` with this round's clip."""
+        return clip_factors(out, w, self.clip_, self.weight_cap)
 
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
         clip, unclipped = self.client_factors(out, w)

@@ -458,6 +458,19 @@ def entries(out: ClientOutputs, hp: RoundHyperparams):
     return bad, w, n_empty, owner, valid, order
 
 
+def clip_factors(out: ClientOutputs, w: np.ndarray, clip: float,
+                 weight_cap: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(the factor of each client's upload: clip its whole upload to L2 norm ``clip``, times
+    its capped weight min(n, cap)/cap; whether it was at or below ``clip``) — the DP clip rule,
+    computed where each client runs under secure aggregation. Clients with w = 0 get 0."""
+    norms = upload_norms(out)
+    unclipped = (w > 0) & (norms <= clip)
+    factor = np.where(w > 0, np.minimum(1.0, clip / np.maximum(norms, 1e-300)), 0.0)
+    if weight_cap is not None:
+        factor = factor * np.minimum(out.weights, weight_cap) / weight_cap
+    return factor, unclipped.astype(np.float64)
+
+
 def upload_norms(out: ClientOutputs) -> np.ndarray:
     """L2 norm of each client's whole upload (its row deltas and bias deltas), float64, over its
     rows as the server adds them up: slots of one client naming the same item are merged first

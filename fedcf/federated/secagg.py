@@ -37,6 +37,7 @@ from .phases import (
     RoundSummary,
     WeightedMean,
     client_weights,
+    clip_factors,
     empty_delta,
 )
 from .secagg_protocol import ClientHalves, ProtocolAbort, SecAggServer, run_round
@@ -73,7 +74,8 @@ class Encoding:
     noise_std: float = 0.0
     secret_noise: bool = True
     seed: tuple = (0, 0)  # (run seed, round): only for insecure seeded noise
-    dp: object = None  # the bound DifferentialPrivacy whose ``client_factors`` clip uploads
+    clip: float | None = None  # under DP: the round's clip norm C (``phases.clip_factors``)
+    weight_cap: float | None = None  # under DP: the cap of the client weights, if any
 
     @property
     def n_values(self) -> int:
@@ -99,7 +101,8 @@ class Encoding:
         used = w > 0
         u = np.minimum(w, self.max_weight) / self.max_weight
         rows = np.zeros((out.n_clients, self.n_values + len(STATS)))
-        s, bit = (u, np.zeros(len(w))) if self.dp is None else self.dp.client_factors(out, w)
+        s, bit = (u, np.zeros(len(w))) if self.clip is None else \
+            clip_factors(out, w, self.clip, self.weight_cap)
         for k in np.flatnonzero(used):
             lo, hi = out.offsets[k], out.offsets[k + 1]
             ok = out.items[lo:hi] >= 0
@@ -111,7 +114,7 @@ class Encoding:
         r = np.where(used, np.minimum(out.weights, self.max_weight) / self.max_weight, 0.0)
         rows[:, self.n_values:] = np.column_stack([  # the loss is weighted by query size
             r * loss, r, np.where(used, bit, 0.0),
-            np.where(used, s if self.dp is None else 1.0, 0.0), ~used & ~bad,
+            np.where(used, s if self.clip is None else 1.0, 0.0), ~used & ~bad,
             bad & ~recon_bad, recon_bad])
         if self.noise_std > 0:  # each client's own share, drawn where the client runs
             for k in range(out.n_clients):
@@ -257,7 +260,7 @@ class SecureAggregation(WeightedMean):
             t = max(t, int(self.min_cohort))
         return t if h / 2 < t <= h and m >= self.min_cohort else None
 
-    def encoding(self, m: int, round_idx: int = 0, *, dp=None, noise_scale: float = 0.0,
+    def encoding(self, m: int, round_idx: int = 0, *, clip=None, noise_scale: float = 0.0,
                  secret_noise: bool = True) -> Encoding:
         """The public encoding of a round whose cohort has m clients (see ``Encoding``);
         distributed noise N(0, noise_scale²/t) per client."""
@@ -266,25 +269,28 @@ class SecureAggregation(WeightedMean):
         return Encoding(c.n_items, c.n_factors, max(m, 1), float(self.value_bound),
                         float(self.max_weight),
                         noise_std=noise_scale / np.sqrt(t) if noise_scale and t else 0.0,
-                        secret_noise=secret_noise, seed=(int(c.seed), int(round_idx)), dp=dp)
+                        secret_noise=secret_noise, seed=(int(c.seed), int(round_idx)),
+                        clip=None if clip is None else float(clip[0]),
+                        weight_cap=None if clip is None or clip[1] is None else float(clip[1]))
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
         return self.masked_mean(out, hp, round_idx)
 
     def masked_mean(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0, *,
-                    dp=None, denominator=None, noise_scale: float = 0.0,
+                    clip=None, denominator=None, noise_scale: float = 0.0,
                     secret_noise: bool = True) -> GlobalDelta:
         """The cohort's aggregate from uploads held in this process: each client's half
         encodes and masks here (the local executor's clients run here too).
 
         Plain: client k sends s_k·Δ_k and s_k with s_k = min(w_k, W)/W; the server divides
-        the sum by Σ s_k. Under ``DifferentialPrivacy`` (``dp``): client k sends its clipped,
-        capped-weight upload (``dp.client_factors``) and 1, the sum is divided by the fixed
+        the sum by Σ s_k. Under ``DifferentialPrivacy`` (``clip`` = (C, weight cap or None)):
+        client k sends its clipped, capped-weight upload (``phases.clip_factors``) and 1, the
+        sum is divided by the fixed
         ``denominator``, and with ``noise_scale`` = σC each client adds its share N(0,
         σ²C²/t) before quantization, from the OS's secure generator unless ``secret_noise``
         is False. A round not aggregated gives no update."""
-        enc = self.encoding(out.n_clients, round_idx, dp=dp, noise_scale=noise_scale,
+        enc = self.encoding(out.n_clients, round_idx, clip=clip, noise_scale=noise_scale,
                             secret_noise=secret_noise)
         q, rows = enc.encode(out, hp)
         ids = out.client_ids()
@@ -299,12 +305,12 @@ class SecureAggregation(WeightedMean):
             self.round_stats["secagg_error"] = float(np.abs(got - exact).max() / total)
         return delta
 
-    def remote_round(self, executor, cohort, params, ids, hp, round_idx: int, *, dp=None,
+    def remote_round(self, executor, cohort, params, ids, hp, round_idx: int, *, clip=None,
                      denominator=None, noise_scale: float = 0.0, secret_noise: bool = True
                      ) -> GlobalDelta:
         """One round whose clients run elsewhere (``executor.secure_clients``, e.g. Ray shards):
         they encode and mask there, and only protocol messages come back."""
-        enc = self.encoding(len(cohort.clients), round_idx, dp=dp, noise_scale=noise_scale,
+        enc = self.encoding(len(cohort.clients), round_idx, clip=clip, noise_scale=noise_scale,
                             secret_noise=secret_noise)
         session = os.urandom(16)
         t = self.threshold_for(len(cohort.clients)) or 2
@@ -360,7 +366,7 @@ class SecureAggregation(WeightedMean):
         self.round_stats.update(
             secagg_survivors=int(survived.sum()), secagg_lost_round=False,
             secagg_clipped=clipped, secagg_clipped_share=clipped / (n_used * nv))
-        if enc.dp is not None:
+        if enc.clip is not None:
             self.round_stats["secagg_indicator_sum"] = int(round(st["unclipped"]))
         if clipped > CLIP_WARNING * n_used * nv:
             warnings.warn(f"secure aggregation clipped {clipped} of {n_used * nv} values to "
