@@ -103,10 +103,14 @@ def resolve(kind: str, value, contract, param: str):
 
 def from_spec(kind: str, spec):
     """A phase object from a JSON spec such as ``{"name": "trimmed-mean", "beta": 0.1}`` (what a
-    command line or a run config can carry); anything but a dict is returned as it is."""
+    command line or a run config can carry); anything but a dict is returned as it is. A
+    parameter named after a kind takes a nested spec: ``{"name": "differential-privacy",
+    "aggregator": {"name": "secure"}, ...}``."""
     if not isinstance(spec, dict):
         return spec
-    kwargs = dict(spec)
+    kinds = phase_kinds()
+    kwargs = {k: from_spec(k, v) if k in kinds and isinstance(v, dict) else v
+              for k, v in spec.items()}
     name = kwargs.pop("name", None)
     try:
         cls = lookup(kind, name)

@@ -33,15 +33,18 @@ BIG = 2**63 + 11  # Flower node ids are uint64
 
 
 class FakeGrid:
-    """A Flower Grid in this process: each node is a ClientApp call with its own context.
-    ``tamper[node](message_type, reply) -> reply`` lets a test play a broken or hostile node;
-    ``log`` keeps every (type, direction, record -> fields) that crossed."""
+    """A Flower Grid in this process: each node is a ClientApp call with its own context, whose
+    ``state`` lasts across the node's messages (as a SuperNode keeps it); a message gets its id
+    when sent, as on a real grid. ``tamper[node](message, reply) -> reply`` lets a test play a
+    broken or hostile node; ``log`` keeps every (type, direction, record -> fields) that
+    crossed, ``sent`` every message and reply."""
 
     def __init__(self, node_configs, run_config=None, tamper=None, app=None):
         TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
         self.nodes = {BIG + k: cfg for k, cfg in enumerate(node_configs)}
+        self.state = {n: RecordDict() for n in self.nodes}
         self.run_config = dict(run_config or DATA)
-        self.tamper, self.log = tamper or {}, []
+        self.tamper, self.log, self.sent = tamper or {}, [], []
         self.app = app or make_client_app()
 
     def get_node_ids(self):
@@ -50,13 +53,15 @@ class FakeGrid:
     def send_and_receive(self, messages, *, timeout=None):
         replies = []
         for msg in messages:
+            msg.metadata.__dict__["_message_id"] = msg.object_id  # as the grid's push does
             node = int(msg.metadata.dst_node_id)
-            ctx = Context(1, node, self.nodes[node], RecordDict(), self.run_config)
+            ctx = Context(1, node, self.nodes[node], self.state[node], self.run_config)
             reply = self.app(msg, ctx)
             if node in self.tamper:
                 reply = self.tamper[node](msg, reply)
             if reply is None:
                 continue  # the node never answers
+            self.sent.append((msg, reply))
             for d, m in (("down", msg), ("up", reply)):
                 if not m.has_error():
                     self.log.append((msg.metadata.message_type, d,
@@ -296,10 +301,10 @@ def test_no_node_or_bad_settings_fail_clearly(tmp_path):
         Settings(params={"n_factors": 0}).check()
     from fedcf.federated import DifferentialPrivacy, SecureAggregation
 
-    for agg in (SecureAggregation(), DifferentialPrivacy(SecureAggregation(), 0.5, 1.0,
-                                                         noise="distributed")):
-        with pytest.raises(ValueError, match="would protect nothing"):
-            Settings(params={"aggregator": agg, "rating_scale": [1, 5]}).check()
+    seeded = DifferentialPrivacy(SecureAggregation(), 0.5, 1.0, noise="distributed",
+                                 insecure_seeded_noise=True)
+    with pytest.raises(ValueError, match="own secure randomness"):
+        Settings(params={"aggregator": seeded, "rating_scale": [1, 5]}).check()
     with pytest.raises(ValueError, match="not available in a Flower run"):
         Settings(params={"item_space": {"name": "open", "catalog": 0.5}}).check()
     s = Settings.from_run_config({"fedcf-params": json.dumps(PARAMS), "eval-fraction": 0.3,
@@ -387,3 +392,156 @@ def test_flower_deployment_superlink_and_supernodes(tmp_path):
     np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
     assert res["recon_eval"]["rmse"] == pytest.approx(ref_eval["rmse"], rel=1e-12)
     assert res["left_running"] == []
+
+
+# ------------------------------------------------------------------ secure aggregation
+SECAGG = {"name": "secure", "threshold": 0.5, "min_cohort": 5, "value_bound": 10.0}
+SEC_PARAMS = {**PARAMS, "aggregator": SECAGG, "n_rounds": 2}
+
+
+def _encoded_rows(monkeypatch):
+    """Record every row a node encodes (the plain, quantized uploads) as the test's ground
+    truth of what must never reach the server."""
+    from fedcf.federated.secagg import Encoding
+
+    rows, real = [], Encoding.encode
+
+    def encode(self, out, hp):
+        q, f = real(self, out, hp)
+        rows.append(q.copy())
+        return q, f
+
+    monkeypatch.setattr(Encoding, "encode", encode)
+    return rows
+
+
+def test_secure_aggregation_over_messages_is_the_in_process_model(tmp_path, monkeypatch):
+    """Each node encodes and masks its own clients; the server gets protocol messages only —
+    no upload record, no vector equal to an encoded row, no field outside the protocol's —
+    and the model is the in-process secure-aggregation model bit for bit (the sum is exact);
+    the nodes keep no protocol state after a round."""
+    rows = _encoded_rows(monkeypatch)
+    grid = FakeGrid(partitions(3))
+    res, model = run(grid, tmp_path, SEC_PARAMS)
+    plain = np.concatenate(rows)
+    ref, _ = reference(SEC_PARAMS)
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    np.testing.assert_array_equal(model.item_biases_, ref.item_biases_)
+    assert res["refusals"] == [] and len(plain) == SEC_PARAMS["n_rounds"] * 30
+    assert all(h["secagg_survivors"] == 30 and not h["secagg_lost_round"]
+               for h in res["history"])
+    assert all(h["flower_messages"] == 15 for h in res["history"])  # 5 steps x 3 nodes
+    ups = [reply for msg, reply in grid.sent if msg.metadata.message_type == "train.secagg"]
+    assert ups and all(set(r.content.keys()) == {"secagg"} for r in ups)
+    fields = set().union(*(r.content["secagg"].keys() for r in ups))
+    assert {f.split(".")[0] for f in fields} == {"keys", "adverts", "shares", "masked",
+                                                 "sigs", "unmask"}
+    masked = np.concatenate([r.content["secagg"]["masked.data"].numpy() for r in ups
+                             if "masked.data" in r.content["secagg"]])
+    assert masked.shape == (len(plain), plain.shape[1])
+    assert (masked[:, None, :] == plain[None, :, :]).mean() < 1e-3  # chance: 2^-32 per word
+    assert not any(m.metadata.message_type == "train" for m, _ in grid.sent)
+    assert all("fedcf-secagg" not in st for st in grid.state.values())
+
+
+def _silent(steps):
+    def tamper(msg, reply):
+        step = msg.content["config"]["step"] if msg.metadata.message_type == "train.secagg" \
+            else None
+        return None if step in steps else reply
+    return tamper
+
+
+def test_a_node_lost_after_masking_is_unmasked_by_the_others(tmp_path):
+    """A node that sent its masked vectors and then went silent: the other clients' shares
+    remove its clients' self-masks, so the round's sum — and the model — are the ones with
+    no failure; its silence is logged."""
+    grid = FakeGrid(partitions(4), tamper={BIG + 2: _silent({"consistency", "unmask"})})
+    res, model = run(grid, tmp_path, SEC_PARAMS)
+    ref, _ = reference(SEC_PARAMS)
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    lost = [r for r in res["refusals"] if "secagg consistency" in r["stage"]]
+    assert len(lost) == SEC_PARAMS["n_rounds"] and all(r["node"] == BIG + 2 for r in lost)
+    assert all(h["secagg_survivors"] == 30 for h in res["history"])
+
+
+def test_a_node_lost_before_masking_drops_its_clients_and_the_round_goes_on(tmp_path):
+    grid = FakeGrid(partitions(4), tamper={BIG + 1: _silent({"mask"})})
+    res, model = run(grid, tmp_path, SEC_PARAMS)
+    assert all(0 < h["secagg_survivors"] < 30 and not h["secagg_lost_round"]
+               for h in res["history"])
+    assert np.isfinite(model.item_factors_).all()
+
+
+def _forge(step, field, change):
+    def tamper(msg, reply):
+        if msg.metadata.message_type != "train.secagg" or msg.content["config"]["step"] != step:
+            return reply
+        rec = {k: v.numpy() for k, v in reply.content["secagg"].items()}
+        rec[field] = change(rec[field])
+        return Message(RecordDict({"secagg": arrays(**rec)}), reply_to=msg)
+    return tamper
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (_forge("begin", "keys.client", lambda a: a + 1000), "not one per client asked"),
+    (_forge("mask", "masked.client", lambda a: a + 1000), "clients it was not asked about"),
+    (_forge("mask", "masked.data", lambda a: a[:, :-1]), "rows of"),
+    (_forge("share", "shares.data", lambda a: a.astype(np.int64)), "uint8 rows of 78"),
+    (_forge("unmask", "unmask.secret", lambda a: a + 2), "secret 0 (mask key) or 1"),
+])
+def test_a_hostile_node_is_refused_and_the_others_aggregate(tmp_path, tamper, reason):
+    """A node that answers for clients it does not hold, or with malformed protocol tables, is
+    refused at that step with the reason; the round goes on with the other nodes' clients."""
+    res, model = run(FakeGrid(partitions(4), tamper={BIG + 3: tamper}), tmp_path, SEC_PARAMS)
+    refused = [r for r in res["refusals"] if "secagg" in r["stage"]]
+    assert refused and all(reason in r["reason"] and r["node"] == BIG + 3 for r in refused)
+    assert any(not h["secagg_lost_round"] for h in res["history"])
+    assert np.isfinite(model.item_factors_).all()
+
+
+def test_a_node_refuses_what_a_device_must_not_do(tmp_path):
+    """The node side decides for its device: no seeded noise share, no step without the
+    round's state (a restart), no key registry that replaces its own clients' keys."""
+    from fedcf.federated.secagg import Encoding
+    from fedcf.flower.secure import NodeProtocolError, node_step, read_encoding
+
+    seeded = json.dumps({**Encoding(50, 6, 10, 1.0, 10.0, noise_std=0.1,
+                                    secret_noise=False).__dict__})
+    with pytest.raises(NodeProtocolError, match="own secure randomness"):
+        read_encoding(seeded, 50, 6)
+    with pytest.raises(NodeProtocolError, match="50 items and K=6; this node"):
+        read_encoding(seeded, 49, 6)
+    msg = RecordDict({"config": ConfigRecord({"step": "mask", "session": b"s" * 16})})
+    with pytest.raises(NodeProtocolError, match="no protocol state for this session"):
+        node_step(None, msg, RecordDict())
+    with pytest.raises(NodeProtocolError, match="step in"):
+        node_step(None, RecordDict({"config": ConfigRecord({"step": "peek"})}), RecordDict())
+    from fedcf.federated.secagg_protocol import ClientHalves, ProtocolAbort
+
+    halves = ClientHalves([1, 2], np.zeros((2, 3), np.uint32), 2, b"s" * 16)
+    halves.advertise(halves.verifying())
+    with pytest.raises(ProtocolAbort, match="replaces the identity key"):
+        halves.trust({1: b"\0" * 32, 2: halves.verifying()[2]})
+
+
+def test_secure_aggregation_with_dp_over_messages(tmp_path):
+    """DP around secure aggregation in a Flower run: with server noise (seeded, test-only) the
+    model is the in-process one bit for bit; with distributed noise each device adds its
+    share, and the run reports the in-process ε."""
+    dp = {"name": "differential-privacy", "aggregator": SECAGG, "clip_norm": 0.5, "noise_multiplier": 0.8,
+          "insecure_seeded_noise": True}
+    params = {**SEC_PARAMS, "rating_scale": [1.0, 5.0], "aggregator": dp,
+              "clients_per_round": 20, "n_rounds": 2}
+    with pytest.warns(UserWarning, match="insecure_seeded_noise"):
+        res, model = run(FakeGrid(partitions(3)), tmp_path, params)
+        ref, _ = reference(params)
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    dist = {**params, "aggregator": {**dp, "noise": "distributed", "insecure_seeded_noise":
+                                     False}}
+    res, model = run(FakeGrid(partitions(3)), tmp_path, dist)
+    ref, _ = reference(dist)
+    eps = res["history"][-1]["epsilon"]
+    assert eps == pytest.approx(ref.epsilon_) and np.isfinite(eps)
+    assert res["refusals"] == [] and np.isfinite(model.item_factors_).all()
+    assert all(h["secagg_survivors"] > 0 for h in res["history"])

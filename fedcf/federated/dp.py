@@ -21,7 +21,6 @@ from .phases import (
     RoundHyperparams,
     WeightedMean,
     clip_factors,
-    upload_norms,
 )
 from .secagg import SecureAggregation
 

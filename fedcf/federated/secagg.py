@@ -81,6 +81,11 @@ class Encoding:
     def n_values(self) -> int:
         return self.n_items * (self.K + 1)
 
+    @property
+    def width(self) -> int:
+        """Words per client row: the values, ``STATS`` and the clip count."""
+        return self.n_values + len(STATS) + 1
+
     def scales(self) -> np.ndarray:
         """Fixed-point scale of each column (the values, then ``STATS``, then the clip count)."""
         def scale(reach):
@@ -337,7 +342,7 @@ class SecureAggregation(WeightedMean):
         return self._delta(enc, total, survived, m, denominator)
 
     def _protocol(self, clients, session, t, enc, round_idx):
-        server = SecAggServer(t, enc.n_values + len(STATS) + 1, session, self.neighbours)
+        server = SecAggServer(t, enc.width, session, self.neighbours)
 
         def dropped(u2):  # who drops after sharing (a simulation of the network)
             draw = np.random.default_rng([self.context.seed, round_idx, 0x5EC]).random(len(u2))
@@ -375,4 +380,4 @@ class SecureAggregation(WeightedMean):
                           stacklevel=5)
         block = (values / (denominator or st["used"])).reshape(enc.n_items, K + 1)
         return GlobalDelta(np.arange(enc.n_items), block[:, :K], block[:, K], None, summary,
-                           int(survived.sum()) * (nv + len(STATS) + 1), survived)
+                           int(survived.sum()) * enc.width, survived)

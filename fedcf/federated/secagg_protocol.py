@@ -85,6 +85,11 @@ def _pub(key) -> bytes:
     return key.public_key().public_bytes(*RAW)
 
 
+def _private_bytes(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                             serialization.NoEncryption())
+
+
 def _ints(values) -> bytes:
     return struct.pack(f"<{len(values)}q", *values)
 
@@ -100,6 +105,13 @@ class Identities:
 
     def signing_key(self, client: int) -> Ed25519PrivateKey:
         return self._keys[int(client)]
+
+    def __getstate__(self):  # kept by the device between messages (Flower's context.state)
+        return {c: _private_bytes(k) for c, k in self._keys.items()}
+
+    def __setstate__(self, state):
+        self._keys = {c: Ed25519PrivateKey.from_private_bytes(b) for c, b in state.items()}
+        self.verifying = {c: k.public_key() for c, k in self._keys.items()}
 
     def public_bytes(self) -> dict:
         """The verifying keys as raw bytes (what a PKI publishes)."""
@@ -202,6 +214,18 @@ class ClientHalves:
     def verifying(self) -> dict:
         return self.identities.public_bytes()
 
+    def trust(self, registry: dict) -> None:
+        """Take the other clients' verifying keys (after ``advertise`` with this object's own,
+        where the keys of the whole cohort arrive in a later message, as in a Flower round).
+        A registry that names one of these clients with another key is refused."""
+        own = self.verifying()
+        if any(bytes(registry.get(c, k)) != k for c, k in own.items()):
+            raise ProtocolAbort("the cohort's key registry replaces the identity key of a "
+                                "client held here")
+        pki = Identities.verifiers(registry)
+        for half in self.halves.values():
+            half.trust(pki)
+
     def advertise(self, registry: dict) -> list:
         pki = Identities.verifiers(registry)
         self.halves = {c: SecAggClient(c, self.t, self.session, self.identities.signing_key(c),
@@ -254,6 +278,25 @@ class SecAggClient:
         self._s = _x25519_from_seed(self._s_seed, session)
         self._adverts, self._held, self._u2, self._answered = {}, {}, None, False
 
+    def trust(self, verifying: dict) -> None:
+        """Add verifying keys of other clients (never replace this client's own)."""
+        self._verifying = {**verifying, **{k: v for k, v in self._verifying.items()
+                                           if k == self.id}}
+
+    def __getstate__(self):  # raw key bytes: kept by the device between messages
+        state = dict(self.__dict__)
+        state["_sign"], state["_c"] = _private_bytes(self._sign), _private_bytes(self._c)
+        state["_verifying"] = {c: k.public_bytes(*RAW) for c, k in self._verifying.items()}
+        del state["_s"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._sign = Ed25519PrivateKey.from_private_bytes(state["_sign"])
+        self._c = X25519PrivateKey.from_private_bytes(state["_c"])
+        self._verifying = Identities.verifiers(state["_verifying"])
+        self._s = _x25519_from_seed(self._s_seed, self.session)
+
     def advertise(self) -> Advert:
         c_pk, s_pk = _pub(self._c), _pub(self._s)
         return Advert(self.id, c_pk, s_pk, self._sign.sign(self.session + c_pk + s_pk))
@@ -266,6 +309,10 @@ class SecAggClient:
         if self.id not in self._adverts:
             raise ProtocolAbort(f"client {self.id}: its own keys are not in the advert list")
         holders = share_graph(self._adverts, self.session, self.neighbours)[self.id]
+        if 2 * self.t <= len(holders):  # t ≤ h/2: two disjoint groups of holders could
+            # rebuild both seeds of this client, one group each, and unmask its input
+            raise ProtocolAbort(f"client {self.id}: threshold t={self.t} is not above half "
+                                f"of its {len(holders)} share holders; it will not share")
         if len(holders) < self.t:
             raise ProtocolAbort(f"client {self.id}: {len(holders)} clients to share with, fewer "
                                 f"than the threshold t={self.t}")

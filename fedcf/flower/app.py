@@ -1,8 +1,9 @@
 """The Flower ClientApp and ServerApp of fedcf, and a writer for the Flower app project that
 ``flwr run`` takes.
 
-``client_app`` answers three message types: query (the node's directory entry), train (FedRecon
-client work for the users named in the message) and evaluate (federated ReconEval). A failure
+``client_app`` answers four message types: query (the node's directory entry), train (FedRecon
+client work for the users named in the message), train.secagg (one step of the secure-
+aggregation protocol for those users, ``secure.node_step``) and evaluate (federated ReconEval). A failure
 on the node (no partition, a user it does not hold, bad data) becomes an error reply whose reason
 the server logs; the round goes on without that node. ``server_app`` runs ``server.serve`` with
 the run config.
@@ -13,9 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .node import describe, evaluate, partition, train
+from .secure import node_step
 from .server import serve
 from .settings import Settings
-from .wire import flwr
+from .wire import arrays, flwr
 
 app = flwr()
 from flwr.clientapp import ClientApp  # noqa: E402
@@ -50,6 +52,11 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
     def fit(msg, context):
         return _answer(msg, lambda: {"upload": train(own(context), msg.content["config"],
                                                      msg.content["global"])})
+
+    @capp.train("secagg")
+    def secagg(msg, context):  # secure aggregation: one protocol step (secure.node_step)
+        return _answer(msg, lambda: {"secagg": arrays(**node_step(own(context), msg.content,
+                                                                   context.state))})
 
     @capp.evaluate()
     def recon(msg, context):

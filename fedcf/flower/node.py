@@ -14,7 +14,7 @@ import numpy as np
 
 from ..datasets import Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
 from ..eval.protocols import recon_sums
-from ..federated.phases import BoundLocalExecutor, Cohort
+from ..federated.phases import BoundLocalExecutor, ClientOutputs, Cohort
 from .wire import arrays, client_estimator, encode_upload
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
@@ -130,6 +130,12 @@ def global_model(own: Interactions, est, glob) -> tuple:
 
 def train(own: Interactions, config, glob) -> object:
     """FedRecon client work for the asked users: reconstruct, update, and the upload record."""
+    return encode_upload(client_outputs(own, config, glob))
+
+
+def client_outputs(own: Interactions, config, glob) -> ClientOutputs:
+    """The asked users' FedRecon client work (reconstruct, then update) as ClientOutputs in
+    the order of the message's clients."""
     rows = _rows(own, config["users"])
     clients = np.asarray(config["clients"], np.int64)
     if len(clients) != len(rows) or (len(clients) and clients.min() < 0) or \
@@ -154,8 +160,8 @@ def train(own: Interactions, config, glob) -> object:
     if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):
         raise NodeDataError("the message's ids must be two integers [seed, round]")
     params, ids = {"Q": Q, "b": b}, ids.astype(np.uint64)
-    out = BoundLocalExecutor(program, data).run(Cohort(clients, len(clients), 0, 0), params, ids)
-    return encode_upload(out)
+    return BoundLocalExecutor(program, data).run(Cohort(clients, len(clients), 0, 0), params,
+                                                 ids)
 
 
 def evaluate(own: Interactions, config, glob) -> dict:

@@ -56,21 +56,26 @@ def _message(content: dict, node: int, kind: str, group: str):
                        group_id=group)
 
 
-def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals):
-    """Send ``messages``; yield (node, content, reply) for each reply, refusing error replies
-    and nodes that did not answer in time."""
+def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals,
+             clients: dict | None = None):
+    """Send ``messages``; yield (node, content) for each reply, refusing error replies and
+    nodes that did not answer in time. A reply belongs to the node its message went to (by
+    ``reply_to_message_id``): the SuperLink answers for an unreachable node in its own name.
+    ``clients``: node -> how many clients its message was for (for the refusal record)."""
     sent = {int(m.metadata.dst_node_id) for m in messages}
     replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    to = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in messages}
     answered = set()
     for reply in replies:
-        node = int(reply.metadata.src_node_id)
+        node = to.get(reply.metadata.reply_to_message_id, int(reply.metadata.src_node_id))
         answered.add(node)
         if reply.has_error():
-            refusals.add(stage, node, f"the node reported an error: {reply.error.reason}")
+            refusals.add(stage, node, f"the node reported an error: {reply.error.reason}",
+                         (clients or {}).get(node, 0))
             continue
         yield node, reply.content
     for node in sorted(sent - answered):
-        refusals.add(stage, node, f"no reply within {timeout:g} s")
+        refusals.add(stage, node, f"no reply within {timeout:g} s", (clients or {}).get(node, 0))
 
 
 @dataclass
@@ -281,55 +286,78 @@ class FlowerExecutor(RoundExecutor):
         self.program = program
         return self
 
-    def _messages(self, cohort, params, ids):
+    def node_clients(self, cohort) -> dict:
+        """Flower node id -> the cohort's clients (dense ids) that node holds."""
         node = self.directory.node_of[self.users[cohort.clients]]
-        glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
-        out = {}
-        for k in np.unique(node):
-            clients, n = cohort.clients[node == k], self.directory.nodes[k]
-            raw = self.directory.user_ids[self.users[clients]]
-            config = flwr().ConfigRecord({"users": [int(u) for u in raw],
-                                          "clients": [int(c) for c in clients],
-                                          "params": self.params_json, "mu": self.mu})
-            out[int(n)] = (clients, _message({"global": glob, "config": config}, n,
-                                             flwr().MessageType.TRAIN, f"round-{int(ids[1])}"))
-        return out
+        return {int(self.directory.nodes[k]): cohort.clients[node == k] for k in np.unique(node)}
+
+    def client_config(self, clients) -> dict:
+        """What a node needs to run ``clients``: their raw ids, dense ids, the client
+        parameters and μ."""
+        raw = self.directory.user_ids[self.users[clients]]
+        return {"users": [int(u) for u in raw], "clients": [int(c) for c in clients],
+                "params": self.params_json, "mu": self.mu}
+
+    def send(self, records: dict, kind: str, group: str, stage: str, clients: dict) -> list:
+        """Send each node its records (node -> {name: record}); the accepted (node, content)
+        replies (refusals under ``stage``; ``clients``: node -> its number of clients). Bytes
+        and messages are added to ``round_stats``."""
+        msgs = [_message(r, n, kind, group) for n, r in records.items()]
+        sizes = {}  # a record shared by the messages is serialized once for the count
+        stats = self.round_stats
+        stats["flower_bytes_down"] = stats.get("flower_bytes_down", 0) + sum(
+            content_bytes(m.content, sizes) for m in msgs)
+        stats["flower_messages"] = stats.get("flower_messages", 0) + len(msgs)
+        replies = list(exchange(self.grid, msgs, self.timeout, stage, self.refusals, clients))
+        stats["flower_bytes_up"] = stats.get("flower_bytes_up", 0) + sum(
+            content_bytes(c) for _, c in replies)
+        return replies
 
     def run(self, cohort, params, ids) -> ClientOutputs:
-        sent = self._messages(cohort, params, ids)
-        msgs = [m for _, m in sent.values()]
-        sizes = {}  # the shared global record is serialized once for the count, not per message
-        down = sum(content_bytes(m.content, sizes) for m in msgs)
-        Q = params["Q"]
-        parts, got, up = [], [], 0
-        for node, content in exchange(self.grid, msgs, self.timeout, f"round {int(ids[1])}",
-                                      self.refusals):
-            clients = sent[node][0]
-            up += content_bytes(content)
+        self.round_stats = {}
+        glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
+        asked = self.node_clients(cohort)
+        records = {n: {"global": glob, "config": flwr().ConfigRecord(self.client_config(c))}
+                   for n, c in asked.items()}
+        Q, stage = params["Q"], f"round {int(ids[1])}"
+        parts, got = [], []
+        for node, content in self.send(records, flwr().MessageType.TRAIN, f"round-{int(ids[1])}",
+                                       stage, {n: len(c) for n, c in asked.items()}):
+            clients = asked[node]
             try:
                 weights, slots = (None, None) if self.counts is None else \
                     self.program.layout(self.counts[clients])  # under DP: the reply's layout
                 out = decode_upload(content, clients=clients, slots=slots, weights=None if
                                     weights is None else weights.astype(np.float64),
-                                    n_items=Q.shape[0],
-                                    K=Q.shape[1], dtype=Q.dtype)
+                                    n_items=Q.shape[0], K=Q.shape[1], dtype=Q.dtype)
             except ReplyError as e:
-                self.refusals.add(f"round {int(ids[1])}", node, str(e), len(clients))
+                self.refusals.add(stage, node, str(e), len(clients))
                 continue
             bad = ~out.finite_clients()
             if bad.any():  # the aggregator leaves these out and counts them
-                self.refusals.add(f"round {int(ids[1])}", node, "non-finite values from "
-                                  f"clients {out.clients[bad].tolist()}: left out of the "
-                                  "aggregate", int(bad.sum()))
+                self.refusals.add(stage, node, "non-finite values from clients "
+                                  f"{out.clients[bad].tolist()}: left out of the aggregate",
+                                  int(bad.sum()))
             parts.append(out)
             got.append(clients)
-        self.round_stats = {"flower_bytes_down": down, "flower_bytes_up": up,
-                            "flower_messages": len(msgs),
-                            "flower_clients_refused": len(cohort.clients) -
-                            int(sum(len(c) for c in got))}
+        self.round_stats["flower_clients_refused"] = len(cohort.clients) - int(
+            sum(len(c) for c in got))
         if not parts:
             return _no_outputs(Q)
         return ClientOutputs.concat(parts).take(cohort_order(cohort, got))
+
+    supports_secure = True
+
+    def secure_clients(self, cohort, params, ids, hp, enc, session, t, neighbours=None):
+        """Secure aggregation: the nodes run, encode and mask their own clients
+        (``secure.FlowerHalves``); only protocol messages come back."""
+        from .secure import FlowerHalves
+
+        self.round_stats = {}
+        halves = FlowerHalves(self, cohort, params, ids, hp, enc, session, t, neighbours)
+        self.round_stats["flower_clients_refused"] = len(cohort.clients) - len(halves.registry)
+        self.last_halves = halves
+        return halves
 
     def tangents(self, cohort, params, tangents, ids):
         raise NotImplementedError("learned hyperparameters are not available in a Flower run")

@@ -103,13 +103,11 @@ class Settings:
         self.params = {**self.params, **{k: make_phase(k, self.params[k]) for k in
                                          PHASE_PARAMS if k in self.params}}
         agg = self.params.get("aggregator")
-        inner = getattr(agg, "aggregator", None)  # DifferentialPrivacy(SecureAggregation(...))
-        if isinstance(agg, SecureAggregation) or isinstance(inner, SecureAggregation) or \
-                agg == registry.name_of("aggregator", SecureAggregation):
-            raise ValueError("aggregator=SecureAggregation runs every client half of its "
-                             "protocol in the server's process; in a Flower run the server "
-                             "would receive every reply in the clear, so it would protect "
-                             "nothing. Use a plain, robust or DP aggregator")
+        if isinstance(getattr(agg, "aggregator", None), SecureAggregation) and \
+                agg.noise == "distributed" and agg.insecure_seeded_noise:
+            raise ValueError("insecure_seeded_noise=True with distributed noise: in a Flower run "
+                             "each device draws its share of the noise from its own secure "
+                             "randomness; use noise='server' for a seeded test run")
         try:
             est = FedReconMF(**self.params)
             est.check_params()  # names a bad parameter now, not mid-run

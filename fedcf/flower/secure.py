@@ -1,0 +1,343 @@
+"""Secure aggregation in a Flower run: the protocol of ``federated.secagg_protocol`` over Flower
+messages, its client halves on the nodes (``node_step``), its server half in the ServerApp
+(``FlowerHalves``, driven by the same ``run_round`` as a simulation).
+
+A round is five messages to each node holding sampled clients (message type
+``train.secagg``, group ``round-<t>/<step>``):
+
+- ``begin``: the global model, the users, the round's public ``Encoding`` and the protocol's
+  session, threshold and graph. The node runs its clients, encodes and quantizes their uploads,
+  makes their protocol halves (fresh identity and mask keys from the OS) and answers with their
+  verifying keys and signed key adverts. The upload never leaves the node.
+- ``share``: the cohort's verifying keys and adverts; the answer is the encrypted shares.
+- ``mask``: each client's inbox of shares; the answer is the masked vectors y_u.
+- ``consistency``: the survivor list U3; the answer is the clients' signatures on it.
+- ``unmask``: U3 and the signatures; the answer is the shares that remove the masks.
+
+Between messages the node keeps its halves (keys, seeds, received shares, the encoded rows) in
+the run's ``context.state`` on the SuperNode — the device — and drops them after ``unmask``.
+A node that fails or does not answer loses its clients for the rest of the round; after
+masking, the survivors' shares still unmask the sum (the protocol's dropout tolerance).
+
+What the server learns: every message it relays (keys, ciphertexts, masked vectors,
+signatures, shares) and the sum. The verifying keys travel through the server, as the keys of
+an honest-but-curious server's PKI; against a server that substitutes keys the devices need
+a registry the server cannot write (see eval/PRIVACY.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+
+import numpy as np
+
+from ..federated.phases import RoundHyperparams
+from ..federated.secagg import Encoding
+from ..federated.secagg_protocol import (
+    Advert,
+    ClientHalves,
+    ConsistencySignature,
+    EncryptedShares,
+    MaskedInput,
+    ProtocolAbort,
+    UnmaskShares,
+)
+from .wire import ReplyError, arrays, flwr
+
+STEPS = ("begin", "share", "mask", "consistency", "unmask")
+STATE_KEY = "fedcf-secagg"
+CT_BYTES = 78  # nonce 12 ‖ AES-GCM of (sender, receiver, index, two 16-byte shares) ‖ tag 16
+WIDTH = {"keys": 32, "adverts": 128, "shares": CT_BYTES, "sigs": 64, "unmask": 16}
+INTS = {"keys": ("client",), "adverts": ("client",), "shares": ("sender", "receiver"),
+        "masked": ("client",), "sigs": ("client",), "unmask": ("sender", "secret", "about",
+                                                               "index")}
+
+
+class NodeProtocolError(ValueError):
+    """A node cannot take the protocol step it was asked for (the reason goes back)."""
+
+
+# ------------------------------------------------------------------ the tables on the wire
+def pack(kind: str, rows: list, blobs) -> dict:
+    """A table of protocol messages as named arrays: integer columns ``INTS[kind]`` from
+    ``rows`` (tuples), and the messages' bytes (uint8, or uint32 vectors for ``masked``)."""
+    ints = np.asarray(rows, np.int64).reshape(len(rows), len(INTS[kind]))
+    out = {f"{kind}.{c}": ints[:, j] for j, c in enumerate(INTS[kind])}
+    if kind == "masked":
+        out[f"{kind}.data"] = np.asarray(blobs, np.uint32).reshape(len(rows), -1) if rows \
+            else np.zeros((0, 0), np.uint32)
+    else:
+        data = b"".join(bytes(b) for b in blobs)
+        out[f"{kind}.data"] = np.frombuffer(data, np.uint8).reshape(len(rows), WIDTH[kind])
+    return out
+
+
+def unpack(kind: str, a: dict, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(integer columns (n, c), data rows) of a table, checked: the fields, integer ids, one
+    row per message, the byte width of each message (or ``dim`` words of a masked vector)."""
+    names = [f"{kind}.{c}" for c in INTS[kind]] + [f"{kind}.data"]
+    missing = [n for n in names if n not in a]
+    if missing:
+        raise ReplyError(f"the protocol record lacks {missing}")
+    cols = [np.asarray(a[n]) for n in names[:-1]]
+    data = np.asarray(a[names[-1]])
+    n = len(data)
+    if any(c.shape != (n,) or not np.issubdtype(c.dtype, np.integer) for c in cols):
+        raise ReplyError(f"the {kind} table's id columns must be {n} integers each")
+    width, dtype = (dim, np.uint32) if kind == "masked" else (WIDTH[kind], np.uint8)
+    if data.ndim != 2 or (n and data.shape[1] != width) or data.dtype != dtype:
+        raise ReplyError(f"the {kind} table's data must be {dtype.__name__} rows of {width}, "
+                         f"got {data.dtype} {data.shape}")
+    return np.stack(cols, axis=1).astype(np.int64) if cols else np.zeros((n, 0)), data
+
+
+def _registry(a) -> dict:
+    ints, data = unpack("keys", a)
+    return {int(c): data[k].tobytes() for k, c in enumerate(ints[:, 0])}
+
+
+def _adverts(a) -> list[Advert]:
+    ints, data = unpack("adverts", a)
+    return [Advert(int(c), d[:32].tobytes(), d[32:64].tobytes(), d[64:].tobytes())
+            for c, d in zip(ints[:, 0], data)]
+
+
+def _share_rows(bundles: list[EncryptedShares]):
+    rows = [(b.client, v) for b in bundles for v in b.ciphertexts]
+    return rows, [b.ciphertexts[v] for b in bundles for v in b.ciphertexts]
+
+
+def _bundles(a) -> list[EncryptedShares]:
+    ints, data = unpack("shares", a)
+    out: dict = {}
+    for (u, v), ct in zip(ints, data):
+        out.setdefault(int(u), {})[int(v)] = ct.tobytes()
+    return [EncryptedShares(u, cts) for u, cts in out.items()]
+
+
+def _inboxes(a) -> dict:
+    """Receiver -> {sender: ciphertext} of a table of shares."""
+    inbox: dict = {}
+    for b in _bundles(a):
+        for v, ct in b.ciphertexts.items():
+            inbox.setdefault(v, {})[b.client] = ct
+    return inbox
+
+
+def _sigs(a) -> list[ConsistencySignature]:
+    ints, data = unpack("sigs", a)
+    return [ConsistencySignature(int(c), d.tobytes()) for c, d in zip(ints[:, 0], data)]
+
+
+def _unmask_rows(answers: list[UnmaskShares]):
+    rows, blobs = [], []
+    for ans in answers:
+        for secret, shares in ((0, ans.s_shares), (1, ans.b_shares)):
+            for v, (idx, share) in shares.items():
+                rows.append((ans.client, secret, v, idx))
+                blobs.append(share)
+    return rows, blobs
+
+
+def _answers(a) -> list[UnmaskShares]:
+    ints, data = unpack("unmask", a)
+    if len(ints) and (not np.isin(ints[:, 1], (0, 1)).all() or ints[:, 3].min() < 1
+                      or ints[:, 3].max() >= 2**16):
+        raise ReplyError("unmask rows must name secret 0 (mask key) or 1 (self-mask) and a "
+                         "share index in [1, 2^16)")
+    out: dict = {}
+    for (u, secret, v, idx), share in zip(ints, data):
+        s, b = out.setdefault(int(u), ({}, {}))
+        (s, b)[secret][int(v)] = (int(idx), share.tobytes())
+    return [UnmaskShares(u, s, b) for u, (s, b) in out.items()]
+
+
+def _masked(a, dim) -> list[MaskedInput]:
+    ints, data = unpack("masked", a, dim)
+    return [MaskedInput(int(c), y) for c, y in zip(ints[:, 0], data)]
+
+
+def _u3(config) -> list[int]:
+    return [int(c) for c in config["u3"]]
+
+
+# ------------------------------------------------------------------------- the node's side
+def encoding_json(enc: Encoding) -> str:
+    return json.dumps(dataclasses.asdict(enc))
+
+
+def read_encoding(text: str, n_items: int, K: int) -> Encoding:
+    """The round's Encoding from its JSON, checked against this node's catalog and model; a
+    device draws its noise share from the OS, whatever the server asks."""
+    try:
+        enc = Encoding(**json.loads(text))
+    except (TypeError, ValueError) as e:
+        raise NodeProtocolError(f"the message's encoding is not an Encoding: {e}") from None
+    if (enc.n_items, enc.K) != (n_items, K):
+        raise NodeProtocolError(f"the encoding is for {enc.n_items} items and K={enc.K}; this "
+                                f"node's catalog and model have {n_items} and K={K}")
+    if enc.noise_std > 0 and not enc.secret_noise:
+        raise NodeProtocolError("the server asked for seeded noise shares; a device draws its "
+                                "share of the DP noise from its own secure randomness")
+    return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))
+
+
+def node_step(own, content, state) -> dict:
+    """This node's answer (named arrays) to one protocol message; ``state`` is the run's
+    ``context.state``, where the clients' halves wait for the next message."""
+    from .node import client_estimator, client_outputs, global_model
+
+    config = content["config"]
+    step, session = str(config.get("step")), bytes(config.get("session", b""))
+    if step not in STEPS or len(session) != 16:
+        raise NodeProtocolError(f"a secure-aggregation message needs step in {STEPS} and a "
+                                f"16-byte session, got {step!r}")
+    if step == "begin":
+        state.pop(STATE_KEY, None)  # a new round: whatever was left of an old one goes
+        est = client_estimator(config["params"])
+        Q, _ = global_model(own, est, content["global"])
+        enc = read_encoding(config["encoding"], *Q.shape)
+        out = client_outputs(own, config, content["global"])
+        hp = RoundHyperparams(1.0, {}, weight_exponent=float(config["weight-exponent"]))
+        k = int(config["neighbours"])
+        halves = ClientHalves(out.client_ids(), enc.encode(out, hp)[0], int(config["t"]),
+                              session, None if k < 0 else k)
+        adverts = halves.advertise(halves.verifying())
+        reply = {**pack("keys", [(c,) for c in halves.verifying()],
+                        list(halves.verifying().values())),
+                 **pack("adverts", [(a.client,) for a in adverts],
+                        [a.c_pk + a.s_pk + a.signature for a in adverts])}
+        return _keep(state, session, halves, reply)
+    halves = _restore(state, session)
+    a = {k: v.numpy() for k, v in content["secagg"].items()} if "secagg" in content else {}
+    try:
+        if step == "share":
+            halves.trust(_registry(a))
+            reply = pack("shares", *_share_rows(halves.share(_adverts(a))))
+        elif step == "mask":
+            got = halves.mask(_inboxes(a), [int(c) for c in config.get("dropped", [])])
+            reply = pack("masked", [(m.client,) for m in got], [m.y for m in got])
+        elif step == "consistency":
+            sigs = halves.consistency(_u3(config))
+            reply = pack("sigs", [(s.client,) for s in sigs], [s.signature for s in sigs])
+        else:
+            answers = halves.unmask(_u3(config), _sigs(a))
+            state.pop(STATE_KEY, None)  # the round is over for this node: its secrets go
+            return pack("unmask", *_unmask_rows(answers))
+    except (ProtocolAbort, ReplyError) as e:
+        state.pop(STATE_KEY, None)
+        raise NodeProtocolError(str(e)) from None
+    return _keep(state, session, halves, reply)
+
+
+def _keep(state, session, halves, reply) -> dict:
+    state[STATE_KEY] = flwr().ConfigRecord({"session": session, "halves": pickle.dumps(halves)})
+    return reply
+
+
+def _restore(state, session) -> ClientHalves:
+    rec = state.get(STATE_KEY)
+    if rec is None or bytes(rec["session"]) != session:
+        raise NodeProtocolError("this node holds no protocol state for this session (it did "
+                                "not begin the round, or restarted since)")
+    return pickle.loads(bytes(rec["halves"]))  # the node's own state, never a message
+
+
+# ----------------------------------------------------------------------- the server's side
+class FlowerHalves:
+    """The client halves of a round's cohort as the server half talks to them: each protocol
+    step is one message to every node still in the round; replies are checked (a node may
+    speak only for its own clients, and must answer for each of them at ``begin``) and a node
+    that fails or is silent drops out with its clients. ``received`` lists the records and
+    fields of every reply (for the test that no upload arrives)."""
+
+    def __init__(self, executor, cohort, params, ids, hp, enc, session, t, neighbours):
+        self.ex, self.session, self.dim = executor, session, enc.width
+        self.group = f"round-{int(ids[1])}"
+        self.asked = {n: {int(c) for c in cl} for n, cl in executor.node_clients(cohort).items()}
+        self.live, self.received = set(self.asked), []
+        extra = {"encoding": encoding_json(enc), "t": int(t), "weight-exponent":
+                 float(hp.weight_exponent), "neighbours": -1 if neighbours is None else
+                 int(neighbours)}
+        glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
+        contents = {n: {"global": glob, "config": {**executor.client_config(
+            np.array(sorted(cl), np.int64)), **extra}} for n, cl in self.asked.items()}
+
+        def read(node, a):
+            reg, adv = _registry(a), _adverts(a)
+            if set(reg) != self.asked[node] or sorted(x.client for x in adv) != sorted(reg):
+                raise ReplyError("its keys and adverts are not one per client asked")
+            return reg, adv
+
+        self.registry, self.adverts = {}, []
+        for reg, adv in self._step("begin", contents, read):
+            self.registry.update(reg)
+            self.adverts += adv
+
+    def verifying(self) -> dict:
+        return dict(self.registry)
+
+    def advertise(self, registry) -> list:
+        return list(self.adverts)  # they came with the answers to ``begin``
+
+    def share(self, adverts):
+        table = arrays(**pack("keys", [(c,) for c in self.registry],
+                              list(self.registry.values())),
+                       **pack("adverts", [(a.client,) for a in adverts],
+                              [a.c_pk + a.s_pk + a.signature for a in adverts]))
+        return self._gather("share", {n: {"secagg": table} for n in self.live}, _bundles)
+
+    def mask(self, inboxes, dropped):
+        gone = [int(c) for c in dropped]
+        contents = {n: {"secagg": arrays(**pack("shares", *_share_rows(
+            [EncryptedShares(u, {v: ct}) for v, box in inboxes.items() if v in self.asked[n]
+             for u, ct in box.items()]))), "config": {"dropped": gone}} for n in self.live}
+        return self._gather("mask", contents, lambda a: _masked(a, self.dim))
+
+    def consistency(self, u3):
+        return self._gather("consistency", {n: {"config": {"u3": list(u3)}}
+                                            for n in self.live}, _sigs)
+
+    def unmask(self, u3, sigs):
+        table = arrays(**pack("sigs", [(s.client,) for s in sigs], [s.signature for s in sigs]))
+        return self._gather("unmask", {n: {"secagg": table, "config": {"u3": list(u3)}}
+                                       for n in self.live}, _answers)
+
+    # ------------------------------------------------------------------------- helpers
+    def _gather(self, step, contents, read) -> list:
+        """The protocol messages of every accepted reply; each must be from the node's own
+        clients."""
+        def own(node, a):
+            msgs = read(a)
+            if not {m.client for m in msgs} <= self.asked[node]:
+                raise ReplyError("it answers for clients it was not asked about")
+            return msgs
+
+        return [m for msgs in self._step(step, contents, own) for m in msgs]
+
+    def _step(self, step, contents, read) -> list:
+        """Send ``step`` to the nodes of ``contents``; the results of ``read(node, arrays)``
+        for the replies it accepts. A refused or missing reply drops the node."""
+        app = flwr()
+        records = {n: {"config": app.ConfigRecord({"step": step, "session": self.session,
+                                                   **c.get("config", {})}),
+                       **{k: c[k] for k in ("global", "secagg") if k in c}}
+                   for n, c in contents.items()}
+        out, answered = [], set()
+        stage = f"{self.group} secagg {step}"
+        for node, content in self.ex.send(records, "train.secagg", f"{self.group}/{step}",
+                                          stage, {n: len(c) for n, c in self.asked.items()}):
+            try:
+                rec = content.array_records.get("secagg")
+                if rec is None:
+                    raise ReplyError("the reply has no 'secagg' record")
+                a = {k: v.numpy() for k, v in rec.items()}
+                self.received.append((step, sorted(content.keys()), sorted(a)))
+                out.append(read(node, a))
+                answered.add(node)
+            except ReplyError as e:
+                self.ex.refusals.add(stage, node, str(e), len(self.asked.get(node, ())))
+        self.live &= answered
+        return out
