@@ -132,11 +132,14 @@ def credentials(folder: Path, nodes: int) -> dict:
 
 
 def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
-           secure: bool = True, intruders: int = 0) -> dict:
+           secure: bool = True, intruders: int = 0, kill_at: str | None = None,
+           kill_signal: int = signal.SIGKILL) -> dict:
     """Start the SuperLink and ``nodes`` SuperNodes, ``flwr run`` the app with ``run_config``,
     wait for its result file; always stop every process. With ``secure`` (the default) every
     connection is TLS and only registered SuperNodes get in; ``intruders`` more nodes start
-    with keys nobody registered. Returns the ServerApp's result plus the addresses the
+    with keys nobody registered. ``kill_at``: a message group (e.g. ``round-1/consistency``,
+    a secure-aggregation step); the last node is killed (``kill_signal``, SIGKILL by default:
+    no goodbye to the SuperLink) as soon as its log shows a message of that group arriving. Returns the ServerApp's result plus the addresses the
     processes listened on and the seconds taken."""
     from fedcf.flower import write_app
 
@@ -154,7 +157,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     app = write_app(folder / "app", **{**run_config, "min-nodes": nodes,
                                        "result-path": str(result_path)})
     limit = ["timeout", "-s", "KILL", str(int(deadline) + 30)]
-    procs, outside, t0 = [], set(), time.monotonic()
+    procs, outside, t0, killed = [], set(), time.monotonic(), None
 
     def start(name, args):
         log = open(folder / f"{name}.log", "w")
@@ -192,7 +195,12 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
         if run.returncode != 0:
             raise RuntimeError(f"flwr run failed ({run.returncode}): {run.stdout}{run.stderr}")
         addresses = listening({p.pid for p in procs})
+        victim, victim_log = procs[nodes], folder / f"supernode{nodes - 1}.log"
         while not result_path.exists():
+            if kill_at and killed is None and f"ROUND {kill_at}]" in victim_log.read_text():
+                os.killpg(victim.pid, kill_signal)
+                outside.add(victim.pid)
+                killed = time.monotonic() - t0
             if time.monotonic() - t0 > deadline:
                 raise TimeoutError(f"no result after {deadline:g} s; logs in {folder}")
             if any(p.poll() is not None for p in procs if p.pid not in outside):
@@ -205,6 +213,8 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     turned_away = sum("Failed to activate SuperNode" in (folder / f"supernode{k}.log").read_text()
                       for k in range(nodes, nodes + intruders))
     result.update(listening=addresses, deploy_seconds=time.monotonic() - t0,
+                  killed_node_at=None if killed is None else {"group": kill_at,
+                                                              "seconds": killed},
                   intruders_turned_away=turned_away,
                   left_running=sorted(members({p.pid for p in procs})),
                   flwr_run_output=run.stdout.strip().splitlines()[-1:])
@@ -223,6 +233,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--insecure", action="store_true", help="plain HTTP, no node authentication")
     ap.add_argument("--intruders", type=int, default=0,
                     help="also start this many SuperNodes whose keys are not registered")
+    ap.add_argument("--secure-aggregation", action="store_true",
+                    help="train under SecureAggregation (the nodes mask; the server sums)")
+    ap.add_argument("--kill-after-masking", action="store_true",
+                    help="with --secure-aggregation: kill the last node once it has sent its "
+                    "masked vectors in the last round")
+    ap.add_argument("--reply-timeout", type=float, default=600.0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from fedcf import FedReconMF
@@ -233,22 +249,30 @@ def main(argv=None) -> dict:
     params = {"n_factors": 20, "n_rounds": args.rounds, "clients_per_round":
               args.clients_per_round, "client_update": {"name": "sgd", "learning_rate": 0.1},
               "random_state": 0}
+    if args.secure_aggregation:  # t > m/2 leaves room for a node of three to be lost
+        params["aggregator"] = {"name": "secure", "threshold": 0.5, "value_bound": 10.0}
     data = {"dataset": args.dataset, "data-path": args.data_path, "synthetic-users": 200,
             "synthetic-items": 60, "synthetic-ratings": 4000}
     config = {**data, "fedcf-params": json.dumps(params), "eval-fraction": 0.1,
-              "model-path": str(folder / "model.npz")}
+              "model-path": str(folder / "model.npz"), "reply-timeout": args.reply_timeout}
+    kill = f"round-{args.rounds - 1}/consistency" if args.kill_after_masking else None
     out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline,
-                 secure=not args.insecure, intruders=args.intruders)
+                 secure=not args.insecure, intruders=args.intruders, kill_at=kill)
     ref, ref_eval, _ = fit_in_process(params, data, 0.1)
     model = FedReconMF.load(out["model_path"])
     hist = out.pop("history")
     out = {"meta": run_meta("flower_deploy.py", argv, packages=("flwr",)), "dataset":
            args.dataset, "nodes": args.nodes, "tls_and_node_auth": not args.insecure,
-           "intruders": args.intruders, **out, "local_recon_eval": ref_eval,
+           "intruders": args.intruders, "secure_aggregation": args.secure_aggregation,
+           **out, "local_recon_eval": ref_eval,
            "identical_item_factors": bool(np.array_equal(model.item_factors_,
                                                          ref.item_factors_)),
            "round_seconds": [r["seconds"] for r in hist],
-           "messages_per_round": [r["flower_messages"] for r in hist]}
+           "messages_per_round": [r["flower_messages"] for r in hist],
+           "bytes_up_per_round": [r["flower_bytes_up"] for r in hist],
+           "bytes_down_per_round": [r["flower_bytes_down"] for r in hist],
+           "secagg": [{k: r[k] for k in r if k.startswith("secagg")} for r in hist]
+           if args.secure_aggregation else None}
     out.pop("model_path")
     if args.json:
         write_json(args.json, out)

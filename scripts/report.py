@@ -454,9 +454,53 @@ def secagg_cost_values(rows) -> dict:
                    f"{r['client_seconds']:.3f}", f"{r['server_seconds']:.2f}",
                    f"{r['bytes_up_per_client'] / 2**20:.2f}", f"{r['plain_bytes'] / 2**20:.2f}")
                   for r in rows])
+    big = max(rows, key=lambda r: (r["n_items"], -r["clients"]))
+    phone = (f" For the largest catalog measured, {big['n_items']:,} items at K = {big['K']} "
+             f"in a cohort of {big['clients']}, one device spends "
+             f"{big['client_seconds']:.3f} s of protocol work on this machine "
+             f"and uploads {big['bytes_up_per_client'] / 2**20:.2f} MiB per "
+             "round, besides downloading the item matrix.")
     return {"secagg_cost": provenance(rows[0]["meta"], "secagg_cost.json") + "\n\n" + body +
             "\n\nConfigurations over the script's budgets (mask words, share holders) are not "
-            "run; the script prints which."}
+            "run; the script prints which." + phone}
+
+
+def flower_secagg_values(dep) -> dict:
+    """PRIVACY.md's Flower deployment under secure aggregation (scripts/flower_deploy.py
+    --secure-aggregation)."""
+    cmd = ("`python scripts/flower_deploy.py --dataset ml-100k --nodes 4 --rounds 3 "
+           "--clients-per-round 30 --intruders 1 --secure-aggregation --kill-after-masking "
+           "--json eval/results/flower_deploy_secagg.json`")
+    if not dep:
+        return {"flower_secagg": f"Not measured yet: run {cmd}."}
+    hist, kill = dep["secagg"], dep.get("killed_node_at")
+    rows = [(r + 1, f"{sec}", f"{dep['round_seconds'][r]:.1f}",
+             dep["messages_per_round"][r], f"{dep['bytes_down_per_round'][r] / 2**20:.2f}",
+             f"{dep['bytes_up_per_round'][r] / 2**20:.2f}",
+             f"{h['secagg_bytes_per_client'] / 2**20:.3f}", h["secagg_survivors"],
+             "no" if h["secagg_lost_round"] else "yes")
+            for r, (h, sec) in enumerate(zip(hist, [h["secagg_threshold"] for h in hist]))]
+    body = table(["round", "threshold t", "seconds", "messages", "MiB down (all nodes)",
+                  "MiB up (all nodes)", "protocol MiB per client", "survivors", "aggregated"],
+                 rows)
+    lost = "" if not kill else (
+        f" The last node was killed (SIGKILL) when the `{kill['group']}` message reached it, "
+        f"after it had sent its masked vectors; the refusals logged against it: "
+        f"{sum(1 for r in dep['refusals'] if 'secagg' in r['stage'])} in training, "
+        f"{sum(1 for r in dep['refusals'] if r['stage'] == 'recon eval')} in the evaluation.")
+    fields = sorted({f.split('.')[0] for recs in dep["received"].values()
+                     for fs in recs.values() for f in fs})
+    return {"flower_secagg": provenance(dep["meta"], "flower_deploy_secagg.json") + "\n\n" +
+            f"SuperLink and {dep['nodes']} SuperNodes on {dep['dataset']} (TLS and node "
+            f"authentication {'on' if dep['tls_and_node_auth'] else 'off'}; "
+            f"{dep.get('intruders_turned_away', 0)} of {dep['intruders']} unregistered nodes "
+            f"turned away), {len(hist)} rounds under `SecureAggregation` (threshold share 0.5): "
+            f"item factors {'identical' if dep['identical_item_factors'] else 'different'} to "
+            f"the in-process secure-aggregation fit; message types the server received: "
+            f"{', '.join(sorted(dep['received']))} (protocol tables: {', '.join(fields)})."
+            f"{lost}\n\n" + body + "\n\nBytes are Flower's serialized messages, all steps "
+            "of a round; the protocol column is the server half's count of what one client "
+            "sent."}
 
 
 def mutants_values(doc) -> dict:
@@ -880,6 +924,7 @@ def documents() -> dict[Path, str]:
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json")),
             **secagg_cost_values(load("secagg_cost.json")),
+            **flower_secagg_values(load("flower_deploy_secagg.json")),
             **mutants_values(load("mutants.json"))})}
            if privacy else {}),
         **({ROOT / "eval" / "CATALOG.md": render((TEMPLATES / "CATALOG.md").read_text(),

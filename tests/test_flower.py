@@ -373,20 +373,27 @@ def test_flower_simulation_ml100k_matches_fedreconmf(tmp_path):
 
 
 def test_flower_deployment_superlink_and_supernodes(tmp_path):
-    """A SuperLink and two SuperNodes as separate processes on 127.0.0.1 with TLS and SuperNode
-    authentication, ``flwr run``: a third node whose key was never registered is kept out (it
-    would hold a partition the others hold, which the directory would refuse), the result is
-    the in-process model, every socket is on loopback, every process is gone."""
+    """A SuperLink and three SuperNodes as separate processes on 127.0.0.1 with TLS and
+    SuperNode authentication, ``flwr run``, training under secure aggregation: a fourth node
+    whose key was never registered is kept out (it would hold a partition the others hold,
+    which the directory would refuse); the server received protocol messages only (no upload
+    record); the model is the in-process secure-aggregation model bit for bit; every socket is
+    on loopback, every process is gone. (A node killed after masking in a deployment:
+    eval/results/flower_deploy_secagg.json; in this process:
+    test_a_node_lost_after_masking_is_unmasked_by_the_others.)"""
     deploy = load_script("flower_deploy")
-    params = {**PARAMS, "n_rounds": 2, "clients_per_round": 10}
+    params = {**SEC_PARAMS, "n_rounds": 1, "clients_per_round": 15}
     config = {**DATA, "fedcf-params": json.dumps(params), "eval-fraction": 0.2,
               "model-path": str(tmp_path / "deployed.npz")}
-    res = deploy.deploy(tmp_path / "run", nodes=2, run_config=config, deadline=240,
+    res = deploy.deploy(tmp_path / "run", nodes=3, run_config=config, deadline=300,
                         intruders=1)
     assert res["listening"] and all(a.startswith("127.0.0.1:") for a in res["listening"])
-    assert res["refusals"] == [] and res["n_nodes"] == 2  # the intruder never got in
+    assert res["refusals"] == [] and res["n_nodes"] == 3  # the intruder never got in
     assert res["intruders_turned_away"] == 1  # the SuperLink refused to activate it
     assert (tmp_path / "run" / "credentials" / "ca.crt").exists()
+    assert list(res["received"]) == ["train.secagg"]  # no "train": no upload ever came
+    assert list(res["received"]["train.secagg"]) == ["secagg"]
+    assert res["history"][0]["secagg_survivors"] == 15
     model = FedReconMF.load(res["model_path"])
     ref, ref_eval = reference(params)
     np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
@@ -452,16 +459,32 @@ def _silent(steps):
     return tamper
 
 
+def _unavailable(steps):
+    """The SuperLink's answer for a node that stopped sending heartbeats: an error reply in the
+    SuperLink's own name (node id 1), tied to the message by reply_to_message_id."""
+    from flwr.app import Error
+
+    def tamper(msg, reply):
+        if msg.metadata.message_type != "train.secagg" or \
+                msg.content["config"]["step"] not in steps:
+            return reply
+        err = Message(error=Error(5, "Node Unavailable"), reply_to=msg)
+        err.metadata.__dict__["_src_node_id"] = 1
+        return err
+    return tamper
+
+
 def test_a_node_lost_after_masking_is_unmasked_by_the_others(tmp_path):
-    """A node that sent its masked vectors and then went silent: the other clients' shares
-    remove its clients' self-masks, so the round's sum — and the model — are the ones with
-    no failure; its silence is logged."""
-    grid = FakeGrid(partitions(4), tamper={BIG + 2: _silent({"consistency", "unmask"})})
+    """A node that sent its masked vectors and then died: the other clients' shares remove its
+    clients' self-masks, so the round's sum — and the model — are the ones with no failure;
+    the SuperLink's error reply is logged against the dead node, not against node 1."""
+    grid = FakeGrid(partitions(4), tamper={BIG + 2: _unavailable({"consistency", "unmask"})})
     res, model = run(grid, tmp_path, SEC_PARAMS)
     ref, _ = reference(SEC_PARAMS)
     np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
     lost = [r for r in res["refusals"] if "secagg consistency" in r["stage"]]
     assert len(lost) == SEC_PARAMS["n_rounds"] and all(r["node"] == BIG + 2 for r in lost)
+    assert all("Node Unavailable" in r["reason"] and r["clients"] > 0 for r in lost)
     assert all(h["secagg_survivors"] == 30 for h in res["history"])
 
 

@@ -181,6 +181,26 @@ def test_a_forged_key_or_relabelled_share_aborts_the_client():
         halves[1].masked_input(np.zeros(5, np.uint32), swapped)
 
 
+def test_a_client_refuses_a_threshold_at_or_below_half_its_holders():
+    """The server chooses t, so each client checks it: with t ≤ h/2 two disjoint groups of
+    holders could rebuild both seeds of one client. The check is the client's own, whatever
+    the server's settings; t > h/2 passes, also after a round trip through pickle (a Flower
+    node keeps its halves in the run's state between messages)."""
+    import pickle
+
+    session = os.urandom(16)
+    for t, ok in ((3, False), (4, True)):
+        ids = Identities(range(6))
+        halves = [pickle.loads(pickle.dumps(SecAggClient(c, t, session, ids.signing_key(c),
+                                                         ids.verifying))) for c in range(6)]
+        adverts = [h.advertise() for h in halves]
+        if ok:
+            assert len(halves[0].share_keys(adverts).ciphertexts) == 6
+        else:
+            with pytest.raises(ProtocolAbort, match="not above half of its 6 share holders"):
+                halves[0].share_keys(adverts)
+
+
 def test_too_few_clients_at_any_step_abort_the_round():
     with pytest.raises(ProtocolAbort, match="fewer than the threshold"):
         simulate(_vectors(5), range(5), 4, drop_after_shares=(0, 1))

@@ -280,7 +280,7 @@ class FlowerExecutor(RoundExecutor):
         self.params_json, self.mu, self.timeout = client_params(est), float(mu), timeout
         self.refusals, self.program, self.round_stats = refusals, None, {}
         self.counts = None if directory.counts is None else directory.counts[users]
-        self.round = 0
+        self.round, self.received = 0, {}  # message type -> record -> fields received
 
     def set_program(self, program) -> FlowerExecutor:
         self.program = program
@@ -311,6 +311,9 @@ class FlowerExecutor(RoundExecutor):
         replies = list(exchange(self.grid, msgs, self.timeout, stage, self.refusals, clients))
         stats["flower_bytes_up"] = stats.get("flower_bytes_up", 0) + sum(
             content_bytes(c) for _, c in replies)
+        for _, content in replies:  # what the server received, by message type and record
+            for name, rec in content.items():
+                self.received.setdefault(kind, {}).setdefault(name, set()).update(rec.keys())
         return replies
 
     def run(self, cohort, params, ids) -> ClientOutputs:
@@ -430,7 +433,8 @@ def wait_for_nodes(grid, min_nodes: int, seconds: float) -> list[int]:
 def serve(grid, settings: Settings) -> dict:
     """The whole server program: directory, user split, FedReconMF fit over the nodes,
     federated ReconEval, saved model and result. Returns the result (also written to
-    ``settings.result_path``)."""
+    ``settings.result_path``); its ``received`` names every record and field the server got
+    in the training replies, by message type."""
     t0 = time.perf_counter()
     refusals = Refusals()
     nodes = wait_for_nodes(grid, int(settings.min_nodes), float(settings.wait_seconds))
@@ -459,6 +463,8 @@ def serve(grid, settings: Settings) -> dict:
     if settings.model_path:
         result["model_path"] = str(est.save(settings.model_path))
     result.update(history=est.history_, refusals=refusals.items,
+                  received={kind: {name: sorted(f) for name, f in recs.items()} for kind, recs
+                            in pop.executor.received.items()},
                   seconds=time.perf_counter() - t0)
     if settings.result_path:
         from ..datasets import atomic_write
