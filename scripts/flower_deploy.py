@@ -68,8 +68,17 @@ def listening(groups) -> list[str]:
     return sorted(out)
 
 
+def tool(name: str) -> str:
+    """A Flower command beside this Python (a venv used without activating it), else PATH's."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else name
+
+
 def stop(procs, grace: float = 5.0):
-    """SIGTERM each process group, then SIGKILL what is left after ``grace`` seconds."""
+    """SIGTERM each process group, then SIGKILL what is left after ``grace`` seconds; return
+    once no process of the groups is alive (children such as ``flwr-clientapp`` included), or
+    after another ``grace`` seconds."""
+    groups = {p.pid for p in procs}
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for p in procs:
             try:
@@ -77,7 +86,8 @@ def stop(procs, grace: float = 5.0):
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        while time.monotonic() < deadline and (any(p.poll() is None for p in procs)
+                                               or members(groups)):
             time.sleep(0.1)
 
 
@@ -139,14 +149,17 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     connection is TLS and only registered SuperNodes get in; ``intruders`` more nodes start
     with keys nobody registered. ``kill_at``: a message group (e.g. ``round-1/consistency``,
     a secure-aggregation step); the last node is killed (``kill_signal``, SIGKILL by default:
-    no goodbye to the SuperLink) as soon as its log shows a message of that group arriving. Returns the ServerApp's result plus the addresses the
-    processes listened on and the seconds taken."""
+    no goodbye to the SuperLink) as soon as its log shows a message of that group arriving.
+    Returns the ServerApp's result plus the addresses the processes listened on and the
+    seconds taken."""
     from fedcf.flower import write_app
 
     folder = Path(folder)
     home = folder / "flwr_home"
     home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1",  # Flower's own
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent),  # children too
+                                    os.environ.get("PATH", "")])}
     link = free_port()
     creds = credentials(folder / "credentials", nodes + intruders) if secure else None
     tls = f'root-certificates = "{creds["ca"]}"\n' if secure else "insecure = true\n"
@@ -169,7 +182,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                 "--ssl-keyfile", str(creds["key"]), "--enable-supernode-auth"] if secure \
         else ["--insecure"]
     try:
-        sl = start("superlink", ["flower-superlink", *link_tls, "--host", "127.0.0.1",
+        sl = start("superlink", [tool("flower-superlink"), *link_tls, "--host", "127.0.0.1",
                                  "--port", str(link), "--database", str(folder / "state.db"),
                                  "--disable-runtime-dependency-installation"])
         wait_port(link, sl, 60)
@@ -178,19 +191,19 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                 "--root-certificates", str(creds["ca"]),
                 "--auth-supernode-private-key", str(creds[f"node{k}"])]
             if secure and k < nodes:  # registered through the Control API; intruders are not
-                reg = subprocess.run(["flwr", "supernode", "register",
+                reg = subprocess.run([tool("flwr"), "supernode", "register",
                                       str(creds[f"node{k}"]) + ".pub", "local"], env=env,
                                      cwd=folder, capture_output=True, text=True, timeout=60)
                 if reg.returncode != 0:
                     raise RuntimeError(f"flwr supernode register failed: {reg.stdout}"
                                        f"{reg.stderr}")
             node = start(f"supernode{k}", [
-                "flower-supernode", *node_tls, "--superlink", f"127.0.0.1:{link}",
+                tool("flower-supernode"), *node_tls, "--superlink", f"127.0.0.1:{link}",
                 "--host", "127.0.0.1", "--port", str(free_port()),
                 "--node-config", f"partition-id={k % nodes} num-partitions={nodes}"])
             if k >= nodes:
                 outside.add(node.pid)
-        run = subprocess.run(["flwr", "run", str(app), "local"], env=env, cwd=folder,
+        run = subprocess.run([tool("flwr"), "run", str(app), "local"], env=env, cwd=folder,
                              capture_output=True, text=True, timeout=120)
         if run.returncode != 0:
             raise RuntimeError(f"flwr run failed ({run.returncode}): {run.stdout}{run.stderr}")
