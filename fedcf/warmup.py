@@ -11,6 +11,7 @@ another process fills the shared cache, and this process then loads instead of c
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 import subprocess
 import sys
@@ -224,7 +225,7 @@ def compile_kernels(paths=None, *, n_jobs: int = 1) -> dict[str, float]:
     RuntimeError naming a path that failed.
     """
     paths = check_paths(paths)
-    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, numbers.Integral) or n_jobs < 1:
         raise ValueError(f"n_jobs must be a positive integer, got {n_jobs!r}")
     if n_jobs == 1:
         return _run_paths(paths)
@@ -258,7 +259,8 @@ class BackgroundCompile:
 
     def __init__(self, paths, *, n_workers: int = 2, nice: int = 10):
         self.paths = check_paths(paths)
-        if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
+        if isinstance(n_workers, bool) or not isinstance(n_workers, numbers.Integral) or \
+                n_workers < 1:
             raise ValueError(f"n_workers must be a positive integer, got {n_workers!r}")
         self.done: dict[str, float] = {}
         self.failed: dict[str, str] = {}

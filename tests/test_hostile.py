@@ -115,6 +115,42 @@ def test_interrupted_save_keeps_the_old_file_and_no_leftovers(pop, tmp_path, mon
     assert [p.name for p in tmp_path.iterdir()] == ["m.npz"]
 
 
+def _killed_mid_save(path):
+    import os
+
+    def write(fh):
+        fh.write(b"half a model")
+        fh.flush()
+        os._exit(9)  # killed: no cleanup runs
+
+    from datasets._files import atomic_write
+
+    atomic_write(path, write)
+
+
+def test_a_killed_save_leaves_nothing_after_the_next_save(pop, tmp_path):
+    """A writer killed mid-save leaves its temporary file (nothing can remove it then); the next
+    write of the same target removes it, and leaves a live writer's temporary file alone."""
+    import os
+
+    from datasets._files import _temp_prefix
+
+    path = tmp_path / "m.npz"
+    proc = mp.get_context("spawn").Process(target=_killed_mid_save, args=(path,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 9
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".m.npz.") and left[0].endswith(".tmp")
+    live = tmp_path / (_temp_prefix(path, os.getppid()) + "x.tmp")  # a running process's
+    live.write_bytes(b"in progress")
+    other = tmp_path / (".m.npz.another-host.1." + "y.tmp")  # a writer on another host
+    other.write_bytes(b"in progress")
+    CentralizedMF(n_factors=2, n_epochs=1, random_state=0).fit(pop).save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.npz", live.name,
+                                                                  other.name])
+
+
 @pytest.mark.parametrize("content", [b"", b"garbage, not a zip", "truncated"])
 def test_bad_model_and_checkpoint_files_name_the_path(pop, tmp_path, content):
     good = CentralizedMF(n_factors=2, n_epochs=1, random_state=0).fit(pop).save(tmp_path / "g")
@@ -355,3 +391,52 @@ def test_a_tampered_phase_spec_in_a_model_file_is_named(tmp_path, pop):
     spec.update(name="sgd", params={"steps": -4})
     with pytest.raises(ValueError, match="cannot rebuild the reconstruction 'sgd': steps must be"):
         registry.decode(spec, "reconstruction")
+
+
+def _numpy_scalar_cases():
+    from fedcf.federated import (
+        CoordinateMedian,
+        DifferentialPrivacy,
+        DPGaussianMean,
+        NormClippedMean,
+        RayExecutor,
+        SecureAggregation,
+        TrimmedMean,
+    )
+    from fedcf.federated.items import OpenCatalog
+
+    f32, f64, i64, i32 = np.float32, np.float64, np.int64, np.int32
+    return [
+        (TrimmedMean, dict(beta=f32(0.1), row_clip=f64(2.0))),
+        (CoordinateMedian, dict(row_clip=f32(1.5))),
+        (NormClippedMean, dict(clip_norm=f32(0.5))),
+        (SecureAggregation, dict(threshold=i64(3), value_bound=f32(2.0), max_weight=i32(50),
+                                 min_cohort=i64(3), drop_after_setup=f32(0.1),
+                                 neighbours=i32(4))),
+        (SecureAggregation, dict(threshold=f32(0.75))),
+        (DPGaussianMean, dict(clip_norm=f32(0.5), noise_multiplier=f64(1.0), delta=f32(1e-5),
+                              target_quantile=f32(0.5))),
+        (lambda **kw: DifferentialPrivacy(SecureAggregation(), **kw),
+         dict(clip_norm=f32(0.5), noise_multiplier=i64(1))),
+        (RayExecutor, dict(n_shards=i64(2), num_cpus=f32(1.0), max_restarts=i32(1),
+                           resources={"worker": f32(1.0)})),
+        (OpenCatalog, dict(catalog=f32(0.5))),
+    ]
+
+
+@pytest.mark.parametrize("make,kw", _numpy_scalar_cases(),
+                         ids=lambda v: getattr(v, "__name__", "") if callable(v) else "")
+def test_numpy_scalars_are_numbers(make, kw):
+    """Every real-number or integer type NumPy has is a number to every phase object; the
+    object is the one the Python numbers give (its parameters compare equal)."""
+    import warnings
+
+    plain = {k: (v.item() if isinstance(v, np.generic) else
+                 {a: b.item() for a, b in v.items()} if isinstance(v, dict) else v)
+             for k, v in kw.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, ref = make(**kw), make(**plain)
+    assert got.get_params(deep=False).keys() == ref.get_params(deep=False).keys()
+    assert all(np.all(np.asarray(got.get_params(deep=False)[k] == v))
+               for k, v in ref.get_params(deep=False).items() if not hasattr(v, "get_params"))

@@ -5,6 +5,8 @@ with an estimator's ``aggregator`` parameter and sees only ``ClientOutputs``.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 from scipy import sparse
 
@@ -24,7 +26,7 @@ from .phases import (
 
 
 def _positive(name, value, *, upper=None):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
             or not np.isfinite(value) or value <= 0 or (upper is not None and value >= upper):
         bound = f"in (0, {upper:g})" if upper is not None else "> 0"
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
@@ -64,7 +66,7 @@ class NormClippedMean(WeightedMean):
 def _check_row_clip(row_clip):
     if row_clip is None:
         return None
-    if isinstance(row_clip, bool) or not isinstance(row_clip, (int, float)) or \
+    if isinstance(row_clip, bool) or not isinstance(row_clip, numbers.Real) or \
             not (np.isfinite(row_clip) and row_clip > 0):
         raise ValueError(f"row_clip must be a positive number or None, got {row_clip!r}")
     return float(row_clip)
@@ -135,7 +137,7 @@ class TrimmedMean(_RowStatistic):
 
     def validate(self):
         beta = self.beta
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 0.5:
+        if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 <= beta < 0.5:
             raise ValueError(f"beta must be in [0, 0.5) (the share trimmed from each end), "
                              f"got {beta!r}")
         _check_row_clip(self.row_clip)

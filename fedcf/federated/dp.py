@@ -7,6 +7,7 @@ generator); ε from ``accounting``; adaptive clipping after Andrew et al. 2021.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import warnings
 
 import numpy as np
@@ -195,7 +196,7 @@ class DifferentialPrivacy(WeightedMean):
                                  "twice")
         if self.target_quantile is not None:
             tq = self.target_quantile
-            if isinstance(tq, bool) or not isinstance(tq, (int, float)) or not 0 < tq < 1:
+            if isinstance(tq, bool) or not isinstance(tq, numbers.Real) or not 0 < tq < 1:
                 raise ValueError(f"target_quantile must be None or in (0, 1), got {tq!r}")
             _positive("clip_learning_rate", self.clip_learning_rate)
             if self.clip_count_stddev is not None:

@@ -148,7 +148,7 @@ class OpenCatalog(ItemSpace):
         cat = self.catalog
         if cat is None:
             return item_ids
-        if isinstance(cat, float):
+        if isinstance(cat, (float, np.floating)):
             k = max(1, int(np.ceil(cat * len(item_ids) - 1e-9)))
             return item_ids[np.sort(np.argsort(-np.asarray(counts), kind="stable")[:k])]
         cat = np.asarray(cat)
@@ -163,7 +163,7 @@ def _check_catalog(v) -> None:
     """None, a share in (0, 1] of the most popular training items, or a list of raw item ids."""
     if v is None:
         return
-    if isinstance(v, float):
+    if isinstance(v, (float, np.floating)):
         if not 0.0 < v <= 1.0:
             raise ValueError(f"catalog as a share of the training items must be in (0, 1], got {v}")
         return

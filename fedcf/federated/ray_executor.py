@@ -25,6 +25,7 @@ with an error naming the shard.
 
 from __future__ import annotations
 
+import numbers
 import os
 import socket
 import sys
@@ -87,7 +88,7 @@ class RayExecutor(Executor):
 
     def validate(self):
         n_shards, num_cpus, max_restarts = self.n_shards, self.num_cpus, self.max_restarts
-        if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)) or \
+        if isinstance(n_shards, bool) or not isinstance(n_shards, numbers.Integral) or \
                 not 1 <= n_shards <= REDUCE_GROUPS:
             raise ValueError(f"n_shards must be an int in [1, {REDUCE_GROUPS}] (a shard holds "
                              f"whole reduce groups), got {n_shards!r}")
@@ -95,7 +96,7 @@ class RayExecutor(Executor):
             raise TypeError(f"address must be a string such as '127.0.0.1:6379' or None, got "
                             f"{type(self.address).__name__}")
         if num_cpus is not None and (isinstance(num_cpus, bool) or
-                                     not isinstance(num_cpus, (int, float)) or
+                                     not isinstance(num_cpus, numbers.Real) or
                                      not (np.isfinite(num_cpus) and num_cpus > 0)):
             raise ValueError(f"num_cpus must be a number > 0 or None, got {num_cpus!r}")
         if self.resources is not None and not isinstance(self.resources, dict):
@@ -103,10 +104,10 @@ class RayExecutor(Executor):
                             f"{type(self.resources).__name__}")
         for key, v in (self.resources or {}).items():
             if not isinstance(key, str) or isinstance(v, bool) or \
-                    not isinstance(v, (int, float)) or not (np.isfinite(v) and v >= 0):
+                    not isinstance(v, numbers.Real) or not (np.isfinite(v) and v >= 0):
                 raise ValueError(f"resources must map resource names to numbers >= 0 (e.g. "
                                  f"{{'worker_node': 1}}), got {key!r}: {v!r}")
-        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or \
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, numbers.Integral) or \
                 max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
 

@@ -22,6 +22,7 @@ analysis: its gap is one quantization step per client and coordinate, reported).
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 from dataclasses import dataclass
@@ -215,15 +216,15 @@ class SecureAggregation(WeightedMean):
                              f"floor(share·m) + 1 > m/2) or a count >= 2, got {threshold!r}")
         for name in ("value_bound", "max_weight"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not (isinstance(v, (int, float)) and np.isfinite(v)
+            if isinstance(v, bool) or not (isinstance(v, numbers.Real) and np.isfinite(v)
                                            and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
         if isinstance(self.min_cohort, bool) or not isinstance(self.min_cohort, (int, np.integer)) \
                 or self.min_cohort < 2:
             raise ValueError(f"min_cohort must be an integer >= 2 (a cohort of one reveals its "
                              f"upload as the sum), got {self.min_cohort!r}")
-        if not (isinstance(self.drop_after_setup, (int, float))
-                and 0 <= self.drop_after_setup < 1):
+        drop = self.drop_after_setup
+        if isinstance(drop, bool) or not (isinstance(drop, numbers.Real) and 0 <= drop < 1):
             raise ValueError(f"drop_after_setup must be in [0, 1), got {self.drop_after_setup!r}")
         k = self.neighbours
         if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from .node import describe, evaluate, partition, train
 from .secure import node_step
 from .server import serve
@@ -116,6 +118,7 @@ def write_app(directory, **run_config) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     lines = []
     for key, value in run_config.items():
+        value = value.item() if isinstance(value, np.generic) else value  # NumPy scalars
         if isinstance(value, bool):
             lines.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, (int, float)):

@@ -4,6 +4,7 @@ the JSON specs of phase objects (aggregator, server optimizer, reconstruction)."
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,7 +86,7 @@ class Settings:
                 ("eval_support_fraction", float, self.eval_support_fraction),
                 ("min_nodes", int, self.min_nodes), ("wait_seconds", float, self.wait_seconds),
                 ("reply_timeout", float, self.reply_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
                     not np.isfinite(value) or (kind is int and value != int(value)):
                 raise TypeError(f"{key.replace('_', '-')} must be a finite {kind.__name__}, got "
                                 f"{value!r}")
