@@ -21,7 +21,7 @@ _DEFAULT_TS = object()  # sentinel: "use a 'timestamp' column if there is one"
 
 
 def _require_columns(df: pd.DataFrame, columns) -> None:
-    """Name the first of ``columns`` (None entries skipped) that ``df`` lacks."""
+    """Name the first of ``columns`` (None entries skipped) that ``df`` lacks or has twice."""
     missing = [c for c in columns if c is not None and c not in df.columns]
     if missing:
         hint = ("; pass the ratings as y, or name the column with rating_col="
@@ -29,6 +29,11 @@ def _require_columns(df: pd.DataFrame, columns) -> None:
         raise DataValidationError(
             f"column {missing[0]!r} not found in the DataFrame; its columns are "
             f"{list(df.columns)}{hint}")
+    twice = [c for c in columns if c is not None and int((df.columns == c).sum()) > 1]
+    if twice:
+        raise DataValidationError(
+            f"column {twice[0]!r} appears {int((df.columns == twice[0]).sum())} times in the "
+            f"DataFrame (columns {list(df.columns)}); keep one, or rename the others")
 
 
 def _as_1d(y, name: str) -> np.ndarray:
@@ -280,6 +285,14 @@ class Interactions:
         X the (user, item) pairs (a DataFrame with user/item columns or an (n, 2) array of raw
         ids) and y their ratings. ``rating_col=None`` means implicit feedback (strength 1.0 per
         pair unless y gives strengths)."""
+        known = {"user_col", "item_col", "rating_col", "timestamp_col", "rating_scale",
+                 "duplicates", "item_catalog", "user_catalog"}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            hint = (" (item features are FedReconMF's: FedReconMF.fit(X, item_features=...))"
+                    if unknown[0] == "item_features" else "")
+            raise TypeError(f"unexpected data argument {unknown[0]!r}{hint}; the data take "
+                            f"{sorted(known)}")
         if y is not None:
             return cls.from_pairs(X, y, **kwargs)
         if isinstance(X, Interactions):

@@ -137,11 +137,26 @@ def recon_eval(model, users: Interactions, *, split: str = "random", support_fra
     reconstruction="sgd"; with out-of-catalog options, the user's local item rows too). Users
     with an empty query part add nothing; query items the model never saw are scored with the
     documented fallback (no item term) unless the model has UNK / adapter / local rows.
+    ``users``: an Interactions or anything ``Interactions.coerce`` takes (a DataFrame with
+    user, item and rating columns).
     """
+    users = _eval_users(users, split, support_fraction)
     support, query = support_query_split(users, split, support_fraction, random_state)
     pred = model.recon_predict(support, query)
     return _report(model, query.user_ids[query.user_index()], query.values, pred, n_repeats,
                    random_state)
+
+
+def _eval_users(users, split: str, support_fraction) -> Interactions:
+    """The users to evaluate as Interactions; a support fraction that leaves no query part
+    (1 with a split) is named here, not found later as "no ratings to score"."""
+    users = Interactions.coerce(users)
+    if split != "none" and isinstance(support_fraction, (int, float, np.number)) and \
+            not isinstance(support_fraction, bool) and support_fraction >= 1.0:
+        raise ValueError(f"support_fraction={support_fraction} leaves no query ratings to score "
+                         f"with split={split!r}; use a fraction in (0, 1), or split='none' to "
+                         "score on the support set itself")
+    return users
 
 
 def random_embedding_eval(model, users: Interactions, *, scale: float = 0.1,
@@ -151,7 +166,8 @@ def random_embedding_eval(model, users: Interactions, *, scale: float = 0.1,
     Scored on the same query part as ``recon_eval`` with the same ``random_state``.
     """
     check_is_fitted(model, "item_factors_")
-    _, query = support_query_split(users, "random", 0.5, random_state)
+    _, query = support_query_split(_eval_users(users, "random", 0.5), "random", 0.5,
+                                   random_state)
     rng = np.random.default_rng(random_state)
     K = model.item_factors_.shape[1]
     P = (rng.standard_normal((query.n_users, K)) * scale).astype(model.item_factors_.dtype)

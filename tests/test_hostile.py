@@ -440,3 +440,52 @@ def test_numpy_scalars_are_numbers(make, kw):
     assert got.get_params(deep=False).keys() == ref.get_params(deep=False).keys()
     assert all(np.all(np.asarray(got.get_params(deep=False)[k] == v))
                for k, v in ref.get_params(deep=False).items() if not hasattr(v, "get_params"))
+
+
+def _frame(pop):
+    return pd.DataFrame({"user": pop.user_ids[pop.user_index()], "item": pop.item_ids[pop.items],
+                         "rating": pop.values})
+
+
+def test_mixed_str_and_int_ids_survive_save_and_load(pop, tmp_path):
+    """Ids that mix str and int (as a DataFrame of object ids can) are saved without pickle and
+    load back with their types: 5 stays an int, "u5" a str."""
+    df = _frame(pop)
+    df["user"] = df["user"].astype(object)
+    df.loc[df["user"] < 20, "user"] = "u" + df.loc[df["user"] < 20, "user"].astype(str)
+    m = FedReconMF(**FAST).fit(df)
+    back = FedReconMF.load(m.save(tmp_path / "m.npz", user_ids=True))
+    assert [(type(a), a) for a in back.user_ids_] == [(type(a), a) for a in m.user_ids_]
+    assert {type(a) for a in back.user_ids_} == {str, int}
+
+
+@pytest.mark.parametrize("call,err,match", [
+    (lambda df, m: FedReconMF(**FAST).fit(df.set_axis(["user", "item", "rating"], axis=1)
+                                          .assign(r2=1.0).set_axis(
+        ["user", "item", "rating", "rating"], axis=1)), ValueError,
+     "column 'rating' appears 2 times"),
+    (lambda df, m: __import__("fedcf.eval", fromlist=["x"]).recon_eval(m, df,
+                                                                       support_fraction=1.0),
+     ValueError, "support_fraction=1.0 leaves no query ratings"),
+    (lambda df, m: __import__("fedcf").FedAvgMF(**FAST).fit(df, item_features=np.zeros((3, 2))),
+     TypeError, "unexpected data argument 'item_features' .item features are FedReconMF's"),
+    (lambda df, m: FedReconMF(**FAST).fit(df, user_column="user"), TypeError,
+     "unexpected data argument 'user_column'"),
+])
+def test_data_arguments_are_named(pop, call, err, match):
+    df = _frame(pop)
+    m = FedReconMF(**FAST).fit(pop)
+    with pytest.raises(err, match=match):
+        call(df, m)
+
+
+def test_recon_eval_takes_a_dataframe(pop):
+    from fedcf.eval import recon_eval
+
+    m = FedReconMF(**FAST).fit(pop)
+    from fedcf.datasets import Interactions
+
+    got, ref = recon_eval(m, _frame(pop)), recon_eval(m, Interactions.coerce(_frame(pop)))
+    assert {k: v for k, v in got.items() if np.isscalar(v)} == \
+        {k: v for k, v in ref.items() if np.isscalar(v)}
+    assert got["rmse"] > 0

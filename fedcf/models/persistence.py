@@ -15,20 +15,48 @@ FORMAT_VERSION = 2
 _META = "metadata"
 
 
-def _ids_to_array(ids: np.ndarray, what: str) -> np.ndarray:
-    """Raw ids in a form np.load can read back without pickle."""
+def _ids_to_arrays(ids: np.ndarray, what: str) -> dict:
+    """Raw ids in a form np.load can read back without pickle: ``<what>_ids``, and for ids that
+    mix str and int, their text plus ``<what>_id_is_int`` (which entries were ints)."""
     ids = np.asarray(ids)
+    key = f"{what}_ids"
     if ids.dtype.kind in "iufU":
+        return {key: ids}
+    is_str = np.array([isinstance(x, str) for x in ids], bool)
+    is_int = np.array([isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                       for x in ids], bool)
+    if is_str.all():
+        return {key: ids.astype(str)}
+    if is_int.all():
+        return {key: ids.astype(np.int64)}
+    if (is_str | is_int).all():
+        return {key: np.array([str(x) for x in ids]), f"{what}_id_is_int": is_int}
+    bad = ids[~(is_str | is_int)][0]
+    raise TypeError(f"cannot save {what} id {bad!r} of type {type(bad).__name__}: only str and "
+                    f"int ids can be saved without pickle; map the {what} ids to str or int "
+                    "before fit")
+
+
+def _ids_to_array(ids: np.ndarray, what: str) -> np.ndarray:
+    """One array of ids of one kind (str or int); mixed kinds are refused, naming them."""
+    out = _ids_to_arrays(ids, what)
+    if len(out) > 1:
+        raise TypeError(f"{what} ids mix str and int (e.g. {show_mixed(ids)}); map them to one "
+                        "kind (all str or all int) first")
+    return next(iter(out.values()))
+
+
+def show_mixed(ids) -> str:
+    first = {type(x).__name__: x for x in reversed(list(ids))}
+    return " and ".join(repr(v) for v in first.values())
+
+
+def _ids_from_arrays(arrays, what: str) -> np.ndarray:
+    ids = arrays[f"{what}_ids"]
+    flag = arrays.get(f"{what}_id_is_int")
+    if flag is None:
         return ids
-    if all(isinstance(x, str) for x in ids):
-        return ids.astype(str)
-    if all(isinstance(x, (int, np.integer)) for x in ids):
-        return ids.astype(np.int64)
-    bad = next(x for x in ids if not isinstance(x, (str, int, np.integer)))
-    raise TypeError(
-        f"cannot save {what} id {bad!r} of type {type(bad).__name__}: only str and int ids (one kind "
-        "per model) can be saved without pickle"
-    )
+    return np.array([int(x) if f else str(x) for x, f in zip(ids, flag)], dtype=object)
 
 
 class Persistence:
@@ -90,9 +118,9 @@ class Persistence:
         }
         arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None
                   and not (not keep_users and a in ("user_factors_", "user_biases_"))}
-        arrays["user_ids"] = _ids_to_array(self.user_ids_ if keep_users else self.user_ids_[:0],
-                                           "user")
-        arrays["item_ids"] = _ids_to_array(self.item_ids_, "item")
+        arrays.update(_ids_to_arrays(self.user_ids_ if keep_users else self.user_ids_[:0],
+                                     "user"))
+        arrays.update(_ids_to_arrays(self.item_ids_, "item"))
         if "user_factors_" in arrays:
             inter = getattr(self, "interactions_", None)
             if inter is not None:
@@ -132,8 +160,8 @@ class Persistence:
         for name in cls._saved_arrays:
             if name in arrays:
                 setattr(model, name, arrays[name])
-        model.user_ids_ = arrays["user_ids"]
-        model.item_ids_ = arrays["item_ids"]
+        model.user_ids_ = _ids_from_arrays(arrays, "user")
+        model.item_ids_ = _ids_from_arrays(arrays, "item")
         if "seen_indptr" in arrays:
             model.seen_indptr_, model.seen_items_ = arrays["seen_indptr"], arrays["seen_items"]
         model.global_mean_ = meta["global_mean"]
