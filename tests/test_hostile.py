@@ -489,3 +489,34 @@ def test_recon_eval_takes_a_dataframe(pop):
     assert {k: v for k, v in got.items() if np.isscalar(v)} == \
         {k: v for k, v in ref.items() if np.isscalar(v)}
     assert got["rmse"] > 0
+
+
+def test_a_callback_keeps_what_it_was_shown(pop):
+    """The arrays a callback sees are its own: later rounds do not change them."""
+    kept = []
+    m = FedReconMF(**FAST, eval_every=1).fit(
+        pop, callback=lambda model, t: kept.append((model.item_factors_,
+                                                    model.item_factors_.copy(),
+                                                    len(model.history_))))
+    assert [n for _, _, n in kept] == [1, 2, 3]
+    assert all(np.array_equal(a, b) for a, b, _ in kept)
+    assert not np.array_equal(kept[0][0], m.item_factors_)
+
+
+def test_set_params_after_fit_changes_the_next_fit_not_the_predictions(pop, tmp_path):
+    """Scoring reads the item space the model was fitted with (also after save and load)."""
+    from fedcf.federated import OpenCatalog
+
+    m = FedReconMF(**FAST, item_space=OpenCatalog(0.5, unknown_item_row=True,
+                                                   learned_default=True)).fit(pop)
+    items = pop.item_ids[:12]
+    local = m.reconstruct(items[:5], [4, 3, 5, 2, 4])
+    before = m.predict_local(local, items)
+    m.set_params(item_space__unknown_item_row=False, item_space__learned_default=False)
+    np.testing.assert_array_equal(m.predict_local(local, items), before)
+    back = FedReconMF.load(m.save(tmp_path / "m.npz"))
+    np.testing.assert_array_equal(back.predict_local(back.reconstruct(items[:5],
+                                                                      [4, 3, 5, 2, 4]), items),
+                                  before)
+    m.set_params(item_space=None)
+    np.testing.assert_array_equal(m.predict_local(local, items), before)

@@ -137,8 +137,9 @@ class FederatedMFBase(MFEstimatorBase):
         def observe(done, params, history):
             if done % self.eval_every:
                 return None
-            self._set_globals(params)
-            self.history_ = history
+            # copies: a callback may keep what it is shown, and later rounds update in place
+            self._set_globals({"Q": params["Q"].copy(), "b": params["b"].copy()})
+            self.history_ = list(history)
             return callback(self, done)
         return observe
 

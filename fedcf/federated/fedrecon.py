@@ -6,6 +6,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from sklearn.base import clone
 
 from .._kernels.clients import fedrecon_clients, query_sizes
 from .._kernels.hypergrad import fedrecon_tangent_clients
@@ -170,6 +171,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         "item_space": phase_rule("item_space", ItemSpace),
     }
     _saved_arrays = (*FederatedMFBase._saved_arrays, *OPEN_ARRAYS)
+    _saved_objects = ("item_space_",)
     # fitted with an open item space only (see items.OPEN_ARRAYS)
     adapter_factors_ = adapter_biases_ = default_params_ = None
     feature_item_ids_ = feature_indptr_ = feature_indices_ = feature_values_ = None
@@ -225,9 +227,16 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     def _item_space(self) -> ItemSpace:
         return phase_rule("item_space", ItemSpace)("item_space", self.item_space)
 
+    def _fitted_space(self) -> ItemSpace:
+        """The item space the model was fitted with (a copy taken at fit, saved with the model):
+        scoring reads it, so ``set_params(item_space=...)`` after fit changes the next fit,
+        never this model's predictions."""
+        fitted = getattr(self, "item_space_", None)
+        return fitted if fitted is not None else self._item_space()
+
     def _rows(self) -> ItemRows | None:
         """The fitted model's open item rows, or None (one global row per item)."""
-        space = self._item_space()
+        space = self._fitted_space()
         if not space.open:
             return None
         self._check_fitted()
@@ -254,6 +263,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
 
     def _init_globals(self, inter, rng, dtype) -> dict:
         space = self._item_space()
+        self.item_space_ = clone(space)
         if not space.open:
             return super()._init_globals(inter, rng, dtype)
         counts = np.bincount(inter.items, minlength=inter.n_items)
@@ -275,7 +285,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         return guard
 
     def _global_params(self) -> dict:
-        if self._item_space().open:
+        if self._fitted_space().open:
             raise ValueError("client_uploads is not available with an open item space yet (its "
                              "clients also hold local item rows)")
         return super()._global_params()
@@ -289,7 +299,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     @property
     def item_features_(self):
         """The item features the model was fitted with (``ItemFeatures``), or None."""
-        return features_of(self) if self._item_space().open else None
+        return features_of(self) if self._fitted_space().open else None
 
     # ------------------------------------------------------------------ scoring
     def predict(self, X, *, clip: bool = True, user_col: str = "user", item_col: str = "item"):
@@ -308,7 +318,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         finetuned copies. Nothing is sent or stored."""
         if finetune not in (None, "all", "adapter"):
             raise ValueError(f"finetune must be None, 'all' or 'adapter', got {finetune!r}")
-        if finetune is not None and not self._item_space().open:
+        if finetune is not None and not self._fitted_space().open:
             raise ValueError("finetune needs an open item space (e.g. "
                              "item_space=OpenCatalog(1.0) for the full catalog)")
         scorer = self._scorer()

@@ -63,6 +63,7 @@ class Persistence:
     """``save`` / ``load`` of a fitted estimator."""
 
     _saved_arrays: tuple[str, ...] = ("item_factors_", "item_biases_")
+    _saved_objects: tuple[str, ...] = ()  # fitted phase objects (as specs in the metadata)
     # what a release under differential privacy keeps of history_ (covered by ε)
     _DP_HISTORY = ("epsilon", "clip_norm")  # the adaptive clip: from noised counts
 
@@ -115,6 +116,8 @@ class Persistence:
             "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
             "history": history,
             "user_ids_kept": keep_users,
+            "fitted_objects": {k: registry.encode(getattr(self, k)) for k in self._saved_objects
+                               if getattr(self, k, None) is not None},
         }
         arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None
                   and not (not keep_users and a in ("user_factors_", "user_biases_"))}
@@ -167,6 +170,9 @@ class Persistence:
         model.global_mean_ = meta["global_mean"]
         model.rating_scale_ = None if meta["rating_scale"] is None else tuple(meta["rating_scale"])
         model.history_ = meta["history"]
+        for name, spec in meta.get("fitted_objects", {}).items():
+            if name in cls._saved_objects:
+                setattr(model, name, registry.decode(spec, name))
         model.user_ids_withheld_ = not meta.get("user_ids_kept", True) or (
             len(model.user_ids_) == 0 and model._dp_release())
         model._check_loaded(where)
