@@ -15,6 +15,13 @@ def _pair(y_true, y_pred):
         raise ValueError(f"y_true has shape {y.shape} but y_pred has shape {p.shape}")
     if y.size == 0:
         raise ValueError("no ratings to score")
+    for name, a in (("y_true", y), ("y_pred", p)):
+        bad = ~np.isfinite(a)
+        if bad.any():
+            raise ValueError(f"{name} has {int(bad.sum())} non-finite value(s) (the first at "
+                             f"position {int(np.argmax(bad))}: {a[bad][0]}); a metric over them "
+                             "would be NaN or count them as misses — find where they come from "
+                             "(a diverged model, missing ratings) or drop them")
     return y, p
 
 

@@ -32,6 +32,41 @@ def check_float(name: str, value, *, low: float | None = None, high: float | Non
     return value
 
 
+def raw_ids(values, name: str = "ids") -> np.ndarray:
+    """Raw ids as a 1-D array that keeps each id's type: a list mixing str and int becomes an
+    object array (``np.asarray`` would turn 5 into '5' and every id into an unknown one); one
+    id becomes a one-element array; None is refused, naming ``name``."""
+    if values is None:
+        raise TypeError(f"{name} must be raw ids (a list or array), got None")
+    if isinstance(values, (str, bytes)) or np.isscalar(values):
+        values = [values]
+    if hasattr(values, "to_numpy"):  # a pandas Index or Series
+        arr = values.to_numpy()
+    elif isinstance(values, np.ndarray):
+        arr = values
+    else:
+        seq = list(values)
+        arr = np.asarray(seq)
+        if arr.dtype.kind in "US" and not all(isinstance(x, str) for x in seq):
+            arr = np.empty(len(seq), dtype=object)
+            arr[:] = seq
+    arr = np.atleast_1d(arr)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional raw ids, got shape {arr.shape}")
+    return arr
+
+
+def id_kind_mismatch(ids: np.ndarray, model_ids: np.ndarray) -> object | None:
+    """An id of ``ids`` whose kind (text or number) differs from the model's ids — such an id
+    can never match — or None."""
+    text = np.asarray(model_ids).dtype.kind in "USO" and len(model_ids) and \
+        isinstance(np.asarray(model_ids)[0], str)
+    for x in ids:
+        if isinstance(x, (str, np.str_)) != bool(text):
+            return x
+    return None
+
+
 def check_choice(name: str, value, choices) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")

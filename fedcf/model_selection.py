@@ -25,6 +25,7 @@ from ._ranking import ranking_metrics
 from .datasets import DataValidationError, Interactions
 from .eval.metrics import mae, rmse, rounded_accuracy
 from .eval.splits import support_query_split
+from .models.base import RankingScoreMixin
 
 __all__ = ["PerUserSplit", "UserKFold", "UserShuffleSplit", "recon_scorer"]
 
@@ -239,6 +240,11 @@ class ReconScorer:
 
     def __call__(self, estimator, X, y=None) -> float:
         ranking = self.metric in _RANKING
+        if not ranking and isinstance(estimator, RankingScoreMixin):
+            raise ValueError(f"recon_scorer({self.metric!r}) scores predicted ratings, but "
+                             f"{type(estimator).__name__} is an implicit-feedback model whose "
+                             "scores are not ratings; use a ranking metric such as "
+                             "'recall@10' or 'ndcg@10'")
         users = _column(X, self.user_col, 0)
         items = _column(X, self.item_col, 1)
         ratings = np.ones(len(users)) if y is None and ranking else y

@@ -520,3 +520,49 @@ def test_set_params_after_fit_changes_the_next_fit_not_the_predictions(pop, tmp_
                                   before)
     m.set_params(item_space=None)
     np.testing.assert_array_equal(m.predict_local(local, items), before)
+
+
+def test_ids_of_mixed_type_keep_their_types(pop):
+    """A list mixing the model's int ids with a str id: the ints are still known (before, the
+    whole list became text and the user reconstructed from nothing); the str id, which can
+    never match int ids, is named in a warning. None is not a list of ids."""
+    m = FedReconMF(**FAST).fit(pop)
+    known = list(pop.item_ids[:3])
+    with pytest.warns(UserWarning, match="item id 'new' is str but the model's item ids are "
+                                         "numbers"):
+        mixed = m.reconstruct(known + ["new"], [5, 1, 4, 5])
+    ref = m.reconstruct(known, [5, 1, 4])
+    np.testing.assert_array_equal(mixed.factors, ref.factors)
+    assert np.abs(ref.factors).sum() > 0
+    with pytest.warns(UserWarning, match="item id 'x'"):
+        got = m.predict_local(ref, [known[0], "x"])
+    assert got[0] == m.predict_local(ref, [known[0]])[0]
+    with pytest.raises(TypeError, match="items must be raw ids .*got None"):
+        m.reconstruct(None)
+    with pytest.warns(UserWarning, match="user id '3' is str"):
+        m.predict(pd.DataFrame({"user": ["3"], "item": [known[0]]}))
+
+
+def test_wrong_answers_on_edge_inputs_become_errors_or_warnings(pop):
+    """Each of these returned a number (NaN factors, an empty list, a NaN RMSE, an RMSE for an
+    implicit model) or a model trained on nothing, without a word."""
+    from fedcf.eval import rating_metrics
+    from fedcf.federated import FedReconImplicitMF, SecureAggregation
+    from fedcf.model_selection import recon_scorer
+
+    m = FedReconMF(**FAST, rating_scale=(1, 5)).fit(pop)
+    items = list(pop.item_ids[:3])
+    with pytest.raises(DataValidationError, match="largest .rating. is 1e\\+200, far outside"):
+        m.reconstruct(items, [1e200, 3, 4])
+    with pytest.raises(DataValidationError, match="not finite"):
+        m.recommend(items, [1e308, 3, 4], n=3)
+    with pytest.raises(ValueError, match="y_pred has 1 non-finite value"):
+        rating_metrics(np.array([3.0, 4.0]), np.array([np.nan, 4.0]))
+    im = FedReconImplicitMF(**FAST).fit(pop)
+    with pytest.raises(ValueError, match="implicit-feedback model whose scores are not ratings"):
+        recon_scorer("rmse")(im, _frame(pop))
+    two = pop.subset_users(np.arange(2))
+    with pytest.warns(RuntimeWarning, match="none of the 2 rounds of this fit aggregated a "
+                                            "client"):
+        FedReconMF(**{**FAST, "n_rounds": 2, "clients_per_round": 3},
+                   aggregator=SecureAggregation(threshold=3, min_cohort=3)).fit(two)

@@ -4,6 +4,7 @@ phases of a round (phases.py, loop.py)."""
 from __future__ import annotations
 
 import numbers
+import warnings
 from functools import partial
 
 import numpy as np
@@ -223,6 +224,7 @@ class FederatedMFBase(MFEstimatorBase):
                                           inter.executor) if e}.values():
                 ex.close()
         run.guard.warn_dropped()
+        warn_if_nothing_trained(run.history, run.start)
         if run.aggregator.sigma is not None:
             self.noise_multiplier_ = run.aggregator.sigma
             self.epsilon_ = run.epsilon()
@@ -400,6 +402,25 @@ class FederatedMFBase(MFEstimatorBase):
     def _set_globals(self, params):
         self.item_factors_ = params["Q"]
         self.item_biases_ = params["b"]
+
+
+def warn_if_nothing_trained(history: list, start: int) -> None:
+    """Say so when no round of this fit aggregated a single client: the model is then the one
+    it started from, whatever the fit returned. The reason is the rounds' own (secure
+    aggregation's abort, the cohort below its minimum, nobody reachable)."""
+    rounds = history[start:]
+    if not rounds or any(h.get("clients_used", 0) > 0 for h in rounds):
+        return
+    last = rounds[-1]
+    why = last.get("secagg_abort") or (
+        "the cohort was below SecureAggregation's min_cohort"
+        if last.get("secagg_below_min_cohort") else
+        "no client was reachable or had data" if not last.get("clients_sampled") else
+        "every sampled client's update was empty or non-finite")
+    warnings.warn(f"none of the {len(rounds)} rounds of this fit aggregated a client ({why}); "
+                  "the model is its initial state — check the population size against "
+                  "clients_per_round and the aggregator's thresholds", RuntimeWarning,
+                  stacklevel=3)
 
 
 def run_seed(random_state) -> int:

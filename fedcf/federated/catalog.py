@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 
 from .._kernels.catalog import base_vectors, catalog_recon_predict, reconstruct_one
+from .._validation import raw_ids
 from ..datasets import DataValidationError, Interactions, hash_buckets
 from ..models.base import LocalParams, _as_pairs, _as_ratings, content_key, user_keys
-from ..models.prediction import inference_keys
+from ..models.prediction import check_reconstructed, inference_keys
 from .items import CatalogLocalParams, ItemRows
 
 
@@ -96,6 +97,7 @@ class OpenScorer:
                                        rows.item_map(items), cfg, cc, hp,
                                        np.array([key], np.uint64))
         K = m.n_factors
+        check_reconstructed(x[:K], x[K], ratings, m.rating_scale_)
         return CatalogLocalParams(x[:K].copy(), float(x[K]), lb, V, dv)
 
     def predict_local(self, local: LocalParams, items, *, clip: bool = True) -> np.ndarray:
@@ -103,7 +105,7 @@ class OpenScorer:
         other items, plus the user's local row of an item's bucket when it has one."""
         m, rows = self.model, self.rows
         P, c = m._check_local(local)
-        items = np.atleast_1d(np.asarray(items))
+        items = raw_ids(items, "items")
         imap = rows.item_map(items)
         G, gb = rows.join(m)
         Zb, bb = base_vectors(np.arange(len(items), dtype=np.int64), G, gb, imap)
@@ -175,7 +177,7 @@ def _raw_csr(inter: Interactions):
 
 def _history(items, ratings):
     """A user's raw items and ratings (default 1.0 each), checked."""
-    items = np.atleast_1d(np.asarray(items))
+    items = raw_ids(items, "items")
     ratings = np.ones(len(items)) if ratings is None else _as_ratings(ratings)
     if items.ndim != 1 or len(ratings) != len(items):
         raise DataValidationError(f"mismatched lengths: items has {len(items)} entries but "

@@ -27,6 +27,7 @@ import scipy.sparse as sp
 from .._kernels.catalog import catalog_clients
 from .._kernels.clients import query_sizes
 from .._kernels.layout import OC_DEFAULT, catalog_cfg
+from .._validation import raw_ids
 from ..datasets import ItemFeatures, hash_buckets
 from ..datasets._validation import show
 from ..models.base import LocalParams
@@ -264,7 +265,7 @@ class ItemRows:
     def item_map(self, raw_items) -> tuple:
         """(rptr, rows, coef, bucket) of raw items: a catalog item is its own row; another item
         is UNK + its feature rows (if any), and its hashed local bucket."""
-        raw_items = np.asarray(raw_items)
+        raw_items = raw_ids(raw_items, "items")
         n_catalog, feats = self.n_catalog, self.features
         cat = pd.Index(self.catalog_ids).get_indexer(pd.Index(raw_items))
         out = cat < 0

@@ -5,6 +5,7 @@ subclass fills; prediction and reconstruction come from ``prediction.py``, save/
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._kernels.als import ridge_solve_rows
 from .._kernels.layout import ridge_cfg
 from .._ranking import ranking_metrics
-from .._validation import check_params
+from .._validation import check_params, id_kind_mismatch, raw_ids
 from ..datasets import DataValidationError, Interactions
 from ..datasets._files import fits_in_ram
 from .persistence import _META, FORMAT_VERSION, Persistence, _ids_to_array  # noqa: F401
@@ -46,6 +47,20 @@ def atomic_fit(fit):
             raise
 
     return wrapper
+
+
+def _plain(x):
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def _warn_kind(unknown: np.ndarray, model_ids: np.ndarray, what: str) -> None:
+    bad = id_kind_mismatch(unknown[:1000], model_ids) if len(unknown) and len(model_ids) else None
+    if bad is not None:
+        kind = "text" if isinstance(bad, str) else "numbers"
+        warnings.warn(f"{what} id {bad!r} is {type(bad).__name__} but the model's {what} ids "
+                      f"are {'numbers' if kind == 'text' else 'text'} (e.g. "
+                      f"{_plain(np.asarray(model_ids)[0])!r}): it can never match and scores as an "
+                      f"unknown {what}; pass ids of the model's type", UserWarning, stacklevel=4)
 
 
 def check_callback(callback) -> None:
@@ -152,12 +167,19 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
         check_is_fitted(self, self._fitted_attr)
 
     def _item_index(self, raw_items) -> np.ndarray:
-        """Model item ids (int32, the one index dtype the kernels are compiled for); −1 unknown."""
-        idx = pd.Index(self.item_ids_).get_indexer(pd.Index(np.asarray(raw_items)))
+        """Model item ids (int32, the one index dtype the kernels are compiled for); −1 unknown.
+        Ids of another kind than the model's (text for numbers, or the reverse) can never
+        match: a warning names one."""
+        raw = raw_ids(raw_items, "items")
+        idx = pd.Index(self.item_ids_).get_indexer(pd.Index(raw))
+        _warn_kind(raw[idx < 0], self.item_ids_, "item")
         return idx.astype(np.int32)
 
     def _user_index(self, raw_users) -> np.ndarray:
-        return pd.Index(self.user_ids_).get_indexer(pd.Index(np.asarray(raw_users)))
+        raw = raw_ids(raw_users, "users")
+        idx = pd.Index(self.user_ids_).get_indexer(pd.Index(raw))
+        _warn_kind(raw[idx < 0], self.user_ids_, "user")
+        return idx
 
     def _model_items_of(self, inter: Interactions) -> np.ndarray:
         """Model item id of each of ``inter``'s entries (−1 for items the model never saw)."""

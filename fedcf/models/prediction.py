@@ -13,6 +13,7 @@ import pandas as pd
 from .._kernels.predict import predict_pairs
 from .._kernels.rng import stream_keys
 from .._topk import top_k
+from .._validation import raw_ids
 from ..datasets import DataValidationError, Interactions
 
 
@@ -99,6 +100,18 @@ def _as_ratings(ratings) -> np.ndarray:
     return r
 
 
+def check_reconstructed(factors, bias, ratings, scale) -> None:
+    """A reconstruction that came out non-finite is refused with its cause (ratings so large
+    that the model's arithmetic overflows), never returned as NaN."""
+    if np.isfinite(factors).all() and np.isfinite(bias):
+        return
+    top = float(np.abs(ratings).max(initial=0.0))
+    where = "" if scale is None else f", far outside the model's rating scale {tuple(scale)}"
+    raise DataValidationError(f"reconstruction from these ratings is not finite: the largest "
+                              f"|rating| is {top:.3g}{where}; give ratings on the scale the "
+                              "model was fitted on")
+
+
 class Prediction:
     """reconstruct / predict / recommend of a fitted estimator (needs the base's fitted state and
     helpers: ``_check_fitted``, ``_item_index``, ``_user_params``, ``_reconstruct_csr``, ...)."""
@@ -128,7 +141,7 @@ class Prediction:
         defaults to 1.0 each (implicit feedback). The result is returned, never stored.
         """
         self._check_fitted()
-        items = np.atleast_1d(np.asarray(items))
+        items = raw_ids(items, "items")
         ratings = np.ones(len(items)) if ratings is None else _as_ratings(ratings)
         if items.ndim != 1 or len(items) != len(ratings):
             raise DataValidationError(
@@ -139,6 +152,7 @@ class Prediction:
         indptr = np.array([0, int(keep.sum())], dtype=np.int64)
         key = np.array([content_key(idx[keep], ratings[keep])], np.uint64)
         P, c = self._reconstruct_csr(indptr, idx[keep], ratings[keep], key)
+        check_reconstructed(P[0], c[0], ratings, getattr(self, "rating_scale_", None))
         return LocalParams(P[0].copy(), float(c[0]))
 
     def predict(self, X, *, clip: bool = True, user_col: str = "user", item_col: str = "item"):
@@ -182,7 +196,7 @@ class Prediction:
         (unknown items: μ + c_u)."""
         self._check_fitted()
         P, c = self._check_local(local)
-        idx = self._item_index(np.atleast_1d(np.asarray(items)))
+        idx = self._item_index(items)
         out = np.empty(len(idx))
         predict_pairs(np.zeros(len(idx), np.int64), idx, (P, c),
                       (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
@@ -242,7 +256,7 @@ class Prediction:
             seen = self._seen_items(u) if filter_seen else None
         else:
             local = self.reconstruct(items, ratings)
-            idx = self._item_index(np.atleast_1d(np.asarray(items)))
+            idx = self._item_index(items)
             seen = idx[idx >= 0]
         scores = self.score_all_items(local.factors[None, :], np.array([local.bias]))[0]
         if filter_seen and len(seen):
