@@ -6,7 +6,8 @@ leaves a ``site-packages/fedcf`` folder behind, and Python then imports that lef
 empty namespace package in place of a later editable install. So unless the user chose a cache
 folder (``NUMBA_CACHE_DIR``), fedcf points Numba at ``$FEDCF_NUMBA_CACHE``, else
 ``$XDG_CACHE_HOME/fedcf/numba``, else ``~/.cache/fedcf/numba``. This module must be imported
-before the kernel modules (``fedcf/__init__.py`` does).
+before the kernel modules (``fedcf/__init__.py`` does). It also asks OpenMP for passive
+waiting (``_passive_threads``).
 """
 
 from __future__ import annotations
@@ -35,4 +36,13 @@ def _configure() -> None:
     config.CACHE_DIR = str(path)
 
 
+def _passive_threads() -> None:
+    """OpenMP workers that sleep when idle instead of spinning: with the default (active)
+    wait, a parallel kernel's workers spin while their partner is descheduled, and fedcf on a
+    machine shared with other busy processes ran several times slower. Set before the OpenMP
+    runtime loads (at the first parallel kernel); a value the user chose is kept."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+_passive_threads()
 _configure()

@@ -258,6 +258,25 @@ TARGETS = [  # (text, row-name pattern, row field, bound: field >= low, or <= hi
 ]
 
 
+def busy_values(doc) -> dict:
+    """PERFORMANCE.md's busy-machine rows (scripts/busy_benchmark.py)."""
+    if not doc:
+        return {"busy": "Not measured yet: run `python scripts/busy_benchmark.py --json "
+                        "eval/results/busy.json`."}
+    f = doc["fit"]
+    rows = [(r["policy"].lower(), r["neighbours"], f"{r['seconds_min']:.1f}",
+             f"{r['seconds_median']:.1f}",
+             f"{r['ratio_to_idle']:.2f}" if "ratio_to_idle" in r else "")
+            for r in doc["rows"]]
+    return {"busy": provenance(doc["meta"], "busy.json") + "\n\n" +
+            f"FedReconMF, K = {f['n_factors']}, {f['rounds']} rounds of "
+            f"{f['clients_per_round']} clients on {f['users']:,} synthetic users and "
+            f"{f['items']:,} items ({f['ratings']:,} ratings), on {doc['cores']} cores; "
+            "seconds of `fit` in a fresh process, kernels cached.\n\n" +
+            table(["OpenMP wait", "CPU-bound neighbours", "seconds (min)", "seconds (median)",
+                   "median / idle"], rows)}
+
+
 def perf_values(bench) -> dict:
     def note(r):
         return (r.get("note") or "").replace("|", "/")
@@ -916,7 +935,8 @@ def documents() -> dict[Path, str]:
         ROOT / "eval" / "RESULTS.md": render(t["RESULTS"], results_values(
             paper, cold, tuned, sweeps, scale, random_rows)),
         ROOT / "eval" / "CTR.md": render(t["CTR"], ctr_values(ctr, impl, pop)),
-        ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], perf_values(bench)),
+        ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], {
+            **perf_values(bench), **busy_values(load("busy.json"))}),
         **({ROOT / "eval" / "HYPER.md": render((TEMPLATES / "HYPER.md").read_text(),
                                                 hyper_values(load("hyper.json"),
                                                              load("hyper_1m.json")))}

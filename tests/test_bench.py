@@ -22,3 +22,27 @@ def test_bench_quick_produces_every_row(tmp_path):
             assert abs(r["speedup"] - r["peer_seconds"] / r["fedcf_seconds"]) < 1e-9
     assert any(r["name"].startswith("fold-in") and r["peer"] for r in rows)
     assert any(r["name"].endswith("vs vectorized NumPy") and r["speedup"] for r in rows)
+
+
+def test_busy_benchmark_times_both_wait_policies_and_fedcf_asks_for_passive(tmp_path):
+    """The busy-machine rows: each policy alone and beside a spinning neighbour, in fresh
+    processes; and a fresh process that imports fedcf has asked OpenMP for passive waiting
+    unless the variable was set."""
+    import os
+    import subprocess
+    import sys
+
+    busy = load_script("busy_benchmark")
+    doc = busy.main(["--quick", "--repeats", "1", "--neighbours", "1", "--json",
+                     str(tmp_path / "busy.json")])
+    got = {(r["policy"], r["neighbours"]) for r in doc["rows"]}
+    assert got == {("PASSIVE", 0), ("PASSIVE", 1), ("ACTIVE", 0), ("ACTIVE", 1)}
+    assert all(r["seconds_min"] > 0 for r in doc["rows"])
+    assert sum("ratio_to_idle" in r for r in doc["rows"]) == 2
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = "import os, fedcf; print(os.environ['OMP_WAIT_POLICY'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "PASSIVE", out.stderr
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "ACTIVE"

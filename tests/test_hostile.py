@@ -566,3 +566,31 @@ def test_wrong_answers_on_edge_inputs_become_errors_or_warnings(pop):
                                             "client"):
         FedReconMF(**{**FAST, "n_rounds": 2, "clients_per_round": 3},
                    aggregator=SecureAggregation(threshold=3, min_cohort=3)).fit(two)
+
+
+def test_resume_compares_every_value_of_a_setting_and_the_item_features(pop, tmp_path):
+    """A catalog list that differs from the checkpoint's in one middle element, or item
+    features that differ, refuse to resume (numpy's shortened repr once hid the first, and the
+    features were checked by nothing); the same ones resume."""
+    from fedcf.federated import OpenCatalog
+
+    ids = np.asarray(pop.item_ids[:40])
+    feats = (ids, np.random.default_rng(0).random((len(ids), 3)))
+    kw = dict(FAST, n_rounds=2)
+    ck = tmp_path / "ck.npz"
+
+    def fit(catalog, features, rounds=2):
+        return FedReconMF(**{**kw, "n_rounds": rounds}, checkpoint_path=str(ck),
+                          item_space=OpenCatalog(catalog, unknown_item_row=True)
+                          ).fit(pop, item_features=features)
+
+    catalog = np.concatenate([ids[:30], 10_000 + np.arange(1200)])  # long: repr shortens it
+    fit(catalog, feats, rounds=1)
+    other = catalog.copy()
+    other[600] += 5000
+    with pytest.raises(ValueError, match="was written with item_space="):
+        fit(other, feats)
+    changed = (ids, feats[1] * 2)
+    with pytest.raises(ValueError, match="was written with item_features="):
+        fit(catalog, changed)
+    assert len(fit(catalog, feats).history_) == 2

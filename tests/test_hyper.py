@@ -265,3 +265,22 @@ def test_hyperparams_of_a_round_follow_the_learner():
     assert new.server_learning_rate == pytest.approx(0.5 * np.exp(-0.1))
     assert new.server_options["momentum"] > 0.9 and new.weight_exponent == pytest.approx(0.8)
     assert replace(new, server_learning_rate=0.5) != hp
+
+
+def test_the_learnable_ranges_are_parameters_and_a_start_outside_is_refused(pop):
+    """The ranges were fixed and undocumented: a start at 1e5 silently ran at 1e3 from round 0,
+    and a huge hyper step pinned the rate at a bound with no record of it."""
+    kw = dict(n_factors=3, n_rounds=3, clients_per_round=20, random_state=0)
+    with pytest.raises(ValueError, match=r"server_learning_rate=100000 starts outside its "
+                                         r"learnable range \[0.0001, 1000\]"):
+        FedReconMF(**kw, server_optimizer=SGD(1e5),
+                   hypergradients=Hypergradients()).fit(pop)
+    m = FedReconMF(**kw, server_optimizer=SGD(0.5), hypergradients=Hypergradients(
+        learning_rate=1e6, bounds={"server_learning_rate": (0.1, 2.0)})).fit(pop)
+    rates = [h["server_learning_rate"] for h in m.history_]
+    assert all(0.1 - 1e-12 <= r <= 2.0 + 1e-12 for r in rates)
+    assert any(h.get("hyper_at_bound") == ["server_learning_rate"] for h in m.history_)
+    for bad in ({"momentum": (0.5, 1.0)}, {"server_learning_rate": (0.0, 1.0)},
+                {"lr": (1, 2)}, {"weight_exponent": (2, 1)}):
+        with pytest.raises(ValueError, match="bounds"):
+            Hypergradients(bounds=bad)

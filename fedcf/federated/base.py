@@ -126,8 +126,13 @@ class FederatedMFBase(MFEstimatorBase):
             return None
         return Checkpointer(self.checkpoint_path, self.checkpoint_every, cls=type(self).__name__,
                             fingerprint=data_fingerprint(inter, seed), n_rounds=self.n_rounds,
-                            run_params={k: v for k, v in self.get_params(deep=False).items()
-                                        if k not in RESUME_FREE})
+                            run_params={**{k: v for k, v in self.get_params(deep=False).items()
+                                           if k not in RESUME_FREE}, **self._fit_inputs()})
+
+    def _fit_inputs(self) -> dict:
+        """Inputs of this fit besides the data and the parameters that a resumed run must
+        share (FedReconMF: its item features)."""
+        return {}
 
     def _observer(self, callback):
         """``observe(done, params, history)`` of the run: every ``eval_every`` rounds, this
@@ -367,7 +372,7 @@ class FederatedMFBase(MFEstimatorBase):
         if hg is None:
             return None
         return HyperLearner.start(hg.learn, self._round_hyperparams(), float(hg.learning_rate),
-                                  hg.optimizer)
+                                  hg.optimizer, hg.ranges())
 
     def _hypergradients(self) -> Hypergradients | None:
         """The ``hypergradients`` parameter as an object (None: fixed hyperparameters)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pandas as pd
@@ -34,6 +35,29 @@ def data_fingerprint(inter, seed: int) -> dict:
             "sha256": h.hexdigest(), "seed": int(seed)}
 
 
+def setting(value) -> str:
+    """A parameter's value as resume compares it: every element counts (an array is its shape,
+    dtype and a hash of all its values, never numpy's shortened repr with "…"); phase objects by
+    class and parameters."""
+    def enc(x):
+        if hasattr(x, "get_params") and not isinstance(x, type):
+            return {"class": f"{type(x).__module__}.{type(x).__qualname__}",
+                    **{k: enc(v) for k, v in x.get_params(deep=False).items()}}
+        if isinstance(x, (np.ndarray, pd.Index, pd.Series)):
+            a = np.asarray(x)
+            digest = hashlib.sha256(pd.util.hash_array(a.ravel().astype(object)).tobytes())
+            return {"array": list(a.shape), "dtype": str(a.dtype),
+                    "sha256": digest.hexdigest()[:16]}
+        if isinstance(x, (list, tuple)):
+            return [enc(v) for v in x]
+        if isinstance(x, dict):
+            return {str(k): enc(v) for k, v in x.items()}
+        if isinstance(x, np.generic):
+            return x.item()
+        return x if x is None or isinstance(x, (str, int, float, bool)) else repr(x)
+    return json.dumps(enc(value), sort_keys=True)
+
+
 def save_checkpoint(path, *, cls: str, params: dict, opt_state: dict, local, done: int,
                     history: list, fingerprint: dict, run_params: dict,
                     accountant: dict | None = None, aggregator: dict | None = None) -> None:
@@ -41,7 +65,7 @@ def save_checkpoint(path, *, cls: str, params: dict, opt_state: dict, local, don
     if local is not None:
         arrays["P"], arrays["c"] = local
     meta = {"class": cls, "round": done, "fingerprint": fingerprint,
-            "params": {k: repr(v) for k, v in run_params.items()}, "history": history,
+            "params": {k: setting(v) for k, v in run_params.items()}, "history": history,
             "accountant": accountant, "aggregator": aggregator or {}}
     atomic_savez(path, arrays, meta, meta_key=_META)
 
@@ -61,7 +85,7 @@ def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_ro
             raise ValueError(f"{where} has no {key!r} in its metadata: not a fedcf checkpoint{keep}")
     if meta["class"] != cls:
         raise ValueError(f"{where} belongs to a {meta['class']}, not a {cls}{keep}")
-    mine = {k: repr(v) for k, v in run_params.items()}
+    mine = {k: setting(v) for k, v in run_params.items()}
     for k in sorted(set(mine) | set(meta["params"])):
         if mine.get(k) != meta["params"].get(k):
             raise ValueError(f"{where} was written with {k}={meta['params'].get(k)}, this run has "

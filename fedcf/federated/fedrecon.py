@@ -224,6 +224,12 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         finally:
             self._fit_features = self._fit_rows = None
 
+    def _fit_inputs(self) -> dict:
+        f = self._fit_features
+        return {} if f is None else {"item_features": (f.item_ids, f.matrix.indptr,
+                                                       f.matrix.indices, f.matrix.data,
+                                                       f.matrix.shape)}
+
     def _item_space(self) -> ItemSpace:
         return phase_rule("item_space", ItemSpace)("item_space", self.item_space)
 

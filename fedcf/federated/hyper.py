@@ -20,6 +20,7 @@ held fixed), as in the paper.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -47,6 +48,11 @@ class Hypergradients(Params):
     learning_rate : float > 0, default 0.01
         Step of the hyper-optimizer on log η_s, logit β and α.
     optimizer : {"adam", "sgd"}, default "adam"
+    bounds : dict or None, default None
+        The range each learned value is kept in, {name: (low, high)} in natural units;
+        unnamed ones keep the defaults: server_learning_rate (1e-4, 1e3), momentum
+        (3.4e-4, 0.99966) (logit ±8), weight_exponent (-2, 4). A starting value outside its
+        range is refused; rounds that end at a bound list it in ``hyper_at_bound``.
     holdout : float in [0, 0.9] or None, default None
         This share of the users never trains: each round a cohort of them (validation clients,
         as in the paper's appendix A.2) reports the derivatives, so the hyperparameters follow
@@ -64,12 +70,18 @@ class Hypergradients(Params):
     """
 
     def __init__(self, learn=("server_learning_rate",), *, learning_rate=0.01, optimizer="adam",
-                 holdout=None):
+                 holdout=None, bounds=None):
         self.learn = tuple(learn) if isinstance(learn, (list, tuple)) else learn
         self.learning_rate = learning_rate
         self.optimizer = optimizer
         self.holdout = holdout
+        self.bounds = bounds
         self.validate()
+
+    def ranges(self) -> dict:
+        """(low, high) of each learnable value in natural units (``bounds`` over defaults)."""
+        return {**DEFAULT_BOUNDS, **{k: tuple(float(x) for x in v)
+                                     for k, v in (self.bounds or {}).items()}}
 
     def validate(self):
         learn = self.learn
@@ -87,6 +99,27 @@ class Hypergradients(Params):
         if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float, np.number))
                               or not 0.0 <= h <= 0.9):
             raise ValueError(f"holdout must be None or a number in [0, 0.9], got {h!r}")
+        self._validate_bounds()
+
+    def _validate_bounds(self):
+        b = self.bounds
+        if b is None:
+            return
+        if not isinstance(b, dict) or any(k not in LEARNABLE for k in b):
+            raise ValueError(f"bounds must be a dict keyed by {list(LEARNABLE)}, got {b!r}")
+        for k, v in b.items():
+            ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(
+                isinstance(x, numbers.Real) and not isinstance(x, bool) and np.isfinite(x)
+                for x in v) and v[0] < v[1]
+            if ok and k == "server_learning_rate":
+                ok = v[0] > 0
+            if ok and k == "momentum":
+                ok = 0 < v[0] and v[1] < 1
+            if not ok:
+                raise ValueError(f"bounds[{k!r}] must be (low, high) with low < high"
+                                 + (" and low > 0" if k == "server_learning_rate" else
+                                    " inside (0, 1)" if k == "momentum" else "")
+                                 + f", got {v!r}")
 
     def holdout_share(self, stateful: bool) -> float:
         """The held-out share of users (``holdout``, or the estimator's default)."""
@@ -94,8 +127,15 @@ class Hypergradients(Params):
 
 
 HYPER_CONSTRAINTS = {"hypergradients": NoneOr(phase_rule("hypergradients", Hypergradients))}
-_BOUNDS = {"server_learning_rate": (np.log(1e-4), np.log(1e3)), "momentum": (-8.0, 8.0),
-           "weight_exponent": (-2.0, 4.0)}
+DEFAULT_BOUNDS = {"server_learning_rate": (1e-4, 1e3),
+                  "momentum": (1.0 / (1.0 + np.exp(8.0)), 1.0 / (1.0 + np.exp(-8.0))),
+                  "weight_exponent": (-2.0, 4.0)}
+
+
+def _to_z(name: str, value: float) -> float:
+    """A natural value in the hyper-optimizer's coordinate (log η, logit β, α)."""
+    return float(np.log(value)) if name == "server_learning_rate" else \
+        _logit(value) if name == "momentum" else float(value)
 
 
 def _logit(p):
@@ -118,23 +158,30 @@ class HyperLearner:
     t: int = 0
     tangents: tuple | None = None  # (TQ (H, n_items, K), Tb (H, n_items)) float64
     last_grad: np.ndarray = field(default=None)
+    zbounds: np.ndarray = field(default=None)  # (H, 2) low and high of each z
     initial: dict = field(default_factory=dict)  # exact starting values (no exp/log round trip)
 
     @classmethod
-    def start(cls, names, hp: RoundHyperparams, learning_rate: float, optimizer: str):
-        """From the run's initial hyperparameters (clipped into the learnable ranges)."""
-        raw = {"server_learning_rate": np.log(hp.server_learning_rate),
-               "momentum": _logit(min(max(hp.server_options.get("momentum", 0.9), 1e-3),
-                                      1 - 1e-3)),
-               "weight_exponent": hp.weight_exponent}
-        z = np.array([np.clip(raw[n], *_BOUNDS[n]) for n in names], np.float64)
+    def start(cls, names, hp: RoundHyperparams, learning_rate: float, optimizer: str,
+              ranges: dict | None = None):
+        """From the run's initial hyperparameters, which must lie in the learnable ``ranges``
+        ({name: (low, high)}, natural units; ``Hypergradients.ranges``)."""
+        ranges = {**DEFAULT_BOUNDS, **(ranges or {})}
+        given = {"server_learning_rate": hp.server_learning_rate,
+                 "momentum": hp.server_options.get("momentum", 0.9),
+                 "weight_exponent": hp.weight_exponent}
+        for n in names:
+            lo, hi = ranges[n]
+            if not lo <= given[n] <= hi:
+                raise ValueError(f"{n}={given[n]:g} starts outside its learnable range "
+                                 f"[{lo:g}, {hi:g}]; start inside it or widen "
+                                 f"Hypergradients(bounds={{{n!r}: (low, high)}})")
+        z = np.array([_to_z(n, given[n]) for n in names], np.float64)
         opt = Adam(learning_rate, epsilon=1e-8) if optimizer == "adam" else SGD(learning_rate)
         learner = cls(tuple(names), opt, z, opt.init({"z": z}))
-        given = {"server_learning_rate": hp.server_learning_rate,
-                 "momentum": hp.server_options.get("momentum"),
-                 "weight_exponent": hp.weight_exponent}
-        learner.initial = {n: float(given[n]) for n, v in learner._values().items()
-                           if np.isclose(v, given[n], rtol=1e-9)}  # not clipped into range
+        learner.zbounds = np.array([[_to_z(n, ranges[n][0]), _to_z(n, ranges[n][1])]
+                                    for n in names])
+        learner.initial = {n: float(given[n]) for n in names}  # exact, no exp/log round trip
         return learner
 
     def values(self) -> dict:
@@ -171,10 +218,11 @@ class HyperLearner:
         self.last_grad = g
         self.t += 1
         self.state, new = self.optimizer.step(self.state, {"z": self.z}, {"z": -g})
-        lo = np.array([_BOUNDS[n][0] for n in self.names])
-        hi = np.array([_BOUNDS[n][1] for n in self.names])
+        lo, hi = self.zbounds[:, 0], self.zbounds[:, 1]
         self.z = np.clip(new["z"], lo, hi)
-        return {f"hypergrad_{n}": float(x) for n, x in zip(self.names, g)}
+        at = [n for n, z, a, b in zip(self.names, self.z, lo, hi) if z <= a or z >= b]
+        return {**{f"hypergrad_{n}": float(x) for n, x in zip(self.names, g)},
+                "hyper_at_bound": at}
 
     # ------------------------------------------------------------------ the tangents
     def after_step(self, opt: ServerOptimizer, state_before: dict, state_after: dict,

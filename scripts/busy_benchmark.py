@@ -1,0 +1,85 @@
+#!/usr/bin/env python
+"""fedcf on a busy machine: the same FedRecon fit alone and beside CPU-bound neighbours, with
+OpenMP's passive wait (fedcf's default since it sets ``OMP_WAIT_POLICY=PASSIVE``) and with the
+active wait (spinning workers, OpenMP's own default).
+
+Each fit runs in a fresh process (the kernels' cache warm: a warm-up fit runs first) and reports
+the seconds of ``fit`` alone; neighbours are processes that spin on one core each until the fit
+ends. The ratio busy / idle of each wait policy is the figure: near 1 + neighbours / cores is
+fair sharing; far above it is the workers spinning against descheduled partners.
+
+    python scripts/busy_benchmark.py --json eval/results/busy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+FIT = """
+import json, sys, time
+from fedcf import FedReconMF
+from fedcf.datasets import make_synthetic_ratings
+users, items, ratings, rounds = {size}
+inter = make_synthetic_ratings(users, items, ratings, n_factors=8, random_state=0)
+t0 = time.perf_counter()
+FedReconMF(n_factors=50, n_rounds=rounds, clients_per_round=100, random_state=0).fit(inter)
+print(json.dumps(time.perf_counter() - t0))
+"""
+SPIN = "while True:\n    pass\n"
+
+
+def fit_seconds(policy: str, size: tuple) -> float:
+    env = {**os.environ, "OMP_WAIT_POLICY": policy}
+    out = subprocess.run([sys.executable, "-c", FIT.format(size=size)], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"the fit failed: {out.stderr[-2000:]}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def measure(policy: str, neighbours: int, size: tuple, repeats: int) -> dict:
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(neighbours)]
+    try:
+        time.sleep(0.5 if neighbours else 0.0)
+        runs = [fit_seconds(policy, size) for _ in range(repeats)]
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    return {"policy": policy, "neighbours": neighbours, "seconds_min": min(runs),
+            "seconds_median": statistics.median(runs), "runs": runs}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--neighbours", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a small fit (for the tests)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    from fedcf.provenance import run_meta, write_json
+
+    size = (300, 100, 6000, 3) if args.quick else (943, 1682, 100_000, 60)
+    fit_seconds("PASSIVE", size)  # warm-up: compile or load the kernels
+    rows = [measure(policy, n, size, args.repeats) for policy in ("PASSIVE", "ACTIVE")
+            for n in (0, args.neighbours)]
+    for policy in ("PASSIVE", "ACTIVE"):
+        idle, busy = (r for r in rows if r["policy"] == policy)
+        busy["ratio_to_idle"] = busy["seconds_median"] / idle["seconds_median"]
+    out = {"meta": run_meta("busy_benchmark.py", argv), "cores": os.cpu_count(),
+           "fit": {"users": size[0], "items": size[1], "ratings": size[2], "rounds": size[3],
+                   "clients_per_round": 100, "n_factors": 50}, "rows": rows}
+    if args.json:
+        write_json(args.json, out)
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
