@@ -111,13 +111,32 @@ def _finish(df: pd.DataFrame, source: str) -> pd.DataFrame:
     return df
 
 
+def _decode(data: bytes, name: str) -> str:
+    """The text of a ratings file: UTF-16 and UTF-8 files with a byte-order mark are read as
+    such (spreadsheet exports), anything else as Latin-1 (MovieLens' own bytes); an empty or
+    blank file, or text full of NUL bytes (UTF-16 without a mark), is named."""
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        text = data.decode("utf-16")
+    elif data[:3] == b"\xef\xbb\xbf":
+        text = data[3:].decode("utf-8", errors="replace")
+    else:
+        text = data.decode("latin-1")
+    if not text.strip():
+        raise DataValidationError(f"{name} is empty (no ratings in it); check that it is the "
+                                  "ratings file and that it was written completely")
+    if "\x00" in text[:4096]:
+        raise DataValidationError(f"{name} holds NUL bytes: probably UTF-16 text without a "
+                                  "byte-order mark; save it as UTF-8 (or with a mark)")
+    return text
+
+
 def parse_ratings(data: bytes | str | os.PathLike, name: str | None = None) -> pd.DataFrame:
     """Parse a MovieLens/RecBole ratings file into columns user, item, rating, timestamp."""
     if isinstance(data, (str, os.PathLike)):
         name = name or str(data)
         data = Path(data).read_bytes()
     name = name or "<bytes>"
-    text = data.decode("latin-1")
+    text = _decode(data, name)
     fmt = detect_format(name, text[:4096])
     buf = io.StringIO(text)
     try:
@@ -159,7 +178,7 @@ def parse_ratings(data: bytes | str | os.PathLike, name: str | None = None) -> p
                     f"{name}: field {missing[0]!r} not found in the .inter header {list(df.columns)}"
                 )
             df = df[[base[c] for c in want]].set_axis(_COLUMNS, axis=1)
-    except pd.errors.ParserError as exc:
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise DataValidationError(f"{name}: cannot parse as {fmt}: {exc}") from exc
     if df.shape[1] != 4 or df.isna().any().any():
         bad = df.isna().any(axis=1).to_numpy()
@@ -290,8 +309,18 @@ def _resolve_local(path: Path, variant: str | None) -> tuple[bytes, str]:
                 f"{path} holds none of {RATINGS_FILENAMES} or a *.inter file"
             )
         return found[0].read_bytes(), str(found[0])
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):
+        raise DataValidationError(f"{path} starts like a zip archive but cannot be opened as "
+                                  "one (damaged or truncated); download or copy it again")
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
+        try:
+            zf = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise DataValidationError(f"{path}: damaged zip archive ({exc}); download or copy "
+                                      "it again") from exc
+        with zf:
             names = zf.namelist()
             if RECBOLE_MEMBER in names:
                 return read_recbole_wheel(path), f"{path}!{RECBOLE_MEMBER}"
@@ -300,7 +329,11 @@ def _resolve_local(path: Path, variant: str | None) -> tuple[bytes, str]:
                 cands = [_GROUPLENS[variant][1]]
             if not cands:
                 raise DataUnavailableError(f"{path}: no ratings file ({RATINGS_FILENAMES}) inside")
-            return zf.read(cands[0]), f"{path}!{cands[0]}"
+            try:
+                return zf.read(cands[0]), f"{path}!{cands[0]}"
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:  # a damaged member
+                raise DataValidationError(f"{path}!{cands[0]}: cannot be read from the archive "
+                                          f"({exc}); download or copy it again") from exc
     return path.read_bytes(), str(path)
 
 

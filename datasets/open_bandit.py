@@ -21,6 +21,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ._validation import DataValidationError
@@ -78,12 +79,27 @@ def fetch_open_bandit(*, data_home_dir=None, download: bool = True, timeout: flo
 
 
 def _read_csv_bytes(data: bytes, source: str) -> pd.DataFrame:
-    df = pd.read_csv(io.BytesIO(data), index_col=0)
+    """An Open Bandit CSV, checked: the columns fedcf reads, numeric clicks and propensities."""
+    if not data.strip():
+        raise DataValidationError(f"{source} is empty; an Open Bandit log has a header and one "
+                                  "row per impression")
+    try:
+        df = pd.read_csv(io.BytesIO(data), index_col=0)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise DataValidationError(f"{source}: not a readable Open Bandit CSV ({exc}); expected "
+                                  "a header with item_id, position, click, propensity_score"
+                                  ) from exc
     need = ["item_id", "position", "click", "propensity_score"]
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise DataValidationError(f"{source}: column {missing[0]!r} not found; columns are "
                                   f"{list(df.columns)[:8]}...")
+    for col in ("click", "propensity_score", "position"):
+        bad = pd.to_numeric(df[col], errors="coerce").isna().to_numpy()
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise DataValidationError(f"{source}: column {col!r} has a non-numeric or missing "
+                                      f"value at data row {row} ({df[col].iloc[row]!r})")
     df = df.reset_index(drop=True)
     df.insert(0, "action", df["item_id"].to_numpy())
     df.insert(1, "reward", df["click"].to_numpy(dtype=float))

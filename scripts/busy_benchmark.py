@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """fedcf on a busy machine: the same FedRecon fit alone and beside CPU-bound neighbours, with
-OpenMP's passive wait (fedcf's default since it sets ``OMP_WAIT_POLICY=PASSIVE``) and with the
-active wait (spinning workers, OpenMP's own default).
+OpenMP's passive wait (fedcf's default: it sets ``OMP_WAIT_POLICY=PASSIVE``), with the variable
+unset (OpenMP's own default: idle workers spin a while, then sleep) and with the active wait
+(workers spin).
 
 Each fit runs in a fresh process (the kernels' cache warm: a warm-up fit runs first) and reports
 the seconds of ``fit`` alone; neighbours are processes that spin on one core each until the fit
@@ -22,7 +23,9 @@ import sys
 import time
 
 FIT = """
-import json, sys, time
+import json, os, sys, time
+import fedcf
+{policy}  # before the first parallel kernel loads the OpenMP runtime
 from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
 users, items, ratings, rounds = {size}
@@ -34,9 +37,14 @@ print(json.dumps(time.perf_counter() - t0))
 SPIN = "while True:\n    pass\n"
 
 
+POLICIES = ("PASSIVE", "unset", "ACTIVE")  # unset: OpenMP's own default (spin, then sleep)
+
+
 def fit_seconds(policy: str, size: tuple) -> float:
-    env = {**os.environ, "OMP_WAIT_POLICY": policy}
-    out = subprocess.run([sys.executable, "-c", FIT.format(size=size)], env=env,
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    line = 'os.environ.pop("OMP_WAIT_POLICY", None)' if policy == "unset" else \
+        f'os.environ["OMP_WAIT_POLICY"] = "{policy}"'
+    out = subprocess.run([sys.executable, "-c", FIT.format(size=size, policy=line)], env=env,
                          capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"the fit failed: {out.stderr[-2000:]}")
@@ -65,11 +73,11 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     from fedcf.provenance import run_meta, write_json
 
-    size = (300, 100, 6000, 3) if args.quick else (943, 1682, 100_000, 60)
+    size = (300, 100, 6000, 3) if args.quick else (943, 1682, 100_000, 500)
     fit_seconds("PASSIVE", size)  # warm-up: compile or load the kernels
-    rows = [measure(policy, n, size, args.repeats) for policy in ("PASSIVE", "ACTIVE")
+    rows = [measure(policy, n, size, args.repeats) for policy in POLICIES
             for n in (0, args.neighbours)]
-    for policy in ("PASSIVE", "ACTIVE"):
+    for policy in POLICIES:
         idle, busy = (r for r in rows if r["policy"] == policy)
         busy["ratio_to_idle"] = busy["seconds_median"] / idle["seconds_median"]
     out = {"meta": run_meta("busy_benchmark.py", argv), "cores": os.cpu_count(),

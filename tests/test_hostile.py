@@ -594,3 +594,25 @@ def test_resume_compares_every_value_of_a_setting_and_the_item_features(pop, tmp
     with pytest.raises(ValueError, match="was written with item_features="):
         fit(catalog, changed)
     assert len(fit(catalog, feats).history_) == 2
+
+
+def test_a_catalog_id_absent_from_training_scores_as_outside_the_catalog(pop):
+    """It used to get a global row no client ever trained (random init) and score as known."""
+    from fedcf.federated import OpenCatalog
+
+    ids = list(pop.item_ids[:20])
+    with pytest.warns(UserWarning, match=r"1 of its 21 item ids \(e.g. 999999\) never appear"):
+        m = FedReconMF(**FAST, item_space=OpenCatalog(ids + [999999], unknown_item_row=True)
+                       ).fit(pop)
+    local = m.reconstruct(ids[:5], [4, 3, 5, 2, 4])
+    absent, unknown = m.predict_local(local, [999999, 888888])
+    assert absent == unknown
+
+
+def test_item_features_indexed_by_ids_of_another_type_are_refused(pop):
+    from fedcf.federated import OpenCatalog
+
+    ids = pop.item_ids[:30]
+    feats = (np.array([str(i) for i in ids]), np.ones((len(ids), 2)))
+    with pytest.raises(ValueError, match=r"item_features: none of its 30 item ids \(e.g. '"):
+        FedReconMF(**FAST, item_space=OpenCatalog(0.5)).fit(pop, item_features=feats)

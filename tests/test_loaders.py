@@ -157,3 +157,37 @@ def test_network_tests_skip_when_no_source_is_reachable(pytester):
     """)
     res = pytester.runpytest_inprocess("-q")
     res.assert_outcomes(skipped=1, failed=1)
+
+
+def test_empty_encoded_and_damaged_files_are_named(tmp_path):
+    """An empty or blank file, a damaged zip, a UTF-16 export and a garbage Open Bandit CSV:
+    each error names the file and what is wrong with it (before: pandas' EmptyDataError
+    without a path, a format guess from 'PK…', columns full of NUL bytes)."""
+    from fedcf.datasets.open_bandit import load_open_bandit
+
+    p = tmp_path / "u.data"
+    for blank in ("", "  \n \n"):
+        p.write_text(blank)
+        with pytest.raises(DataValidationError, match=r"u.data is empty \(no ratings in it\)"):
+            load_movielens("100k", path=p)
+    z = tmp_path / "ml-100k.zip"
+    z.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(DataValidationError, match="starts like a zip archive but cannot be "
+                                                  "opened"):
+        load_ratings_file(z)
+    csv = tmp_path / "ratings.csv"
+    text = "userId,movieId,rating,timestamp\n" + "".join(f"{u},{i},{r},{t}\n"
+                                                         for u, i, r, t in ROWS)
+    csv.write_text(text, encoding="utf-16")  # with a byte-order mark: read as such
+    assert load_ratings_file(csv).nnz == len(ROWS)
+    csv.write_bytes(text.encode("utf-16-le"))  # no mark: NUL bytes, named
+    with pytest.raises(DataValidationError, match="NUL bytes: probably UTF-16"):
+        load_ratings_file(csv)
+    ob = tmp_path / "ob.csv"
+    ob.write_text(",item_id,position,click,propensity_score\n0,1,1,yes,0.5\n")
+    with pytest.raises(DataValidationError, match="column 'click' has a non-numeric or missing "
+                                                  "value at data row 0 .'yes'."):
+        load_open_bandit(path=ob)
+    ob.write_text("")
+    with pytest.raises(DataValidationError, match="ob.csv is empty"):
+        load_open_bandit(path=ob)

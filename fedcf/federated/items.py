@@ -17,6 +17,7 @@ Scoring with it is in ``catalog.py``.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -75,6 +76,17 @@ class FullCatalog(ItemSpace):
 
     def __init__(self):
         pass
+
+
+def _check_feature_ids(feature_ids, item_ids) -> None:
+    """Item features must be indexed by the items' raw ids: features for none of the training
+    items (e.g. ids '0', '1' for items 0, 1) would never apply."""
+    if len(item_ids) == 0 or (pd.Index(item_ids).get_indexer(pd.Index(feature_ids)) >= 0).any():
+        return
+    raise ValueError(f"item_features: none of its {len(feature_ids)} item ids (e.g. "
+                     f"{show(feature_ids[0])}) is an item of the training data (e.g. "
+                     f"{show(item_ids[0])}); index the features by the items' raw ids, of the "
+                     "same type (5 and '5' differ)")
 
 
 def _count(name, value, low, high, *, none=False):
@@ -142,6 +154,8 @@ class OpenCatalog(ItemSpace):
         _count("local_item_sweeps", self.local_item_sweeps, 1, 1000)
 
     def bind(self, item_ids, counts, features) -> ItemRows:
+        if features is not None:
+            _check_feature_ids(features.item_ids, np.asarray(item_ids))
         return ItemRows(self, self._catalog_ids(np.asarray(item_ids), counts), features)
 
     def _catalog_ids(self, item_ids, counts) -> np.ndarray:
@@ -152,12 +166,18 @@ class OpenCatalog(ItemSpace):
         if isinstance(cat, (float, np.floating)):
             k = max(1, int(np.ceil(cat * len(item_ids) - 1e-9)))
             return item_ids[np.sort(np.argsort(-np.asarray(counts), kind="stable")[:k])]
-        cat = np.asarray(cat)
-        if not (pd.Index(item_ids).get_indexer(pd.Index(cat)) >= 0).any():
+        cat = raw_ids(cat, "catalog")
+        present = pd.Index(item_ids).get_indexer(pd.Index(cat)) >= 0
+        if not present.any():
             raise ValueError(f"catalog: none of its {len(cat)} item ids (e.g. {show(cat[0])}) is "
                              "an item of the training data; pass raw ids as they appear there "
                              "(the same type: 5 and '5' differ)")
-        return cat
+        if not present.all():  # no client could ever train their rows
+            warnings.warn(f"catalog: {int((~present).sum())} of its {len(cat)} item ids (e.g. "
+                          f"{show(cat[~present][0])}) never appear in the training data; they "
+                          "get no global row and score as items outside the catalog",
+                          UserWarning, stacklevel=6)
+        return cat[present]
 
 
 def _check_catalog(v) -> None:
