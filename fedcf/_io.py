@@ -25,6 +25,13 @@ def load_npz(path, *, meta_key: str, what: str):
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
+    if path.is_file():
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+        if head and head != b"PK\x03\x04":  # every .npz is a zip archive
+            raise ValueError(f"{str(path)!r} is not a readable fedcf {what} file: a {what} file is a "
+                             f".npz (zip) archive and this one starts with {head!r} — a data "
+                             "file or something else passed in its place?")
     try:
         with np.load(path, allow_pickle=False) as z:
             if meta_key not in z.files:

@@ -167,11 +167,20 @@ BAD = [
     (["recommend", "--model", "{m}"], "either --items"),
     (["recommend", "--model", "{m}", "--items", "1", "--ratings", "nan"], "non-finite"),
     (["recommend", "--model", "{m}", "--items", "1", "--ratings", "5", "-n", "-2"], "n must"),
+    (["recommend", "--model", "{m}", "--items", "1", "--ratings", "5", "-n", "0"], "n must"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{d}/m.csv"],
+     "written as one .npz file; name it"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--rounds",
+      "0"], "untrained model"),
+    (["evaluate", "--model", "{d}/train.csv", "--data", "{d}/test.csv"],
+     "a model file is a .npz (zip) archive"),
+    (["evaluate", "--model", "{m}", "--data", "{d}/unknown.csv"],
+     "names an item the model knows"),
     (["benchmark", "movielens", "--bogus"], "unrecognized arguments"),
     (["benchmark", "nothere"], "invalid choice"),
     (["data", "verify", "1m", "--data-home", "{d}/cache"], "not in the cache"),
     (["data", "fetch", "100k", "--path", "{d}/empty.csv", "--data-home", "{d}/cache"],
-     "cannot tell"),
+     "empty.csv is empty"),
     (["plot", "history", "{d}/garbage.npz"], "not a readable"),
     (["data", "split", "--data", "{d}/train.csv", "--train", "{o}"], "needs --data"),
     (["data", "split", "--data", "{d}/train.csv", "--train", "{o}", "--test", "{d}/t.csv",
@@ -186,6 +195,8 @@ def bad_setup(files):
     (files / "empty.csv").write_text("")
     (files / "dup.csv").write_text("user,item,rating\n1,2,3\n1,2,4\n")
     (files / "garbage.npz").write_text("garbage")
+    (files / "unknown.csv").write_text("user,item,rating\n" + "".join(
+        f"{u},{90000 + j},{1 + j % 5}\n" for u in range(4) for j in range(6)))
     pd.read_csv(files / "test.csv")[["user", "item"]].to_csv(files / "pairs.csv", index=False)
     model = files / "model.npz"
     assert main(["train", "--data", str(files / "train.csv"), "--model", "fedrecon", "--out",

@@ -15,6 +15,7 @@ def cmd_evaluate(args):
     if "rating" not in test.columns and not implicit:
         raise UsageError(f"{args.data}: a rating model is evaluated on ratings; the file has no "
                          "rating column (name it with --rating-col)")
+    _check_known_items(model, test, args.data)
     if args.protocol == "recon":
         result = _recon_metrics(model, test, args, implicit)
     else:
@@ -25,6 +26,21 @@ def cmd_evaluate(args):
     else:
         for k, v in result.items():
             print(f"{k:>12}  {v:.4f}" if isinstance(v, float) else f"{k:>12}  {v}")
+
+
+def _check_known_items(model, test, path) -> None:
+    """Scores over items the model never saw are its new-item fallback, not a measure of it: all
+    unknown is an error, a share unknown a note on stderr."""
+    import sys
+
+    known = model._item_index(test["item"].to_numpy()) >= 0
+    if not known.any():
+        raise UsageError(f"{path}: none of its {len(known)} rows names an item the model knows "
+                         "(the scores would be the new-item fallback alone); check that the "
+                         "data and the model belong together, and --item-col")
+    if not known.all():
+        print(f"note: {int((~known).sum())} of {len(known)} rows of {path} name items the model "
+              "does not know; they are scored with the new-item fallback", file=sys.stderr)
 
 
 def _recon_metrics(model, test, args, implicit):

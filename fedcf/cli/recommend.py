@@ -10,6 +10,8 @@ from .common import IMPLICIT, UsageError, _as_model_ids
 
 
 def cmd_recommend(args):
+    if args.n < 1:
+        raise UsageError(f"n must be >= 1 (got -n {args.n}): ask for at least 1 recommendation")
     model = load_model(args.model)
     if (args.user is None) == (args.items is None):
         raise UsageError("pass either --items (a new user's history) or --user ID")

@@ -78,6 +78,13 @@ def cmd_train(args):
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UsageError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    if out.suffix not in ("", ".npz"):
+        raise UsageError(f"--out {str(out)!r}: a model is written as one .npz file; name it "
+                         f"{str(out.with_suffix('.npz'))!r}")
+    for param, flag in (("n_rounds", "--rounds"), ("n_epochs", "--epochs")):
+        if est.get_params().get(param) == 0:
+            raise UsageError(f"{flag} 0 (n_rounds/n_epochs=0) would write an untrained model; "
+                             "give at least 1")
     if args.plot is not None:
         _pyplot()  # fail before training, not after
     df = _read(args, args.data)
