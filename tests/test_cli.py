@@ -215,7 +215,7 @@ def test_bad_input_one_line_exit_2_no_file(argv, match, bad_setup, capsys, tmp_p
     _, err = capsys.readouterr()
     assert exc_info.value.code == 2
     lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip()
-             and not ln.startswith("FedReconMF")]
+             and not ln.startswith(("FedReconMF", "note: compiling"))]
     assert len(lines) == 1 and match in lines[0], err
     assert "Traceback" not in err
     assert not out.exists() and not list(tmp_path.glob("*.tmp*"))
@@ -290,3 +290,22 @@ def test_new_user_recommendation_is_deterministic(bad_setup, capsys):
     first = run(argv, capsys)[1]
     assert first == run(argv, capsys)[1]
     assert np.isfinite([r["score"] for r in json.loads(first)]).all()
+
+
+def test_a_first_run_says_it_compiles_and_a_later_one_does_not(files, capsys, tmp_path,
+                                                                monkeypatch):
+    """With the model's kernels not yet marked compiled, train says what the wait is and how
+    to avoid it; after the fit the path is marked, so the next run is silent about it."""
+    from fedcf import warmup
+
+    marked = set()
+    monkeypatch.setattr(warmup, "is_compiled", lambda path: path in marked)
+    monkeypatch.setattr(warmup, "_mark", marked.add)
+    argv = ["train", "--data", str(files / "train.csv"), "--model", "fedrecon", "--out",
+            str(tmp_path / "m.npz"), "--rounds", "1"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "note: compiling fedcf's kernels" in err and "fedcf compile --paths fedrecon-als" in err
+    assert marked == {"fedrecon-als"}
+    assert main(argv) == 0
+    assert "compiling" not in capsys.readouterr().err

@@ -73,6 +73,33 @@ def _validation_callback(est, args):
     return callback
 
 
+def _warmup_path(est) -> str:
+    """The ``fedcf compile`` path whose kernels ``est`` runs."""
+    name = type(est).__name__
+    if "Implicit" in name:
+        return "implicit"
+    if name == "CentralizedMF":
+        return "centralized-sgd" if getattr(est, "solver", "als") == "sgd" else "centralized"
+    if name in ("FedAvgMF", "FURLMF"):
+        return "fedavg"
+    recon = getattr(est, "reconstruction", "als")
+    return "fedrecon-sgd" if "sgd" in str(recon).lower() else "fedrecon-als"
+
+
+def _note_first_compile(est, args) -> str | None:
+    """Say so when this model's kernels are not in the cache yet: the first fit then compiles
+    them before its first round, which would otherwise look like a hang. Returns the path to
+    mark as compiled once the fit succeeds (None: already marked)."""
+    from ..warmup import is_compiled
+
+    path = _warmup_path(est)
+    if is_compiled(path):
+        return None
+    _say(args, f"note: compiling fedcf's kernels for this model first (once per machine and "
+               f"fedcf version; `fedcf compile --paths {path}` does it ahead of time)")
+    return path
+
+
 def cmd_train(args):
     est = build_estimator(args.model, args)
     out = Path(args.out)
@@ -89,12 +116,17 @@ def cmd_train(args):
         _pyplot()  # fail before training, not after
     df = _read(args, args.data)
     callback = _validation_callback(est, args)
+    compiling = _note_first_compile(est, args)
     kwargs = {"callback": callback} if callback is not None else {}
     t0 = time.perf_counter()
     try:
         est.fit(df, duplicates=args.duplicates, **kwargs)
     except DataValidationError as exc:
         raise UsageError(f"{args.data}: {exc}") from None
+    if compiling is not None:  # its kernels are in the cache now: no note next time
+        from ..warmup import _mark
+
+        _mark(compiling)
     path = est.save(out)
     _say(args, f"wrote {path}: {type(est).__name__}, {len(est.user_ids_)} users, "
                f"{len(est.item_ids_)} items, {time.perf_counter() - t0:.1f} s")
