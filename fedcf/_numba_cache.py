@@ -6,7 +6,7 @@ leaves a ``site-packages/fedcf`` folder behind, and Python then imports that lef
 empty namespace package in place of a later editable install. So unless the user chose a cache
 folder (``NUMBA_CACHE_DIR``), fedcf points Numba at ``$FEDCF_NUMBA_CACHE``, else
 ``$XDG_CACHE_HOME/fedcf/numba``, else ``~/.cache/fedcf/numba``. This module must be imported
-before the kernel modules (``fedcf/__init__.py`` does). It also asks OpenMP for passive
+before the kernel modules (``fedcf/_kernels/__init__.py`` does). It also asks OpenMP for passive
 waiting (``_passive_threads``).
 """
 

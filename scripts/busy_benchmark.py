@@ -24,10 +24,9 @@ import time
 
 FIT = """
 import json, os, sys, time
-import fedcf
-{policy}  # before the first parallel kernel loads the OpenMP runtime
-from fedcf import FedReconMF
+from fedcf import FedReconMF  # loads the kernels: fedcf sets its wait policy here
 from fedcf.datasets import make_synthetic_ratings
+{policy}  # before the first parallel kernel loads the OpenMP runtime
 users, items, ratings, rounds = {size}
 inter = make_synthetic_ratings(users, items, ratings, n_factors=8, random_state=0)
 t0 = time.perf_counter()

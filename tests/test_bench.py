@@ -40,7 +40,7 @@ def test_busy_benchmark_times_both_wait_policies_and_fedcf_asks_for_passive(tmp_
     assert all(r["seconds_min"] > 0 for r in doc["rows"])
     assert sum("ratio_to_idle" in r for r in doc["rows"]) == 3
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    code = "import os, fedcf; print(os.environ['OMP_WAIT_POLICY'])"
+    code = "import os; from fedcf import FedReconMF; print(os.environ['OMP_WAIT_POLICY'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "PASSIVE", out.stderr
     out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},

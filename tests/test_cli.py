@@ -309,3 +309,34 @@ def test_a_first_run_says_it_compiles_and_a_later_one_does_not(files, capsys, tm
     assert marked == {"fedrecon-als"}
     assert main(argv) == 0
     assert "compiling" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.0])
+def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(files, tmp_path, delay):
+    """Ctrl-C while the libraries load (before: a long traceback and exit -2) or while the
+    command runs: exit code 130, the interrupt named on the last line, no model file. (An
+    interrupt that lands in Numba's compiler callback is printed by llvmlite as "ignored" and
+    lost; fedcf's handler then interrupts again a few seconds later.)"""
+    import signal
+    import time
+
+    out = tmp_path / "m.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "fedcf", "train", "--data",
+                             str(files / "train.csv"), "--model", "fedrecon", "--out", str(out),
+                             "--rounds", "100000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err.strip().splitlines()[-1]
+    assert err.count("Traceback") <= err.count("Exception ignored"), err
+    assert not out.exists()
+
+
+def test_version_and_import_load_nothing_heavy():
+    code = ("import sys, fedcf; from fedcf.cli import main; main(['--version']); "
+            "print(sorted(m for m in ('numpy', 'numba', 'sklearn', 'pandas') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("fedcf ") and lines[1] == "[]", res.stderr

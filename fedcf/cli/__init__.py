@@ -2,58 +2,70 @@
 
 Every command has ``--help``. Bad input (a missing file, a wrong column, an unknown model, a bad
 value) prints one line on stderr and exits with code 2; output files are written atomically, so
-an interrupted or failed command never leaves half a file.
+an interrupted or failed command never leaves half a file. Ctrl-C at any moment, also while the
+libraries load, exits with code 130 and one line.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
 
-from . import benchmark, compile, data, evaluate, plot, recommend, train
-from .common import USER_ERRORS, UsageError, _Parser, read_table
-from .plot import plot_history
-from .train import build_estimator
-
 __all__ = ["build_estimator", "build_parser", "main", "plot_history", "read_table", "UsageError"]
-
-COMMANDS = {"train": train.cmd_train, "evaluate": evaluate.cmd_evaluate,
-            "recommend": recommend.cmd_recommend, "benchmark": benchmark.cmd_benchmark,
-            "data": data.cmd_data, "plot": plot.cmd_plot, "compile": compile.cmd_compile}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="fedcf", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--version", action="version", version=f"fedcf {_version()}")
-    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes")
-    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    common = _Parser(add_help=False)
-    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                        help="no progress bars or notes")
-    sub_add = sub.add_parser
-    sub.add_parser = lambda *a, **kw: sub_add(*a, parents=[common], **kw)
-    for module in (train, evaluate, recommend, benchmark, data, compile, plot):
-        module.add_parser(sub)
-    return ap
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def main(argv=None) -> int:
     """Entry point of the ``fedcf`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args == ["--version"]:  # no heavy import for this one
+        from .. import __version__
+
+        print(f"fedcf {__version__}")
+        return 0
+    pending = _interrupt_twice() if argv is None else []
     try:
-        COMMANDS[args.command](args)
-    except (UsageError, *USER_ERRORS) as exc:
-        msg = str(exc.args[0]) if exc.args else type(exc).__name__
-        print(f"fedcf {args.command}: error: {' '.join(msg.split())}", file=sys.stderr)
-        return 2
+        from .app import main as run
+
+        return run(args)
     except KeyboardInterrupt:
-        print(f"fedcf {args.command}: interrupted; no output file was left half-written",
-              file=sys.stderr)
+        for timer in pending:
+            timer.cancel()
+        print("fedcf: interrupted; no output file was left half-written", file=sys.stderr)
+        if argv is None:  # the console script: exit now with 130 — an interrupt that landed
+            sys.stdout.flush()  # in a library's import can otherwise turn the exit into
+            sys.stderr.flush()  # a death by SIGINT during shutdown (the cleanup already ran)
+            os._exit(130)
         return 130
-    return 0
+    finally:
+        for timer in pending:
+            timer.cancel()
+
+
+def _interrupt_twice() -> list:
+    """Ctrl-C as a KeyboardInterrupt that cannot be lost: an interrupt that lands in a ctypes
+    callback (Numba compiling a kernel) is printed as "ignored" and the work goes on, so the
+    handler also sends the process a second SIGINT a few seconds later, cancelled once the
+    first has reached ``main``. Returns the list that will hold the pending timer."""
+    import signal
+    import threading
+
+    pending: list = []
+
+    def handler(signum, frame):
+        if not pending:
+            timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+            timer.daemon = True
+            timer.start()
+            pending.append(timer)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    return pending
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from . import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module 'fedcf.cli' has no attribute {name!r}")

@@ -65,7 +65,8 @@ def save_checkpoint(path, *, cls: str, params: dict, opt_state: dict, local, don
     if local is not None:
         arrays["P"], arrays["c"] = local
     meta = {"class": cls, "round": done, "fingerprint": fingerprint,
-            "params": {k: setting(v) for k, v in run_params.items()}, "history": history,
+            "params": {k: setting(v) for k, v in run_params.items()},
+            "params_shown": {k: repr(v) for k, v in run_params.items()}, "history": history,
             "accountant": accountant, "aggregator": aggregator or {}}
     atomic_savez(path, arrays, meta, meta_key=_META)
 
@@ -86,10 +87,15 @@ def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_ro
     if meta["class"] != cls:
         raise ValueError(f"{where} belongs to a {meta['class']}, not a {cls}{keep}")
     mine = {k: setting(v) for k, v in run_params.items()}
+    shown = meta.get("params_shown", {})
     for k in sorted(set(mine) | set(meta["params"])):
         if mine.get(k) != meta["params"].get(k):
-            raise ValueError(f"{where} was written with {k}={meta['params'].get(k)}, this run has "
-                             f"{k}={mine.get(k)}{keep}")
+            theirs = shown.get(k, meta["params"].get(k))
+            ours = repr(run_params[k]) if k in run_params else None
+            hidden = " (they differ in values the shortened display hides)" \
+                if theirs == ours else ""
+            raise ValueError(f"{where} was written with {k}={theirs}, this run has "
+                             f"{k}={ours}{hidden}{keep}")
     if meta["fingerprint"] != fingerprint:
         raise ValueError(f"{where} was written for other data ({meta['fingerprint']} vs "
                          f"{fingerprint}){keep}")
