@@ -67,16 +67,22 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--neighbours", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="a small fit (for the tests)")
+    ap.add_argument("--quick", action="store_true", help="a small fit, no warm-up (for the tests)")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help=f"comma-separated, from {list(POLICIES)}")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from fedcf.provenance import run_meta, write_json
 
+    policies = [p for p in args.policies.split(",") if p]
+    if not policies or any(p not in POLICIES for p in policies):
+        ap.error(f"--policies takes names from {list(POLICIES)}, got {args.policies!r}")
     size = (300, 100, 6000, 3) if args.quick else (943, 1682, 100_000, 500)
-    fit_seconds("PASSIVE", size)  # warm-up: compile or load the kernels
-    rows = [measure(policy, n, size, args.repeats) for policy in POLICIES
+    if not args.quick:
+        fit_seconds("PASSIVE", size)  # warm-up: compile or load the kernels
+    rows = [measure(policy, n, size, args.repeats) for policy in policies
             for n in (0, args.neighbours)]
-    for policy in POLICIES:
+    for policy in policies:
         idle, busy = (r for r in rows if r["policy"] == policy)
         busy["ratio_to_idle"] = busy["seconds_median"] / idle["seconds_median"]
     out = {"meta": run_meta("busy_benchmark.py", argv), "cores": os.cpu_count(),
