@@ -45,6 +45,14 @@ def write_json(path, obj) -> None:
     atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
+def report_result(out: dict, path=None) -> dict:
+    """A script's end: its result JSON written to ``path`` (if given), printed, returned."""
+    if path:
+        write_json(path, out)
+    print(json.dumps(out, indent=1, default=_default))
+    return out
+
+
 def _default(o):
     if hasattr(o, "item"):
         return o.item()

@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
                     help=f"comma-separated, from {list(POLICIES)}")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    from fedcf.provenance import run_meta, write_json
+    from fedcf.provenance import report_result, run_meta
 
     policies = [p for p in args.policies.split(",") if p]
     if not policies or any(p not in POLICIES for p in policies):
@@ -88,10 +88,7 @@ def main(argv=None) -> dict:
     out = {"meta": run_meta("busy_benchmark.py", argv), "cores": os.cpu_count(),
            "fit": {"users": size[0], "items": size[1], "ratings": size[2], "rounds": size[3],
                    "clients_per_round": 100, "n_factors": 50}, "rows": rows}
-    if args.json:
-        write_json(args.json, out)
-    print(json.dumps(out, indent=1))
-    return out
+    return report_result(out, args.json)
 
 
 if __name__ == "__main__":

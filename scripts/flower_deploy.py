@@ -256,7 +256,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     from fedcf import FedReconMF
     from fedcf.flower import fit_in_process
-    from fedcf.provenance import run_meta, write_json
+    from fedcf.provenance import report_result, run_meta
 
     folder = Path(args.folder or tempfile.mkdtemp(prefix="fedcf_deploy_"))
     params = {"n_factors": 20, "n_rounds": args.rounds, "clients_per_round":
@@ -287,10 +287,7 @@ def main(argv=None) -> dict:
            "secagg": [{k: r[k] for k in r if k.startswith("secagg")} for r in hist]
            if args.secure_aggregation else None}
     out.pop("model_path")
-    if args.json:
-        write_json(args.json, out)
-    print(json.dumps(out, indent=1))
-    return out
+    return report_result(out, args.json)
 
 
 if __name__ == "__main__":

@@ -166,13 +166,10 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.quick:
         args.partitions, args.rounds, args.clients_per_round = 8, 3, 20
-    from fedcf.provenance import run_meta, write_json
+    from fedcf.provenance import report_result, run_meta
 
     out = {"meta": run_meta("flower_simulation.py", argv, packages=("flwr", "ray")), **run(args)}
-    if args.json:
-        write_json(args.json, out)
-    print(json.dumps(out, indent=1))
-    return out
+    return report_result(out, args.json)
 
 
 if __name__ == "__main__":

@@ -183,14 +183,23 @@ def test_under_dp_a_reply_that_lies_about_its_layout_is_refused(tmp_path):
         Settings(params={**DP_PARAMS, "aggregator": {**DP, "weight_cap": 5.0}}).check()
 
 
-def _replace_upload(field, value_fn):
+def _edit_reply(record, field, change, step=None):
+    """A node that changes ``field`` of its reply's ``record``: in training replies, or with
+    ``step`` in that secure-aggregation step's replies."""
+    kind = "train" if step is None else "train.secagg"
+
     def tamper(msg, reply):
-        if msg.metadata.message_type != "train":
+        if msg.metadata.message_type != kind or (
+                step is not None and msg.content["config"]["step"] != step):
             return reply
-        rec = {k: v.numpy() for k, v in reply.content["upload"].items()}
-        rec[field] = value_fn(rec[field])
-        return Message(RecordDict({"upload": arrays(**rec)}), reply_to=msg)
+        rec = {k: v.numpy() for k, v in reply.content[record].items()}
+        rec[field] = change(rec[field])
+        return Message(RecordDict({record: arrays(**rec)}), reply_to=msg)
     return tamper
+
+
+def _replace_upload(field, value_fn):
+    return _edit_reply("upload", field, value_fn)
 
 
 @pytest.mark.parametrize("tamper, reason", [
@@ -497,13 +506,7 @@ def test_a_node_lost_before_masking_drops_its_clients_and_the_round_goes_on(tmp_
 
 
 def _forge(step, field, change):
-    def tamper(msg, reply):
-        if msg.metadata.message_type != "train.secagg" or msg.content["config"]["step"] != step:
-            return reply
-        rec = {k: v.numpy() for k, v in reply.content["secagg"].items()}
-        rec[field] = change(rec[field])
-        return Message(RecordDict({"secagg": arrays(**rec)}), reply_to=msg)
-    return tamper
+    return _edit_reply("secagg", field, change, step)
 
 
 @pytest.mark.parametrize("tamper, reason", [
