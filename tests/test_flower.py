@@ -276,7 +276,7 @@ def _train_reply(users=(0,), clients=(0,), Q=(50, 6), dtype=np.float32, ids=2, p
     ({"ids": 3}, "ids must be two integers"),
     ({"users": [0, 2], "clients": [0, 0]}, "clients must be distinct"),
     ({"clients": [-1]}, "clients must be distinct ids >= 0"),
-    ({"params": "{"}, "JSONDecodeError"),
+    ({"params": "{"}, "FedReconMF parameters are refused"),
     ({"params": '{"n_factors": -1}'}, "n_factors"),
     ({"Q": (49, 6), "kind": "evaluate"}, "need Q (50, 6)"),
 ])
@@ -549,6 +549,37 @@ def test_a_node_refuses_what_a_device_must_not_do(tmp_path):
     halves.advertise(halves.verifying())
     with pytest.raises(ProtocolAbort, match="replaces the identity key"):
         halves.trust({1: b"\0" * 32, 2: halves.verifying()[2]})
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"params": json.dumps({"n_factors": -1})}, "n_factors"),
+    ({"params": json.dumps({"n_factors": 6, "client_update": {"name": "sgd",
+                                                              "learning_rate": float("nan")}})},
+     "learning_rate"),
+    ({"params": json.dumps({"n_factors": 6, "split": {"name": "bogus"}})}, "bogus"),
+    ({"mu": float("nan")}, "mu must be a finite number"),
+    ({"mu": "3"}, "mu must be a finite number"),
+    ({"support": 5.0}, "support fraction 5.0 is not in"),
+    ({"rating_scale": [5.0, 1.0]}, "rating_scale"),
+    ({"rating_scale": [1.0]}, r"rating_scale\[1\] must be"),
+    ({"seed": 1.5}, "seed must be a finite integer"),
+])
+def test_a_node_refuses_numbers_it_must_not_compute_with(change, reason):
+    """What a train or evaluate message asks a device to compute with is checked on the
+    device: bad parameters, NaN or a missing mu, a support fraction outside (0, 1)."""
+    from fedcf.flower.node import client_outputs, evaluate
+
+    own = load_dataset(DATA).subset_users(np.arange(4))
+    glob = arrays(Q=np.zeros((own.n_items, 6), np.float32), b=np.zeros(own.n_items, np.float32),
+                  ids=np.array([1, 0]))
+    config = {"users": [int(u) for u in own.user_ids], "clients": [0, 1, 2, 3], "mu": 3.0,
+              "params": json.dumps({"n_factors": 6}), "support": 0.5, "seed": 1,
+              "rating_scale": [1.0, 5.0]}
+    evaluate(own, config, glob)  # the unchanged message is served
+    with pytest.raises(ValueError, match=reason):
+        work = client_outputs if "support" not in reason and "scale" not in reason and \
+            "seed" not in reason else evaluate
+        work(own, {**config, **change}, glob)
 
 
 def test_secure_aggregation_with_dp_over_messages(tmp_path):

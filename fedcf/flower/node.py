@@ -10,6 +10,9 @@ one person's device. The dataset comes from the run's config (``dataset``: "ml-1
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
 from ..datasets import Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
@@ -142,7 +145,7 @@ def client_outputs(own: Interactions, config, glob) -> ClientOutputs:
             len(np.unique(clients)) != len(clients):
         raise NodeDataError("the message's clients must be distinct ids >= 0, one per user")
     est = client_estimator(config["params"])
-    program = est.client_program(None, float(config["mu"]))
+    program = est.client_program(None, message_number(config, "mu"))
     sub = own.subset_users(rows)
     # a CSR over the run's dense ids (only these clients have rows): each client's random
     # stream is keyed by its dense id, as in the simulation
@@ -170,8 +173,30 @@ def evaluate(own: Interactions, config, glob) -> dict:
     rows = _rows(own, config["users"])
     est = client_estimator(config["params"])
     est.item_factors_, est.item_biases_ = global_model(own, est, glob)
-    est.global_mean_ = float(config["mu"])
-    est.rating_scale_ = tuple(float(x) for x in config["rating_scale"])
+    est.global_mean_ = message_number(config, "mu")
+    lo, hi = (message_number(config, "rating_scale", i) for i in (0, 1))
+    if not lo < hi:
+        raise NodeDataError(f"the message's rating_scale ({lo}, {hi}) is not (low < high)")
+    est.rating_scale_ = (lo, hi)
     est.item_ids_, est.user_ids_ = own.item_ids, np.zeros(0, np.int64)
-    return recon_sums(est, own.subset_users(rows), support_fraction=float(config["support"]),
-                      seed=int(config["seed"]))
+    support = message_number(config, "support")
+    if not 0.0 < support < 1.0:
+        raise NodeDataError(f"the message's support fraction {support} is not in (0, 1)")
+    return recon_sums(est, own.subset_users(rows), support_fraction=support,
+                      seed=int(message_number(config, "seed", integer=True)))
+
+
+def message_number(config, key: str, index: int | None = None, *, integer=False) -> float:
+    """A finite number the message's config carries under ``key`` (element ``index`` of a
+    list), or an error naming it: a device computes nothing with NaN, inf or a missing value."""
+    try:
+        value = config[key] if index is None else config[key][index]
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and \
+            math.isfinite(value) and (not integer or value == int(value))
+    except (KeyError, IndexError, TypeError):
+        value, ok = "nothing", False
+    if not ok:
+        name = key if index is None else f"{key}[{index}]"
+        raise NodeDataError(f"the message's {name} must be a finite "
+                            f"{'integer' if integer else 'number'}, got {value!r}")
+    return float(value)

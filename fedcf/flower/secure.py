@@ -187,7 +187,7 @@ def read_encoding(text: str, n_items: int, K: int) -> Encoding:
 def node_step(own, content, state) -> dict:
     """This node's answer (named arrays) to one protocol message; ``state`` is the run's
     ``context.state``, where the clients' halves wait for the next message."""
-    from .node import client_estimator, client_outputs, global_model
+    from .node import client_estimator, client_outputs, global_model, message_number
 
     config = content["config"]
     step, session = str(config.get("step")), bytes(config.get("session", b""))
@@ -200,7 +200,7 @@ def node_step(own, content, state) -> dict:
         Q, _ = global_model(own, est, content["global"])
         enc = read_encoding(config["encoding"], *Q.shape)
         out = client_outputs(own, config, content["global"])
-        hp = RoundHyperparams(1.0, {}, weight_exponent=float(config["weight-exponent"]))
+        hp = RoundHyperparams(1.0, {}, weight_exponent=message_number(config, "weight-exponent"))
         k = int(config["neighbours"])
         halves = ClientHalves(out.client_ids(), enc.encode(out, hp)[0], int(config["t"]),
                               session, None if k < 0 else k)

@@ -83,9 +83,12 @@ def client_estimator(params_json: str):
     from ..federated.fedrecon import FedReconMF
 
     kinds = registry.phase_kinds()
-    params = {k: registry.decode(v, k) for k, v in json.loads(params_json).items()}
-    return FedReconMF(**{k: registry.from_spec(k, v) if k in kinds else v
-                         for k, v in params.items()})
+    try:
+        params = {k: registry.decode(v, k) for k, v in json.loads(params_json).items()}
+        return FedReconMF(**{k: registry.from_spec(k, v) if k in kinds else v
+                             for k, v in params.items()}).check_params()
+    except (TypeError, ValueError) as e:  # a device checks what it is asked to compute with
+        raise ValueError(f"the message's FedReconMF parameters are refused: {e}") from e
 
 
 def encode_upload(out: ClientOutputs) -> object:
