@@ -736,6 +736,17 @@ def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
     return blocks
 
 
+def install_block(doc) -> str:
+    """README's sentence on what the two commands install (scripts/install_footprint.py)."""
+    base, test = doc["rows"]
+    top = ", ".join(f"{n} {m:,.0f} MiB" for n, m in test["largest"][:3])
+    return (f"The first command installs {base['distributions']} packages besides fedcf "
+            f"({base['mib']:,.0f} MiB on disk); the test extras bring the environment to "
+            f"{test['distributions']} packages and {test['mib']:,.0f} MiB (largest: {top}), "
+            f"measured {doc['meta']['date'][:10]}, Python {doc['meta']['python']}, "
+            f"{doc['meta']['machine'].split(',')[0]} (scripts/install_footprint.py).")
+
+
 def flower_block(sim, dep) -> str:
     """README "Deploying with Flower": the simulation on ML-100K and the real deployment."""
     f, loc = sim["flower_recon_eval"], sim["local_recon_eval"]
@@ -956,6 +967,8 @@ def documents() -> dict[Path, str]:
         ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), {
             **readme_blocks(paper, cold, random_rows, impl, ctr, bench),
             "tune": tune_block(tuned), "cli": cli_block(load("cli_session.json")),
+            **({"install": install_block(load("install.json"))} if load("install.json")
+               else {}),
             **({"grid": grid_block(load("grid_search.json"))} if load("grid_search.json")
                else {}),
             **({"ray": scale_summary(load("ray_scale.json"))} if load("ray_scale.json")

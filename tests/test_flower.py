@@ -365,6 +365,7 @@ def test_write_app_project(tmp_path):
 
 
 @pytest.mark.network
+@pytest.mark.cluster
 def test_flower_simulation_ml100k_matches_fedreconmf(tmp_path):
     """Flower's simulation engine (Ray backend), 50 nodes holding ML-100K partitions, 20
     rounds: the same model bit for bit as FedReconMF in process, and the same ReconEval."""
@@ -381,6 +382,7 @@ def test_flower_simulation_ml100k_matches_fedreconmf(tmp_path):
     assert r["messages"]["train/up"] >= 20 and r["messages"]["query/up"] == 50
 
 
+@pytest.mark.cluster
 def test_flower_deployment_superlink_and_supernodes(tmp_path):
     """A SuperLink and three SuperNodes as separate processes on 127.0.0.1 with TLS and
     SuperNode authentication, ``flwr run``, training under secure aggregation: a fourth node

@@ -1,6 +1,7 @@
-"""The README's two commands, in order, in one environment: install, run (kernels compiled and
-cached), then the editable install. A Numba cache written into site-packages used to survive
-`pip uninstall` and shadow the editable install as an empty namespace package."""
+"""Installs in a fresh environment: a regular install runs and uninstalls cleanly (a Numba cache
+written into site-packages used to survive `pip uninstall` and shadow a later editable install as
+an empty namespace package); then README's two commands in order, in one environment, compile
+the kernels once."""
 
 import os
 import shutil
@@ -26,6 +27,7 @@ def _run(cmd, env, cwd):
     return res.stdout
 
 
+@pytest.mark.cluster
 def test_install_run_uninstall_then_editable_import(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
@@ -53,11 +55,27 @@ def test_install_run_uninstall_then_editable_import(tmp_path):
     _cli_from_the_installed_package(env_dir, env, work)
     _run([py, "-m", "pip", "uninstall", "-y", "-q", "fedcf"], env, work)
     assert not (site / "fedcf").exists(), "uninstall left a fedcf folder behind"
-    _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], env, work)
-    out = _run([py, "-c", "import fedcf, fedcf.datasets; print(fedcf.__file__); "
-                          "print(fedcf.FedReconMF)"], env, work)
-    assert str(ROOT / "fedcf" / "__init__.py") in out
+    _readme_order_compiles_once(py, env, work, src, job)
     assert sys.executable  # the outer interpreter is untouched
+
+
+def _readme_order_compiles_once(py, env, work, src, job):
+    """README's commands: an editable install and the job, then the test extras' editable
+    install of the same checkout. The second install reuses the first one's kernels (nothing
+    is recompiled), and the uninstalled copy's kernels are gone from the cache."""
+    cache = Path(env["HOME"]) / ".cache" / "fedcf" / "numba"
+    folders = {f.name for f in cache.glob("_kernels_*")}
+    for _ in range(2):
+        _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", str(src)], env, work)
+        assert str(src / "fedcf" / "__init__.py") in _run([py, "-c", job], env, work)
+        cached = {f: f.stat().st_mtime_ns for f in cache.rglob("*.nbi")}
+        if _ == 0:
+            first = cached
+    assert cached == first, "the second install recompiled the kernels"
+    new = {f.name for f in cache.glob("_kernels_*")}
+    assert len(new) == 1 and not new & folders, "the uninstalled copy's kernels were kept"
+    out = _run([py, "-c", "import fedcf, fedcf.datasets; print(fedcf.FedReconMF)"], env, work)
+    assert "FedReconMF" in out
 
 
 def _cli_from_the_installed_package(env_dir, env, work):
