@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib
 
-import numpy as np
-
 _ENTRIES: dict[str, dict[str, object]] = {
     "aggregator": {
         "mean": "fedcf.federated.phases:WeightedMean",
@@ -53,7 +51,14 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "full": "fedcf.federated.items:FullCatalog",
         "open": "fedcf.federated.items:OpenCatalog",
     },
-    "estimator": {},  # filled by fedcf._registry (the estimators sit above this package)
+    "estimator": {  # by command-line name; fedcf._registry puts the classes in on import
+        "fedrecon": "fedcf.federated.fedrecon:FedReconMF",
+        "fedavg": "fedcf.federated.stateful:FedAvgMF",
+        "furl": "fedcf.federated.stateful:FURLMF",
+        "centralized": "fedcf.models.centralized:CentralizedMF",
+        "implicit": "fedcf.models.implicit_mf:ImplicitMF",
+        "fedrecon-implicit": "fedcf.federated.implicit:FedReconImplicitMF",
+    },
 }
 
 
@@ -143,7 +148,8 @@ def encode(value):
     dotted name, and ``decode`` asks for it to be registered rather than importing code named by
     a file."""
     if not hasattr(value, "get_params") or isinstance(value, type):
-        return value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value
+        return value.tolist() if hasattr(value, "tolist") and type(value).__module__ == "numpy" \
+            else value
     found = kind_of(type(value))
     kind, name = found if found else ("unregistered", f"{type(value).__module__}."
                                                       f"{type(value).__qualname__}")

@@ -186,6 +186,23 @@ BAD = [
     (["data", "split", "--data", "{d}/train.csv", "--train", "{o}", "--test", "{d}/t.csv",
       "--test-size", "1.5"], "test_size"),
     (["plot", "histogram", "{m}"], "invalid choice"),
+    (["data", "split", "--data", "{d}/train.csv", "--train", "{d}/no/a.csv", "--test",
+      "{d}/t.csv"], "folder"),
+    (["data", "split", "--data", "{d}/train.csv", "--train", "{d}/t.csv", "--test",
+      "{d}/t.csv"], "same file"),
+    (["plot", "history", "{m}", "--out", "{d}/no/p.png"], "does not exist; create it first"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--plot",
+      "{d}/no/p.png"], "--plot"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{d}"], "is a folder"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--factors",
+      "-1"], "--factors -1: n_factors must be"),
+    (["data", "split", "--data", "{d}/train.csv", "--train", "{o}", "--test", "{d}/t.csv",
+      "--test-size", "0"], "--test-size 0: test_size must be"),
+    (["train", "--data", "{d}/dup.csv", "--model", "fedrecon", "--out", "{o}"],
+     "at rows 0 (line 2 of dup.csv) and 1 (line 3 of dup.csv); pass --duplicates last or "
+     "--duplicates mean"),
+    (["train", "--data", "{d}/blank.csv", "--model", "fedrecon", "--out", "{o}"],
+     "at row 2 (line 5 of blank.csv)"),
 ]
 
 
@@ -195,6 +212,7 @@ def bad_setup(files):
     (files / "empty.csv").write_text("")
     (files / "dup.csv").write_text("user,item,rating\n1,2,3\n1,2,4\n")
     (files / "garbage.npz").write_text("garbage")
+    (files / "blank.csv").write_text("user,item,rating\n1,2,3\n\n1,3,4\n2,2,inf\n")
     (files / "unknown.csv").write_text("user,item,rating\n" + "".join(
         f"{u},{90000 + j},{1 + j % 5}\n" for u in range(4) for j in range(6)))
     pd.read_csv(files / "test.csv")[["user", "item"]].to_csv(files / "pairs.csv", index=False)
@@ -332,6 +350,31 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(files, tmp_path, delay):
     assert "interrupted" in err.strip().splitlines()[-1]
     assert err.count("Traceback") <= err.count("Exception ignored"), err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["", "train", "evaluate", "recommend", "benchmark",
+                                     "compile", "plot"])
+def test_help_loads_nothing_heavy(command):
+    """`fedcf --help` and a command's --help build only that command's parser: no numba,
+    scikit-learn or pandas (numpy only for train, whose parser lists the estimators)."""
+    code = ("import sys\nfrom fedcf.cli import main\ntry:\n    main([*sys.argv[1:], '--help'])\n"
+            "except SystemExit:\n    pass\nprint(sorted(m for m in ('numpy', 'numba', 'sklearn', "
+            "'pandas') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code, *[c for c in [command] if c]],
+                         capture_output=True, text=True, timeout=60)
+    assert "usage: fedcf" in res.stdout, res.stderr
+    assert res.stdout.splitlines()[-1] == "[]", res.stdout[-300:]
+    if command == "train":
+        assert "fedrecon-implicit" in res.stdout  # the estimators are listed, not loaded
+
+
+def test_registry_names_the_estimators_classes():
+    from fedcf import registry
+    from fedcf._registry import ESTIMATORS
+
+    assert registry.names("estimator") == sorted(ESTIMATORS)
+    for name, cls in ESTIMATORS.items():
+        assert registry.lookup("estimator", name) is cls
 
 
 def test_version_and_import_load_nothing_heavy():

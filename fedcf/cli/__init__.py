@@ -63,9 +63,14 @@ def _interrupt_twice() -> list:
     return pending
 
 
-def __getattr__(name: str):
-    if name in __all__:
-        from . import app
+# public name -> the module that defines it (loaded on first use)
+_HOMES = {"build_estimator": "train", "build_parser": "app", "plot_history": "plot",
+          "read_table": "common", "UsageError": "common"}
 
-        return getattr(app, name)
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'fedcf.cli' has no attribute {name!r}")

@@ -4,23 +4,22 @@ installed its Ctrl-C handling)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from . import benchmark, compile, data, evaluate, plot, recommend, train
-from .common import USER_ERRORS, UsageError, _Parser, read_table
-from .plot import plot_history
-from .train import build_estimator
+from .common import SUMMARY, UsageError, _Parser, user_errors, with_lines
 
-__all__ = ["build_estimator", "build_parser", "main", "plot_history", "read_table", "UsageError"]
+__all__ = ["build_parser", "main"]
 DESCRIPTION = ("The ``fedcf`` command line: train, evaluate, recommend, benchmark, data, plot, "
                "compile.")
+# command -> its module in fedcf.cli (add_parser, cmd_<command>); a module loads only when its
+# command runs or its --help is asked for, so `fedcf --help` and `fedcf X --help` stay light
+ORDER = ("train", "evaluate", "recommend", "benchmark", "data", "compile", "plot")
 
-COMMANDS = {"train": train.cmd_train, "evaluate": evaluate.cmd_evaluate,
-            "recommend": recommend.cmd_recommend, "benchmark": benchmark.cmd_benchmark,
-            "data": data.cmd_data, "plot": plot.cmd_plot, "compile": compile.cmd_compile}
 
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command's own options, or with ``only`` those of that
+    command alone (the others are listed with their summary)."""
     ap = _Parser(prog="fedcf", description=DESCRIPTION)
     ap.add_argument("--version", action="version", version=f"fedcf {_version()}")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes")
@@ -30,9 +29,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="no progress bars or notes")
     sub_add = sub.add_parser
     sub.add_parser = lambda *a, **kw: sub_add(*a, parents=[common], **kw)
-    for module in (train, evaluate, recommend, benchmark, data, compile, plot):
-        module.add_parser(sub)
+    for name in ORDER:
+        if only is None or name == only:
+            _module(name).add_parser(sub)
+        else:
+            sub.add_parser(name, help=SUMMARY[name], add_help=False)
     return ap
+
+
+def _module(name: str):
+    return importlib.import_module(f"{__package__}.{name}")
+
+
+def _command(argv) -> str:
+    """The command named on the command line ("" when none is)."""
+    return next((a for a in argv if a in SUMMARY), "")
 
 
 def _version() -> str:
@@ -41,14 +52,43 @@ def _version() -> str:
     return __version__
 
 
+def _with_flag(parser, args, argv, msg: str) -> str:
+    """The message with the flag a command-line user typed in front, when it names a Python
+    parameter that flag set (``test_size must be …`` → ``--test-size 1.5: test_size must be
+    …``; ``--factors`` sets ``n_factors``)."""
+    import re
+
+    from .common import SHORTCUTS
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = sub.choices[args.command]._actions
+    for action in actions:  # "pass duplicates='last'" → "pass --duplicates last"
+        if action.option_strings:
+            msg = re.sub(rf"(?<![\w-]){re.escape(action.dest)}='?([\w.-]+)'?",
+                         rf"{action.option_strings[-1]} \1", msg)
+    for action in actions:
+        flags = [f for f in action.option_strings if f in argv]
+        if not flags or flags[0] in msg:
+            continue
+        names = {action.dest, SHORTCUTS.get(action.dest, action.dest)}
+        if any(re.search(rf"(?<![\w-]){re.escape(n)}(=| must\b)", msg) for n in names):
+            i = argv.index(flags[0])
+            value = argv[i + 1] if action.nargs is None and i + 1 < len(argv) else ""
+            return f"{flags[0]} {value}".strip() + f": {msg}"
+    return msg
+
+
 def main(argv=None) -> int:
     """Entry point of the ``fedcf`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    argv = list(argv)
+    parser = build_parser(_command(argv))
+    args = parser.parse_args(argv)
     try:
-        COMMANDS[args.command](args)
-    except (UsageError, *USER_ERRORS) as exc:
-        msg = str(exc.args[0]) if exc.args else type(exc).__name__
-        print(f"fedcf {args.command}: error: {' '.join(msg.split())}", file=sys.stderr)
+        getattr(_module(args.command), f"cmd_{args.command}")(args)
+    except (UsageError, *user_errors()) as exc:
+        msg = " ".join((str(exc.args[0]) if exc.args else type(exc).__name__).split())
+        msg = with_lines(_with_flag(parser, args, argv, msg), getattr(args, "tables_read", []))
+        print(f"fedcf {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fedcf {args.command}: interrupted; no output file was left half-written",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from .common import UsageError, _Parser
+from .common import SUMMARY, UsageError, _Parser
 
 BENCHMARKS = {"movielens": "movielens_benchmark", "speed": "bench", "ctr": "ctr_simulation",
               "implicit": "implicit_benchmark", "privacy": "privacy_benchmark",
@@ -37,7 +37,7 @@ def cmd_benchmark(args):
 
 
 def add_parser(sub):
-    b = sub.add_parser("benchmark", help="run a benchmark script's job with its flags",
+    b = sub.add_parser("benchmark", help=SUMMARY["benchmark"],
                        description="Runs scripts/<name>.py's main with the remaining flags "
                        "(see fedcf benchmark NAME --help).")
     b.add_argument("name", choices=sorted(BENCHMARKS))

@@ -5,25 +5,40 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
-from ..datasets import (
-    DataUnavailableError,
-    DataValidationError,
-    load_movielens,
-)
-from ..federated import FedReconImplicitMF
-from ..models import ImplicitMF
+# Nothing heavy at import: a command's parser (and its --help) needs only this module and the
+# command's own; numpy, pandas and the estimators load when a command runs.
 
-# implicit-feedback estimators: ranking metrics, no ratings needed
-IMPLICIT = (ImplicitMF, FedReconImplicitMF)
-USER_ERRORS = (ValueError, TypeError, KeyError, OSError, DataUnavailableError, MemoryError,
-               FloatingPointError, ImportError)
+SUMMARY = {"train": "train a model on a ratings file and save it",
+           "evaluate": "score a saved model on held-out data",
+           "recommend": "top-n items for a new user's history or a known user",
+           "benchmark": "run a benchmark script's job with its flags",
+           "data": "the dataset cache (fetch, verify, where) and splits",
+           "compile": "compile the Numba kernels now (e.g. after installing)",
+           "plot": "plot a saved model's training history"}
+
+
+def is_implicit(model) -> bool:
+    """Implicit-feedback estimators: ranking metrics, no ratings needed."""
+    from .._registry import IMPLICIT
+
+    return isinstance(model, IMPLICIT)
+
+
+def user_errors() -> tuple:
+    """Errors that a bad input raises: reported in one line with exit code 2."""
+    from ..datasets import DataUnavailableError
+
+    return (UsageError, ValueError, TypeError, KeyError, OSError, DataUnavailableError,
+            MemoryError, FloatingPointError, ImportError)
+
+
 # shortcut flag -> estimator parameter
-
-
 SHORTCUTS = {"factors": "n_factors", "rounds": "n_rounds", "epochs": "n_epochs",
              "clients": "clients_per_round", "seed": "random_state"}
 
@@ -49,6 +64,10 @@ def read_table(path, *, user_col=None, item_col=None, rating_col=None, time_col=
     MovieLens/RecBole formats (u.data, ratings.dat, .inter, a GroupLens zip or recbole wheel, a
     folder) are detected; any other CSV/TSV with a header is read with the named columns (or
     the usual names: user/userId, item/movieId, rating, timestamp)."""
+    import pandas as pd
+
+    from ..datasets import DataValidationError, load_movielens
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
@@ -63,6 +82,7 @@ def read_table(path, *, user_col=None, item_col=None, rating_col=None, time_col=
         df = pd.read_csv(path, sep=sep)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise DataValidationError(f"{path}: cannot read it as a table: {exc}") from exc
+    df.attrs["header_table"] = True  # row r is the (r + 2)-th non-blank line
     given = {"user": user_col, "item": item_col, "rating": rating_col, "timestamp": time_col}
     if rating_col == "none":  # implicit feedback from a file that has ratings: ignore them
         given["rating"] = None
@@ -82,13 +102,55 @@ def read_table(path, *, user_col=None, item_col=None, rating_col=None, time_col=
     return df[list(keep)].rename(columns=keep)
 
 
+def output_path(path, flag: str) -> Path:
+    """An output file's path, checked before any work: its folder must exist (one rule for
+    every command's outputs; a mistyped folder is an error, not a new folder)."""
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{flag} {str(out)!r} is a folder; give a file name inside it")
+    if not out.parent.is_dir():
+        raise UsageError(f"{flag} {str(out)!r}: folder {str(out.parent)!r} does not exist; "
+                         f"create it first (mkdir -p {str(out.parent)!r})")
+    return out
+
+
 def _flag(role: str) -> str:
     return {"timestamp": "time-col"}.get(role, f"{role}-col")
 
 
 def _read(args, path) -> pd.DataFrame:
-    return read_table(path, user_col=args.user_col, item_col=args.item_col,
-                      rating_col=args.rating_col, time_col=args.time_col, sep=args.sep)
+    """``read_table`` with the command's column flags; a CSV/TSV read is recorded on ``args``
+    so that an error naming a row can name the file's line (``with_lines``)."""
+    df = read_table(path, user_col=args.user_col, item_col=args.item_col,
+                    rating_col=args.rating_col, time_col=args.time_col, sep=args.sep)
+    if df.attrs.get("header_table"):
+        args.__dict__.setdefault("tables_read", []).append((str(path), len(df)))
+    return df
+
+
+def with_lines(msg: str, tables) -> str:
+    """An error's "row N" (a 0-based position in the table) as "row N (line L of FILE)", for a
+    CLI user who opens the file. The file is the one the message names, else the only one
+    read; nothing is changed when its non-blank lines do not match its rows one to one."""
+    import re
+
+    named = [t for t in tables if t[0] in msg] or (tables if len(tables) == 1 else [])
+    if not named or not re.search(r"\brows? \d", msg):
+        return msg
+    path, n_rows = named[0]
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = [i for i, line in enumerate(fh, 1) if line.strip()]
+    except OSError:
+        return msg
+    if len(lines) != n_rows + 1:  # quoted line breaks or a comment: no safe mapping
+        return msg
+
+    def at(r: str) -> str:
+        return f"{r} (line {lines[int(r) + 1]} of {Path(path).name})" if int(r) < n_rows else r
+
+    return re.sub(r"\b(rows? )(\d+)(?:( and )(\d+))?\b", lambda m: m.group(1) + at(m.group(2))
+                  + (m.group(3) + at(m.group(4)) if m.group(3) else ""), msg)
 
 
 def _say(args, text):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .common import UsageError, _say
+from .common import SUMMARY, UsageError, _say
 
 
 def cmd_compile(args):
@@ -24,7 +24,7 @@ def cmd_compile(args):
 
 
 def add_parser(sub):
-    c = sub.add_parser("compile", help="compile the Numba kernels now (e.g. after installing)",
+    c = sub.add_parser("compile", help=SUMMARY["compile"],
                        description="Compiles the kernels of the named code paths into the Numba "
                        "cache, so later runs load them instead of compiling on first use.")
     c.add_argument("--paths", help="comma-separated path names (default: all)")

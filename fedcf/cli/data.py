@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from ..datasets import (
-    VARIANTS,
-    data_home,
-    fetch_movielens,
-    import_movielens,
-    verify_movielens,
-)
-from .common import UsageError, _data_options, _read, _say
+from .common import SUMMARY, UsageError, _data_options, _read, _say, output_path
 
 
 def cmd_split(args):
@@ -23,18 +15,23 @@ def cmd_split(args):
 
     if args.data is None or args.train is None or args.test is None:
         raise UsageError("data split needs --data FILE --train OUT --test OUT")
+    outs = [output_path(args.train, "--train"), output_path(args.test, "--test")]
+    if outs[0].resolve() == outs[1].resolve():
+        raise UsageError(f"--train and --test are the same file {args.train!r}; name two files")
     df = _read(args, args.data)
     cv = UserShuffleSplit(1, test_size=args.test_size, random_state=args.seed) \
         if args.by == "users" else \
         PerUserSplit(1, test_size=args.test_size, order=args.order, random_state=args.seed)
     train_idx, test_idx = next(cv.split(df))
-    for path, idx in ((args.train, train_idx), (args.test, test_idx)):
-        atomic_write(Path(path), lambda fh, idx=idx: df.iloc[idx].to_csv(fh, index=False))
+    for path, idx in zip(outs, (train_idx, test_idx)):
+        atomic_write(path, lambda fh, idx=idx: df.iloc[idx].to_csv(fh, index=False))
     _say(args, f"wrote {args.train} ({len(train_idx)} rows) and {args.test} ({len(test_idx)} "
                f"rows, {df.iloc[test_idx]['user'].nunique()} users)")
 
 
 def cmd_data(args):
+    from ..datasets import VARIANTS, data_home, fetch_movielens, import_movielens, verify_movielens
+
     home = data_home(args.data_home)
     if args.action == "split":
         return cmd_split(args)
@@ -60,7 +57,9 @@ def cmd_data(args):
 
 
 def add_parser(sub):
-    d = sub.add_parser("data", help="the dataset cache (fetch, verify, where) and splits",
+    from ..datasets import VARIANTS  # the data command's own parser: loads the data layer
+
+    d = sub.add_parser("data", help=SUMMARY["data"],
                        description="fetch: put MovieLens in the cache (--path: from a local copy, "
                        "no network); verify: check the cached copy's shape and checksum; where: "
                        "list the cache; split: write train/test CSVs of a ratings file.")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 
-from .. import load_model
-from .common import IMPLICIT, UsageError, _data_options, _read
+from .common import SUMMARY, UsageError, _data_options, _read, is_implicit
 
 
 def cmd_evaluate(args):
+    from .. import load_model
+
     model = load_model(args.model)
     test = _read(args, args.data)
-    implicit = isinstance(model, IMPLICIT)
+    implicit = is_implicit(model)
     if "rating" not in test.columns and not implicit:
         raise UsageError(f"{args.data}: a rating model is evaluated on ratings; the file has no "
                          "rating column (name it with --rating-col)")
@@ -69,7 +70,7 @@ def _standard_metrics(model, test, args, implicit):
 
 
 def add_parser(sub):
-    p = sub.add_parser("evaluate", help="score a saved model on held-out data",
+    p = sub.add_parser("evaluate", help=SUMMARY["evaluate"],
                        description="recon: every user of --data is reconstructed from a support "
                        "part of their rows and scored on the rest (unseen users). standard: "
                        "held-out rows of users the model knows (from its user rows, or "

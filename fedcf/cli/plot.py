@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
-from .. import load_model
-from .common import UsageError, _pyplot
+from .common import SUMMARY, UsageError, _pyplot, output_path
 
 
 def plot_history(model, out) -> Path:
     """PNG of a model's ``history_``: loss (and per-round evaluation) per round, clients used and
     dropped, values uploaded, learned hyperparameters if any; a centralized model's training
     RMSE per epoch."""
+    import pandas as pd
+
     from ..datasets import atomic_write
 
     plt = _pyplot()
@@ -56,13 +55,16 @@ def plot_history(model, out) -> Path:
 
 
 def cmd_plot(args):
+    from .. import load_model
+
     model = load_model(args.model)
-    out = args.out or str(Path(args.model).with_suffix("")) + "_history.png"
+    out = output_path(args.out or str(Path(args.model).with_suffix("")) + "_history.png",
+                      "--out")
     print(plot_history(model, out))
 
 
 def add_parser(sub):
-    p = sub.add_parser("plot", help="plot a saved model's training history")
+    p = sub.add_parser("plot", help=SUMMARY["plot"])
     p.add_argument("what", choices=("history",))
     p.add_argument("model")
     p.add_argument("--out", help="PNG path (default: <model>_history.png)")

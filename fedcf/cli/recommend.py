@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
-
-from .. import load_model
-from .common import IMPLICIT, UsageError, _as_model_ids
+from .common import SUMMARY, UsageError, _as_model_ids, is_implicit
 
 
 def cmd_recommend(args):
+    import numpy as np
+    import pandas as pd
+
+    from .. import load_model
+
     if args.n < 1:
         raise UsageError(f"n must be >= 1 (got -n {args.n}): ask for at least 1 recommendation")
     model = load_model(args.model)
@@ -25,7 +26,7 @@ def cmd_recommend(args):
         if unknown:
             raise UsageError(f"item {unknown[0]!r} is not in this model's catalog "
                              f"({len(model.item_ids_)} items)")
-        if args.ratings is None and not isinstance(model, IMPLICIT):
+        if args.ratings is None and not is_implicit(model):
             raise UsageError("a rating model needs --ratings, one per item")
         if args.ratings is not None and len(args.ratings) != len(items):
             raise UsageError(f"--items has {len(items)} ids but --ratings has "
@@ -40,7 +41,7 @@ def cmd_recommend(args):
 
 
 def add_parser(sub):
-    p = sub.add_parser("recommend", help="top-n items for a new user's history or a known user",
+    p = sub.add_parser("recommend", help=SUMMARY["recommend"],
                        description="A new user (--items, --ratings) is reconstructed on the fly "
                        "and never stored.")
     p.add_argument("--model", required=True)

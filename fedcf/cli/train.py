@@ -5,14 +5,19 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 from .. import registry
-from ..datasets import (
-    DataValidationError,
+from .common import (
+    SHORTCUTS,
+    SUMMARY,
+    UsageError,
+    _data_options,
+    _pyplot,
+    _read,
+    _say,
+    is_implicit,
+    output_path,
 )
-from .common import IMPLICIT, SHORTCUTS, UsageError, _data_options, _pyplot, _read, _say
-from .plot import plot_history
 
 
 def _parse_value(text: str):
@@ -61,7 +66,7 @@ def _validation_callback(est, args):
     from ..model_selection import recon_scorer
 
     val = _read(args, args.validation)
-    metric = "ndcg@10" if isinstance(est, IMPLICIT) else "rmse"
+    metric = "ndcg@10" if is_implicit(est) else "rmse"
     scorer = recon_scorer(metric, random_state=0)
     if not est.eval_every:
         est.set_params(eval_every=max(est.n_rounds // 20, 1))
@@ -101,10 +106,11 @@ def _note_first_compile(est, args) -> str | None:
 
 
 def cmd_train(args):
+    from ..datasets import DataValidationError
+    from .plot import plot_history
+
     est = build_estimator(args.model, args)
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    out = output_path(args.out, "--out")
     if out.suffix not in ("", ".npz"):
         raise UsageError(f"--out {str(out)!r}: a model is written as one .npz file; name it "
                          f"{str(out.with_suffix('.npz'))!r}")
@@ -113,6 +119,7 @@ def cmd_train(args):
             raise UsageError(f"{flag} 0 (n_rounds/n_epochs=0) would write an untrained model; "
                              "give at least 1")
     if args.plot is not None:
+        output_path(args.plot, "--plot")
         _pyplot()  # fail before training, not after
     df = _read(args, args.data)
     callback = _validation_callback(est, args)
@@ -135,7 +142,7 @@ def cmd_train(args):
 
 
 def add_parser(sub):
-    p = sub.add_parser("train", help="train a model on a ratings file and save it",
+    p = sub.add_parser("train", help=SUMMARY["train"],
                        description="Train a model and save it as one .npz (atomically).")
     p.add_argument("--data", required=True, help="ratings file: CSV/TSV, u.data, ratings.dat, "
                    ".inter, a GroupLens zip or recbole wheel")
