@@ -53,6 +53,14 @@ def raw_ids(values, name: str = "ids") -> np.ndarray:
     arr = np.atleast_1d(arr)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional raw ids, got shape {arr.shape}")
+    if arr.dtype.kind in "fcOmM":  # ids that can be missing: None, NaN, NaT
+        import pandas as pd
+
+        missing = np.flatnonzero(pd.isna(arr))
+        if len(missing):
+            raise ValueError(f"{name} has a missing id ({arr[missing[0]]!r}) at position "
+                             f"{missing[0]}; drop it or give the id (a missing id never "
+                             "matches one the model knows)")
     return arr
 
 

@@ -147,9 +147,14 @@ def encode(value):
     model's parameters are objects again when loaded. An unregistered class is stored by its
     dotted name, and ``decode`` asks for it to be registered rather than importing code named by
     a file."""
+    if isinstance(value, tuple):  # JSON has lists only: a tuple comes back as a tuple
+        return {"__tuple__": [encode(v) for v in value]}
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        if getattr(value, "ndim", 0) and value.dtype.kind in "biufU":  # an array stays one
+            return {"__array__": value.tolist(), "dtype": value.dtype.str}
+        return value.tolist()
     if not hasattr(value, "get_params") or isinstance(value, type):
-        return value.tolist() if hasattr(value, "tolist") and type(value).__module__ == "numpy" \
-            else value
+        return value
     found = kind_of(type(value))
     kind, name = found if found else ("unregistered", f"{type(value).__module__}."
                                                       f"{type(value).__qualname__}")
@@ -159,6 +164,12 @@ def encode(value):
 
 def decode(value, param: str = "parameter"):
     """The inverse of ``encode``; an unregistered class raises, naming it and what to do."""
+    if isinstance(value, dict) and set(value) == {"__tuple__"}:
+        return tuple(decode(v, param) for v in value["__tuple__"])
+    if isinstance(value, dict) and set(value) == {"__array__", "dtype"}:
+        import numpy as np
+
+        return np.asarray(value["__array__"], dtype=np.dtype(value["dtype"]))
     if not (isinstance(value, dict) and "__phase__" in value):
         return value
     kind, name = value["__phase__"], value.get("name")

@@ -154,3 +154,127 @@ def test_phase_objects_survive_save_load_and_refit(data, tmp_path):
     with pytest.warns(UserWarning, match="insecure_seeded_noise"):
         np.testing.assert_array_equal(clone(back).set_params(**seed).fit(data).item_factors_,
                                       clone(m).fit(data).item_factors_)
+
+
+# ---------------------------------------------------------------- every phase object, every model
+def _taking(param):
+    pairs = [(i, e) for i, e in zip(IDS, ESTIMATORS) if param in e.get_params()]
+    return [e for _, e in pairs], [i for i, _ in pairs]
+
+
+FEDERATED, FED_IDS = _taking("aggregator")  # FedRecon, FedAvg, FURL: aggregated by a server
+EXECUTED, EXEC_IDS = _taking("executor")  # stateless clients run by an executor (FedRecon)
+
+
+def aggregators():
+    from fedcf.federated import (
+        CoordinateMedian,
+        DifferentialPrivacy,
+        DPGaussianMean,
+        FoolsGoldMean,
+        NormClippedMean,
+        SecureAggregation,
+        TrimmedMean,
+        WeightedMean,
+    )
+
+    seeded = dict(delta=1e-4, insecure_seeded_noise=True)  # seeded: two fits can be compared
+    return {"mean": WeightedMean(), "norm-clipped": NormClippedMean(0.5),
+            "trimmed-mean": TrimmedMean(0.1), "median": CoordinateMedian(),
+            "foolsgold": FoolsGoldMean(), "dp": DPGaussianMean(0.5, 0.8, **seeded),
+            "secure": SecureAggregation(value_bound=10.0, neighbours=6),
+            "dp-secure": DifferentialPrivacy(SecureAggregation(value_bound=10.0, neighbours=6),
+                                             0.5, 0.8, **seeded)}
+
+
+def executors():
+    from fedcf.federated import LocalExecutor
+    from fedcf.federated.attacks import AttackedExecutor
+
+    return {"local": LocalExecutor(), "attacked": AttackedExecutor("noise", fraction=0.1,
+                                                                    executor=LocalExecutor())}
+
+
+def save_load_clone_fit(est, data, tmp_path):
+    """Fit, save, load: the loaded model predicts the same and has the same parameters (phase
+    objects as objects, not text); a clone of the loaded model refits to the same model as a
+    clone of the original (a DP release does not carry the seed: it is given back)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "insecure_seeded_noise", UserWarning)
+        m = clone(est).fit(data)
+        back = type(m).load(m.save(tmp_path / "m.npz"))
+        np.testing.assert_array_equal(back.item_factors_, m.item_factors_)
+        pairs = data.head(30)
+        if getattr(back, "user_factors_", None) is None:  # FedRecon: every user scores as new
+            pairs = pairs.assign(user="nobody")
+        np.testing.assert_array_equal(back.predict(pairs), m.predict(pairs))
+        seed = {} if back.random_state is not None else {"random_state": m.random_state}
+        for key, value in m.get_params(deep=False).items():
+            if key not in seed:
+                assert repr(back.get_params(deep=False)[key]) == repr(value), key
+                assert type(back.get_params(deep=False)[key]) is type(value), key
+        again = clone(back).set_params(**seed).fit(data)
+        np.testing.assert_array_equal(again.item_factors_, clone(m).fit(data).item_factors_)
+    return m
+
+
+@pytest.mark.parametrize("agg", sorted(aggregators()))
+@pytest.mark.parametrize("est", FEDERATED, ids=FED_IDS)
+def test_save_load_clone_fit_with_every_aggregator(est, agg, data, tmp_path):
+    est = clone(est).set_params(aggregator=aggregators()[agg], n_rounds=2, clients_per_round=20)
+    if "rating_scale" in est.get_params():  # DP needs the public scale; the others take it too
+        est.set_params(rating_scale=(1, 5))
+    m = save_load_clone_fit(est, data, tmp_path)
+    assert np.isfinite(m.item_factors_).all()
+
+
+@pytest.mark.parametrize("ex", sorted(executors()))
+@pytest.mark.parametrize("est", EXECUTED, ids=EXEC_IDS)
+def test_save_load_clone_fit_with_every_executor(est, ex, data, tmp_path):
+    save_load_clone_fit(clone(est).set_params(executor=executors()[ex], n_rounds=2), data,
+                        tmp_path)
+
+
+@pytest.mark.parametrize("est", [e for e in ESTIMATORS if e not in FEDERATED],
+                         ids=[i for i, e in zip(IDS, ESTIMATORS) if e not in FEDERATED])
+def test_save_load_clone_fit_centralized(est, data, tmp_path):
+    save_load_clone_fit(est, data, tmp_path)
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_ids_of_every_kind(fitted, data, name):
+    """reconstruct / predict / predict_local / recommend with ids the model knows, ids it does
+    not know, ids of the other kind (int for its text user ids, text for its int item ids) and
+    missing ids: unknown ids are fallbacks, the other kind is named in a warning and never
+    turns the known ids into unknown ones, a missing id (None, NaN) is an error naming it."""
+    m = fitted[name]
+    items, ratings = list(m.item_ids_[:3]), [5.0, 1.0, 4.0]
+    ref = m.reconstruct(items, ratings)
+    assert np.abs(ref.factors).sum() > 0
+    unknown = m.reconstruct(items + [10**9], ratings + [3.0])
+    np.testing.assert_array_equal(unknown.factors, ref.factors)
+    with pytest.warns(UserWarning, match="item id 'new' is str but the model's item ids are"):
+        mixed = m.reconstruct(items + ["new"], ratings + [3.0])
+    np.testing.assert_array_equal(mixed.factors, ref.factors)
+    for bad in (items + [None], items + [float("nan")], np.array(items + [np.nan])):
+        with pytest.raises(ValueError, match="missing id .* at position 3"):
+            m.reconstruct(bad, ratings + [3.0])
+    with pytest.raises(TypeError, match="got None"):
+        m.reconstruct(None)
+    with pytest.warns(UserWarning, match="item id 'x'"):
+        local = m.predict_local(ref, [items[0], "x", 10**9])
+    np.testing.assert_array_equal(local[1], local[2])  # both unknown: the same fallback
+    assert local[0] == m.predict_local(ref, [items[0]])[0]
+    user = data["user"].iloc[0]
+    pairs = pd.DataFrame({"user": [user, "nobody"], "item": [items[0], items[0]]})
+    with pytest.warns(UserWarning, match="user id 7 is int but the model's user ids are text"):
+        other = m.predict(pd.DataFrame({"user": [7], "item": [items[0]]}))
+    assert other[0] == m.predict(pairs)[1]  # an int id for text ids is an unknown user
+    with pytest.raises(ValueError, match="missing id"):
+        m.predict(pd.DataFrame({"user": [user, None], "item": items[:2]}))
+    with pytest.raises(ValueError, match="pass either items"):
+        m.recommend(user=None)
+    recs = m.recommend(items=items, ratings=ratings, n=4)
+    assert len(recs) == 4 and not set(recs["item"]) & set(items)

@@ -279,3 +279,18 @@ from contracts import ExecutorContract, contract_population  # noqa: E402,F401
 
 class TestRayExecutorContract(ExecutorContract):
     make = staticmethod(lambda: RayExecutor(2))
+
+
+def test_save_load_clone_fit_with_the_ray_executor(tmp_path):
+    """test_contract's save → load → clone → fit, with a RayExecutor: the loaded model's
+    executor is a RayExecutor again, and refits to the same model. (Every estimator with an
+    executor runs this with the local and attacked executors in test_contract; one here keeps
+    the actors' start-up cost down.)"""
+    name = "FedReconImplicitMF"
+    from sklearn.base import clone
+    from test_contract import EXEC_IDS, EXECUTED, save_load_clone_fit
+
+    df = make_synthetic_ratings(150, 60, 3000, n_factors=3, random_state=4).to_dataframe()
+    est = clone(EXECUTED[EXEC_IDS.index(name)]).set_params(executor=RayExecutor(2), n_rounds=2)
+    m = save_load_clone_fit(est, df, tmp_path)
+    assert isinstance(type(m).load(m.save(tmp_path / "r.npz")).executor, RayExecutor)

@@ -57,6 +57,7 @@ def _warn_kind(unknown: np.ndarray, model_ids: np.ndarray, what: str) -> None:
     bad = id_kind_mismatch(unknown[:1000], model_ids) if len(unknown) and len(model_ids) else None
     if bad is not None:
         kind = "text" if isinstance(bad, str) else "numbers"
+        bad = _plain(bad)  # 7, not np.int64(7)
         warnings.warn(f"{what} id {bad!r} is {type(bad).__name__} but the model's {what} ids "
                       f"are {'numbers' if kind == 'text' else 'text'} (e.g. "
                       f"{_plain(np.asarray(model_ids)[0])!r}): it can never match and scores as an "
