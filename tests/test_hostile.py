@@ -296,12 +296,12 @@ def test_predict_local_with_wrong_length_is_refused(pop):
 
 
 # ---------------------------------------------------------------- divergence
-def test_partial_divergence_warns_with_counts_and_blames_the_client_step(pop):
+def test_partial_divergence_warns_with_counts_and_blames_the_data(pop):
     df = pop.to_dataframe()
     wild = df.user.isin(range(0, 200, 10))  # a few clients whose ratings overflow float32 steps
     df.loc[wild, "rating"] = df.loc[wild, "rating"] * 1e30
     with pytest.warns(RuntimeWarning, match=r"\d+ client uploads in \d+ rounds were non-finite.*"
-                                            r"client_update__learning_rate"):
+                                            r"ratings are too large.*measured: .*5e\+30"):
         m = FedReconMF(**{**FAST, "n_rounds": 6, "clients_per_round": 100,
                           "biases": False, "rating_scale": (0, 5e30)}).fit(df)
     assert sum(h["clients_nonfinite"] for h in m.history_) > 0
@@ -325,6 +325,58 @@ def test_diverging_sgd_reconstruction_blames_its_learning_rate(pop):
                                                  r"learning_rate=1000000.0.*reconstruction__"):
         FedReconMF(reconstruction=SGDReconstruction(learning_rate=1e6), **{**FAST, "n_rounds": 6}
                    ).fit(pop)
+
+
+def _blame_cases():
+    from fedcf import FedAvgMF
+    from fedcf.federated import SGD, Adam, DPGaussianMean, FedReconImplicitMF, OpenCatalog
+
+    slow = dict(n_factors=3, n_rounds=20, clients_per_round=60, random_state=0)
+    client, server = "lower the client step size", "lower the server optimizer's learning rate"
+    return {
+        "implicit client step": (FedReconImplicitMF(client_update=ClientUpdate(1e4), **slow),
+                                 None, client + r".*now 10000.0.*measured: at round \d+, rerun"),
+        "FedRecon client step": (FedReconMF(client_update=ClientUpdate(1e3), **slow), None,
+                                 client + r".*measured: at round \d+, rerunning"),
+        "open catalog client step": (FedReconMF(client_update=ClientUpdate(1e3),
+                                                item_space=OpenCatalog(), **slow), None,
+                                     client + ".*measured"),
+        "FedAvg client step": (FedAvgMF(client_update=ClientUpdate(1e3), **slow), None,
+                               client + ".*measured"),
+        "Adam server step": (FedReconMF(server_optimizer=Adam(1e6), **slow), None,
+                             server + r".*Adam.*measured: at round \d+, the server step"),
+        "SGD server step": (FedReconMF(server_optimizer=SGD(1e3), **slow), None,
+                            server + ".*measured: .*the server step"),
+        "the data": (FedReconMF(**slow), 1e36, r"ratings are too large.*measured: .*largest "
+                                               r"\|rating\| is"),
+        "the DP noise": (FedReconMF(**{**slow, "n_rounds": 5}, rating_scale=(1, 5),
+                                    aggregator=DPGaussianMean(0.5, 1e40, delta=1e-4)), None,
+                         "noise outweighs the model.*measured: the noise alone"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_blame_cases()))
+def test_divergence_blames_the_measured_cause(pop, case):
+    """The setting a divergence error names is the one a replay measured (blame.py): the
+    client step for an implicit, open-catalog or FedAvg model with a huge client rate (each
+    used to blame the server or skipped the diagnosis), the server for Adam at 1e6 (it blamed
+    the client), the data for ratings near 1e36 (it blamed the learning rate), the noise for
+    a DP run drowned in it (it blamed the client step)."""
+    import re
+    import warnings
+
+    est, scale, match = _blame_cases()[case]
+    df = pop.to_dataframe()
+    if scale is not None:
+        df["rating"] = df["rating"] * scale
+    with warnings.catch_warnings(record=True) as caught:  # a run that went on warns instead
+        warnings.simplefilter("always")
+        try:
+            est.fit(df)
+            said = [str(w.message) for w in caught if "non-finite" in str(w.message)]
+        except FloatingPointError as e:
+            said = [str(e)]
+    assert said and re.search(match, said[0]), said
 
 
 # ---------------------------------------------------------------- more hostile calls

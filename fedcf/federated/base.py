@@ -3,6 +3,7 @@ phases of a round (phases.py, loop.py)."""
 
 from __future__ import annotations
 
+import copy
 import numbers
 import warnings
 from functools import partial
@@ -26,10 +27,11 @@ from ..datasets import DataValidationError, Interactions, SyntheticPopulation
 from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .accounting import epsilons
+from .blame import cause_of
 from .checkpoint import RESUME_FREE, data_fingerprint
 from .client_update import ClientUpdate
 from .contracts import Aggregator, Executor, Population, RunContext, phase_rule
-from .guard import STAGES, Diagnosis, DivergenceGuard
+from .guard import STAGES, Diverged, DivergenceGuard
 from .hyper import HYPER_CONSTRAINTS, Hypergradients, HyperLearner, check_learnable
 from .loop import Checkpointer, Run
 from .optimizers import ServerOptimizer
@@ -101,25 +103,39 @@ class FederatedMFBase(MFEstimatorBase):
         return 1e4 * max(inter.value_stats()["mean_sq"], 1e-6)
 
     def _blame(self, stage: str) -> str:
-        """Which parameter to change when ``stage`` of a round produced non-finite values."""
+        """Which parameter to change when ``stage`` made a run diverge (guard.STAGES)."""
         if stage == "client update":
             return (f"lower the client step size (client_update__learning_rate, now "
                     f"{self._client_rate()})")
+        if stage == "data":
+            return ("the ratings are too large for training: rescale them (to a rating scale "
+                    "such as 1–5), or train with dtype='float64'")
+        if stage == "noise":
+            return ("the differential-privacy noise outweighs the model: more clients per "
+                    "round (clients_per_round: the noise per value falls with the cohort), a "
+                    "larger target_epsilon or smaller noise_multiplier, or a smaller server "
+                    "learning rate (server_optimizer__learning_rate)")
         return (f"lower the server optimizer's learning rate (server_optimizer="
                 f"{self._server_optimizer()!r}; e.g. server_optimizer__learning_rate)")
 
+    def _damped(self, stage: str, factor: float):
+        """A shallow copy of this estimator whose ``stage`` step size is divided by
+        ``factor`` (None: the stage has no step size), for blame.py's reruns."""
+        if stage != "client update":
+            return None
+        cu = self._client_update()
+        damped = copy.copy(self)
+        damped.client_update = type(cu)(**{**cu.get_params(deep=False),
+                                           "learning_rate": self._client_rate() / factor})
+        return damped
+
     def _guard(self, inter, mu: float, opt) -> DivergenceGuard:
-        """The run's divergence guard: this estimator's advice per stage, a diagnosis on the
-        worst client's ratings where this process holds them, and the server optimizer's
-        stability (``server_is_wild``)."""
+        """The run's divergence guard: this estimator's advice per stage, and the server
+        optimizer's stability (``server_is_wild``) for when no cause can be measured."""
         private = self._dp_release()  # under DP: stop only on what the run releases
-        diagnose = Diagnosis(inter, mu, bool(self.biases), self._client_rate(),
-                             self._recon_can_diverge()) if inter.holds_ratings and not private \
-            else None
         usable = np.inf if private else self._usable_loss(inter)  # (unused under DP: no data)
         return DivergenceGuard(usable, {s: self._blame(s) for s in STAGES},
-                               diagnose, partial(opt.is_wild, self.init_scale),
-                               released_only=private)
+                               partial(opt.is_wild, self.init_scale), released_only=private)
 
     def _checkpointer(self, inter, seed) -> Checkpointer | None:
         if self.checkpoint_path is None:
@@ -224,11 +240,16 @@ class FederatedMFBase(MFEstimatorBase):
             for t in bar:
                 rec = run.round(t)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        except Diverged as stopped:  # measure the cause before saying which setting to change
+            found = cause_of(self, inter, availability, stopped.round, run)
+            stage, measured = (found.stage, found.measured) if found else (stopped.stage, None)
+            raise FloatingPointError(run.guard.message(stopped.round, stopped.what, stage,
+                                                       measured)) from None
         finally:  # stop the shard actors of a Ray run, also when it failed
             for ex in {id(e): e for e in (None if run is None else run.executor,
                                           inter.executor) if e}.values():
                 ex.close()
-        run.guard.warn_dropped()
+        run.guard.warn_dropped(lambda t: cause_of(self, inter, availability, t, run))
         warn_if_nothing_trained(run.history, run.start)
         if run.aggregator.sigma is not None:
             self.noise_multiplier_ = run.aggregator.sigma

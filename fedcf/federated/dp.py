@@ -320,6 +320,14 @@ class DifferentialPrivacy(WeightedMean):
         self.adapt_clip(round_idx)
         return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)
 
+    @property
+    def noise_std(self) -> float | None:
+        """The noise's standard deviation per value of the mean update (a bound run; None
+        before ``bind``): public, from σ, the clip and the fixed denominator."""
+        if getattr(self, "denominator_", None) is None:
+            return None
+        return float(self.update_sigma_ * self.clip_ / self.denominator_)
+
     def adapt_clip(self, round_idx: int) -> None:
         """Adaptive clipping's geometric step toward the target quantile, from the noised
         share of unclipped clients (a no-op with a fixed clip)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 
@@ -284,12 +285,6 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         for name, value in self._fit_rows.split(params["Q"], params["b"]).items():
             setattr(self, name, value)
 
-    def _guard(self, inter, mu, opt):
-        guard = super()._guard(inter, mu, opt)
-        if self._fit_rows is not None:  # the diagnosis solves over the full catalog's rows
-            guard.diagnose = None
-        return guard
-
     def _global_params(self) -> dict:
         if self._fitted_space().open:
             raise ValueError("client_uploads is not available with an open item space yet (its "
@@ -380,6 +375,15 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
 
     def _recon_can_diverge(self) -> bool:
         return self._reconstruction().can_diverge
+
+    def _damped(self, stage: str, factor: float):
+        rec = self._reconstruction()
+        if stage != "reconstruction" or not rec.can_diverge:
+            return super()._damped(stage, factor)
+        damped = copy.copy(self)
+        damped.reconstruction = type(rec)(**{**rec.get_params(deep=False),
+                                             "learning_rate": rec.learning_rate / factor})
+        return damped
 
     def _blame(self, stage: str) -> str:
         rec = self._reconstruction()

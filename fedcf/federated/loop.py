@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from .blame import Blamed, RoundState
 from .checkpoint import load_checkpoint, save_checkpoint
 from .optimizers import state_to_arrays
 from .phases import Cohort, GlobalDelta, server_update
@@ -161,14 +162,23 @@ class Run:
         self.timing = {"work_seconds": t1 - t0, "reduce_seconds": time.perf_counter() - t1}
         return outputs, delta
 
-    def round(self, t: int) -> dict:
-        """Algorithm 1, one round: select → client work → aggregate → server update → finish."""
+    def round(self, t: int, probe=None) -> dict:
+        """Algorithm 1, one round: select → client work → aggregate → server update → finish.
+        ``probe`` (blame.py, a replay that looks for the cause of a divergence) examines the
+        round before its server step; a finding stops the replay (``Blamed``)."""
         t0 = time.perf_counter()
         cohort = self.select(t)
         ids = np.array([self.seed, t], np.uint64)
         learned = self.learn_hyperparams(cohort, ids)
         hp = self.hyperparams
+        local_rows = None if probe is None or self.local is None else \
+            tuple(a[cohort.clients].copy() for a in self.local)
         outputs, delta = self.client_work(cohort, ids, hp, t)
+        if probe is not None:
+            finding = probe(RoundState(self.params, self.opt_state, cohort, ids, hp, delta,
+                                       local_rows))
+            if finding is not None:
+                raise Blamed(t, finding)
         self.guard.check_clients(t, delta.summary, self.params)
         ts = time.perf_counter()
         state, params, finite = server_update(self.opt, self.opt_state, self.params, delta, hp)

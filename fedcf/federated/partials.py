@@ -43,8 +43,7 @@ class PartialSums:
     clients that touched the item in tree node ``groups[r]`` … ``groups[r] + 2**levels[r] − 1``
     (level 0: one group, its clients in cohort order).
     Per group ``stat_groups[g]``: ``stats[g]`` (see STATS), ``rank[g]`` = Σ num_k·M_k (K×K) when
-    the clients send a rank map, and the group's worst client (largest query loss; −1 if none)
-    for the divergence diagnosis.
+    the clients send a rank map, and the group's worst client (largest query loss; −1 if none).
     """
 
     groups: np.ndarray

@@ -297,7 +297,7 @@ class BoundLocalExecutor(RoundExecutor):
 class RoundSummary:
     """What the round loop needs to know about the clients besides the aggregate: counts, the
     mean query loss (weighted by query size, over used clients with a finite loss), and the
-    worst client (largest query loss, −1 if none) for the divergence diagnosis."""
+    worst client (largest query loss, −1 if none)."""
 
     n_clients: int
     n_used: int  # clients in the aggregate (weight > 0)

@@ -459,7 +459,7 @@ class RemotePopulation:
     the driver knows of it is its sizes, each user's number of ratings (the sampling frame)
     and the sums a fit needs of the ratings — never a rating. ``fit`` takes it where it takes
     an Interactions; anything that needs users' ratings on the driver (evaluating seen users
-    after the fit, a divergence diagnosis) builds those users' blocks from the spec here."""
+    after the fit) builds those users' blocks from the spec here."""
 
     timestamps = None
     holds_ratings = True  # (by building a user's block from the spec)
