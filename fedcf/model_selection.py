@@ -272,11 +272,23 @@ class ReconScorer:
             return float(res[self.metric])
         pred = estimator.predict_entries(query, P, c)
         if len(pred) == 0:
-            raise ValueError("no held-out user has a query part; lower support_fraction")
+            raise ValueError(_no_query_advice(inter.counts(), self.support_fraction))
         if self.metric == "accuracy":
             return rounded_accuracy(query.values, pred, estimator.rating_scale_)
         fn, sign = _RATING[self.metric]
         return sign * fn(query.values, pred)
+
+
+def _no_query_advice(counts: np.ndarray, support_fraction: float) -> str:
+    """Why no held-out user has a query part, and what to change."""
+    single = int((counts < 2).sum())
+    if single == len(counts):
+        return (f"no held-out user has a query part: all {single} have a single rating, and a "
+                "user needs at least 2 (one to reconstruct from, one to score); evaluate users "
+                "with more ratings")
+    return (f"no held-out user has a query part: at support_fraction={support_fraction} every "
+            f"user's ratings all go to the support part ({single} of {len(counts)} users have a "
+            "single rating); lower support_fraction")
 
 
 def recon_scorer(metric: str = "rmse", *, support_fraction: float = 0.5, split: str = "random",

@@ -668,3 +668,23 @@ def test_item_features_indexed_by_ids_of_another_type_are_refused(pop):
     feats = (np.array([str(i) for i in ids]), np.ones((len(ids), 2)))
     with pytest.raises(ValueError, match=r"item_features: none of its 30 item ids \(e.g. '"):
         FedReconMF(**FAST, item_space=OpenCatalog(0.5)).fit(pop, item_features=feats)
+
+
+def test_recon_scorer_on_users_without_a_query_part_names_why(pop):
+    """Folds whose users have one rating each cannot be scored at any support fraction: the
+    error says so instead of advising a lower support_fraction; users with more ratings at a
+    support fraction that keeps them all are told to lower it."""
+    from fedcf.model_selection import recon_scorer
+
+    m = FedReconMF(**FAST).fit(pop)
+    single = pd.DataFrame({"user": np.arange(10) + 10_000, "item": pop.item_ids[:10],
+                           "rating": 3.0})
+    for sf in (0.1, 0.9):
+        with pytest.raises(ValueError, match="all 10 have a single rating"):
+            recon_scorer("rmse", support_fraction=sf)(m, single)
+    pairs = pd.DataFrame({"user": np.repeat(np.arange(5) + 10_000, 2), "rating": 3.0,
+                          "item": np.tile(pop.item_ids[:2], 5)})
+    with pytest.raises(ValueError, match="support_fraction=0.99 every user's ratings all go "
+                                         ".*lower support_fraction"):
+        recon_scorer("rmse", support_fraction=0.99)(m, pairs)
+    assert np.isfinite(recon_scorer("rmse", support_fraction=0.5)(m, pairs))
