@@ -206,6 +206,8 @@ def save_load_clone_fit(est, data, tmp_path):
         m = clone(est).fit(data)
         back = type(m).load(m.save(tmp_path / "m.npz"))
         np.testing.assert_array_equal(back.item_factors_, m.item_factors_)
+        for name in ("epsilon_", "epsilons_", "noise_multiplier_", "learned_hyperparams_"):
+            assert getattr(back, name, None) == getattr(m, name, None), name
         pairs = data.head(30)
         if getattr(back, "user_factors_", None) is None:  # FedRecon: every user scores as new
             pairs = pairs.assign(user="nobody")

@@ -688,3 +688,11 @@ def test_recon_scorer_on_users_without_a_query_part_names_why(pop):
                                          ".*lower support_fraction"):
         recon_scorer("rmse", support_fraction=0.99)(m, pairs)
     assert np.isfinite(recon_scorer("rmse", support_fraction=0.5)(m, pairs))
+
+
+def test_learned_hyperparameters_survive_save_and_load(pop, tmp_path):
+    from fedcf.federated import Hypergradients
+
+    m = FedReconMF(**FAST, hypergradients=Hypergradients()).fit(pop)
+    back = FedReconMF.load(m.save(tmp_path / "h.npz"))
+    assert back.learned_hyperparams_ == m.learned_hyperparams_ != {}

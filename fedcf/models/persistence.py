@@ -59,6 +59,19 @@ def _ids_from_arrays(arrays, what: str) -> np.ndarray:
     return np.array([int(x) if f else str(x) for x, f in zip(ids, flag)], dtype=object)
 
 
+# fitted figures a loaded model reports as the fitted one did (JSON in the metadata): the DP
+# accounting (public figures, covered by ε) and the learned server hyperparameters (not kept
+# in a DP release: they come from the clients' unnoised loss derivatives)
+_FITTED_VALUES = ("epsilon_", "epsilons_", "noise_multiplier_", "learned_hyperparams_")
+
+
+def _plain(value):
+    """A fitted figure as JSON data (NumPy scalars and arrays as Python numbers and lists)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
 class Persistence:
     """``save`` / ``load`` of a fitted estimator."""
 
@@ -110,14 +123,16 @@ class Persistence:
             "format_version": FORMAT_VERSION,
             "class": type(self).__name__,
             "params": {k: (str(v) if isinstance(v, (np.dtype, type, os.PathLike)) else
-                           v.tolist() if isinstance(v, np.ndarray) else registry.encode(v))
-                       for k, v in params.items()},
+                           registry.encode(v)) for k, v in params.items()},
             "global_mean": float(self.global_mean_),
             "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
             "history": history,
             "user_ids_kept": keep_users,
             "fitted_objects": {k: registry.encode(getattr(self, k)) for k in self._saved_objects
                                if getattr(self, k, None) is not None},
+            "fitted_values": {k: _plain(getattr(self, k)) for k in _FITTED_VALUES
+                              if getattr(self, k, None) is not None
+                              and not (private and k == "learned_hyperparams_")},
         }
         arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None
                   and not (not keep_users and a in ("user_factors_", "user_biases_"))}
@@ -170,6 +185,9 @@ class Persistence:
         model.global_mean_ = meta["global_mean"]
         model.rating_scale_ = None if meta["rating_scale"] is None else tuple(meta["rating_scale"])
         model.history_ = meta["history"]
+        for name, value in meta.get("fitted_values", {}).items():
+            if name in _FITTED_VALUES:
+                setattr(model, name, value)
         for name, spec in meta.get("fitted_objects", {}).items():
             if name in cls._saved_objects:
                 setattr(model, name, registry.decode(spec, name))
