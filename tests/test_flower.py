@@ -604,3 +604,40 @@ def test_secure_aggregation_with_dp_over_messages(tmp_path):
     assert eps == pytest.approx(ref.epsilon_) and np.isfinite(eps)
     assert res["refusals"] == [] and np.isfinite(model.item_factors_).all()
     assert all(h["secagg_survivors"] > 0 for h in res["history"])
+
+
+def test_a_node_sizes_its_arrays_by_its_own_users_and_uploads_what_the_simulation_would():
+    """A node's client work runs on a CSR of its own users, each row's random stream keyed by
+    the client's id in the run (rng.client_key): the uploads equal a population-wide CSR's
+    for the same clients, and a client id of 10^8 costs no 10^8-sized array."""
+    import tracemalloc
+
+    from fedcf.federated.phases import BoundLocalExecutor, Cohort
+    from fedcf.flower.node import client_outputs
+
+    own = load_dataset(DATA).subset_users(np.arange(4))
+    glob = arrays(Q=np.random.default_rng(0).normal(0, 0.1, (own.n_items, 6)).astype(np.float32),
+                  b=np.zeros(own.n_items, np.float32), ids=np.array([7, 2]))
+    params = json.dumps({"n_factors": 6})
+    config = {"users": [int(u) for u in own.user_ids], "clients": [3, 17, 5, 42], "mu": 3.0,
+              "params": params}
+    got = client_outputs(own, config, glob)
+    # the same four users as rows 3, 17, 5, 42 of a population CSR (the other rows empty)
+    counts = np.zeros(43, np.int64)
+    counts[config["clients"]] = own.counts()
+    indptr = np.r_[0, np.cumsum(counts)]
+    order = np.argsort(config["clients"])
+    take = np.concatenate([np.arange(own.indptr[r], own.indptr[r + 1]) for r in order])
+    from fedcf.flower.wire import client_estimator
+
+    program = client_estimator(params).client_program(None, 3.0)
+    ref = BoundLocalExecutor(program, (indptr, own.items[take], own.values[take])).run(
+        Cohort(np.array(config["clients"]), 4, 0, 0),
+        {"Q": glob["Q"].numpy(), "b": glob["b"].numpy()}, np.array([7, 2], np.uint64))
+    for field in ("offsets", "items", "d_Q", "d_b", "weights", "losses", "clients"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(ref, field), err_msg=field)
+    tracemalloc.start()
+    client_outputs(own, {**config, "clients": [3, 10**8, 5, 42]}, glob)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 * 2**20, peak  # a 10^8-row CSR alone would be 800 MB

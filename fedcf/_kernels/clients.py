@@ -30,7 +30,7 @@ from .layout import (
     SPLIT_NONE,
     SPLIT_RANDOM,
 )
-from .rng import shuffle_inplace, stream_key
+from .rng import client_key, shuffle_inplace
 from .sgd import init_local, item_steps_user, item_work, sgd_reconstruct_user, write_delta
 from .util import QUEUE_WORKERS, client_queue, gather_entries, take
 
@@ -75,7 +75,7 @@ def client_sets(data, u, cfg, ids):
     indptr, items, values = data[0], data[1], data[2]
     s0 = indptr[u]
     n = indptr[u + 1] - s0
-    state = np.array([stream_key(ids[0], ids[1], u)])
+    state = np.array([client_key(ids, u)])
     perm, n_s, q_start = split_client(n, int(cfg[CC_SPLIT]), cfg[CC_SUPPORT_FRAC], state)
     s_items, s_vals = gather_entries(items, values, s0, perm[:n_s])
     q_items, q_vals = gather_entries(items, values, s0, perm[q_start:n])
@@ -128,7 +128,8 @@ def fedrecon_clients(data, clients, glob, cfg, recon_hp, update_hp, ids, out):
     glob : (Q (n_items, K), b (n_items,)) global parameters g(t), read only
     cfg : ``layout.client_cfg`` (split, support fraction, reconstruction method, init, ridge λ)
     recon_hp, update_hp : ``layout.sgd_hp`` for reconstruction (k_r) and the update (k_u)
-    ids : uint64 (2,) = [seed, round] — each client's stream is stream_key(seed, round, client)
+    ids : uint64 [seed, round] or [seed, round, key per row] — each client's stream is
+          stream_key(seed, round, client) (rng.client_key)
     out : (offsets int64 (m+1,), d_items int64, d_Q float, d_b float, losses float64 (m,));
           offsets must equal the cumsum of query_sizes(counts of the clients)
     The threads take clients, largest first, from a shared queue; only the timing depends on
@@ -175,7 +176,7 @@ def stateful_clients(data, clients, glob, local, update_hp, ids, out):
         while k >= 0:
             u = clients[k]
             s0, e0 = indptr[u], indptr[u + 1]
-            state = np.array([stream_key(ids[0], ids[1], u)])
+            state = np.array([client_key(ids, u)])
             p = np.empty(K)
             for a in range(K):
                 p[a] = P[u, a]

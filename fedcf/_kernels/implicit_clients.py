@@ -26,7 +26,7 @@ from .layout import (
     IC_SPLIT,
     IC_SUPPORT_FRAC,
 )
-from .rng import next_below, stream_key
+from .rng import client_key, next_below
 from .sgd import write_rows
 from .util import (
     QUEUE_WORKERS,
@@ -137,7 +137,7 @@ def fedrecon_implicit_clients(data, clients, glob, cfg, hp, ids, n_items, out):
         k = take(queue)
         while k >= 0:
             u = clients[k]
-            state = np.array([stream_key(ids[0], ids[1], u)])
+            state = np.array([client_key(ids, u)])
             q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
             n_q = q_items.shape[0]
             # the visit order of the query positives, then the negatives drawn for each visit
@@ -206,7 +206,7 @@ def fedrecon_implicit_full_clients(data, clients, glob, cfg, hp, ids, n_items, o
         k = take(queue)
         while k >= 0:
             u = clients[k]
-            state = np.array([stream_key(ids[0], ids[1], u)])
+            state = np.array([client_key(ids, u)])
             q_items, q_vals, p = implicit_client_start(data, u, Q, gram, cfg, state)
             n_q = q_items.shape[0]
             uniq = np.empty(max(n_q, 1), np.int64)

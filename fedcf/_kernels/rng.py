@@ -36,6 +36,14 @@ def stream_key(seed, a, b):
 
 
 @njit(cache=True, inline="always")
+def client_key(ids, u):
+    """Seed of client row u's stream in a round: ``ids`` = [seed, round] keys row u by u
+    itself (a population's dense ids); [seed, round, key_0, key_1, …] keys row u by key_u (a
+    CSR of some users only — a Flower node's — whose streams are the population's)."""
+    return stream_key(ids[0], ids[1], ids[2 + u] if ids.shape[0] > 2 else uint64(u))
+
+
+@njit(cache=True, inline="always")
 def next_u64(state):
     state[0] = state[0] + GOLDEN
     return mix64(state[0])

@@ -10,6 +10,7 @@ one person's device. The dataset comes from the run's config (``dataset``: "ml-1
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 
@@ -146,25 +147,17 @@ def client_outputs(own: Interactions, config, glob) -> ClientOutputs:
         raise NodeDataError("the message's clients must be distinct ids >= 0, one per user")
     est = client_estimator(config["params"])
     program = est.client_program(None, message_number(config, "mu"))
-    sub = own.subset_users(rows)
-    # a CSR over the run's dense ids (only these clients have rows): each client's random
-    # stream is keyed by its dense id, as in the simulation
-    n = int(clients.max()) + 1 if len(clients) else 0
-    counts = np.zeros(n, np.int64)
-    counts[clients] = sub.counts()
-    indptr = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    order = np.argsort(clients, kind="stable")
-    take = np.concatenate([np.arange(sub.indptr[r], sub.indptr[r + 1]) for r in order]) \
-        if len(order) else np.zeros(0, np.int64)
-    data = (indptr, sub.items[take], sub.values[take])
+    sub = own.subset_users(rows)  # row k: the message's k-th user — this node's users only
     Q, b = global_model(own, est, glob)
     ids = glob["ids"].numpy() if "ids" in glob else np.zeros(0)
     if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):
         raise NodeDataError("the message's ids must be two integers [seed, round]")
-    params, ids = {"Q": Q, "b": b}, ids.astype(np.uint64)
-    return BoundLocalExecutor(program, data).run(Cohort(clients, len(clients), 0, 0), params,
-                                                 ids)
+    # each row's stream is keyed by its client id in the run, so the uploads are the
+    # simulation's, while the arrays are sized by this node's users (rng.client_key)
+    keys = np.concatenate([ids, clients]).astype(np.uint64)
+    out = BoundLocalExecutor(program, (sub.indptr, sub.items, sub.values)).run(
+        Cohort(np.arange(len(rows), dtype=np.int64), len(rows), 0, 0), {"Q": Q, "b": b}, keys)
+    return dataclasses.replace(out, clients=clients)
 
 
 def evaluate(own: Interactions, config, glob) -> dict:
