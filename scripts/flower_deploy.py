@@ -141,17 +141,40 @@ def credentials(folder: Path, nodes: int) -> dict:
     return out
 
 
+def device_files(folder, data: dict, nodes: int) -> tuple[list[str], str]:
+    """Give each of ``nodes`` devices its own users' ratings of the dataset ``data`` names (a
+    MovieLens ratings.csv in its own folder) and write the run's catalog: the SuperNodes'
+    ``--node-config`` strings and the catalog's path. The server never names the devices'
+    data; it sends the catalog (run config ``catalog-path``)."""
+    from fedcf.flower.node import load_dataset
+
+    folder = Path(folder)
+    full = load_dataset(data)
+    df = full.to_dataframe().rename(columns={"user": "userId", "item": "movieId"})
+    configs = []
+    for k in range(nodes):
+        path = folder / f"device{k}" / "ratings.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        df[df.userId.isin(full.user_ids[k::nodes])].to_csv(path, index=False)
+        configs.append(f'data-path="{path}"')
+    catalog = folder / "catalog.txt"
+    catalog.write_text("\n".join(str(i) for i in full.item_ids) + "\n")
+    return configs, str(catalog)
+
+
 def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
            secure: bool = True, intruders: int = 0, kill_at: str | None = None,
-           kill_signal: int = signal.SIGKILL) -> dict:
+           kill_signal: int = signal.SIGKILL, node_configs: list[str] | None = None) -> dict:
     """Start the SuperLink and ``nodes`` SuperNodes, ``flwr run`` the app with ``run_config``,
     wait for its result file; always stop every process. With ``secure`` (the default) every
     connection is TLS and only registered SuperNodes get in; ``intruders`` more nodes start
     with keys nobody registered. ``kill_at``: a message group (e.g. ``round-1/consistency``,
     a secure-aggregation step); the last node is killed (``kill_signal``, SIGKILL by default:
     no goodbye to the SuperLink) as soon as its log shows a message of that group arriving.
-    Returns the ServerApp's result plus the addresses the processes listened on and the
-    seconds taken."""
+    ``node_configs``: each SuperNode's ``--node-config`` (e.g. ``device_files``'s: a device
+    holding its own data; an intruder gets node 0's); by default node k holds partition k of
+    the run's dataset (the simulation harness). Returns the ServerApp's result plus the
+    addresses the processes listened on and the seconds taken."""
     from fedcf.flower import write_app
 
     folder = Path(folder)
@@ -200,7 +223,8 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
             node = start(f"supernode{k}", [
                 tool("flower-supernode"), *node_tls, "--superlink", f"127.0.0.1:{link}",
                 "--host", "127.0.0.1", "--port", str(free_port()),
-                "--node-config", f"partition-id={k % nodes} num-partitions={nodes}"])
+                "--node-config", node_configs[k % nodes] if node_configs else
+                f"partition-id={k % nodes} num-partitions={nodes}"])
             if k >= nodes:
                 outside.add(node.pid)
         run = subprocess.run([tool("flwr"), "run", str(app), "local"], env=env, cwd=folder,
@@ -252,6 +276,10 @@ def main(argv=None) -> dict:
                     help="with --secure-aggregation: kill the last node once it has sent its "
                     "masked vectors in the last round")
     ap.add_argument("--reply-timeout", type=float, default=600.0)
+    ap.add_argument("--device-data", action="store_true",
+                    help="each SuperNode holds its own users' ratings in its own file (the "
+                    "server sends the catalog); by default each loads the run's dataset and "
+                    "keeps a partition")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from fedcf import FedReconMF
@@ -269,14 +297,21 @@ def main(argv=None) -> dict:
     config = {**data, "fedcf-params": json.dumps(params), "eval-fraction": 0.1,
               "model-path": str(folder / "model.npz"), "reply-timeout": args.reply_timeout}
     kill = f"round-{args.rounds - 1}/consistency" if args.kill_after_masking else None
+    node_configs = None
+    if args.device_data:  # the run config names no dataset: the devices hold the ratings
+        node_configs, catalog = device_files(folder / "devices", data, args.nodes)
+        config = {**{k: v for k, v in config.items() if k not in data},
+                  "catalog-path": catalog}
     out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline,
-                 secure=not args.insecure, intruders=args.intruders, kill_at=kill)
+                 secure=not args.insecure, intruders=args.intruders, kill_at=kill,
+                 node_configs=node_configs)
     ref, ref_eval, _ = fit_in_process(params, data, 0.1)
     model = FedReconMF.load(out["model_path"])
     hist = out.pop("history")
     out = {"meta": run_meta("flower_deploy.py", argv, packages=("flwr",)), "dataset":
            args.dataset, "nodes": args.nodes, "tls_and_node_auth": not args.insecure,
            "intruders": args.intruders, "secure_aggregation": args.secure_aggregation,
+           "device_data": args.device_data,
            **out, "local_recon_eval": ref_eval,
            "identical_item_factors": bool(np.array_equal(model.item_factors_,
                                                          ref.item_factors_)),

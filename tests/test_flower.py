@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 pytest.importorskip("flwr")
@@ -385,19 +386,21 @@ def test_flower_simulation_ml100k_matches_fedreconmf(tmp_path):
 @pytest.mark.cluster
 def test_flower_deployment_superlink_and_supernodes(tmp_path):
     """A SuperLink and three SuperNodes as separate processes on 127.0.0.1 with TLS and
-    SuperNode authentication, ``flwr run``, training under secure aggregation: a fourth node
-    whose key was never registered is kept out (it would hold a partition the others hold,
-    which the directory would refuse); the server received protocol messages only (no upload
-    record); the model is the in-process secure-aggregation model bit for bit; every socket is
-    on loopback, every process is gone. (A node killed after masking in a deployment:
-    eval/results/flower_deploy_secagg.json; in this process:
-    test_a_node_lost_after_masking_is_unmasked_by_the_others.)"""
+    SuperNode authentication, each a device holding its own users' ratings in its own file
+    (the run config names no dataset; the server sends its catalog), ``flwr run``, training
+    under secure aggregation: a fourth node whose key was never registered is kept out (it
+    would hold the first device's users, which the directory would refuse); the server
+    received protocol messages only (no upload record); the model is the in-process
+    secure-aggregation model bit for bit; every socket is on loopback, every process is gone.
+    (A node killed after masking in a deployment: eval/results/flower_deploy_secagg.json; in
+    this process: test_a_node_lost_after_masking_is_unmasked_by_the_others.)"""
     deploy = load_script("flower_deploy")
     params = {**SEC_PARAMS, "n_rounds": 1, "clients_per_round": 15}
-    config = {**DATA, "fedcf-params": json.dumps(params), "eval-fraction": 0.2,
-              "model-path": str(tmp_path / "deployed.npz")}
+    devices, catalog = deploy.device_files(tmp_path / "devices", DATA, 3)
+    config = {"fedcf-params": json.dumps(params), "eval-fraction": 0.2,  # no dataset named
+              "catalog-path": catalog, "model-path": str(tmp_path / "deployed.npz")}
     res = deploy.deploy(tmp_path / "run", nodes=3, run_config=config, deadline=300,
-                        intruders=1)
+                        intruders=1, node_configs=devices)
     assert res["listening"] and all(a.startswith("127.0.0.1:") for a in res["listening"])
     assert res["refusals"] == [] and res["n_nodes"] == 3  # the intruder never got in
     assert res["intruders_turned_away"] == 1  # the SuperLink refused to activate it
@@ -641,3 +644,67 @@ def test_a_node_sizes_its_arrays_by_its_own_users_and_uploads_what_the_simulatio
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 4 * 2**20, peak  # a 10^8-row CSR alone would be 800 MB
+
+
+def _device_files(tmp_path, n_nodes):
+    """The synthetic data split into one MovieLens ratings.csv per node, each node's users
+    only, plus a rating of an item outside the run's catalog on the first; and the catalog."""
+    full = load_dataset(DATA)
+    df = full.to_dataframe()
+    catalog = tmp_path / "catalog.txt"
+    catalog.write_text("# the run's items\n" + "\n".join(str(i) for i in full.item_ids) + "\n")
+    nodes = []
+    for k in range(n_nodes):
+        part = df[df.user.isin(full.user_ids[k::n_nodes])]
+        if k == 0:
+            part = pd.concat([part, pd.DataFrame({"user": [part.user.iloc[0]], "item": [99_999],
+                                                  "rating": [5.0], "timestamp": [0]})])
+        folder = tmp_path / f"device{k}"
+        folder.mkdir()
+        part.rename(columns={"user": "userId", "item": "movieId"}).to_csv(
+            folder / "ratings.csv", index=False)
+        nodes.append({"data-path": str(folder / "ratings.csv")})
+    return nodes, str(catalog)
+
+
+def test_nodes_holding_their_own_data_train_the_in_process_model(tmp_path, caplog):
+    """Devices that hold their own ratings (node config data-path, no dataset named by the
+    server): the server sends its catalog with the directory query, each node maps its items
+    into it (a rating outside it is left out and logged) — the model is the in-process fit's
+    on the same ratings, and no node reports a catalog."""
+    nodes, catalog = _device_files(tmp_path, 3)
+    grid = FakeGrid(nodes, run_config={})
+    with caplog.at_level(logging.INFO, logger="fedcf.flower.node"):
+        res, model = run(grid, tmp_path, catalog_path=catalog)
+    ref, _ = reference(PARAMS)
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    assert res["refusals"] == [] and "1 of" in caplog.text and "outside the run's catalog" \
+        in caplog.text
+    ups = [f for kind, d, f in grid.log if kind == "query" and d == "up"]
+    assert ups and all("catalog" not in f["users"] for f in ups)
+
+
+@pytest.mark.parametrize("node, catalog_text, match", [
+    ({"data-path": "/nonexistent/ratings.csv"}, "1\n2\n", "cannot be read"),
+    (None, None, "has no item catalog yet"),
+    (None, "123456\n", "none of this node's"),
+])
+def test_a_device_node_refuses_what_it_cannot_serve(tmp_path, node, catalog_text, match):
+    nodes, _ = _device_files(tmp_path, 1)
+    cfg = node or nodes[0]
+    from fedcf.flower.node import node_data
+
+    catalog = None if catalog_text is None else np.array(
+        [int(x) for x in catalog_text.split()], np.int64)
+    with pytest.raises(ValueError, match=match):
+        node_data({}, cfg, RecordDict(), catalog)
+
+
+@pytest.mark.parametrize("text, match", [("1\nx\n", "line 2: 'x' is not an integer"),
+                                         ("# none\n", "lists no item id"),
+                                         ("3\n3\n", "lists item 3 twice")])
+def test_a_bad_catalog_file_is_named_before_any_node_is_contacted(tmp_path, text, match):
+    path = tmp_path / "c.txt"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        Settings(params=PARAMS, catalog_path=str(path)).check()

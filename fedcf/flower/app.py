@@ -4,7 +4,7 @@
 ``client_app`` answers four message types: query (the node's directory entry), train (FedRecon
 client work for the users named in the message), train.secagg (one step of the secure-
 aggregation protocol for those users, ``secure.node_step``) and evaluate (federated ReconEval). A failure
-on the node (no partition, a user it does not hold, bad data) becomes an error reply whose reason
+on the node (no data, a user it does not hold, bad data) becomes an error reply whose reason
 the server logs; the round goes on without that node. ``server_app`` runs ``server.serve`` with
 the run config.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .node import describe, evaluate, partition, train
+from .node import describe, evaluate, node_data, train
 from .secure import node_step
 from .server import serve
 from .settings import Settings
@@ -43,12 +43,17 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
     capp = ClientApp(mods=list(mods))
     defaults = dict(data or {})
 
-    def own(context):
-        return partition({**defaults, **dict(context.run_config)}, context.node_config)
+    def own(context, msg=None):
+        catalog = msg.content["catalog"]["items"].numpy() if msg is not None and \
+            "catalog" in msg.content else None
+        return node_data({**defaults, **dict(context.run_config)}, context.node_config,
+                         context.state, catalog)
 
     @capp.query()
     def query(msg, context):
-        return _answer(msg, lambda: {"users": describe(own(context), msg.content.get("config"))})
+        return _answer(msg, lambda: {"users": describe(own(context, msg),
+                                                       msg.content.get("config"),
+                                                       "catalog" in msg.content)})
 
     @capp.train()
     def fit(msg, context):

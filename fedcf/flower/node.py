@@ -11,8 +11,11 @@ one person's device. The dataset comes from the run's config (``dataset``: "ml-1
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import logging
 import math
 import numbers
+from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +25,10 @@ from ..federated.phases import BoundLocalExecutor, ClientOutputs, Cohort
 from .wire import arrays, client_estimator, encode_upload
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
+_DEVICE: dict = {}  # (path, mtime, size) -> the device's own ratings
+_MAPPED: dict = {}  # (id of a node's data, catalog digest) -> (data, data in the catalog)
+CATALOG_STATE = "fedcf-catalog"  # the run's catalog in context.state (sent with the query)
+log = logging.getLogger(__name__)
 
 
 class NodeDataError(ValueError):
@@ -54,6 +61,72 @@ def load_dataset(run_config) -> Interactions:
                         "'synthetic' or 'file' (with data-path)")
 
 
+def node_data(run_config, node_config, state=None, catalog=None) -> Interactions:
+    """This node's ratings: its own file (node config ``data-path``: a device holding its own
+    data) or its partition of the run's dataset (the simulation harness, node config
+    ``partition-id``/``num-partitions``). In the run's catalog when the server sent one with
+    its directory query (``catalog``, kept in the run's ``state`` for the later messages)."""
+    if "data-path" in node_config:
+        base = device_data(node_config["data-path"])
+    else:
+        base = partition(run_config, node_config)
+    if catalog is not None:
+        if state is not None:
+            state[CATALOG_STATE] = arrays(items=np.asarray(catalog, np.int64))
+    elif state is not None and CATALOG_STATE in state:
+        catalog = state[CATALOG_STATE]["items"].numpy()
+    if catalog is None:
+        if "data-path" in node_config:
+            raise NodeDataError("this node holds its own data (data-path) and has no item "
+                                "catalog yet: the server sends one with its directory query "
+                                "(its run config needs catalog-path)")
+        return base
+    return in_catalog(base, catalog)
+
+
+def device_data(path) -> Interactions:
+    """A device's own ratings (a file ``load_ratings_file`` reads: u.data, ratings.dat or a
+    MovieLens ratings.csv), with integer ids; re-read when the file changes."""
+    p = Path(str(path))
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise NodeDataError(f"this node's data-path {str(p)!r} cannot be read ({e})") from None
+    key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _DEVICE:
+        own = load_ratings_file(p)
+        if not np.issubdtype(np.asarray(own.user_ids).dtype, np.integer) or \
+                not np.issubdtype(np.asarray(own.item_ids).dtype, np.integer):
+            raise NodeDataError(f"{str(p)!r}: the Flower app needs integer user and item ids")
+        _DEVICE.clear()  # a device holds one file: the old version goes
+        _DEVICE[key] = own
+    return _DEVICE[key]
+
+
+def in_catalog(own: Interactions, catalog: np.ndarray) -> Interactions:
+    """``own`` with its items mapped into the run's ``catalog``: ratings of items outside it
+    are left out (counted in the node's log), users left with none are not listed."""
+    catalog = np.asarray(catalog, np.int64)
+    digest = hashlib.sha256(catalog.tobytes()).hexdigest()
+    key = (id(own), digest)
+    if key not in _MAPPED:
+        raw_items = np.asarray(own.item_ids)[own.items]
+        keep = np.isin(raw_items, catalog)
+        if not keep.any():
+            raise NodeDataError(f"none of this node's {len(keep)} ratings names an item of the "
+                                f"run's catalog ({len(catalog)} items)")
+        if not keep.all():
+            log.info("fedcf node: %d of %d ratings name items outside the run's catalog; "
+                     "left out", int((~keep).sum()), len(keep))
+        users = np.asarray(own.user_ids)[own.user_index()]
+        times = None if own.timestamps is None else own.timestamps[keep]
+        mapped = Interactions.from_arrays(users[keep], raw_items[keep], own.values[keep], times,
+                                          item_catalog=catalog)
+        _MAPPED.clear()
+        _MAPPED[key] = (own, mapped)  # ``own`` kept alive: its id stays its own
+    return _MAPPED[key][1]
+
+
 def partition(run_config, node_config) -> Interactions:
     """This node's users (cached per process: a SuperNode serves many messages)."""
     for key in ("partition-id", "num-partitions"):
@@ -79,7 +152,7 @@ def partition(run_config, node_config) -> Interactions:
     return _PARTITIONS[key]
 
 
-def describe(own: Interactions, config=None) -> dict:
+def describe(own: Interactions, config=None, catalog_sent: bool = False) -> dict:
     """The directory entry of this node: its users' raw ids and rating counts, per user the
     sums a fit needs of the ratings (count, Σv, Σv², min, max — for μ and the rating scale),
     and the item catalog. Never a rating or an item a user rated.
@@ -93,7 +166,8 @@ def describe(own: Interactions, config=None) -> dict:
     counts = own.counts()
     if config is not None and "private-floor" in config:
         floor = int(config["private-floor"])
-        return arrays(users=ids[counts >= max(floor, 1)], catalog=catalog)
+        listed = ids[counts >= max(floor, 1)]
+        return arrays(users=listed) if catalog_sent else arrays(users=listed, catalog=catalog)
     v, users = own.values, own.user_index()
     sums = np.zeros((own.n_users, 4))
     sums[:, 0] = np.bincount(users, v, own.n_users)
@@ -101,7 +175,8 @@ def describe(own: Interactions, config=None) -> dict:
     sums[:, 2], sums[:, 3] = np.inf, -np.inf
     np.minimum.at(sums[:, 2], users, v)
     np.maximum.at(sums[:, 3], users, v)
-    return arrays(users=ids, counts=counts.astype(np.int64), sums=sums, catalog=catalog)
+    entry = dict(users=ids, counts=counts.astype(np.int64), sums=sums)
+    return arrays(**entry) if catalog_sent else arrays(**entry, catalog=catalog)
 
 
 def _rows(own: Interactions, raw_users) -> np.ndarray:

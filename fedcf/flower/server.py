@@ -122,13 +122,21 @@ class Directory:
 
     @classmethod
     def query(cls, grid, nodes, timeout: float, refusals: Refusals,
-              private_floor: int | None = None) -> Directory:
+              private_floor: int | None = None, catalog: np.ndarray | None = None
+              ) -> Directory:
+        """Ask every node for its entry. With ``catalog`` (the run's public item catalog) the
+        message carries it and each node maps its own items into it (a device holding its
+        own ratings); without, the nodes report theirs and must agree."""
         private = private_floor is not None
         config = {} if not private else \
             {"config": flwr().ConfigRecord({"private-floor": int(private_floor)})}
+        if catalog is not None:
+            config["catalog"] = arrays(items=np.asarray(catalog, np.int64))
         fields = ("users", "catalog") if private else DIRECTORY_FIELDS
+        if catalog is not None:
+            fields = tuple(f for f in fields if f != "catalog")
         msgs = [_message(config, n, flwr().MessageType.QUERY, "directory") for n in nodes]
-        entries, catalog, seen = [], None, set()
+        entries, seen = [], set()
         for node, content in sorted(exchange(grid, msgs, timeout, "directory", refusals),
                                     key=lambda r: r[0]):
             try:
@@ -142,7 +150,9 @@ class Directory:
                     raise ReplyError("its users, counts and sums do not line up")
                 if n == 0:
                     raise ReplyError("it holds no users (an empty partition)")
-                if catalog is None:
+                if "catalog" not in fields:
+                    pass  # the run's catalog, sent with the query
+                elif catalog is None:
                     catalog = d["catalog"]
                 elif not np.array_equal(d["catalog"], catalog):
                     raise ReplyError(f"its item catalog ({len(d['catalog'])} items) is not the "
@@ -440,7 +450,8 @@ def serve(grid, settings: Settings) -> dict:
     nodes = wait_for_nodes(grid, int(settings.min_nodes), float(settings.wait_seconds))
     est = FedReconMF(**settings.params)
     floor = max(int(est.min_examples), 1) if est.dp_release else None
-    directory = Directory.query(grid, nodes, settings.reply_timeout, refusals, floor)
+    directory = Directory.query(grid, nodes, settings.reply_timeout, refusals, floor,
+                                settings.catalog())
     seed = run_seed(est.random_state)
     f = float(settings.eval_fraction)
     train, test = user_split_indices(len(directory.user_ids), (1 - f, f), seed) if f else \

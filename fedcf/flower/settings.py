@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import numbers
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -32,6 +33,10 @@ class Settings:
         Seconds to wait for the nodes, and for a round's replies.
     model_path, result_path : str or None
         Where the fitted model (.npz) and the run's JSON are written.
+    catalog_path : str or None
+        The run's public item catalog, one integer item id per line. With it the directory
+        query sends the catalog and each node maps its own items into it: the setting for
+        nodes that hold their own data (node config ``data-path``).
 
     Examples
     --------
@@ -50,11 +55,13 @@ class Settings:
     reply_timeout: float = 600.0  # seconds a round waits for replies
     model_path: str | None = None  # where the fitted model (.npz) is saved
     result_path: str | None = None  # a JSON of the run (history, evaluation, refusals, bytes)
+    catalog_path: str | None = None  # the run's public item catalog (one integer id per line)
 
     KEYS = {"fedcf-params": "params", "eval-fraction": "eval_fraction",
             "eval-support-fraction": "eval_support_fraction", "min-nodes": "min_nodes",
             "wait-seconds": "wait_seconds", "reply-timeout": "reply_timeout",
-            "model-path": "model_path", "result-path": "result_path"}
+            "model-path": "model_path", "result-path": "result_path",
+            "catalog-path": "catalog_path"}
 
     @classmethod
     def from_run_config(cls, run_config) -> Settings:
@@ -68,9 +75,36 @@ class Settings:
             except json.JSONDecodeError as e:
                 raise ValueError(f"run config fedcf-params is not JSON ({e}): pass e.g. "
                                  "'{\"n_factors\": 20, \"n_rounds\": 30}'") from e
-        for key in ("model_path", "result_path"):
+        for key in ("model_path", "result_path", "catalog_path"):
             kw[key] = kw.get(key) or None
         return cls(**kw).check()
+
+    def catalog(self):
+        """The run's item catalog from ``catalog_path`` (sorted integer ids), or None: then
+        the nodes report the catalog of the dataset they share."""
+        if self.catalog_path is None:
+            return None
+        path = Path(self.catalog_path)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"catalog-path {str(path)!r}: cannot read it ({e})") from None
+        ids = []
+        for n, line in enumerate(text.splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if line:
+                try:
+                    ids.append(int(line))
+                except ValueError:
+                    raise ValueError(f"catalog-path {str(path)!r} line {n}: {line!r} is not an "
+                                     "integer item id (one id per line)") from None
+        if not ids:
+            raise ValueError(f"catalog-path {str(path)!r} lists no item id")
+        catalog, counts = np.unique(np.asarray(ids, np.int64), return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(f"catalog-path {str(path)!r} lists item {catalog[counts > 1][0]} "
+                             "twice; list each item once")
+        return catalog
 
     def check(self) -> Settings:
         if not isinstance(self.params, dict):
@@ -95,6 +129,7 @@ class Settings:
         if not 0.0 < float(self.eval_support_fraction) < 1.0:
             raise ValueError(f"eval-support-fraction must be in (0, 1), got "
                              f"{self.eval_support_fraction}")
+        self.catalog()  # a bad catalog file is named before any node is contacted
         if int(self.min_nodes) < 1:
             raise ValueError(f"min-nodes must be >= 1, got {self.min_nodes}")
         for key, value in (("wait_seconds", self.wait_seconds),
