@@ -39,6 +39,10 @@ class TestNormClippedMean(AggregatorContract):
     make = staticmethod(lambda: NormClippedMean(0.05))
 
 
+class TestNormClippedMeanMedian(AggregatorContract):
+    make = staticmethod(lambda: NormClippedMean("median", multiple=2.0))
+
+
 class TestDPGaussianMean(AggregatorContract):
     # seeded noise: the contract compares two computations of the same round
     make = staticmethod(lambda: DPGaussianMean(0.1, 0.8, delta=1e-4, insecure_seeded_noise=True))

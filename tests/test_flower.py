@@ -708,3 +708,18 @@ def test_a_bad_catalog_file_is_named_before_any_node_is_contacted(tmp_path, text
     path.write_text(text)
     with pytest.raises(ValueError, match=match):
         Settings(params=PARAMS, catalog_path=str(path)).check()
+
+
+def test_one_wild_node_is_clipped_by_default(tmp_path):
+    """A Flower run that names no aggregator clips each upload to 3x the round's median norm:
+    one node of four sending deltas scaled 1000-fold barely moves the held-out RMSE, where the
+    plain mean (named explicitly) lets it move the RMSE several percent in four rounds."""
+    wild = {BIG + 1: _replace_upload("d_Q", lambda a: a * 1e3)}
+    honest, _ = run(FakeGrid(partitions(4)), tmp_path, {**PARAMS, "eval_every": 0})
+    clipped, _ = run(FakeGrid(partitions(4), tamper=wild), tmp_path, PARAMS)
+    plain, _ = run(FakeGrid(partitions(4), tamper=wild), tmp_path,
+                   {**PARAMS, "aggregator": {"name": "mean"}})
+    base = honest["recon_eval"]["rmse"]
+    assert clipped["recon_eval"]["rmse"] < 1.01 * base, (clipped["recon_eval"], base)
+    assert plain["recon_eval"]["rmse"] > 1.05 * base, (plain["recon_eval"], base)
+    assert all(h["clients_clipped"] > 0 for h in clipped["history"])

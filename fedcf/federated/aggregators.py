@@ -41,8 +41,13 @@ class NormClippedMean(WeightedMean):
 
     Parameters
     ----------
-    clip_norm : float > 0
-        The largest L2 norm of one client's upload (row deltas and bias deltas together).
+    clip_norm : float > 0 or "median", default 1
+        The largest L2 norm of one client's upload (row deltas and bias deltas together), or
+        "median": each round, ``multiple`` times the median norm of the round's uploads — a
+        clip that follows the honest clients' scale, which clients below half of a cohort
+        cannot move far (it needs every upload, so a cluster sends them rather than sums).
+    multiple : float > 0, default 3
+        With ``clip_norm="median"``: the clip as a multiple of the median norm.
 
     Examples
     --------
@@ -50,17 +55,32 @@ class NormClippedMean(WeightedMean):
     >>> from fedcf.federated import NormClippedMean
     >>> FedReconMF(aggregator=NormClippedMean(0.5)).get_params()["aggregator__clip_norm"]
     0.5
+    >>> NormClippedMean("median").linear
+    False
     """
 
-    def __init__(self, clip_norm: float = 1.0):
-        self.clip_norm = clip_norm
+    def __init__(self, clip_norm: float | str = 1.0, multiple: float = 3.0):
+        self.clip_norm, self.multiple = clip_norm, multiple
         self.validate()
 
     def validate(self):
-        _positive("clip_norm", self.clip_norm)
+        if self.clip_norm != "median":
+            _positive("clip_norm", self.clip_norm)
+        _positive("multiple", self.multiple)
+
+    @property
+    def linear(self) -> bool:  # a median over the round's uploads is not a sum
+        return self.clip_norm != "median"
 
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
-        return w * np.minimum(1.0, self.clip_norm / np.maximum(upload_norms(out), 1e-300))
+        norms = upload_norms(out)
+        clip = self.clip_norm
+        if clip == "median":  # on the driver (not linear): the round's clip is recorded
+            live = norms[(w > 0) & np.isfinite(norms)]
+            clip = self.multiple * float(np.median(live)) if len(live) else np.inf
+            self.round_stats = {"clip_norm": clip,
+                                "clients_clipped": int(np.sum((w > 0) & (norms > clip)))}
+        return w * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
 
 
 def _check_row_clip(row_clip):

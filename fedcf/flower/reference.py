@@ -9,7 +9,7 @@ from ..eval.splits import user_split_indices
 from ..federated.base import run_seed
 from ..federated.fedrecon import FedReconMF
 from .node import load_dataset
-from .settings import PHASE_PARAMS, make_phase
+from .settings import Settings
 
 
 def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
@@ -18,8 +18,7 @@ def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
     training users a Flower run with these settings and data config (``node.load_dataset``
     keys) would train on — what the ServerApp must reproduce bit for bit."""
     inter = load_dataset(data)
-    est = FedReconMF(**{**params, **{k: make_phase(k, params[k]) for k in
-                                     PHASE_PARAMS if k in params}})
+    est = FedReconMF(**Settings(params=dict(params)).check().params)  # the run's defaults too
     train, test = user_split_indices(inter.n_users, (1 - eval_fraction, eval_fraction),
                                      run_seed(est.random_state))
     t0 = time.perf_counter()

@@ -138,6 +138,8 @@ class Settings:
                 raise ValueError(f"{key.replace('_', '-')} must be > 0 seconds")
         self.params = {**self.params, **{k: make_phase(k, self.params[k]) for k in
                                          PHASE_PARAMS if k in self.params}}
+        if self.params.get("aggregator") is None:  # robust by default: one node's wild
+            self.params["aggregator"] = default_aggregator()  # uploads are clipped
         agg = self.params.get("aggregator")
         if isinstance(getattr(agg, "aggregator", None), SecureAggregation) and \
                 agg.noise == "distributed" and agg.insecure_seeded_noise:
@@ -158,6 +160,15 @@ class Settings:
                              "server, which a Flower run under differential privacy never "
                              "sends (the nodes list only eligible users); leave weight_cap=None")
         return self
+
+
+def default_aggregator():
+    """A Flower run's aggregator when the run config names none: uploads clipped to 3× the
+    round's median norm (NormClippedMean("median")), so a node sending scaled or wild deltas
+    moves the model no more than an honest client. Name {"name": "mean"} for the plain mean."""
+    from ..federated.aggregators import NormClippedMean
+
+    return NormClippedMean("median")
 
 
 # parameters that are phase objects (JSON specs in a run config)
