@@ -72,6 +72,7 @@ def check_messages(folder: Path) -> dict:
 
 def simulate(args, params, data, folder) -> dict:
     """The Flower run (Ray backend of Flower's simulation engine)."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
     from flwr.simulation import run_simulation
 
     from fedcf.flower import Settings, make_client_app, make_server_app
@@ -86,7 +87,8 @@ def simulate(args, params, data, folder) -> dict:
                        num_supernodes=args.partitions,
                        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                        "init_args": {"num_cpus": args.cpus,
-                                                     "include_dashboard": False}})
+                                                     "include_dashboard": False,
+                                                     "_node_ip_address": "127.0.0.1"}})
     if not results:
         raise RuntimeError("the Flower ServerApp did not finish; see the log above")
     return results[0]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -41,12 +42,16 @@ def fit_once(args) -> dict:
               clients_per_round=args.clients_per_round, random_state=0)
     executor, data, build = None, spec, None
     if args.executor == "ray":
-        import ray
+        from fedcf.federated.ray_executor import LOOPBACK, connect
 
         if args.address:  # a running cluster (see eval/SCALE.md)
-            ray.init(address=args.address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+            connect(args.address)
+        else:  # a local instance on 127.0.0.1 only
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            import ray
+
+            ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
+                     **LOOPBACK)
         executor = RayExecutor(args.shards)
     else:
         t0 = time.perf_counter()

@@ -294,3 +294,33 @@ def test_save_load_clone_fit_with_the_ray_executor(tmp_path):
     est = clone(EXECUTED[EXEC_IDS.index(name)]).set_params(executor=RayExecutor(2), n_rounds=2)
     m = save_load_clone_fit(est, df, tmp_path)
     assert isinstance(type(m).load(m.save(tmp_path / "r.npz")).executor, RayExecutor)
+
+
+def test_a_stuck_actor_is_restarted_after_the_shard_timeout(pop):
+    """A shard whose worker stops answering (SIGSTOP: alive, never replies) is killed and
+    restarted once shard_timeout passes, and its part of the round run again: the model is the
+    local one and the round records the restart (it used to wait forever)."""
+    import os
+    import signal
+
+    bound = {}
+
+    class Captured(RayExecutor):
+        def bind(self, program, data, local_state=None):
+            bound["ex"] = super().bind(program, data, local_state)
+            return bound["ex"]
+
+    def stop(model, done):
+        if done == 2:
+            actor = bound["ex"].actors[0]
+            pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+            os.kill(pid, signal.SIGSTOP)
+
+    ref = FedReconMF(**KW).fit(pop)
+    m = FedReconMF(**KW, eval_every=1, executor=Captured(2, shard_timeout=10.0)).fit(
+        pop, callback=stop)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    restarts = [h["shard_restarts"] for h in m.history_]  # a busy machine may restart twice
+    assert restarts[:2] == [0, 0] and restarts[2] >= 1 and restarts[3] == 0, restarts
+    with pytest.raises(ValueError, match="shard_timeout must be"):
+        RayExecutor(shard_timeout=0)

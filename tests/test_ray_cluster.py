@@ -72,6 +72,21 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+def _without_single_machine() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+
+
+def test_a_local_instance_started_by_fedcf_listens_on_loopback_only():
+    code = ("from fedcf.federated.ray_executor import connect\n"
+            "ray = connect(None)\n"
+            "print('NODE', ray.util.get_node_ip_address())\n"
+            "ray.shutdown()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=180, env={**_without_single_machine(),
+                                           "RAY_USAGE_STATS_ENABLED": "0"})
+    assert "NODE 127.0.0.1" in out.stdout, out.stderr[-2000:]
+
+
 def test_fit_on_a_head_node_reached_by_address(head):
     deadline = time.monotonic() + 60
     while True:  # the head answers once its GCS is up
@@ -81,8 +96,10 @@ def test_fit_on_a_head_node_reached_by_address(head):
             break
         time.sleep(1)
     assert probe.returncode == 0, probe.stderr[-2000:]
+    # the driver's environment lacks conftest's single-machine setting: connect() sets it for
+    # a loopback address (without it the driver waited ~10 minutes for the head)
     out = subprocess.run([sys.executable, "-c", DRIVER, head], capture_output=True, text=True,
-                         timeout=LIFETIME - 60)
+                         timeout=LIFETIME - 60, env=_without_single_machine())
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK ['127.0.0.1'] 2.0" in out.stdout  # the head's node: loopback, its 2 CPUs
 

@@ -69,6 +69,10 @@ class RayExecutor(Executor):
         Extra Ray resources per actor (e.g. ``{"worker_node": 1}``).
     max_restarts : int, default 3
         How often a shard may be restarted within one round before the fit stops.
+    shard_timeout : float or None, default 600
+        Seconds a round waits for a shard's answer; a shard that gives none in time (a stuck
+        worker) is restarted and its part of the round run again, as a dead one is. None:
+        wait forever.
 
     Examples
     --------
@@ -81,9 +85,11 @@ class RayExecutor(Executor):
 
     def __init__(self, n_shards: int = 2, *, address: str | None = None,
                  num_cpus: float | None = None,
-                 resources: dict | None = None, max_restarts: int = 3):
+                 resources: dict | None = None, max_restarts: int = 3,
+                 shard_timeout: float | None = 600.0):
         self.n_shards, self.address, self.num_cpus = n_shards, address, num_cpus
         self.resources, self.max_restarts = resources, max_restarts
+        self.shard_timeout = shard_timeout
         self.validate()
 
     def validate(self):
@@ -110,6 +116,10 @@ class RayExecutor(Executor):
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, numbers.Integral) or \
                 max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+        t = self.shard_timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or
+                              not (np.isfinite(t) and t > 0)):
+            raise ValueError(f"shard_timeout must be a number of seconds > 0 or None, got {t!r}")
 
     def bind(self, program, data, local_state=None) -> BoundRayExecutor:
         """Connect, ship the shards once, and start the actors for one run."""
@@ -133,7 +143,7 @@ def connect(address: str | None):
     A local instance that fedcf starts listens on 127.0.0.1 only when Ray is first imported
     here (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by Ray at import: the node then takes
     the loopback address instead of binding every interface)."""
-    if address is None and "ray" not in sys.modules:
+    if (address is None or _loopback(address)) and "ray" not in sys.modules:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray = _ray()
     if ray.is_initialized():
@@ -141,7 +151,7 @@ def connect(address: str | None):
     _probe(address)
     try:
         if address is None:
-            ray.init(include_dashboard=False, log_to_driver=False,
+            ray.init(include_dashboard=False, log_to_driver=False, **LOOPBACK,
                      runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}})
         else:
             ray.init(address=address, log_to_driver=False)
@@ -150,6 +160,17 @@ def connect(address: str | None):
                               "start one with `ray start --head` or pass address=None for a "
                               "local one") from e
     return ray
+
+
+LOOPBACK = {"_node_ip_address": "127.0.0.1"}  # ray.init arguments of a local instance
+
+
+def _loopback(address: str) -> bool:
+    """Whether a ``host:port`` address is this machine's loopback (joining a head there needs
+    Ray's single-machine setting, else the driver waits ~10 minutes for a node that never
+    answers)."""
+    host = address.split("://")[-1].rpartition(":")[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _probe(address: str | None, timeout: float = 5.0):
@@ -346,12 +367,17 @@ class BoundRayExecutor(RoundExecutor):
         pending = {s: self.actors[s].call.remote(method, parts[s], ref)
                    for s in range(len(parts))}
         results, restarts = {}, 0
+        lost = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                ray.exceptions.GetTimeoutError)  # dead, unreachable, or stuck past the deadline
+        limit = self.spec.shard_timeout
+        deadline = None if limit is None else time.monotonic() + limit
         for s in range(len(parts)):
             for attempt in range(self.spec.max_restarts + 1):
                 try:
-                    results[s] = ray.get(pending[s])
+                    wait = None if deadline is None else max(deadline - time.monotonic(), 0.01)
+                    results[s] = ray.get(pending[s], timeout=wait)
                     break
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                except lost as e:
                     if attempt == self.spec.max_restarts:
                         raise RuntimeError(f"Ray shard {s} failed {attempt + 1} times in one "
                                            f"round ({type(e).__name__}); raise max_restarts or "
@@ -360,6 +386,8 @@ class BoundRayExecutor(RoundExecutor):
                     ray.kill(self.actors[s], no_restart=True)
                     self.actors[s] = self._start(s)
                     pending[s] = self.actors[s].call.remote(method, parts[s], ref)
+                    if limit is not None:  # the restarted shard gets a whole deadline
+                        deadline = time.monotonic() + limit
         t2 = time.perf_counter()
         self.round_stats = {"shard_restarts": restarts, "broadcast_seconds": t1 - t0,
                             "client_seconds": t2 - t1}
@@ -424,8 +452,9 @@ class ShardedHalves:
         out = []
         for s, p in enumerate(pending):
             try:
-                got = ray.get(p)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                got = ray.get(p, timeout=ex.spec.shard_timeout)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                    ray.exceptions.GetTimeoutError):  # a stuck shard drops out as a dead one
                 ray.kill(ex.actors[s], no_restart=True)
                 ex.actors[s] = ex._start(s)
                 ex.round_stats["shard_restarts"] = ex.round_stats.get("shard_restarts", 0) + 1
