@@ -26,19 +26,29 @@ def main(argv=None) -> int:
     try:
         from .app import main as run
 
-        return run(args)
+        code = run(args)
     except KeyboardInterrupt:
-        for timer in pending:
-            timer.cancel()
         print("fedcf: interrupted; no output file was left half-written", file=sys.stderr)
-        if argv is None:  # the console script: exit now with 130 — an interrupt that landed
-            sys.stdout.flush()  # in a library's import can otherwise turn the exit into
-            sys.stderr.flush()  # a death by SIGINT during shutdown (the cleanup already ran)
-            os._exit(130)
-        return 130
+        code = 130
     finally:
         for timer in pending:
             timer.cancel()
+    if argv is None and code == 130:
+        _exit_interrupted()
+    return code
+
+
+def _exit_interrupted():
+    """The console script after an interrupt: exit now with 130. A second SIGINT already on
+    its way (``_interrupt_twice``'s, or the user's) is ignored — at interpreter shutdown it
+    would turn the exit into a death by SIGINT — and so is an interrupt that landed in a
+    library's import and would otherwise resurface during the cleanup."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
 
 
 def _interrupt_twice() -> list:
