@@ -754,8 +754,40 @@ def install_block(doc) -> str:
             f"{doc['meta']['machine'].split(',')[0]} (scripts/install_footprint.py).")
 
 
-def flower_block(sim, dep) -> str:
-    """README "Deploying with Flower": the simulation on ML-100K and the real deployment."""
+def deploy_lines(dep) -> list[str]:
+    """A real deployment's bullet points (scripts/flower_deploy.py)."""
+    d, dl = dep["recon_eval"], dep["local_recon_eval"]
+    where = ("each SuperNode holding its own users' ratings file, the run config naming no "
+             "dataset" if dep.get("device_data") else "each SuperNode keeping a partition")
+    lines = [f"- SuperLink and {dep['nodes']} SuperNodes as separate processes on "
+             f"{dep['dataset']} ({where}), {len(dep['round_seconds'])} rounds via `flwr run`: "
+             f"item factors {'identical' if dep['identical_item_factors'] else 'different'} "
+             f"to the in-process fit; ReconEval RMSE {d['rmse']:.4f} (in process "
+             f"{dl['rmse']:.4f}); rounds took "
+             f"{min(dep['round_seconds']):.1f}–{max(dep['round_seconds']):.1f} s; "
+             f"{len(dep['listening'])} listening sockets, all on 127.0.0.1: "
+             f"{all(a.startswith('127.0.0.1:') for a in dep['listening'])}; processes "
+             f"left after shutdown: {len(dep['left_running'])}; whole deployment "
+             f"{dep['deploy_seconds']:.0f} s."]
+    if dep.get("device_data"):
+        msgs = np.mean(dep["messages_per_round"])
+        down = np.mean(dep["bytes_down_per_round"]) / msgs / 1024
+        up = np.mean(dep["bytes_up_per_round"]) / msgs / 1024
+        users = (dep["n_train_users"] + dep["n_eval_users"]) / dep["nodes"]
+        lines.append(f"- What a node paid per training round (means over the rounds; a node "
+                     f"here holds about {users:,.0f} users): {down:,.0f} KiB down (the global "
+                     f"model) and {up:,.0f} KiB up, one message each way.")
+    if "tls_and_node_auth" in dep:
+        lines.append(f"- TLS and SuperNode authentication: "
+                     f"{'on' if dep['tls_and_node_auth'] else 'off'}; SuperNodes started "
+                     f"with unregistered keys: {dep['intruders']} (turned away by the "
+                     f"SuperLink: {dep.get('intruders_turned_away', 'not recorded')}); "
+                     f"nodes the server saw: {dep['n_nodes']}.")
+    return lines
+
+
+def flower_block(sim, dep, devices=None) -> str:
+    """README "Deploying with Flower": the simulation on ML-100K and the real deployments."""
     f, loc = sim["flower_recon_eval"], sim["local_recon_eval"]
     same = "identical bit for bit" if sim["identical_item_factors"] and \
         sim["identical_item_biases"] else f"max |difference| {sim['max_abs_difference']:.3g}"
@@ -778,25 +810,9 @@ def flower_block(sim, dep) -> str:
              f"{sim['bytes_up_per_client_round']:,.0f} B up.",
              f"- Simulation wall time {sim['flower_seconds']:.0f} s (the in-process fit: "
              f"{sim['local_seconds']:.1f} s)."]
-    if dep is not None:
-        d, dl = dep["recon_eval"], dep["local_recon_eval"]
-        lines += ["", provenance(dep["meta"], "flower_deploy.json"), "",
-                  f"- SuperLink and {dep['nodes']} SuperNodes as separate processes on "
-                  f"{dep['dataset']}, {len(dep['round_seconds'])} rounds via `flwr run`: item "
-                  f"factors {'identical' if dep['identical_item_factors'] else 'different'} "
-                  f"to the in-process fit; ReconEval RMSE {d['rmse']:.4f} (in process "
-                  f"{dl['rmse']:.4f}); rounds took "
-                  f"{min(dep['round_seconds']):.1f}–{max(dep['round_seconds']):.1f} s; "
-                  f"{len(dep['listening'])} listening sockets, all on 127.0.0.1: "
-                  f"{all(a.startswith('127.0.0.1:') for a in dep['listening'])}; processes "
-                  f"left after shutdown: {len(dep['left_running'])}; whole deployment "
-                  f"{dep['deploy_seconds']:.0f} s."]
-        if "tls_and_node_auth" in dep:
-            lines.append(f"- TLS and SuperNode authentication: "
-                         f"{'on' if dep['tls_and_node_auth'] else 'off'}; SuperNodes started "
-                         f"with unregistered keys: {dep['intruders']} (turned away by the "
-                         f"SuperLink: {dep.get('intruders_turned_away', 'not recorded')}); "
-                         f"nodes the server saw: {dep['n_nodes']}.")
+    for name, d in (("flower_deploy.json", dep), ("flower_deploy_devices.json", devices)):
+        if d is not None:
+            lines += ["", provenance(d["meta"], name), "", *deploy_lines(d)]
     return "\n".join(lines)
 
 
@@ -980,7 +996,8 @@ def documents() -> dict[Path, str]:
                else {}),
             **({"ray": scale_summary(load("ray_scale.json"))} if load("ray_scale.json")
                else {}),
-            **({"flower": flower_block(load("flower.json"), load("flower_deploy.json"))}
+            **({"flower": flower_block(load("flower.json"), load("flower_deploy.json"),
+                                       load("flower_deploy_devices.json"))}
                if load("flower.json") else {}),
             **({"catalog": catalog_block(load("out_of_catalog.json"))}
                if load("out_of_catalog.json") else {})}),
