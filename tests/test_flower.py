@@ -723,3 +723,63 @@ def test_one_wild_node_is_clipped_by_default(tmp_path):
     assert clipped["recon_eval"]["rmse"] < 1.01 * base, (clipped["recon_eval"], base)
     assert plain["recon_eval"]["rmse"] > 1.05 * base, (plain["recon_eval"], base)
     assert all(h["clients_clipped"] > 0 for h in clipped["history"])
+
+
+class ChurnGrid(FakeGrid):
+    """A grid whose connected nodes change by round: ``online(t)`` -> node ids connected when
+    round t starts (read from the groups of the messages sent so far)."""
+
+    def __init__(self, node_configs, online, **kw):
+        super().__init__(node_configs, **kw)
+        self.online, self.last_round = online, -1
+
+    def get_node_ids(self):
+        return [n for n in self.online(self.last_round + 1) if n in self.nodes]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        live = set(self.get_node_ids())
+        for m in messages:
+            if m.metadata.group_id.startswith("round-"):
+                self.last_round = max(self.last_round, int(m.metadata.group_id.split("-")[1]))
+        up = [m for m in messages if int(m.metadata.dst_node_id) in live]
+        return super().send_and_receive(up, timeout=timeout)
+
+
+def test_each_round_samples_the_connected_nodes_and_a_returning_node_rejoins(tmp_path):
+    """Churn: a node leaves after round 1 and comes back with a new id (same data) for round 3.
+    Rounds 2 sample only users of connected nodes — nobody is asked who cannot answer — and
+    from round 3 the returning node serves its users again: the model is the in-process fit
+    with the same availability, bit for bit; a newcomer claiming users a live node serves is
+    refused."""
+    from fedcf.eval.splits import user_split_indices
+    from fedcf.federated.base import run_seed
+
+    parts = partitions(3)
+    back = BIG + 7  # node 2's device, restarted: a new node id, the same partition
+    nodes = parts + [parts[2], parts[0]]  # BIG + 3: a rogue copy of node 0's partition
+
+    def online(t):
+        return [BIG, BIG + 1, BIG + 2] if t <= 1 else [BIG, BIG + 1] if t == 2 else \
+            [BIG, BIG + 1, back, BIG + 4]
+
+    grid = ChurnGrid(nodes, online)
+    grid.nodes = {BIG: parts[0], BIG + 1: parts[1], BIG + 2: parts[2], back: parts[2],
+                  BIG + 4: parts[0]}
+    grid.state = {n: RecordDict() for n in grid.nodes}
+    params = {**PARAMS, "eval_every": 0}
+    res, model = run(grid, tmp_path, params)
+    # the in-process twin: the same training users, available as their partition is online
+    full = load_dataset(DATA)
+    est = FedReconMF(**Settings(params=dict(params)).check().params)
+    train, _ = user_split_indices(full.n_users, (0.8, 0.2), run_seed(est.random_state))
+    pos = np.arange(full.n_users)
+
+    def available(t):
+        live = [0, 1, 2] if t != 2 else [0, 1]
+        return full.user_ids[train][np.isin(pos[train] % 3, live)]
+
+    ref = est.fit(full.subset_users(train), availability=available)
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    reasons = [r["reason"] for r in res["refusals"]]
+    assert any("claims users a connected node serves" in r for r in reasons), reasons
+    assert not any("no reply" in r or "Node Unavailable" in r for r in reasons), reasons

@@ -101,6 +101,9 @@ class Directory:
         The item catalog every node shares.
     private_floor : int or None
         Under DP, the least number of ratings every listed user has (the nodes' filter).
+    catalog_sent : bool
+        Whether the catalog is the server's, sent with the query (nodes holding their own
+        data), rather than the one the nodes reported.
 
     Examples
     --------
@@ -119,6 +122,7 @@ class Directory:
     sums: np.ndarray | None  # (n, 4): Σv, Σv², min, max
     catalog: np.ndarray
     private_floor: int | None = None
+    catalog_sent: bool = False
 
     @classmethod
     def query(cls, grid, nodes, timeout: float, refusals: Refusals,
@@ -175,7 +179,35 @@ class Directory:
             return None if private else np.concatenate([d[f] for _, d in entries])[order]
 
         return cls(users[order], node_of[order], [n for n, _ in entries], joined("counts"),
-                   joined("sums"), catalog, private_floor)
+                   joined("sums"), catalog, private_floor, catalog is not None and
+                   "catalog" not in fields)
+
+    def admit(self, other: Directory, refusals: Refusals, connected=()) -> None:
+        """Nodes that joined during the run (``other``, their directory entries): a node
+        holding users this run knows serves them from now on (a device back with a new id) —
+        unless their node is still ``connected`` (a node claiming users another live node
+        serves is refused); users the run never listed are not added (the training population
+        is fixed) and the node is logged."""
+        if not np.array_equal(other.catalog, self.catalog):
+            for node in other.nodes:
+                refusals.add("directory", node, "it joined with another item catalog")
+            return
+        pos = np.searchsorted(self.user_ids, other.user_ids)
+        pos = np.minimum(pos, len(self.user_ids) - 1)
+        known = self.user_ids[pos] == other.user_ids
+        live = set(int(n) for n in connected)
+        for k, node in enumerate(other.nodes):
+            mine = other.node_of == k
+            held = [int(self.nodes[j]) for j in self.node_of[pos[mine & known]]]
+            if live.intersection(held):
+                refusals.add("directory", node, "it claims users a connected node serves")
+                continue
+            if (mine & ~known).any():
+                refusals.add("directory", node, f"it joined with {int((mine & ~known).sum())} "
+                             "users this run never listed; they are left out")
+            if (mine & known).any():
+                self.nodes.append(int(node))
+                self.node_of[pos[mine & known]] = len(self.nodes) - 1
 
     def describe(self) -> dict:
         h = hashlib.sha256()
@@ -295,6 +327,24 @@ class FlowerExecutor(RoundExecutor):
     def set_program(self, program) -> FlowerExecutor:
         self.program = program
         return self
+
+    def refresh(self) -> np.ndarray:
+        """The training users whose node is connected now — the round's availability: a node
+        that left is not asked; a node that joined is asked for its directory entry, and the
+        users it holds that the run knows are served by it from now on."""
+        now = [int(n) for n in self.grid.get_node_ids()]
+        d = self.directory
+        new = [n for n in now if n not in d.nodes]
+        if new:
+            try:
+                d.admit(Directory.query(self.grid, new, self.timeout, self.refusals,
+                                        d.private_floor, d.catalog if d.catalog_sent else None),
+                        self.refusals, [n for n in now if n in d.nodes])
+            except RuntimeError:  # none of them answered with users: they stay out
+                pass
+        connected = np.isin(np.asarray(d.nodes, dtype=np.uint64)[d.node_of[self.users]],
+                            np.asarray(now, dtype=np.uint64))
+        return d.user_ids[self.users[connected]]
 
     def node_clients(self, cohort) -> dict:
         """Flower node id -> the cohort's clients (dense ids) that node holds."""
@@ -466,7 +516,9 @@ def serve(grid, settings: Settings) -> dict:
     if est.eval_every and len(test):  # federated ReconEval every eval_every rounds
         def callback(model, done):
             return federated_recon_eval(grid, directory, test, model, **evaluate)
-    est.fit(pop, callback=callback)
+    # each round samples from the users whose node is connected now (churn: a node that left
+    # is not asked; one that came back, with a new id, serves its users again)
+    est.fit(pop, callback=callback, availability=lambda t: pop.executor.refresh())
     result = {"n_nodes": len(nodes), "n_train_users": len(train), "n_eval_users": len(test),
               "n_items": len(directory.catalog), "params": json.loads(client_params(est))}
     if len(test):
