@@ -92,14 +92,14 @@ class Probe:
         # the least size of an item row: the initial scale, or the factors' natural scale
         # √E[r²] (p·q is a rating); a move of BLOWUP times this in one round is a blow-up
         mean_sq = inter.value_stats()["mean_sq"] if len(inter.values) else 1.0
-        self.init_scale = max(float(init_scale), float(np.sqrt(mean_sq)) if np.isfinite(
+        self.scale = max(float(init_scale), float(np.sqrt(mean_sq)) if np.isfinite(
             mean_sq) else 1.0)
 
     def __call__(self, rs: RoundState) -> Finding | None:
         return (self.data(rs.params) or self.clients(rs.params, rs) or
                 self.server(rs.params, rs.opt_state, rs))
 
-    # ------------------------------------------------------------------ the four causes
+    # ------------------------------------------------------------------ the three causes
     def data(self, params) -> Finding | None:
         if self.inter is None or not self.inter.holds_ratings or not len(self.inter.values):
             return None
@@ -128,13 +128,12 @@ class Probe:
 
     def server(self, params, state, rs) -> Finding | None:
         size = self._size(params["Q"])
-        if not np.isfinite(size):
+        if not (np.isfinite(size) and np.isfinite(rs.delta.d_Q).all() and
+                np.isfinite(rs.delta.d_b).all()):
             return None
         _, after, finite = server_update(self.opt, copy.deepcopy(state),  # in place: copies
                                          {k: v.copy() for k, v in params.items()}, rs.delta,
                                          rs.hp)
-        if not (np.isfinite(rs.delta.d_Q).all() and np.isfinite(rs.delta.d_b).all()):
-            return None
         mean = float(np.abs(rs.delta.d_Q).max()) if rs.delta.d_Q.size else 0.0
         moved = float(np.max(np.abs(after["Q"].astype(np.float64) - params["Q"]))) \
             if finite and after["Q"].size else np.inf
@@ -154,7 +153,7 @@ class Probe:
         finite = np.isfinite(Q)
         if not finite.all():
             return float("nan")
-        return max(float(np.abs(Q).max()) if Q.size else 0.0, self.init_scale)
+        return max(float(np.abs(Q).max()) if Q.size else 0.0, self.scale)
 
     def _rerun(self, est, params, clients, rs) -> Outputs:
         program = est.client_program(self.inter, self.mu)
