@@ -783,3 +783,13 @@ def test_each_round_samples_the_connected_nodes_and_a_returning_node_rejoins(tmp
     reasons = [r["reason"] for r in res["refusals"]]
     assert any("claims users a connected node serves" in r for r in reasons), reasons
     assert not any("no reply" in r or "Node Unavailable" in r for r in reasons), reasons
+
+
+def test_a_divergence_caused_by_one_node_names_the_node(tmp_path):
+    """With the plain mean, one node sending 10^30-scaled deltas makes the run diverge: the
+    error names that node and what was measured (it used to blame server_learning_rate)."""
+    wild = {BIG + 1: _replace_upload("d_Q", lambda a: a * 1e30)}
+    with pytest.raises(FloatingPointError, match=rf"one node's uploads dwarf.*node {BIG + 1}'s "
+                                                 r"largest upload norm"):
+        run(FakeGrid(partitions(4), tamper=wild), tmp_path,
+            {**PARAMS, "aggregator": {"name": "mean"}})

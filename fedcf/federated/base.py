@@ -110,6 +110,10 @@ class FederatedMFBase(MFEstimatorBase):
         if stage == "data":
             return ("the ratings are too large for training: rescale them (to a rating scale "
                     "such as 1–5), or train with dtype='float64'")
+        if stage == "node":
+            return ("one node's uploads dwarf the others' (a faulty or hostile node): keep "
+                    "the robust default aggregator (clip to the round's median norm, "
+                    "NormClippedMean('median')) or another robust one, or exclude the node")
         if stage == "noise":
             return ("the differential-privacy noise outweighs the model: more clients per "
                     "round (clients_per_round: the noise per value falls with the cohort), a "

@@ -232,6 +232,9 @@ def cause_of(est, inter, availability, last_round: int, run) -> Finding | None:
         size = max(float(est.init_scale), float(np.sqrt(max(abs(x) for x in scale))))
         return None if not std else noise_finding(std, run.hyperparams.server_learning_rate,
                                                   last_round + 1, size)
+    finder = getattr(inter.executor, "node_finding", None)  # a Flower run: one wild node?
+    if finder is not None:
+        return finder()
     if not inter.holds_ratings or inter.executor is not None or last_round >= REPLAY_ROUNDS:
         return None
     replay = copy.copy(est)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .phases import RoundSummary
 
-STAGES = ("reconstruction", "client update", "server step", "data", "noise")
+STAGES = ("reconstruction", "client update", "server step", "data", "noise", "node")
 
 
 class Diverged(FloatingPointError):

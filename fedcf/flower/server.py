@@ -20,7 +20,7 @@ from ..eval.splits import user_split_indices
 from ..federated.base import run_seed
 from ..federated.contracts import RoundExecutor
 from ..federated.fedrecon import FedReconMF
-from ..federated.phases import ClientOutputs, cohort_order
+from ..federated.phases import ClientOutputs, cohort_order, upload_norms
 from .settings import Settings
 from .wire import (
     DIRECTORY_FIELDS,
@@ -279,6 +279,10 @@ class FlowerPopulation:
         return {**self.__dict__, "executor": None}
 
 
+NORM_ROUNDS = 50  # rounds whose per-node upload norms are kept for the divergence blame
+NODE_BLOWUP = 100.0  # a node whose uploads are this many times the others' is blamed
+
+
 class FlowerExecutor(RoundExecutor):
     """Phase 2 of each round as Flower messages: one message per node holding sampled clients,
     with the global model and those clients' ids; the replies' uploads are checked
@@ -323,6 +327,25 @@ class FlowerExecutor(RoundExecutor):
         self.refusals, self.program, self.round_stats = refusals, None, {}
         self.counts = None if directory.counts is None else directory.counts[users]
         self.round, self.received = 0, {}  # message type -> record -> fields received
+        self.node_norms: dict = {}  # round -> node -> its largest finite upload norm
+
+    def node_finding(self):
+        """A node to blame for a divergence (blame.py): in the earliest recorded round where
+        one node's largest upload norm is more than ``NODE_BLOWUP`` times the median of the
+        other nodes' — a node sending wild deltas. None when no node stands out (or the
+        uploads were masked: secure aggregation records none)."""
+        from ..federated.blame import Finding
+
+        for t in sorted(self.node_norms):
+            norms = self.node_norms[t]
+            for node, top in norms.items():
+                others = [v for n, v in norms.items() if n != node]
+                if others and top > NODE_BLOWUP * max(float(np.median(others)), 1e-30):
+                    return Finding("node", f"in round {t} node {node}'s largest upload norm "
+                                           f"was {top:.3g}, against a median of "
+                                           f"{float(np.median(others)):.3g} over the other "
+                                           f"{len(others)} nodes' largest")
+        return None
 
     def set_program(self, program) -> FlowerExecutor:
         self.program = program
@@ -403,6 +426,9 @@ class FlowerExecutor(RoundExecutor):
                                   int(bad.sum()))
             parts.append(out)
             got.append(clients)
+            norms = upload_norms(out)[~bad]
+            if len(norms) and len(self.node_norms) < NORM_ROUNDS:  # the early rounds
+                self.node_norms.setdefault(int(ids[1]), {})[node] = float(norms.max())
         self.round_stats["flower_clients_refused"] = len(cohort.clients) - int(
             sum(len(c) for c in got))
         if not parts:
