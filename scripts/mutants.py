@@ -64,7 +64,7 @@ MUTANTS = [
      'sq = np.einsum("ij,ij->i", dQ, dQ) + np.square(db)', 'sq = np.einsum("ij,ij->i", dQ, dQ)'),
     ("duplicate rows not merged", FED + "phases.py", "    if same.any():", "    if False:"),
     ("fixed-size sampling with jitter as Poisson", FED + "phases.py",
-     "invited = pool[draw(len(pool)) < q]",
+     "invited = pool[bernoulli_positions(len(pool), q, draw)]",
      "invited = np.sort(rng.choice(pool, size=min(len(pool), max(0, self.clients_per_round"
      " + int(rng.integers(-2, 3)))), replace=False))"),
     ("cohorts from the seed", FED + "phases.py",

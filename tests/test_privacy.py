@@ -201,6 +201,36 @@ def test_poisson_cohorts_have_the_binomial_size_distribution(secret):
         assert not all(np.array_equal(select(t).clients, c) for t, c in enumerate(cohorts[:5]))
 
 
+@pytest.mark.parametrize("n,q", [(30, 0.97), (2000, 0.004), (7, 0.5)])
+def test_bernoulli_positions_include_each_position_independently_with_q(n, q):
+    """The geometric-gap sampler is Bernoulli(q) per position: counts ~ Binomial(n, q), every
+    position (the first and the last too) at rate q."""
+    from fedcf.federated.phases import bernoulli_positions
+
+    rng, rounds = np.random.default_rng(5), 4000
+    hits = [bernoulli_positions(n, q, rng.random) for _ in range(rounds)]
+    assert all(np.all(np.diff(h) > 0) and (len(h) == 0 or 0 <= h[0] <= h[-1] < n) for h in hits)
+    sizes = np.array([len(h) for h in hits])
+    assert sizes.mean() == pytest.approx(n * q, rel=0.03)
+    assert sizes.var() == pytest.approx(n * q * (1 - q), rel=0.15)
+    rate = np.bincount(np.concatenate(hits), minlength=n) / rounds
+    sd = np.sqrt(q * (1 - q) / rounds)
+    assert np.all(np.abs(rate - q) < 5 * sd)
+
+
+def test_poisson_selection_draws_in_proportion_to_the_cohort_not_the_population(monkeypatch):
+    """At 10⁷ eligible users and an expected cohort of 1,000, a round draws a few thousand
+    uniforms (geometric gaps), not one per user."""
+    from fedcf.federated import Selector, secret
+
+    drawn = []
+    real = secret.uniform
+    monkeypatch.setattr(secret, "uniform", lambda size: drawn.append(size) or real(size))
+    n = 10_000_000
+    cohort = Selector(0, np.arange(n), 1000, poisson=True, secret=True)(0)
+    assert 800 < len(cohort.clients) < 1200 and sum(drawn) < 2000
+
+
 def test_fit_with_dp_records_epsilon_and_samples_by_poisson(pop):
     m = FedReconMF(n_factors=3, n_rounds=6, clients_per_round=60, random_state=0, rating_scale=(1, 5),
                    aggregator=DPGaussianMean(0.5, target_epsilon=8.0, delta=1e-4)).fit(pop)
