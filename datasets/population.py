@@ -103,20 +103,31 @@ class SyntheticPopulation:
     def build(self, blocks=None):
         """A CSR over *all* dense user ids (``indptr`` of n_users + 1) holding the users of
         ``blocks`` (default: every block); other users have no entries."""
-        blocks = range(BLOCKS) if blocks is None else blocks
-        self._check_memory(len([b for b in blocks if b < self.n_users]))
-        parts = [self.build_block(int(b)) for b in blocks if b < self.n_users]
+        users, indptr, items, values = self.build_rows(blocks)
         counts = np.zeros(self.n_users, np.int64)
-        for users, c, _, _ in parts:
-            counts[users] = c
-        indptr = np.zeros(self.n_users + 1, np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        items = np.empty(int(indptr[-1]), np.int32)
-        values = np.empty(int(indptr[-1]))
-        for users, c, it, v in parts:
-            dest = np.repeat(indptr[users], c) + _within(c)
-            items[dest], values[dest] = it, v
-        return indptr, items, values
+        counts[users] = np.diff(indptr)
+        full = np.zeros(self.n_users + 1, np.int64)
+        np.cumsum(counts, out=full[1:])
+        return full, items, values  # users ascending: the rows keep their order
+
+    def build_rows(self, blocks=None):
+        """(users, indptr, items, values): the users of ``blocks`` (default: every block),
+        ascending, and a CSR over them only — row r holds user ``users[r]`` — so its memory
+        grows with those users, not with n_users (what a Ray shard keeps)."""
+        blocks = sorted({int(b) for b in (range(BLOCKS) if blocks is None else blocks)
+                         if int(b) < min(self.n_users, BLOCKS)})
+        self._check_memory(len(blocks))
+        parts = [self.build_block(b) for b in blocks]
+        if not parts:
+            return (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32),
+                    np.zeros(0))
+        users, counts, items, values = (np.concatenate(a) for a in zip(*parts))
+        order = np.argsort(users, kind="stable")
+        indptr = np.zeros(len(users) + 1, np.int64)
+        np.cumsum(counts[order], out=indptr[1:])
+        source = (np.cumsum(counts) - counts)[order]  # where each row starts in the blocks
+        take = np.repeat(source - indptr[:-1], counts[order]) + np.arange(int(indptr[-1]))
+        return users[order], indptr, items[take], values[take]
 
     def _check_memory(self, n_blocks: int):
         """Refuse up front, with the figure, a build that would not fit in this machine's RAM

@@ -377,6 +377,32 @@ def scale_summary(rows) -> str:
     return "\n\n".join(out)
 
 
+def limits_values(doc) -> dict:
+    """SCALE.md's limits: cohort selection against uniform, shard memory against the shard count."""
+    if not doc:
+        return {"limits_provenance": "Not measured yet.", "selection_table": "",
+                "shard_table": ""}
+    sel, mem = doc["selection"], doc["shard_memory"]
+    head = f"{sel['users']:,} eligible users, expected cohort {sel['clients_per_round']:,}"
+    sel_rows = [(name, ms(sel[key]["seconds"]), f"{sel[key]['mean_cohort']:,.0f}")
+                for name, key in (("Poisson, OS-secure randomness", "poisson_secure"),
+                                  ("Poisson, from the seed", "poisson_seeded"),
+                                  ("uniform, fixed size (peer)", "uniform"))]
+    sel_rows.append(("Poisson (secure) / uniform", f"{sel['poisson_over_uniform']:.2f}×", ""))
+    base = mem["rows"][0]["held_mib"]
+    shard_rows = [(r["shards"], f"{r['shard_users']:,}", f"{r['shard_ratings']:,}",
+                   mib(r["held_mib"]), f"{r['held_mib'] / base:.2f}",
+                   mib(r["index_over_all_users_mib"])) for r in mem["rows"]]
+    return {"limits_provenance": provenance(doc["meta"], "scale_limits.json"),
+            "selection_table": f"Median over {sel['rounds']} rounds, {head}.\n\n" + table(
+                ["sampling", "per round", "mean cohort"], sel_rows),
+            "shard_table": f"{mem['users']:,} users, about {mem['ratings_per_user']:g} ratings "
+                           "each.\n\n" + table(
+                ["shards", "users in shard 0", "its ratings", "held MiB",
+                 f"vs {mem['rows'][0]['shards']} shards", "with an index over all users, MiB"],
+                shard_rows)}
+
+
 # ---------------------------------------------------------------------- PRIVACY.md
 def population_values(rows) -> dict:
     st = rows[0]["meta"]["settings"]
@@ -985,7 +1011,8 @@ def documents() -> dict[Path, str]:
                                                   catalog_values(load("out_of_catalog.json")))}
            if load("out_of_catalog.json") else {}),
         **({ROOT / "eval" / "SCALE.md": render((TEMPLATES / "SCALE.md").read_text(),
-                                                scale_values(load("ray_scale.json")))}
+                                                {**scale_values(load("ray_scale.json")),
+                                                 **limits_values(load("scale_limits.json"))})}
            if load("ray_scale.json") else {}),
         ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), {
             **readme_blocks(paper, cold, random_rows, impl, ctr, bench),

@@ -46,3 +46,16 @@ def test_busy_benchmark_times_both_wait_policies_and_fedcf_asks_for_passive(tmp_
     out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
                          capture_output=True, text=True)
     assert out.stdout.strip() == "ACTIVE"
+
+
+def test_scale_limits_quick_reports_selection_against_uniform_and_shard_bytes(tmp_path):
+    out = load_script("scale_limits").main([
+        "--users", "200000", "--clients-per-round", "100", "--rounds", "3",
+        "--shard-users", "20000", "--ratings-per-user", "3", "--shards", "2", "8",
+        "--json", str(tmp_path / "limits.json")])
+    sel = out["selection"]
+    assert 50 < sel["poisson_secure"]["mean_cohort"] < 150
+    assert sel["uniform"]["mean_cohort"] == 100 and sel["poisson_over_uniform"] > 0
+    two, eight = out["shard_memory"]["rows"]
+    assert abs(two["shard_users"] - 10000) < 64 and abs(eight["shard_users"] - 2500) < 64
+    assert eight["held_mib"] < two["held_mib"] / 3 < two["index_over_all_users_mib"]

@@ -80,3 +80,61 @@ def test_bad_settings_are_named(kw, match):
     args = {"n_users": 10, "n_items": 5, **kw}
     with pytest.raises(ValueError, match=match):
         SyntheticPopulation(**args)
+
+
+def test_build_rows_holds_only_the_blocks_users_in_the_whole_populations_order():
+    pop = SyntheticPopulation(1000, 80, ratings_per_user=12, random_state=4)
+    full = Interactions(*pop.build(), None, np.arange(1000), np.arange(80))
+    users, indptr, items, values = pop.build_rows([63, 5, 0])
+    assert np.array_equal(users, np.sort(np.concatenate([pop.block_users(b) for b in (0, 5, 63)])))
+    assert len(indptr) == len(users) + 1
+    part = full.subset_users(users)
+    for got, want in ((indptr, part.indptr), (items, part.items), (values, part.values)):
+        np.testing.assert_array_equal(got, want)
+    empty = pop.build_rows([])
+    assert len(empty[0]) == 0 and empty[1].tolist() == [0]
+
+
+def test_a_ray_shard_holds_only_its_users_and_answers_as_the_whole_population():
+    """A shard's arrays are sized by its users (at 10⁷ user ids they shrink as shards are
+    added), and its clients' outputs are bit for bit the local executor's on the whole
+    population: each row's stream is keyed by the dense user id."""
+    import numba
+
+    from fedcf.federated.phases import BoundLocalExecutor, Cohort
+    from fedcf.federated.ray_executor import Shard, shard_of
+
+    threads = numba.get_num_threads()  # a Shard sets its process's threads; keep the suite's
+    try:
+        _shard_checks(Shard, shard_of, BoundLocalExecutor, Cohort)
+    finally:
+        numba.set_num_threads(threads)
+
+
+def _shard_checks(Shard, shard_of, BoundLocalExecutor, Cohort):
+    big = SyntheticPopulation(10_000_000, 40, ratings_per_user=1, activity_sigma=0.0)
+    held = {n: Shard(0, n, 1, big) for n in (16, 64)}
+    size = {n: sum(a.nbytes for a in (s.users, s.keys, *s.data)) for n, s in held.items()}
+    assert len(held[64].users) == len(big.block_users(0)) == len(held[64].data[0]) - 1
+    assert size[64] < size[16] / 3.5 and size[64] < 40 * len(big.block_users(0))
+
+    spec = SyntheticPopulation(3000, 60, ratings_per_user=9, random_state=2)
+    est = FedReconMF(n_factors=3, random_state=0)
+    program = est.client_program(None, 3.5)
+    rng = np.random.default_rng(0)
+    params = {"Q": rng.normal(0, 0.1, (60, 3)), "b": np.zeros(60)}
+    ids = np.array([7, 2], np.uint64)
+    clients = np.array([5, 2999, 64, 130, 7, 1000])
+    want = BoundLocalExecutor(program, spec.build()).run(Cohort(clients, 6, 0, 0), params, ids)
+    for s in range(3):
+        mine = clients[shard_of(clients, 3) == s]
+        shard = Shard(s, 3, 1, spec)
+        shard.set_program(program)
+        got = shard.run(mine, params, ids)
+        pick = np.flatnonzero(np.isin(clients, mine))
+        ref = want.take(pick)
+        np.testing.assert_array_equal(got.clients, mine)
+        for f in ("offsets", "items", "d_Q", "d_b", "weights", "losses"):
+            np.testing.assert_array_equal(getattr(got, f), getattr(ref, f))
+    with pytest.raises(ValueError, match="shard 0 was sent clients it does not hold"):
+        Shard(0, 3, 1, spec).run(np.array([63]), params, ids)

@@ -75,6 +75,11 @@ class PartialSums:
         return cls(*(None if parts[0].rank is None and f.name == "rank" else np.concatenate(col)
                      for f, col in zip(fields(cls), columns)))
 
+    def nbytes(self) -> int:
+        """Bytes of the arrays (what a shard sends)."""
+        return int(sum(getattr(self, f.name).nbytes for f in fields(self)
+                       if getattr(self, f.name) is not None))
+
     def totals(self) -> dict:
         """Each counter summed over the groups one after another in group order, from 0
         (deterministic)."""

@@ -4,16 +4,18 @@ per shard, partial sums back (optional extra ``fedcf[ray]``).
 ``FedReconMF(executor=RayExecutor(n_shards=4))`` runs phase 2 of every round on Ray instead of
 in this process. The users are cut into shards by reduce group (``partials.reduce_group``): a
 shard holds a contiguous range of the 64 groups. Each shard is a Ray actor that gets its users'
-ratings once, when the run starts — copied from the driver's arrays (put in the object store
-once), or built on the worker from a population spec (``SyntheticPopulation``; the driver then
-never holds a rating, see ``RemotePopulation``) — and keeps them for the whole run. Each round
-the driver puts the round's arguments (global parameters, aggregator, hyperparameters) in the
-object store once; every actor runs the same Numba client kernel on its sampled clients and
-returns, for a linear aggregator (weighted mean, norm clipping, DP), only the sums of its
-subtrees of the fixed reduction tree (``PartialSums.compact``) — never a client's upload. The
-driver finishes the tree, so the fitted model is bit for bit the local executor's for any
-number of shards. Aggregators that need every upload (trimmed mean, median, FoolsGold, secure
-aggregation, learning the client-weighting exponent) get the per-client outputs, put back in
+ratings once, when the run starts — its own rows cut from the driver's arrays (one object per
+shard), or built on the worker from a population spec (``SyntheticPopulation``; the driver
+then never holds a rating, see ``RemotePopulation``) — and keeps them for the whole run, in a
+CSR over its users only. Each round the driver puts the round's arguments (global parameters,
+aggregator, hyperparameters) in the object store once; every actor runs the same Numba client
+kernel on its sampled clients and returns, for a linear aggregator (weighted mean, norm
+clipping, DP), only the sums of its subtrees of the fixed reduction tree
+(``PartialSums.compact``) — never a client's upload. Reducer tasks add adjacent shards' sums
+pairwise up the same tree (``combine``), so the driver fetches one object whatever the number
+of shards, and the fitted model is bit for bit the local executor's for any number of shards.
+Aggregators that need every upload (trimmed mean, median, FoolsGold, secure aggregation,
+learning the client-weighting exponent) get the per-client outputs, put back in
 cohort order.
 
 Faults: if an actor dies (a crash, a lost node, ``ray.kill``), the driver starts a new actor from
@@ -25,6 +27,7 @@ with an error naming the shard.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import socket
@@ -203,10 +206,11 @@ def shard_groups(shard: int, n_shards: int) -> tuple[int, int]:
 
 
 class Shard:
-    """One actor's part of the population: the ratings of the users of its shard, kept in a
-    CSR indexed by the *global* dense user id (other users have no rows), so client streams
-    and outputs are exactly the local executor's. ``data`` is the driver's (indptr, items,
-    values), from which it copies its users, or a population spec whose blocks it builds."""
+    """One actor's part of the population: the ratings of the users of its shard in a CSR
+    over those users only (row r holds dense user ``users[r]``), so its memory falls as shards
+    are added. Each row's random stream is keyed by its dense user id (``rng.client_key``), so
+    client outputs are exactly the local executor's. ``data`` is (users, indptr, items,
+    values), the shard's rows cut on the driver, or a population spec whose blocks it builds."""
 
     def __init__(self, shard: int, n_shards: int, threads: int, data):
         import numba
@@ -214,11 +218,14 @@ class Shard:
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
         self.shard, self.n_shards = shard, n_shards
         if isinstance(data, tuple):
-            self.data, self.stats = _own_rows(shard, n_shards, *data), None
+            self.users, self.data, self.stats = data[0], data[1:], None
         else:  # population blocks = reduce groups, so the shard's blocks are whole
             blocks = list(range(*shard_groups(shard, n_shards)))
-            self.data = data.build(blocks)
-            self.stats = _value_sums(self.data, blocks)
+            self.users, *rows = data.build_rows(blocks)
+            self.data = tuple(rows)
+            self.stats = _value_sums(self.users, self.data, blocks)
+        self.keys = np.empty(len(self.users) + 2, np.uint64)  # [seed, round, key per row]
+        self.keys[2:] = self.users
         self.executor = None
 
     def set_program(self, program) -> int:
@@ -227,9 +234,18 @@ class Shard:
 
     def describe(self):
         """(users, their counts, per-block value sums) of a shard built from a spec."""
-        counts = np.diff(self.data[0])
-        users = np.flatnonzero(shard_of(np.arange(len(counts)), self.n_shards) == self.shard)
-        return users, counts[users], self.stats
+        return self.users, np.diff(self.data[0]), self.stats
+
+    def _rows(self, clients, ids):
+        """The CSR rows of dense ``clients`` (all must be this shard's) and the round's
+        stream keys."""
+        clients = np.asarray(clients, np.int64)
+        rows = np.searchsorted(self.users, clients)
+        if len(clients) and (rows.max() >= len(self.users) or
+                             not np.array_equal(self.users[rows], clients)):
+            raise ValueError(f"shard {self.shard} was sent clients it does not hold")
+        self.keys[:2] = np.asarray(ids, np.uint64)[:2]
+        return _cohort(rows), self.keys
 
     def call(self, method: str, clients, args):
         """One round's work: ``method`` on this shard's clients, with the round's arguments
@@ -256,15 +272,20 @@ class Shard:
         return [] if halves is None else getattr(halves, step)(*args)
 
     def run(self, clients, params, ids) -> ClientOutputs:
-        return self.executor.run(_cohort(clients), params, ids)
+        cohort, keys = self._rows(clients, ids)
+        out = self.executor.run(cohort, params, keys)
+        return dataclasses.replace(out, clients=np.asarray(clients, np.int64))
 
-    def partials(self, clients, params, ids, aggregator, hp) -> PartialSums:
-        """This shard's sums, added up its subtrees of the reduction tree."""
+    def partials(self, clients, params, ids, aggregator, hp) -> tuple[int, PartialSums]:
+        """This shard's sums, added up its subtrees of the reduction tree, and their size in
+        bytes (two objects: the driver fetches the size, the sums go to the reducers)."""
         parts = aggregator.partials(self.run(clients, params, ids), hp)
-        return parts.compact(*shard_groups(self.shard, self.n_shards))
+        parts = parts.compact(*shard_groups(self.shard, self.n_shards))
+        return parts.nbytes(), parts
 
     def tangents(self, clients, params, tangents, ids):
-        return self.executor.tangents(_cohort(clients), params, tangents, ids)
+        cohort, keys = self._rows(clients, ids)
+        return self.executor.tangents(cohort, params, tangents, keys)
 
     def peak_memory(self) -> int:
         """This worker's peak resident memory in bytes."""
@@ -274,28 +295,41 @@ class Shard:
 
 
 def _own_rows(shard, n_shards, indptr, items, values):
-    """The users of ``shard`` out of the driver's CSR, in a CSR over all user ids."""
-    n_users = len(indptr) - 1
-    users = np.flatnonzero(shard_of(np.arange(n_users), n_shards) == shard)
-    counts = np.zeros(n_users, np.int64)
-    counts[users] = np.diff(indptr)[users]
-    own = np.zeros(n_users + 1, np.int64)
+    """(users, indptr, items, values): the users of ``shard`` out of the driver's CSR, in a
+    CSR over those users only."""
+    users = np.flatnonzero(shard_of(np.arange(len(indptr) - 1), n_shards) == shard)
+    counts = np.diff(indptr)[users]
+    own = np.zeros(len(users) + 1, np.int64)
     np.cumsum(counts, out=own[1:])
-    take = np.repeat(indptr[users] - own[users], counts[users]) + np.arange(int(own[-1]))
-    return own, np.ascontiguousarray(items[take]), np.ascontiguousarray(values[take])
+    take = np.repeat(indptr[users] - own[:-1], counts) + np.arange(int(own[-1]))
+    return users, own, np.ascontiguousarray(items[take]), np.ascontiguousarray(values[take])
 
 
-def _value_sums(data, blocks) -> list:
+def _value_sums(users, data, blocks) -> list:
     """Per block: (block, nnz, Σv, Σv², min, max) of its ratings (exact sums: whole stars)."""
     indptr, _, values = data
-    n_users = len(indptr) - 1
-    entry_block = np.repeat(np.arange(n_users) % REDUCE_GROUPS, np.diff(indptr))
+    entry_block = np.repeat(users % REDUCE_GROUPS, np.diff(indptr))
     out = []
     for b in blocks:
         v = values[entry_block == b]
         out.append((b, len(v), float(v.sum()), float((v * v).sum()),
                     float(v.min()) if len(v) else np.inf, float(v.max()) if len(v) else -np.inf))
     return out
+
+
+def combine(left: PartialSums, right: PartialSums, a: int, b: int) -> PartialSums:
+    """Two adjacent ranges' sums, added up the tree as far as groups [a, b) go."""
+    return PartialSums.concat([left, right]).compact(a, b)
+
+
+_COMBINE = {}
+
+
+def _combine_task(ray):
+    """``combine`` as a Ray task that takes no CPU from the shards (it adds a few rows)."""
+    if "task" not in _COMBINE:
+        _COMBINE["task"] = ray.remote(num_cpus=0, max_retries=2)(combine)
+    return _COMBINE["task"]
 
 
 def _cohort(clients) -> Cohort:
@@ -323,9 +357,11 @@ class BoundRayExecutor(RoundExecutor):
             raise ValueError(f"n_shards={spec.n_shards} actors × num_cpus={self.num_cpus:g} need "
                              f"more than the cluster's {cpus:g} CPUs, so some would never start; "
                              "use fewer shards, a smaller num_cpus, or num_cpus=None")
-        # the driver's arrays go to the object store once; a spec is all a worker needs
-        self.data_ref = ray.put(tuple(np.ascontiguousarray(a) for a in data)) \
-            if isinstance(data, tuple) else data
+        # each shard's rows of the driver's arrays go to the object store once (a worker
+        # fetches its own only); a spec is all a worker needs
+        self.data_refs = [ray.put(_own_rows(s, spec.n_shards, *data)) for s in
+                          range(spec.n_shards)] if isinstance(data, tuple) else \
+            [data] * spec.n_shards
         self.actor_cls = ray.remote(Shard).options(num_cpus=self.num_cpus,
                                                    resources=spec.resources or {})
         self.program, self.round_stats, self.counts = None, {}, None
@@ -348,7 +384,7 @@ class BoundRayExecutor(RoundExecutor):
 
     def _start(self, s: int):
         actor = self.actor_cls.remote(s, self.spec.n_shards, int(self.num_cpus) or 1,
-                                      self.data_ref)
+                                      self.data_refs[s])
         if self.program is not None:  # a restarted actor: calls to it run in order
             actor.set_program.remote(self.program)
         return actor
@@ -364,8 +400,13 @@ class BoundRayExecutor(RoundExecutor):
         ref = ray.put(args)  # serialized once per round, not once per shard
         t1 = time.perf_counter()
         parts = self._split(cohort.clients)
-        pending = {s: self.actors[s].call.remote(method, parts[s], ref)
-                   for s in range(len(parts))}
+        two = method == "partials"  # (size, sums): the sums stay in the object store
+
+        def send(s):
+            call = self.actors[s].call.options(num_returns=2) if two else self.actors[s].call
+            return call.remote(method, parts[s], ref)
+
+        pending = {s: send(s) for s in range(len(parts))}
         results, restarts = {}, 0
         lost = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
                 ray.exceptions.GetTimeoutError)  # dead, unreachable, or stuck past the deadline
@@ -375,7 +416,8 @@ class BoundRayExecutor(RoundExecutor):
             for attempt in range(self.spec.max_restarts + 1):
                 try:
                     wait = None if deadline is None else max(deadline - time.monotonic(), 0.01)
-                    results[s] = ray.get(pending[s], timeout=wait)
+                    results[s] = (ray.get(pending[s][0], timeout=wait), pending[s][1]) \
+                        if two else ray.get(pending[s], timeout=wait)
                     break
                 except lost as e:
                     if attempt == self.spec.max_restarts:
@@ -385,7 +427,7 @@ class BoundRayExecutor(RoundExecutor):
                     restarts += 1
                     ray.kill(self.actors[s], no_restart=True)
                     self.actors[s] = self._start(s)
-                    pending[s] = self.actors[s].call.remote(method, parts[s], ref)
+                    pending[s] = send(s)
                     if limit is not None:  # the restarted shard gets a whole deadline
                         deadline = time.monotonic() + limit
         t2 = time.perf_counter()
@@ -394,8 +436,42 @@ class BoundRayExecutor(RoundExecutor):
         return [results[s] for s in range(len(parts))], parts
 
     def partials(self, cohort, params, ids, aggregator, hp) -> PartialSums:
-        res, _ = self._map("partials", cohort, params, ids, aggregator, hp)
-        return PartialSums.concat(res)
+        """The cohort's sums: each shard's subtree sums, added pairwise by reducer tasks up a
+        tree of adjacent shards (``combine``), so the driver fetches one object of at most a
+        row per touched item per top subtree, however many shards there are."""
+        for attempt in range(self.spec.max_restarts + 1):
+            res, _ = self._map("partials", cohort, params, ids, aggregator, hp)
+            t0 = time.perf_counter()
+            try:
+                out = self.ray.get(self._reduce([r for _, r in res]),
+                                   timeout=self.spec.shard_timeout)
+                break
+            except self.ray.exceptions.RayError as e:  # sums lost with a worker
+                if attempt == self.spec.max_restarts:
+                    raise RuntimeError(f"the reduction of a round's partial sums failed "
+                                       f"{attempt + 1} times ({type(e).__name__}); raise "
+                                       "max_restarts or check the cluster") from e
+        self.round_stats.update(shard_bytes_up=int(sum(b for b, _ in res)),
+                                driver_bytes_up=out.nbytes(),
+                                combine_seconds=time.perf_counter() - t0)
+        return out
+
+    def _reduce(self, refs):
+        """A reference to the sums of all shards: adjacent ranges added pairwise, level by
+        level, in reducer tasks (bit for bit the driver's merge: the tree is fixed)."""
+        combine = _combine_task(self.ray)
+        n = self.spec.n_shards
+        ranges = [shard_groups(s, n) for s in range(n)]
+        while len(refs) > 1:
+            pairs = range(0, len(refs) - 1, 2)
+            nxt = [combine.remote(refs[i], refs[i + 1], ranges[i][0], ranges[i + 1][1])
+                   for i in pairs]
+            spans = [(ranges[i][0], ranges[i + 1][1]) for i in pairs]
+            if len(refs) % 2:
+                nxt.append(refs[-1])
+                spans.append(ranges[-1])
+            refs, ranges = nxt, spans
+        return refs[0]
 
     def run(self, cohort, params, ids) -> ClientOutputs:
         """Per-client outputs (for aggregators that need every upload), in cohort order."""
@@ -537,9 +613,9 @@ class RemotePopulation:
         if users.size and (users.min() < 0 or users.max() >= self.n_users):
             bad = users[(users < 0) | (users >= self.n_users)][0]
             raise IndexError(f"user index {bad} out of range for {self.n_users} users")
-        indptr, items, values = self.source.build(np.unique(users % REDUCE_GROUPS))
-        full = Interactions(indptr, items, values, None, self.user_ids, self.item_ids)
-        return full.subset_users(users)
+        held, indptr, items, values = self.source.build_rows(np.unique(users % REDUCE_GROUPS))
+        rows = Interactions(indptr, items, values, None, held, self.item_ids)
+        return rows.subset_users(np.searchsorted(held, users))  # raw ids = dense ids
 
     @property
     def _full(self):

@@ -11,6 +11,10 @@ the run config.
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +33,45 @@ ERROR_CODE = 4201  # a fedcf node could not do what the message asked (the reaso
 
 
 def _answer(msg, work):
-    """The reply to ``msg``: ``work()``'s records, or an error reply naming what went wrong."""
+    """The reply to ``msg``: ``work()``'s records, or an error reply naming what went wrong.
+    What the message cost this device is written to the node's own log (``node_cost``),
+    never sent."""
+    started = time.perf_counter()
     try:
         return app.Message(content=app.RecordDict(work()), reply_to=msg)
     except (ValueError, TypeError, KeyError, IndexError, OSError, RuntimeError) as e:
         return app.Message(error=app.Error(ERROR_CODE, f"{type(e).__name__}: {e}"), reply_to=msg)
+    finally:
+        node_cost(msg, time.perf_counter() - started)
+
+
+COST_TAG = "fedcf-node-cost"
+
+
+def node_cost(msg, seconds: float) -> dict:
+    """Log (stderr of the node's ClientApp process, one ``fedcf-node-cost {json}`` line) what
+    answering ``msg`` cost this device: the handler's seconds (loading the node's data
+    included), how old the process was when the message arrived (with Flower's subprocess
+    isolation: the start-up it paid), its CPU seconds and peak memory so far."""
+    import resource
+
+    age = process_age()
+    cost = {"message": str(msg.metadata.message_type), "seconds": seconds,
+            "startup_seconds": None if age is None else max(age - seconds, 0.0),
+            "cpu_seconds": time.process_time(),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    print(f"{COST_TAG} {json.dumps(cost)}", file=sys.stderr, flush=True)
+    return cost
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux /proc), or None elsewhere."""
+    try:
+        start = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
