@@ -162,6 +162,58 @@ def device_files(folder, data: dict, nodes: int) -> tuple[list[str], str]:
     return configs, str(catalog)
 
 
+def node_costs(folder, nodes: int) -> list[dict]:
+    """What each message cost the device that answered it, as the nodes logged it on their own
+    machine (``fedcf.flower.app.node_cost``: nothing of it was sent to the server)."""
+    from fedcf.flower.app import COST_TAG
+
+    out = []
+    for k in range(nodes):
+        for line in (Path(folder) / f"supernode{k}.log").read_text().splitlines():
+            if COST_TAG in line:
+                out.append({"node": k, **json.loads(line.split(COST_TAG, 1)[1])})
+    return out
+
+
+def cost_summary(costs: list[dict], warm: float | None) -> dict:
+    """Per message type: messages, median handler and start-up seconds, largest peak memory;
+    ``warm``: the train handler's seconds in a warm process (no isolation), measured here."""
+    out = {}
+    for kind in sorted({c["message"] for c in costs}):
+        mine = [c for c in costs if c["message"] == kind]
+        starts = [c["startup_seconds"] for c in mine if c["startup_seconds"] is not None]
+        out[kind] = {"messages": len(mine),
+                     "handler_seconds": float(np.median([c["seconds"] for c in mine])),
+                     "startup_seconds": float(np.median(starts)) if starts else None,
+                     "peak_rss_mib": float(max(c["peak_rss_mib"] for c in mine))}
+    if "train" in out:
+        out["train"]["warm_process_seconds"] = warm
+    return out
+
+
+def warm_train_seconds(device_file, catalog_file, params: dict, n_users: int, model) -> float:
+    """The train handler's work for ``n_users`` users of one device, in this (warm) process:
+    what a message costs without a fresh process per message. Median of 5 after a warm-up."""
+    from fedcf import FedReconMF
+    from fedcf.flower.node import node_data, train
+    from fedcf.flower.settings import Settings
+    from fedcf.flower.wire import arrays, client_params
+
+    catalog = np.loadtxt(catalog_file, dtype=np.int64, ndmin=1)
+    own = node_data({}, {"data-path": str(device_file)}, None, catalog)
+    est = FedReconMF(**Settings(params=dict(params)).check().params)
+    users = own.user_ids[:n_users]
+    config = {"users": [int(u) for u in users], "clients": list(range(len(users))),
+              "params": client_params(est), "mu": float(model.global_mean_)}
+    glob = arrays(Q=model.item_factors_, b=model.item_biases_, ids=np.array([0, 1], np.uint64))
+    times = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        train(node_data({}, {"data-path": str(device_file)}, None, catalog), config, glob)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[1:]))
+
+
 def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
            secure: bool = True, intruders: int = 0, kill_at: str | None = None,
            kill_signal: int = signal.SIGKILL, node_configs: list[str] | None = None) -> dict:
@@ -249,6 +301,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
         stop(procs)
     turned_away = sum("Failed to activate SuperNode" in (folder / f"supernode{k}.log").read_text()
                       for k in range(nodes, nodes + intruders))
+    result.update(node_costs=node_costs(folder, nodes))
     result.update(listening=addresses, deploy_seconds=time.monotonic() - t0,
                   killed_node_at=None if killed is None else {"group": kill_at,
                                                               "seconds": killed},
@@ -321,6 +374,10 @@ def main(argv=None) -> dict:
            "bytes_down_per_round": [r["flower_bytes_down"] for r in hist],
            "secagg": [{k: r[k] for k in r if k.startswith("secagg")} for r in hist]
            if args.secure_aggregation else None}
+    warm = warm_train_seconds(folder / "devices" / "device0" / "ratings.csv", catalog, params,
+                              max(args.clients_per_round // args.nodes, 1), model) \
+        if args.device_data else None
+    out["device_cost"] = cost_summary(out.pop("node_costs"), warm)
     out.pop("model_path")
     return report_result(out, args.json)
 

@@ -311,6 +311,9 @@ def perf_values(bench) -> dict:
 
 
 # ---------------------------------------------------------------------- SCALE.md
+MIB_BYTES = 2 ** 20
+
+
 def mib(x) -> str:
     return "" if x is None else f"{x:,.0f}"
 
@@ -381,7 +384,7 @@ def limits_values(doc) -> dict:
     """SCALE.md's limits: cohort selection against uniform, shard memory against the shard count."""
     if not doc:
         return {"limits_provenance": "Not measured yet.", "selection_table": "",
-                "shard_table": ""}
+                "shard_table": "", "reduce_table": ""}
     sel, mem = doc["selection"], doc["shard_memory"]
     head = f"{sel['users']:,} eligible users, expected cohort {sel['clients_per_round']:,}"
     sel_rows = [(name, ms(sel[key]["seconds"]), f"{sel[key]['mean_cohort']:,.0f}")
@@ -393,7 +396,18 @@ def limits_values(doc) -> dict:
     shard_rows = [(r["shards"], f"{r['shard_users']:,}", f"{r['shard_ratings']:,}",
                    mib(r["held_mib"]), f"{r['held_mib'] / base:.2f}",
                    mib(r["index_over_all_users_mib"])) for r in mem["rows"]]
+    red = doc.get("reduce") or []
+    reduce_rows = [(r["shards"], f"{r['shard_bytes_up'] / MIB_BYTES:,.2f}",
+                    f"{r['driver_bytes_up'] / MIB_BYTES:,.2f}") for r in red]
+    same = len({r["item_factors_sum"] for r in red}) == 1
     return {"limits_provenance": provenance(doc["meta"], "scale_limits.json"),
+            "reduce_table": (f"{red[0]['users']:,} users, {red[0]['clients_per_round']:,} "
+                             f"clients per round, K = 50; medians over the rounds; the item "
+                             f"matrices' sums {'agree' if same else 'DIFFER'} across the "
+                             "shard counts.\n\n" + table(
+                                 ["shards", "sent by the shards, MiB/round",
+                                  "fetched by the driver, MiB/round"], reduce_rows))
+            if red else "Not measured.",
             "selection_table": f"Median over {sel['rounds']} rounds, {head}.\n\n" + table(
                 ["sampling", "per round", "mean cohort"], sel_rows),
             "shard_table": f"{mem['users']:,} users, about {mem['ratings_per_user']:g} ratings "
@@ -803,6 +817,17 @@ def deploy_lines(dep) -> list[str]:
         lines.append(f"- What a node paid per training round (means over the rounds; a node "
                      f"here holds about {users:,.0f} users): {down:,.0f} KiB down (the global "
                      f"model) and {up:,.0f} KiB up, one message each way.")
+    cost = (dep.get("device_cost") or {}).get("train")
+    if cost:
+        lines.append(
+            f"- What a training message cost a node, as the node logged it on its own machine "
+            f"(medians over {cost['messages']} messages): {cost['startup_seconds']:.2f} s of "
+            f"start-up (a fresh `flwr-clientapp` process under Flower's subprocess isolation: "
+            f"Python, NumPy, fedcf and Numba's cached kernels), then "
+            f"{cost['handler_seconds'] * 1e3:,.0f} ms to load its ratings and run its users; "
+            f"peak memory {cost['peak_rss_mib']:,.0f} MiB. The same users' work in a warm "
+            f"process (no isolation, measured in the same run): "
+            f"{cost['warm_process_seconds'] * 1e3:,.1f} ms.")
     if "tls_and_node_auth" in dep:
         lines.append(f"- TLS and SuperNode authentication: "
                      f"{'on' if dep['tls_and_node_auth'] else 'off'}; SuperNodes started "

@@ -6,11 +6,15 @@
 privacy needs it (geometric gaps, from the OS's secure generator and from the seed) against
 uniform sampling of M without replacement. Medians over ``--rounds`` rounds.
 
-*Shard memory*: the bytes the first Ray shard holds (its users' ids, stream keys, CSR index,
-items and ratings) for a ``SyntheticPopulation`` of ``--shard-users`` users cut into 2, 4, 8 and
+*Shard memory*: the bytes the first Ray shard holds (its rows' stream keys, CSR index, items
+and ratings) for a ``SyntheticPopulation`` of ``--shard-users`` users cut into 2, 4, 8 and
 16 shards, against what the same shard would hold with an index over every user id (the layout
 before shards indexed only their users: 8 bytes per user of the population plus its ratings).
 The shard is built in this process exactly as a Ray actor builds it (``Shard``), without Ray.
+
+*Reduce bytes*: on a local Ray instance, the bytes of partial sums the shards send per round
+and what the driver fetches once reducer tasks have added them, for 1, 2, 4 and 8 shards
+(``--reduce-shards``; the model is the same bits for each).
 
 Example: python scripts/scale_limits.py --json eval/results/scale_limits.json
 """
@@ -18,6 +22,7 @@ Example: python scripts/scale_limits.py --json eval/results/scale_limits.json
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -54,14 +59,42 @@ def shard_memory(users: int, ratings_per_user: float, shard_counts) -> list[dict
     for n in shard_counts:
         t0 = time.perf_counter()
         shard = Shard(0, n, 1, spec)
-        held = sum(a.nbytes for a in (shard.users, shard.keys, *shard.data))
+        held = shard.held_bytes()
         ratings = shard.data[1].nbytes + shard.data[2].nbytes
-        rows.append({"shards": n, "shard_users": len(shard.users),
+        rows.append({"shards": n, "shard_users": len(shard.keys) - 2,
                      "shard_ratings": int(shard.data[0][-1]), "held_mib": held / MIB,
                      "index_over_all_users_mib": (8 * (users + 1) + ratings) / MIB,
                      "build_seconds": time.perf_counter() - t0})
         del shard
     return rows
+
+
+def reduce_bytes(users: int, m: int, rounds: int, shard_counts, cpus: int) -> list[dict]:
+    """Per shard count: the bytes of partial sums the shards send per round, and what the
+    driver fetches after the reducer tasks have added them (medians over the rounds)."""
+    import ray
+
+    from fedcf import FedReconMF
+    from fedcf.datasets import SyntheticPopulation
+    from fedcf.federated import RayExecutor
+    from fedcf.federated.ray_executor import LOOPBACK
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, **LOOPBACK)
+    try:
+        spec = SyntheticPopulation(users, 10_000, random_state=0)
+        rows = []
+        for n in shard_counts:
+            model = FedReconMF(n_factors=50, n_rounds=rounds, clients_per_round=m,
+                               random_state=0, executor=RayExecutor(n)).fit(spec)
+            h = model.history_[1:] or model.history_
+            rows.append({"shards": n, "users": users, "clients_per_round": m,
+                         "shard_bytes_up": float(np.median([r["shard_bytes_up"] for r in h])),
+                         "driver_bytes_up": float(np.median([r["driver_bytes_up"] for r in h])),
+                         "item_factors_sum": float(model.item_factors_.sum())})
+        return rows
+    finally:
+        ray.shutdown()
 
 
 def main(argv=None):
@@ -72,6 +105,12 @@ def main(argv=None):
     ap.add_argument("--shard-users", type=int, default=10_000_000)
     ap.add_argument("--ratings-per-user", type=float, default=20.0)
     ap.add_argument("--shards", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--reduce-users", type=int, default=100_000)
+    ap.add_argument("--reduce-clients", type=int, default=10_000)
+    ap.add_argument("--reduce-rounds", type=int, default=3)
+    ap.add_argument("--reduce-shards", type=int, nargs="*", default=[1, 2, 4, 8],
+                    help="Ray shard counts for the reduce bytes (none: skip, no Ray needed)")
+    ap.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     from fedcf.provenance import report_result, run_meta
@@ -80,7 +119,9 @@ def main(argv=None):
            "shard_memory": {"users": args.shard_users, "ratings_per_user": args.ratings_per_user,
                             "rows": shard_memory(args.shard_users, args.ratings_per_user,
                                                  args.shards)},
-           "meta": run_meta("scale_limits.py", argv)}
+           "reduce": reduce_bytes(args.reduce_users, args.reduce_clients, args.reduce_rounds,
+                                  args.reduce_shards, args.cpus) if args.reduce_shards else [],
+           "meta": run_meta("scale_limits.py", argv, packages=("ray",))}
     return report_result(out, args.json)
 
 

@@ -52,6 +52,7 @@ def test_scale_limits_quick_reports_selection_against_uniform_and_shard_bytes(tm
     out = load_script("scale_limits").main([
         "--users", "200000", "--clients-per-round", "100", "--rounds", "3",
         "--shard-users", "20000", "--ratings-per-user", "3", "--shards", "2", "8",
+        "--reduce-shards",
         "--json", str(tmp_path / "limits.json")])
     sel = out["selection"]
     assert 50 < sel["poisson_secure"]["mean_cohort"] < 150

@@ -114,9 +114,12 @@ def test_a_ray_shard_holds_only_its_users_and_answers_as_the_whole_population():
 def _shard_checks(Shard, shard_of, BoundLocalExecutor, Cohort):
     big = SyntheticPopulation(10_000_000, 40, ratings_per_user=1, activity_sigma=0.0)
     held = {n: Shard(0, n, 1, big) for n in (16, 64)}
-    size = {n: sum(a.nbytes for a in (s.users, s.keys, *s.data)) for n, s in held.items()}
-    assert len(held[64].users) == len(big.block_users(0)) == len(held[64].data[0]) - 1
-    assert size[64] < size[16] / 3.5 and size[64] < 40 * len(big.block_users(0))
+    size = {n: s.held_bytes() for n, s in held.items()}
+    assert len(held[64].keys) - 2 == len(big.block_users(0)) == len(held[64].data[0]) - 1
+    assert size[64] < size[16] / 3.5 and size[64] < 30 * len(big.block_users(0))
+    users, _, _ = held[16].describe()
+    np.testing.assert_array_equal(users, np.sort(np.concatenate(
+        [big.block_users(b) for b in range(4)])))
 
     spec = SyntheticPopulation(3000, 60, ratings_per_user=9, random_state=2)
     est = FedReconMF(n_factors=3, random_state=0)

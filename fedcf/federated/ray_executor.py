@@ -207,10 +207,12 @@ def shard_groups(shard: int, n_shards: int) -> tuple[int, int]:
 
 class Shard:
     """One actor's part of the population: the ratings of the users of its shard in a CSR
-    over those users only (row r holds dense user ``users[r]``), so its memory falls as shards
-    are added. Each row's random stream is keyed by its dense user id (``rng.client_key``), so
-    client outputs are exactly the local executor's. ``data`` is (users, indptr, items,
-    values), the shard's rows cut on the driver, or a population spec whose blocks it builds."""
+    over those users only, so its memory falls as shards are added. The shard's users are every
+    dense id in its reduce groups [a, b), ascending: user u is row (u // 64)·(b − a) + u % 64 − a.
+    Each row's random stream is keyed by its dense user id (``rng.client_key``; ``keys`` =
+    [seed, round, id per row]), so client outputs are exactly the local executor's. ``data`` is
+    (users, indptr, items, values), the shard's rows cut on the driver, or a population spec
+    whose blocks it builds."""
 
     def __init__(self, shard: int, n_shards: int, threads: int, data):
         import numba
@@ -218,15 +220,28 @@ class Shard:
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
         self.shard, self.n_shards = shard, n_shards
         if isinstance(data, tuple):
-            self.users, self.data, self.stats = data[0], data[1:], None
+            users, self.data, self.stats = data[0], data[1:], None
         else:  # population blocks = reduce groups, so the shard's blocks are whole
             blocks = list(range(*shard_groups(shard, n_shards)))
-            self.users, *rows = data.build_rows(blocks)
+            users, *rows = data.build_rows(blocks)
             self.data = tuple(rows)
-            self.stats = _value_sums(self.users, self.data, blocks)
-        self.keys = np.empty(len(self.users) + 2, np.uint64)  # [seed, round, key per row]
-        self.keys[2:] = self.users
+            self.stats = _value_sums(users, self.data, blocks)
+        if not np.array_equal(self.rows_of(users), np.arange(len(users))):
+            raise ValueError(f"shard {shard} was given users that are not all the ids of its "
+                             "reduce groups, in order")
+        self.keys = np.empty(len(users) + 2, np.uint64)  # [seed, round, key per row]
+        self.keys[2:] = users
         self.executor = None
+
+    def rows_of(self, clients) -> np.ndarray:
+        """The CSR rows of dense ids of this shard's groups."""
+        a, b = shard_groups(self.shard, self.n_shards)
+        clients = np.asarray(clients, np.int64)
+        return clients // REDUCE_GROUPS * (b - a) + clients % REDUCE_GROUPS - a
+
+    def held_bytes(self) -> int:
+        """Bytes of what the shard keeps for the run (stream keys, CSR index, items, ratings)."""
+        return int(self.keys.nbytes + sum(a.nbytes for a in self.data))
 
     def set_program(self, program) -> int:
         self.executor = BoundLocalExecutor(program, self.data)
@@ -234,15 +249,17 @@ class Shard:
 
     def describe(self):
         """(users, their counts, per-block value sums) of a shard built from a spec."""
-        return self.users, np.diff(self.data[0]), self.stats
+        return self.keys[2:].astype(np.int64), np.diff(self.data[0]), self.stats
 
     def _rows(self, clients, ids):
         """The CSR rows of dense ``clients`` (all must be this shard's) and the round's
         stream keys."""
         clients = np.asarray(clients, np.int64)
-        rows = np.searchsorted(self.users, clients)
-        if len(clients) and (rows.max() >= len(self.users) or
-                             not np.array_equal(self.users[rows], clients)):
+        rows = self.rows_of(clients)
+        a, b = shard_groups(self.shard, self.n_shards)
+        group = clients % REDUCE_GROUPS
+        if len(clients) and ((clients < 0) | (group < a) | (group >= b) |
+                             (rows >= len(self.keys) - 2)).any():
             raise ValueError(f"shard {self.shard} was sent clients it does not hold")
         self.keys[:2] = np.asarray(ids, np.uint64)[:2]
         return _cohort(rows), self.keys
