@@ -77,6 +77,7 @@ def fit_once(args) -> dict:
             "broadcast_seconds": med("broadcast_seconds"),
             "client_seconds": med("client_seconds"), "reduce_seconds": med("reduce_seconds"),
             "server_seconds": med("server_seconds"),
+            "shard_bytes_up": med("shard_bytes_up"), "driver_bytes_up": med("driver_bytes_up"),
             "client_updates_per_second": args.clients_per_round / med("seconds"),
             "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "worker_peak_mib": None if workers is None else [w / MIB for w in workers],
