@@ -113,21 +113,28 @@ class SyntheticPopulation:
     def build_rows(self, blocks=None):
         """(users, indptr, items, values): the users of ``blocks`` (default: every block),
         ascending, and a CSR over them only — row r holds user ``users[r]`` — so its memory
-        grows with those users, not with n_users (what a Ray shard keeps)."""
+        grows with those users, not with n_users (what a Ray shard keeps). User 64q + b of
+        the j-th selected block is row q·(number of blocks) + j: the blocks' ratings are
+        written straight into place, each block freed once written."""
         blocks = sorted({int(b) for b in (range(BLOCKS) if blocks is None else blocks)
                          if int(b) < min(self.n_users, BLOCKS)})
         self._check_memory(len(blocks))
         parts = [self.build_block(b) for b in blocks]
-        if not parts:
-            return (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32),
-                    np.zeros(0))
-        users, counts, items, values = (np.concatenate(a) for a in zip(*parts))
-        order = np.argsort(users, kind="stable")
-        indptr = np.zeros(len(users) + 1, np.int64)
-        np.cumsum(counts[order], out=indptr[1:])
-        source = (np.cumsum(counts) - counts)[order]  # where each row starts in the blocks
-        take = np.repeat(source - indptr[:-1], counts[order]) + np.arange(int(indptr[-1]))
-        return users[order], indptr, items[take], values[take]
+        n_rows = sum(len(p[0]) for p in parts)
+        rows = [p[0] // BLOCKS * len(blocks) + j for j, p in enumerate(parts)]
+        users, counts = np.empty(n_rows, np.int64), np.empty(n_rows, np.int64)
+        for r, (u, c, _, _) in zip(rows, parts):
+            users[r], counts[r] = u, c
+        indptr = np.zeros(n_rows + 1, np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        items = np.empty(int(indptr[-1]), np.int32)
+        values = np.empty(int(indptr[-1]))
+        for j, r in enumerate(rows):
+            _, c, it, v = parts[j]
+            dest = np.repeat(indptr[r], c) + _within(c)
+            items[dest], values[dest] = it, v
+            parts[j] = None  # freed as the result's pages fill
+        return users, indptr, items, values
 
     def _check_memory(self, n_blocks: int):
         """Refuse up front, with the figure, a build that would not fit in this machine's RAM

@@ -165,13 +165,11 @@ def device_files(folder, data: dict, nodes: int) -> tuple[list[str], str]:
 def node_costs(folder, nodes: int) -> list[dict]:
     """What each message cost the device that answered it, as the nodes logged it on their own
     machine (``fedcf.flower.app.node_cost``: nothing of it was sent to the server)."""
-    from fedcf.flower.app import COST_TAG
-
     out = []
     for k in range(nodes):
-        for line in (Path(folder) / f"supernode{k}.log").read_text().splitlines():
-            if COST_TAG in line:
-                out.append({"node": k, **json.loads(line.split(COST_TAG, 1)[1])})
+        path = Path(folder) / f"node{k}_cost.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        out += [{"node": k, **json.loads(line)} for line in lines if line.strip()]
     return out
 
 
@@ -247,10 +245,11 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     limit = ["timeout", "-s", "KILL", str(int(deadline) + 30)]
     procs, outside, t0, killed = [], set(), time.monotonic(), None
 
-    def start(name, args):
+    def start(name, args, extra_env=None):
         log = open(folder / f"{name}.log", "w")
         procs.append(subprocess.Popen(limit + args, stdout=log, stderr=subprocess.STDOUT,
-                                      env=env, cwd=folder, start_new_session=True))
+                                      env={**env, **(extra_env or {})}, cwd=folder,
+                                      start_new_session=True))
         return procs[-1]
 
     link_tls = ["--ssl-ca-certfile", str(creds["ca"]), "--ssl-certfile", str(creds["cert"]),
@@ -276,7 +275,8 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                 tool("flower-supernode"), *node_tls, "--superlink", f"127.0.0.1:{link}",
                 "--host", "127.0.0.1", "--port", str(free_port()),
                 "--node-config", node_configs[k % nodes] if node_configs else
-                f"partition-id={k % nodes} num-partitions={nodes}"])
+                f"partition-id={k % nodes} num-partitions={nodes}"],
+                {"FEDCF_NODE_COST_LOG": str(folder / f"node{k}_cost.jsonl")})
             if k >= nodes:
                 outside.add(node.pid)
         run = subprocess.run([tool("flwr"), "run", str(app), "local"], env=env, cwd=folder,

@@ -9,6 +9,7 @@ import json
 import logging
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from fedcf import FedReconMF  # noqa: E402
 from fedcf.flower import Settings, fit_in_process, make_client_app, serve, write_app  # noqa: E402
 from fedcf.flower.node import load_dataset  # noqa: E402
-from fedcf.flower.wire import UPLOAD_FIELDS, arrays  # noqa: E402
+from fedcf.flower.wire import SUM_FIELDS, UPLOAD_FIELDS, arrays  # noqa: E402
 
 DATA = {"dataset": "synthetic", "synthetic-users": 240, "synthetic-items": 50,
         "synthetic-ratings": 4800, "synthetic-seed": 3}
@@ -148,8 +149,9 @@ DP_PARAMS = {**PARAMS, "rating_scale": [1.0, 5.0], "aggregator": DP, "clients_pe
 def test_under_dp_the_directory_holds_no_count_or_sum_and_the_model_is_the_in_process_one(
         tmp_path):
     """Under DP the server learns who is eligible and the catalog, nothing of a user's ratings
-    before an upload; with seeded (insecure, test-only) noise the Flower model is the in-process
-    one bit for bit, so the reply-declared layout is the one the counts would give."""
+    before a node's sums; with seeded (insecure, test-only) noise the Flower model is the
+    in-process one (bit for bit in this small run; in general up to rounding, since a reduce
+    group's clients are added node by node)."""
     grid = FakeGrid(partitions(3))
     with pytest.warns(UserWarning, match="insecure_seeded_noise"):
         res, model = run(grid, tmp_path, DP_PARAMS)
@@ -176,9 +178,13 @@ def test_under_dp_a_node_lists_only_its_eligible_users():
 
 
 def test_under_dp_a_reply_that_lies_about_its_layout_is_refused(tmp_path):
+    """Adaptive clipping is not linear, so under it every upload crosses: a reply's layout is
+    checked to be FedRecon's (its weights are its query sizes)."""
     grid = FakeGrid(partitions(3), tamper={BIG + 1: _replace_upload("weights", lambda a: a + 1)})
+    adaptive = {**DP_PARAMS, "aggregator": {**DP, "name": "differential-privacy",
+                                            "target_quantile": 0.5}}
     with pytest.warns(UserWarning, match="insecure_seeded_noise"):
-        res, _ = run(grid, tmp_path, DP_PARAMS)
+        res, _ = run(grid, tmp_path, adaptive)
     assert any("not the clients' query sizes" in r["reason"] for r in res["refusals"])
     with pytest.raises(ValueError, match="weight_cap needs every user's rating count"):
         Settings(params={**DP_PARAMS, "aggregator": {**DP, "weight_cap": 5.0}}).check()
@@ -715,14 +721,115 @@ def test_one_wild_node_is_clipped_by_default(tmp_path):
     one node of four sending deltas scaled 1000-fold barely moves the held-out RMSE, where the
     plain mean (named explicitly) lets it move the RMSE several percent in four rounds."""
     wild = {BIG + 1: _replace_upload("d_Q", lambda a: a * 1e3)}
+    wild_sums = {BIG + 1: _edit_reply("sums", "s_Q", lambda a: a * 1e3)}  # the plain mean's
     honest, _ = run(FakeGrid(partitions(4)), tmp_path, {**PARAMS, "eval_every": 0})
     clipped, _ = run(FakeGrid(partitions(4), tamper=wild), tmp_path, PARAMS)
-    plain, _ = run(FakeGrid(partitions(4), tamper=wild), tmp_path,
+    plain, _ = run(FakeGrid(partitions(4), tamper=wild_sums), tmp_path,
                    {**PARAMS, "aggregator": {"name": "mean"}})
     base = honest["recon_eval"]["rmse"]
     assert clipped["recon_eval"]["rmse"] < 1.01 * base, (clipped["recon_eval"], base)
     assert plain["recon_eval"]["rmse"] > 1.05 * base, (plain["recon_eval"], base)
     assert all(h["clients_clipped"] > 0 for h in clipped["history"])
+
+
+LINEAR = [{"name": "mean"}, {"name": "norm-clipped", "clip_norm": 0.3}, DP]
+
+
+@pytest.mark.parametrize("aggregator", LINEAR, ids=["mean", "clipped", "dp"])
+def test_a_linear_aggregate_gets_each_nodes_sums_never_an_upload(tmp_path, aggregator):
+    """For a linear aggregate each node applies its public recipe to its clients and sends
+    their sums per reduce group and item: no upload crosses, and the model is the in-process
+    one up to float rounding (a group's clients are added node by node)."""
+    params = {**PARAMS, "clients_per_round": 150, "rating_scale": [1.0, 5.0],
+              "aggregator": aggregator}
+    grid = FakeGrid(partitions(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # DP's seeded test noise says so
+        res, model = run(grid, tmp_path, params)
+        ref, _ = reference(params)
+    np.testing.assert_allclose(model.item_factors_, ref.item_factors_, rtol=1e-4, atol=1e-6)
+    ups = [r for kind, d, r in grid.log if kind == "train" and d == "up"]
+    assert ups and all(r == {"sums": sorted(SUM_FIELDS)} for r in ups)
+    downs = [r for kind, d, r in grid.log if kind == "train" and d == "down"]
+    assert all("recipe" in r["config"] for r in downs)
+    assert res["refusals"] == []
+
+
+def _edit_sums(field, change):
+    return _edit_reply("sums", field, change)
+
+
+def _add_column(k, amount):
+    def change(stats):
+        stats = stats.copy()
+        stats[:, k] += amount
+        return stats
+    return change
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (_edit_sums("s_Q", lambda a: a * 1e3), "longer than 0.3 times"),
+    (_edit_sums("s_b", lambda a: np.full_like(a, np.inf)), "must be finite"),
+    (_edit_sums("stats", _add_column(0, 100.0)), "weights exceed"),
+    (_edit_sums("stats", _add_column(1, 1.0)), "do not count the clients"),
+    (_edit_sums("items", lambda a: a + 10_000), "items outside"),
+    (_edit_sums("groups", lambda a: np.full_like(a, a[0])), "twice"),
+    (_edit_sums("stat_groups", lambda a: (a + 1) % 64), "one per reduce group"),
+    (_edit_sums("worst_client", lambda a: a + 100_000), "worst client"),
+    (_edit_sums("s_Q", lambda a: a[:, :-1]), "s_Q has shape"),
+])
+def test_sums_no_set_of_its_clients_could_send_are_refused(tmp_path, tamper, reason):
+    """A node's sums are checked against what its clients could send one by one: their reduce
+    groups, counts and weights, the catalog, finiteness, and the clip (a node moves the model
+    no more than C per unit of its clients' weight). The node is named; the round goes on."""
+    params = {**PARAMS, "aggregator": {"name": "norm-clipped", "clip_norm": 0.3}}
+    res, model = run(FakeGrid(partitions(4), tamper={BIG + 1: tamper}), tmp_path, params)
+    refused = [r for r in res["refusals"] if r["stage"].startswith("round")]
+    assert refused and all(reason in r["reason"] and r["node"] == BIG + 1 for r in refused)
+    assert len(res["history"]) == PARAMS["n_rounds"] and np.isfinite(model.item_factors_).all()
+
+
+@pytest.mark.parametrize("recipe, reason", [
+    ("{", "recipe is not a JSON object"),
+    ('{"clip": 1.0, "cap": null, "weighted": true}', "recipe is not a JSON object"),
+    ('{"clip": NaN, "cap": null, "weighted": true, "exponent": 1}', "clip=nan"),
+    ('{"clip": -1, "cap": null, "weighted": false, "exponent": 1}', "clip=-1.0"),
+    ('{"clip": 1, "cap": 0, "weighted": false, "exponent": 1}', "cap=0.0"),
+    ('{"clip": 1, "cap": null, "weighted": true, "exponent": Infinity}', "exponent=inf"),
+])
+def test_a_node_refuses_a_recipe_it_must_not_compute_with(recipe, reason):
+    from fedcf.flower.node import train
+
+    own = load_dataset(DATA).subset_users(np.arange(4))
+    glob = arrays(Q=np.zeros((own.n_items, 6), np.float32), b=np.zeros(own.n_items, np.float32),
+                  ids=np.array([1, 0]))
+    config = {"users": [int(u) for u in own.user_ids], "clients": [0, 1, 2, 3], "mu": 3.0,
+              "params": json.dumps({"n_factors": 6})}
+    assert set(train(own, {**config, "recipe": '{"clip": 1, "cap": null, "weighted": true, '
+                                               '"exponent": 1}'}, glob)) == {"sums"}
+    with pytest.raises(ValueError, match=reason):
+        train(own, {**config, "recipe": recipe}, glob)
+
+
+def test_node_sums_are_the_aggregators_partial_sums():
+    """The recipe a node applies gives the numbers the aggregator itself computes, bit for bit
+    (weighted mean, norm clipping, DP with a weight cap)."""
+    from fedcf.federated import DPGaussianMean, NormClippedMean, RoundHyperparams, WeightedMean
+    from fedcf.flower.node import client_outputs, node_sums
+
+    own = load_dataset(DATA).subset_users(np.arange(12))
+    rng = np.random.default_rng(0)
+    glob = arrays(Q=rng.normal(0, 0.1, (own.n_items, 6)).astype(np.float32),
+                  b=np.zeros(own.n_items, np.float32), ids=np.array([1, 3]))
+    out = client_outputs(own, {"users": [int(u) for u in own.user_ids],
+                               "clients": list(range(0, 120, 10)), "mu": 3.0,
+                               "params": json.dumps({"n_factors": 6})}, glob)
+    hp = RoundHyperparams(1.0, {}, weight_exponent=0.5)
+    for agg in (WeightedMean(), NormClippedMean(0.05), DPGaussianMean(0.05, 1.0, weight_cap=3)):
+        want = agg.partials(out, hp)
+        got = node_sums(out, {**agg.node_recipe(), "exponent": 0.5})
+        for f in ("groups", "items", "s_Q", "s_b", "stat_groups", "stats", "worst_client"):
+            np.testing.assert_array_equal(getattr(got, f), getattr(want, f))
 
 
 class ChurnGrid(FakeGrid):
@@ -785,11 +892,14 @@ def test_each_round_samples_the_connected_nodes_and_a_returning_node_rejoins(tmp
     assert not any("no reply" in r or "Node Unavailable" in r for r in reasons), reasons
 
 
-def test_a_divergence_caused_by_one_node_names_the_node(tmp_path):
-    """With the plain mean, one node sending 10^30-scaled deltas makes the run diverge: the
-    error names that node and what was measured (it used to blame server_learning_rate)."""
-    wild = {BIG + 1: _replace_upload("d_Q", lambda a: a * 1e30)}
+@pytest.mark.parametrize("aggregator,record,field", [
+    ({"name": "mean"}, "sums", "s_Q"),  # linear: the node sends its clients' sums
+    ({"name": "trimmed-mean", "beta": 0.0}, "upload", "d_Q")])  # every upload
+def test_a_divergence_caused_by_one_node_names_the_node(tmp_path, aggregator, record, field):
+    """With an unclipped aggregate, one node sending 10^30-scaled deltas (or sums) makes the
+    run diverge: the error names that node and what was measured (it used to blame
+    server_learning_rate)."""
+    wild = {BIG + 1: _edit_reply(record, field, lambda a: a * 1e30)}
     with pytest.raises(FloatingPointError, match=rf"one node's uploads dwarf.*node {BIG + 1}'s "
-                                                 r"largest upload norm"):
-        run(FakeGrid(partitions(4), tamper=wild), tmp_path,
-            {**PARAMS, "aggregator": {"name": "mean"}})
+                                                 r"updates had norm"):
+        run(FakeGrid(partitions(4), tamper=wild), tmp_path, {**PARAMS, "aggregator": aggregator})

@@ -72,6 +72,12 @@ class NormClippedMean(WeightedMean):
     def linear(self) -> bool:  # a median over the round's uploads is not a sum
         return self.clip_norm != "median"
 
+    def node_recipe(self) -> dict | None:
+        if not self.linear or type(self).client_numerators is not \
+                NormClippedMean.client_numerators:
+            return None
+        return {"clip": float(self.clip_norm), "cap": None, "weighted": True}
+
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
         norms = upload_norms(out)
         clip = self.clip_norm

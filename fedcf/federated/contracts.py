@@ -338,6 +338,12 @@ class Aggregator(Params, ABC):
     def sampling(self) -> str:
         return "any"
 
+    def node_recipe(self) -> dict | None:
+        """A linear aggregator's public rule for each client's factor, which a node running
+        several clients applies itself to send their sums (``phases.recipe_numerators``);
+        None: the node sends every upload."""
+        return None
+
     # whether the Poisson cohorts come from the OS's secure generator, and whether the
     # accountant's ε is a guarantee (both False only for seeded, reproducible DP noise)
     secret_sampling: ClassVar[bool] = False

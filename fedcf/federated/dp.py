@@ -295,6 +295,13 @@ class DifferentialPrivacy(WeightedMean):
         at or below C) — ``phases.clip_factors`` with this round's clip."""
         return clip_factors(out, w, self.clip_, self.weight_cap)
 
+    def node_recipe(self) -> dict | None:
+        if not self.linear or type(self).client_numerators is not \
+                DifferentialPrivacy.client_numerators:
+            return None
+        cap = None if self.weight_cap is None else float(self.weight_cap)
+        return {"clip": float(self.clip_), "cap": cap, "weighted": False}
+
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
         clip, unclipped = self.client_factors(out, w)
         self.unclipped_ = int(unclipped.sum())

@@ -106,6 +106,44 @@ def group_sums(out, clients, num, w, bad, empty) -> PartialSums:
     return replace(parts, groups=key[:r] // span, items=key[:r] % span, s_Q=dq[:r], s_b=db[:r])
 
 
+def add_nodes(parts) -> PartialSums:
+    """Level-0 sums of several nodes whose clients share reduce groups (Flower nodes: a
+    device's users fall in any group), added row by row in the given order: one row per
+    (group, item), the groups' counters added, each group's worst client the largest loss.
+    Deterministic for a fixed order; equal to the in-process sums up to float rounding, since
+    a group's clients are added node by node rather than in cohort order."""
+    cat = PartialSums.concat(parts)
+    if (cat.node_levels() != 0).any():
+        raise ValueError("add_nodes takes level-0 sums (group_sums), not compacted ones")
+    span = int(cat.items.max()) + 1 if len(cat.items) else 1
+    key = cat.groups * span + cat.items
+    order = np.argsort(key, kind="stable")
+    starts = np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1]]) \
+        if len(order) else np.zeros(0, np.int64)
+    first = order[starts]
+    s_Q = np.add.reduceat(cat.s_Q[order], starts) if len(order) else cat.s_Q
+    s_b = np.add.reduceat(cat.s_b[order], starts) if len(order) else cat.s_b
+    g_order = np.argsort(cat.stat_groups, kind="stable")
+    g_sorted = cat.stat_groups[g_order]
+    g_starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]]) \
+        if len(g_order) else np.zeros(0, np.int64)
+    stats = np.add.reduceat(cat.stats[g_order], g_starts) if len(g_order) else cat.stats
+    worst_c, worst_l = [], []
+    for a, b in zip(g_starts, np.r_[g_starts[1:], len(g_order)]):
+        run = g_order[a:b]
+        has = run[cat.worst_client[run] >= 0]
+        pick = has[np.lexsort((cat.worst_client[has], -cat.worst_loss[has]))[0]] \
+            if len(has) else run[0]
+        worst_c.append(cat.worst_client[pick])
+        worst_l.append(cat.worst_loss[pick])
+    rank = None
+    if cat.rank is not None:
+        rank = np.add.reduceat(cat.rank[g_order], g_starts) if len(g_order) else cat.rank
+    return PartialSums(cat.groups[first], cat.items[first], s_Q, s_b, g_sorted[g_starts],
+                       stats, np.asarray(worst_c, np.int64), np.asarray(worst_l, np.float64),
+                       rank, None)
+
+
 def merged_sums(out, clients, num, w, bad, empty) -> Merged:
     """``merge(group_sums(...))``, bit for bit, in one pass over the entries without making
     a row per group and item (for client outputs that are all in this process)."""

@@ -426,6 +426,15 @@ class WeightedMean(Aggregator):
         """Factor of client k's entries in the sum (here w_k); computed from its own upload."""
         return w
 
+    def node_recipe(self) -> dict | None:
+        """How a node that runs several clients computes their factors itself
+        (``recipe_numerators``), so it can send their sums instead of their uploads; None
+        when this aggregator's factors have no public recipe (a subclass's own)."""
+        if not self.linear or type(self).client_numerators is not \
+                WeightedMean.client_numerators:
+            return None
+        return {"clip": None, "cap": None, "weighted": True}
+
     def denominator(self, totals: dict) -> float:
         """What the merged sum is divided by (here Σ w_k of the used clients)."""
         return totals["weight"]
@@ -483,6 +492,18 @@ def entries(out: ClientOutputs, hp: RoundHyperparams):
         return bad, w, n_empty, owner, valid, None
     order = np.argsort(np.where(valid, out.items, -1), kind="stable")
     return bad, w, n_empty, owner, valid, order
+
+
+def recipe_numerators(out: ClientOutputs, w: np.ndarray, recipe: dict) -> np.ndarray:
+    """Each client's factor in a linear aggregate from a public recipe (``node_recipe``): w_k
+    (no clip); w_k·min(1, C/‖Δ_k‖) (``weighted``: norm clipping); or the DP clip rule with
+    its capped weights (``clip_factors``). The same numbers the aggregator computes."""
+    clip = recipe["clip"]
+    if clip is None:
+        return w
+    if recipe["weighted"]:
+        return w * np.minimum(1.0, clip / np.maximum(upload_norms(out), 1e-300))
+    return clip_factors(out, w, clip, recipe["cap"])[0]
 
 
 def clip_factors(out: ClientOutputs, w: np.ndarray, clip: float,

@@ -45,14 +45,18 @@ def _answer(msg, work):
         node_cost(msg, time.perf_counter() - started)
 
 
-COST_TAG = "fedcf-node-cost"
+COST_LOG = "FEDCF_NODE_COST_LOG"  # environment variable: the device's own cost log
 
 
-def node_cost(msg, seconds: float) -> dict:
-    """Log (stderr of the node's ClientApp process, one ``fedcf-node-cost {json}`` line) what
-    answering ``msg`` cost this device: the handler's seconds (loading the node's data
-    included), how old the process was when the message arrived (with Flower's subprocess
-    isolation: the start-up it paid), its CPU seconds and peak memory so far."""
+def node_cost(msg, seconds: float) -> dict | None:
+    """When the node's environment names a file in ``FEDCF_NODE_COST_LOG``, append to it (one
+    JSON line) what answering ``msg`` cost this device: the handler's seconds (loading the
+    node's data included), how old the process was when the message arrived (with Flower's
+    subprocess isolation: the start-up it paid), its CPU seconds and peak memory so far. The
+    log stays on the device; nothing of it is sent."""
+    path = os.environ.get(COST_LOG)
+    if not path:
+        return None
     import resource
 
     age = process_age()
@@ -60,7 +64,11 @@ def node_cost(msg, seconds: float) -> dict:
             "startup_seconds": None if age is None else max(age - seconds, 0.0),
             "cpu_seconds": time.process_time(),
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    print(f"{COST_TAG} {json.dumps(cost)}", file=sys.stderr, flush=True)
+    try:
+        with open(path, "a") as fh:  # one short line per write: appends do not interleave
+            fh.write(json.dumps(cost) + "\n")
+    except OSError as e:  # the device's log is not the message's business
+        print(f"fedcf: cannot write the node cost log {path!r}: {e}", file=sys.stderr)
     return cost
 
 
@@ -95,8 +103,8 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
 
     @capp.train()
     def fit(msg, context):
-        return _answer(msg, lambda: {"upload": train(own(context), msg.content["config"],
-                                                     msg.content["global"])})
+        return _answer(msg, lambda: train(own(context), msg.content["config"],
+                                          msg.content["global"]))
 
     @capp.train("secagg")
     def secagg(msg, context):  # secure aggregation: one protocol step (secure.node_step)

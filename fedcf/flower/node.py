@@ -1,17 +1,25 @@
 """The device side of the Flower app: a node's own ratings and what it does with a message.
 
-A node (a Flower SuperNode) holds one partition of a dataset: the users whose position in the
-dataset's sorted user ids is ``partition-id`` modulo ``num-partitions`` (both from the node's
-``node_config``; Flower's simulation engine sets them, a deployed SuperNode gets them from
-``--node-config "partition-id=0 num-partitions=2"``). With as many partitions as users a node is
-one person's device. The dataset comes from the run's config (``dataset``: "ml-100k",
-"synthetic" or "file" with ``data-path``), so every node sees the same item catalog.
+A deployed node is a device holding its own data: its node config names a ratings file
+(``--node-config "data-path=/data/ratings.csv"``) that only it reads; the server never names it.
+The server sends the run's item catalog with its directory query (kept in the run's
+``context.state`` for the later messages); the node maps its items into it (unknown items are
+left out and counted) and sizes every array by its own users. The simulation harness is the
+other mode: a node keeps one partition of the dataset named in the run config — the users whose
+position in the dataset's sorted user ids is ``partition-id`` modulo ``num-partitions`` (Flower's
+simulation engine sets both; ``--node-config "partition-id=0 num-partitions=2"`` on a SuperNode)
+— so every node sees the same catalog.
+
+A train message asks for FedRecon client work for some of the node's users: the reply is their
+uploads, or, when the message carries a linear aggregator's recipe, only their sums per reduce
+group and item (``node_sums``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import math
 import numbers
@@ -21,8 +29,16 @@ import numpy as np
 
 from ..datasets import Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
 from ..eval.protocols import recon_sums
-from ..federated.phases import BoundLocalExecutor, ClientOutputs, Cohort
-from .wire import arrays, client_estimator, encode_upload
+from ..federated.partials import PartialSums, group_sums
+from ..federated.phases import (
+    BoundLocalExecutor,
+    ClientOutputs,
+    Cohort,
+    RoundHyperparams,
+    client_weights,
+    recipe_numerators,
+)
+from .wire import arrays, client_estimator, encode_sums, encode_upload
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
 _DEVICE: dict = {}  # (path, mtime, size) -> the device's own ratings
@@ -207,9 +223,44 @@ def global_model(own: Interactions, est, glob) -> tuple:
     return Q, b
 
 
-def train(own: Interactions, config, glob) -> object:
-    """FedRecon client work for the asked users: reconstruct, update, and the upload record."""
-    return encode_upload(client_outputs(own, config, glob))
+def train(own: Interactions, config, glob) -> dict:
+    """FedRecon client work for the asked users: reconstruct, update, and the reply's records —
+    every user's upload, or, when the message carries a linear aggregator's ``recipe``, only
+    their sums per reduce group and item (``node_sums``)."""
+    out = client_outputs(own, config, glob)
+    if "recipe" not in config:
+        return {"upload": encode_upload(out)}
+    return {"sums": encode_sums(node_sums(out, read_recipe(config)))}
+
+
+def node_sums(out: ClientOutputs, recipe: dict) -> PartialSums:
+    """The node's clients' sums for a linear aggregate: each client's factor from the public
+    recipe (``phases.recipe_numerators``), then the per-group sums a shard would send."""
+    hp = RoundHyperparams(1.0, {}, weight_exponent=recipe["exponent"])
+    bad, w, _ = client_weights(out, hp)
+    num = np.where(w > 0, recipe_numerators(out, w, recipe), 0.0)
+    return group_sums(out, out.client_ids(), num, w, bad, (w == 0) & ~bad)
+
+
+def read_recipe(config) -> dict:
+    """The message's aggregation recipe, checked: a device computes with finite numbers only."""
+    try:
+        raw = json.loads(str(config["recipe"]))
+        clip, cap = raw["clip"], raw["cap"]
+        recipe = {"clip": None if clip is None else float(clip),
+                  "cap": None if cap is None else float(cap),
+                  "weighted": bool(raw["weighted"]), "exponent": float(raw["exponent"])}
+    except (ValueError, TypeError, KeyError) as e:
+        raise NodeDataError(f"the message's recipe is not a JSON object with clip, cap, "
+                            f"weighted and exponent ({e})") from None
+    for key in ("clip", "cap"):
+        v = recipe[key]
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise NodeDataError(f"the message's recipe has {key}={v}; it must be a finite "
+                                "number > 0 or null")
+    if not math.isfinite(recipe["exponent"]):
+        raise NodeDataError(f"the message's recipe has exponent={recipe['exponent']}")
+    return recipe
 
 
 def client_outputs(own: Interactions, config, glob) -> ClientOutputs:

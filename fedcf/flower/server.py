@@ -20,6 +20,7 @@ from ..eval.splits import user_split_indices
 from ..federated.base import run_seed
 from ..federated.contracts import RoundExecutor
 from ..federated.fedrecon import FedReconMF
+from ..federated.partials import PartialSums, add_nodes
 from ..federated.phases import ClientOutputs, cohort_order, upload_norms
 from .settings import Settings
 from .wire import (
@@ -29,6 +30,7 @@ from .wire import (
     arrays,
     client_params,
     content_bytes,
+    decode_sums,
     decode_upload,
     flwr,
     read_arrays,
@@ -327,12 +329,15 @@ class FlowerExecutor(RoundExecutor):
         self.refusals, self.program, self.round_stats = refusals, None, {}
         self.counts = None if directory.counts is None else directory.counts[users]
         self.round, self.received = 0, {}  # message type -> record -> fields received
-        self.node_norms: dict = {}  # round -> node -> its largest finite upload norm
+        # round -> node -> its largest finite upload norm (with node sums: its sums' norm
+        # per client)
+        self.node_norms: dict = {}
 
     def node_finding(self):
         """A node to blame for a divergence (blame.py): in the earliest recorded round where
-        one node's largest upload norm is more than ``NODE_BLOWUP`` times the median of the
-        other nodes' — a node sending wild deltas. None when no node stands out (or the
+        one node's largest upload norm (with node sums: its sums' norm per client) is more
+        than ``NODE_BLOWUP`` times the median of the other nodes' — a node sending wild
+        deltas. None when no node stands out (or the
         uploads were masked: secure aggregation records none)."""
         from ..federated.blame import Finding
 
@@ -341,10 +346,11 @@ class FlowerExecutor(RoundExecutor):
             for node, top in norms.items():
                 others = [v for n, v in norms.items() if n != node]
                 if others and top > NODE_BLOWUP * max(float(np.median(others)), 1e-30):
-                    return Finding("node", f"in round {t} node {node}'s largest upload norm "
-                                           f"was {top:.3g}, against a median of "
+                    return Finding("node", f"in round {t} node {node}'s updates had norm "
+                                           f"{top:.3g} (its largest upload, or its sums per "
+                                           f"client), against a median of "
                                            f"{float(np.median(others)):.3g} over the other "
-                                           f"{len(others)} nodes' largest")
+                                           f"{len(others)} nodes'")
         return None
 
     def set_program(self, program) -> FlowerExecutor:
@@ -400,40 +406,86 @@ class FlowerExecutor(RoundExecutor):
         return replies
 
     def run(self, cohort, params, ids) -> ClientOutputs:
+        """Every asked client's upload, checked (``wire.decode_upload``), in cohort order."""
+        Q = params["Q"]
+
+        def decode(content, clients):
+            weights, slots = (None, None) if self.counts is None else \
+                self.program.layout(self.counts[clients])  # under DP: the reply's layout
+            out = decode_upload(content, clients=clients, slots=slots, weights=None if
+                                weights is None else weights.astype(np.float64),
+                                n_items=Q.shape[0], K=Q.shape[1], dtype=Q.dtype)
+            bad = ~out.finite_clients()
+            if bad.any():  # the aggregator leaves these out and counts them
+                self.refusals.add(self.stage, self.node, "non-finite values from clients "
+                                  f"{out.clients[bad].tolist()}: left out of the aggregate",
+                                  int(bad.sum()))
+            return out, upload_norms(out)[~bad]
+
+        got = self._train(cohort, params, ids, {}, decode)
+        if not got:
+            return _no_outputs(Q)
+        return ClientOutputs.concat([out for _, out, _ in got]).take(
+            cohort_order(cohort, [c for _, _, c in got]))
+
+    supports_partials = True
+
+    def partials(self, cohort, params, ids, aggregator, hp) -> PartialSums:
+        """A linear aggregate's sums, with no upload leaving a node: each node applies the
+        aggregator's public recipe (``node_recipe``) to its clients and sends their sums per
+        reduce group and item (``node.node_sums``); the server checks each node's sums
+        against what its clients could send one by one (``wire.decode_sums``: counts, weights,
+        the clip's norm bound) and adds them node by node in node-id order
+        (``partials.add_nodes`` — the in-process model up to float rounding). An aggregator
+        without a recipe gets the uploads."""
+        recipe = aggregator.node_recipe()
+        if recipe is None:
+            return aggregator.partials(self.run(cohort, params, ids), hp)
+        recipe = {**recipe, "exponent": float(hp.weight_exponent)}
+        Q = params["Q"]
+
+        def decode(content, clients):
+            w = None
+            if self.counts is not None:
+                n = self.program.layout(self.counts[clients])[0].astype(np.float64)
+                w = np.where(n > 0, n ** recipe["exponent"], 0.0)
+            parts = decode_sums(content, clients=clients, n_items=Q.shape[0], K=Q.shape[1],
+                                recipe=recipe, weights=w)
+            size = np.sqrt(float(np.sum(parts.s_Q ** 2) + np.sum(parts.s_b ** 2)))
+            return parts, np.array([size / max(len(clients), 1)])
+
+        got = self._train(cohort, params, ids, {"recipe": json.dumps(recipe)}, decode)
+        if not got:
+            return aggregator.partials(_no_outputs(Q), hp)
+        return add_nodes([parts for _, parts, _ in sorted(got, key=lambda g: g[0])])
+
+    def _train(self, cohort, params, ids, extra: dict, decode) -> list:
+        """One training exchange: each node gets the global model and its clients' config
+        (plus ``extra``); each reply goes through ``decode(content, clients)`` → (what it
+        holds, norms for blame), and a ReplyError refuses the node. Returns (node, decoded,
+        clients) for the accepted replies."""
         self.round_stats = {}
         glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
         asked = self.node_clients(cohort)
-        records = {n: {"global": glob, "config": flwr().ConfigRecord(self.client_config(c))}
+        records = {n: {"global": glob,
+                       "config": flwr().ConfigRecord({**self.client_config(c), **extra})}
                    for n, c in asked.items()}
-        Q, stage = params["Q"], f"round {int(ids[1])}"
-        parts, got = [], []
+        self.stage = f"round {int(ids[1])}"
+        got = []
         for node, content in self.send(records, flwr().MessageType.TRAIN, f"round-{int(ids[1])}",
-                                       stage, {n: len(c) for n, c in asked.items()}):
-            clients = asked[node]
+                                       self.stage, {n: len(c) for n, c in asked.items()}):
+            self.node = node
             try:
-                weights, slots = (None, None) if self.counts is None else \
-                    self.program.layout(self.counts[clients])  # under DP: the reply's layout
-                out = decode_upload(content, clients=clients, slots=slots, weights=None if
-                                    weights is None else weights.astype(np.float64),
-                                    n_items=Q.shape[0], K=Q.shape[1], dtype=Q.dtype)
+                held, norms = decode(content, asked[node])
             except ReplyError as e:
-                self.refusals.add(stage, node, str(e), len(clients))
+                self.refusals.add(self.stage, node, str(e), len(asked[node]))
                 continue
-            bad = ~out.finite_clients()
-            if bad.any():  # the aggregator leaves these out and counts them
-                self.refusals.add(stage, node, "non-finite values from clients "
-                                  f"{out.clients[bad].tolist()}: left out of the aggregate",
-                                  int(bad.sum()))
-            parts.append(out)
-            got.append(clients)
-            norms = upload_norms(out)[~bad]
+            got.append((node, held, asked[node]))
             if len(norms) and len(self.node_norms) < NORM_ROUNDS:  # the early rounds
                 self.node_norms.setdefault(int(ids[1]), {})[node] = float(norms.max())
         self.round_stats["flower_clients_refused"] = len(cohort.clients) - int(
-            sum(len(c) for c in got))
-        if not parts:
-            return _no_outputs(Q)
-        return ClientOutputs.concat(parts).take(cohort_order(cohort, got))
+            sum(len(c) for _, _, c in got))
+        return got
 
     supports_secure = True
 

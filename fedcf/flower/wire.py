@@ -9,6 +9,11 @@ client needs as JSON, μ, and for evaluation the rating scale and the split seed
 Up (node → server) after training: record ``"upload"`` (ArrayRecord) with exactly the fields of
 ``phases.ClientOutputs`` for the node's clients — sparse item-row deltas (``offsets``, ``items``,
 ``d_Q``, ``d_b``), query sizes ``weights``, query losses ``losses`` and the dense ``clients``.
+For a linear aggregator (weighted mean, norm clipping with a fixed clip, DP with a fixed clip)
+the train message's config also carries the aggregator's public ``recipe`` (clip, weight cap,
+weighting, exponent) and the node answers with record ``"sums"`` instead: its clients' sums
+per reduce group and item and the groups' counters (``partials.PartialSums``), never one
+client's upload; ``decode_sums`` checks them against what those clients could send.
 After evaluation: record ``"recon"`` (MetricRecord) with sums over the query ratings. After the
 directory query: record ``"users"`` (ArrayRecord) — raw user ids, rating counts, per-user rating
 sums — and the item catalog; under DP only the ids of the users with at least ``private-floor``
@@ -24,9 +29,12 @@ import numpy as np
 
 from .. import registry
 from ..federated.base import run_seed
+from ..federated.partials import STATS, PartialSums, reduce_group
 from ..federated.phases import ClientOutputs
 
 UPLOAD_FIELDS = ("offsets", "items", "d_Q", "d_b", "weights", "losses", "clients")
+SUM_FIELDS = ("groups", "items", "s_Q", "s_b", "stat_groups", "stats", "worst_client",
+              "worst_loss")
 DIRECTORY_FIELDS = ("users", "counts", "sums", "catalog")
 RECON_FIELDS = ("sse", "sae", "hits", "n", "users")
 # FedReconMF parameters that decide what a client computes (everything else is the server's)
@@ -145,6 +153,80 @@ def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray | None,
     return ClientOutputs(expect, items.astype(np.int64), a["d_Q"].astype(dtype, copy=False),
                          a["d_b"].astype(dtype, copy=False), weights,
                          a["losses"].astype(np.float64), None, clients)
+
+
+def encode_sums(parts: PartialSums) -> object:
+    """The sums record of a node's clients (``group_sums``: a row per reduce group and item)."""
+    if parts.rank is not None:
+        raise ValueError("a node sends the rank map of its clients only under secure "
+                         "aggregation")
+    return arrays(**{f: getattr(parts, f) for f in SUM_FIELDS})
+
+
+def decode_sums(content, *, clients: np.ndarray, n_items: int, K: int,
+                recipe: dict, weights: np.ndarray | None) -> PartialSums:
+    """A node's sums over the ``clients`` it was asked to run, after checking they can be sums
+    of those clients' uploads under ``recipe``: rows only for their reduce groups and the
+    catalog, each (group, item) once, finite; per group the number of clients asked, at most
+    their weight (``weights``, when the server knows the query sizes), and, with a clip C, a
+    norm of at most C times the factors' bound (w_k clipped to C each, or ≤ 1 each under DP)
+    — so a node moves the model no more than its clients could one by one."""
+    a = read_arrays(content, "sums", SUM_FIELDS)
+    asked = np.unique(reduce_group(clients))
+    rows, g = len(a["items"]), len(a["stat_groups"])
+    shapes = {"groups": (rows,), "s_Q": (rows, K), "s_b": (rows,), "stats": (g, len(STATS)),
+              "worst_client": (g,), "worst_loss": (g,)}
+    for f, shape in shapes.items():
+        if a[f].shape != shape:
+            raise ReplyError(f"sums field {f} has shape {a[f].shape}, expected {shape}")
+    for f in ("groups", "items", "stat_groups", "worst_client"):
+        if not np.issubdtype(a[f].dtype, np.integer):
+            raise ReplyError(f"sums field {f} must be integers, got {a[f].dtype}")
+    groups, items = a["groups"].astype(np.int64), a["items"].astype(np.int64)
+    if rows and (items.min() < 0 or items.max() >= n_items or not np.isin(groups, asked).all()):
+        raise ReplyError(f"its sums name items outside [0, {n_items}) or reduce groups of no "
+                         "client it was asked to run")
+    if len(np.unique(groups * n_items + items)) < rows:
+        raise ReplyError("its sums name one (group, item) twice")
+    stat_groups = a["stat_groups"].astype(np.int64)
+    if not np.array_equal(stat_groups, asked):
+        raise ReplyError("its counters are not one per reduce group of the clients asked")
+    for f in ("s_Q", "s_b", "stats"):
+        if not np.issubdtype(a[f].dtype, np.floating) or not np.isfinite(a[f]).all():
+            raise ReplyError(f"sums field {f} must be finite floating point")
+    stats = a["stats"].astype(np.float64)
+    where = np.searchsorted(asked, reduce_group(clients))
+    per_group = np.bincount(where, minlength=len(asked)).astype(np.float64)
+    if not np.array_equal(stats[:, STATS.index("n_clients")], per_group):
+        raise ReplyError("its counters do not count the clients it was asked to run")
+    worst = a["worst_client"].astype(np.int64)
+    if not np.isin(worst[worst >= 0], clients).all():
+        raise ReplyError("its worst client is not one of the clients it was asked to run")
+    _check_sum_bounds(groups, a["s_Q"], a["s_b"], stats, asked, where, recipe, weights)
+    return PartialSums(groups, items, a["s_Q"].astype(np.float64), a["s_b"].astype(np.float64),
+                       stat_groups, stats, worst, a["worst_loss"].astype(np.float64))
+
+
+def _check_sum_bounds(groups, s_Q, s_b, stats, asked, where, recipe, weights):
+    """Each group's weight at most its clients' (known query sizes) and, with a clip, its
+    sums' norm at most C × the largest factors its clients could have."""
+    most = np.bincount(where, weights=weights, minlength=len(asked)) \
+        if weights is not None else None
+    if most is not None and (stats[:, STATS.index("weight")] > most * (1 + 1e-9) + 1e-12).any():
+        raise ReplyError("its weights exceed its clients' query sizes")
+    if recipe.get("clip") is None:
+        return
+    if recipe["weighted"] and most is None:
+        raise ReplyError("a clipped weighted mean needs the clients' query sizes")
+    bound = recipe["clip"] * (most if recipe["weighted"] else
+                              np.bincount(where, minlength=len(asked)).astype(np.float64))
+    sq = np.zeros(len(asked))
+    np.add.at(sq, np.searchsorted(asked, groups),
+              np.einsum("ij,ij->i", s_Q.astype(np.float64), s_Q.astype(np.float64)) +
+              np.square(s_b.astype(np.float64)))
+    if (np.sqrt(sq) > bound * (1 + 1e-6) + 1e-12).any():
+        raise ReplyError(f"its sums are longer than {recipe['clip']:g} times its clients' "
+                         "weights (the clip) allow")
 
 
 def _reply_layout(a: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
