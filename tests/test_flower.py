@@ -231,6 +231,23 @@ def test_bad_reply_is_refused_and_round_goes_on(tmp_path, caplog, tamper, reason
     assert sum(r["flower_clients_refused"] for r in res["history"]) > 0
 
 
+def test_a_round_with_fewer_replies_than_min_replies_is_not_aggregated(tmp_path):
+    """One node of four never answers: with min-replies=4 no round is aggregated (the model
+    stays the initial one and each round says why); with min-replies=3 every round is."""
+    silent = {BIG + 2: lambda msg, reply: None if msg.metadata.message_type == "train"
+              else reply}
+    params = {**PARAMS, "eval_every": 0}
+    strict, model = run(FakeGrid(partitions(4), tamper=silent), tmp_path, params, min_replies=4)
+    assert all(h["clients_used"] == 0 for h in strict["history"])
+    dropped = [r for r in strict["refusals"] if "below min-replies=4" in r["reason"]]
+    assert len(dropped) == PARAMS["n_rounds"] and all(r["node"] == -1 for r in dropped)
+    loose, _ = run(FakeGrid(partitions(4), tamper=silent), tmp_path, params, min_replies=3)
+    assert all(h["clients_used"] > 0 for h in loose["history"])
+    assert not any("min-replies" in r["reason"] for r in loose["refusals"])
+    with pytest.raises(ValueError, match="min-replies must be >= 1"):
+        Settings(min_replies=0).check()
+
+
 def test_nan_from_a_client_is_left_out_and_logged(tmp_path):
     grid = FakeGrid(partitions(4), tamper={BIG + 2: _replace_upload(
         "d_Q", lambda a: np.full_like(a, np.nan))})

@@ -12,8 +12,9 @@ aggregator, hyperparameters) in the object store once; every actor runs the same
 kernel on its sampled clients and returns, for a linear aggregator (weighted mean, norm
 clipping, DP), only the sums of its subtrees of the fixed reduction tree
 (``PartialSums.compact``) — never a client's upload. Reducer tasks add adjacent shards' sums
-pairwise up the same tree (``combine``), so the driver fetches one object whatever the number
-of shards, and the fitted model is bit for bit the local executor's for any number of shards.
+pairwise up the same tree (``combine``) until two objects remain, so the driver fetches at
+most two rows per touched item whatever the number of shards, and the fitted model is bit
+for bit the local executor's for any number of shards.
 Aggregators that need every upload (trimmed mean, median, FoolsGold, secure aggregation,
 learning the client-weighting exponent) get the per-client outputs, put back in
 cohort order.
@@ -454,14 +455,14 @@ class BoundRayExecutor(RoundExecutor):
 
     def partials(self, cohort, params, ids, aggregator, hp) -> PartialSums:
         """The cohort's sums: each shard's subtree sums, added pairwise by reducer tasks up a
-        tree of adjacent shards (``combine``), so the driver fetches one object of at most a
-        row per touched item per top subtree, however many shards there are."""
+        tree of adjacent shards (``combine``) until two objects remain, so the driver fetches
+        at most two rows per touched item however many shards there are."""
         for attempt in range(self.spec.max_restarts + 1):
             res, _ = self._map("partials", cohort, params, ids, aggregator, hp)
             t0 = time.perf_counter()
             try:
-                out = self.ray.get(self._reduce([r for _, r in res]),
-                                   timeout=self.spec.shard_timeout)
+                out = PartialSums.concat(self.ray.get(self._reduce([r for _, r in res]),
+                                                      timeout=self.spec.shard_timeout))
                 break
             except self.ray.exceptions.RayError as e:  # sums lost with a worker
                 if attempt == self.spec.max_restarts:
@@ -473,13 +474,15 @@ class BoundRayExecutor(RoundExecutor):
                                 combine_seconds=time.perf_counter() - t0)
         return out
 
-    def _reduce(self, refs):
-        """A reference to the sums of all shards: adjacent ranges added pairwise, level by
-        level, in reducer tasks (bit for bit the driver's merge: the tree is fixed)."""
+    def _reduce(self, refs) -> list:
+        """References to at most two objects holding the sums of all shards: adjacent ranges
+        added pairwise, level by level, in reducer tasks (bit for bit the driver's merge: the
+        tree is fixed). The last pair is the driver's: one more task hop would cost more than
+        fetching two objects."""
         combine = _combine_task(self.ray)
         n = self.spec.n_shards
         ranges = [shard_groups(s, n) for s in range(n)]
-        while len(refs) > 1:
+        while len(refs) > 2:
             pairs = range(0, len(refs) - 1, 2)
             nxt = [combine.remote(refs[i], refs[i + 1], ranges[i][0], ranges[i + 1][1])
                    for i in pairs]
@@ -488,7 +491,7 @@ class BoundRayExecutor(RoundExecutor):
                 nxt.append(refs[-1])
                 spans.append(ranges[-1])
             refs, ranges = nxt, spans
-        return refs[0]
+        return refs
 
     def run(self, cohort, params, ids) -> ClientOutputs:
         """Per-client outputs (for aggregators that need every upload), in cohort order."""

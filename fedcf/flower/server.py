@@ -323,7 +323,8 @@ class FlowerExecutor(RoundExecutor):
     """
 
     def __init__(self, grid, directory: Directory, users: np.ndarray, est, mu: float,
-                 timeout: float, refusals: Refusals):
+                 timeout: float, refusals: Refusals, min_replies: int = 1):
+        self.min_replies = int(min_replies)
         self.grid, self.directory, self.users = grid, directory, users
         self.params_json, self.mu, self.timeout = client_params(est), float(mu), timeout
         self.refusals, self.program, self.round_stats = refusals, None, {}
@@ -483,6 +484,12 @@ class FlowerExecutor(RoundExecutor):
             got.append((node, held, asked[node]))
             if len(norms) and len(self.node_norms) < NORM_ROUNDS:  # the early rounds
                 self.node_norms.setdefault(int(ids[1]), {})[node] = float(norms.max())
+        if 0 < len(got) < self.min_replies:  # too few nodes by the deadline: no aggregate
+            self.refusals.add(self.stage, -1, f"accepted replies from {len(got)} of "
+                              f"{len(asked)} nodes by the deadline, below min-replies="
+                              f"{self.min_replies}: the round is not aggregated",
+                              int(sum(len(c) for _, _, c in got)))
+            got = []
         self.round_stats["flower_clients_refused"] = len(cohort.clients) - int(
             sum(len(c) for _, _, c in got))
         return got
@@ -587,7 +594,7 @@ def serve(grid, settings: Settings) -> dict:
     pop = FlowerPopulation(directory, train, None)
     mu = est.release_mean(None if est.dp_release else pop.value_stats())
     pop.executor = FlowerExecutor(grid, directory, train, est, mu, settings.reply_timeout,
-                                  refusals)
+                                  refusals, min_replies=settings.min_replies)
     evaluate = dict(seed=seed, support_fraction=settings.eval_support_fraction,
                     timeout=settings.reply_timeout, refusals=refusals)
     callback = None

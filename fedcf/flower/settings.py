@@ -30,7 +30,10 @@ class Settings:
     min_nodes : int, default 1
         Nodes to wait for before the directory query.
     wait_seconds, reply_timeout : float
-        Seconds to wait for the nodes, and for a round's replies.
+        Seconds to wait for the nodes, and for a round's replies (its deadline).
+    min_replies : int, default 1
+        A training round whose accepted replies come from fewer nodes than this by its
+        deadline is not aggregated (the model stays; the round is recorded).
     model_path, result_path : str or None
         Where the fitted model (.npz) and the run's JSON are written.
     catalog_path : str or None
@@ -53,6 +56,7 @@ class Settings:
     min_nodes: int = 1  # wait for this many nodes before the directory query
     wait_seconds: float = 120.0
     reply_timeout: float = 600.0  # seconds a round waits for replies
+    min_replies: int = 1  # fewer accepted node replies by the deadline: the round is dropped
     model_path: str | None = None  # where the fitted model (.npz) is saved
     result_path: str | None = None  # a JSON of the run (history, evaluation, refusals, bytes)
     catalog_path: str | None = None  # the run's public item catalog (one integer id per line)
@@ -60,13 +64,14 @@ class Settings:
     KEYS = {"fedcf-params": "params", "eval-fraction": "eval_fraction",
             "eval-support-fraction": "eval_support_fraction", "min-nodes": "min_nodes",
             "wait-seconds": "wait_seconds", "reply-timeout": "reply_timeout",
+            "min-replies": "min_replies",
             "model-path": "model_path", "result-path": "result_path",
             "catalog-path": "catalog_path"}
 
     @classmethod
     def from_run_config(cls, run_config) -> Settings:
         """Keys: fedcf-params (JSON of FedReconMF parameters), eval-fraction,
-        eval-support-fraction, min-nodes, wait-seconds, reply-timeout, model-path,
+        eval-support-fraction, min-nodes, min-replies, wait-seconds, reply-timeout, model-path,
         result-path; others (the nodes' dataset keys) are ignored here."""
         kw = {cls.KEYS[k]: v for k, v in dict(run_config).items() if k in cls.KEYS}
         if isinstance(kw.get("params"), str):
@@ -118,7 +123,8 @@ class Settings:
         for key, kind, value in (
                 ("eval_fraction", float, self.eval_fraction),
                 ("eval_support_fraction", float, self.eval_support_fraction),
-                ("min_nodes", int, self.min_nodes), ("wait_seconds", float, self.wait_seconds),
+                ("min_nodes", int, self.min_nodes), ("min_replies", int, self.min_replies),
+                ("wait_seconds", float, self.wait_seconds),
                 ("reply_timeout", float, self.reply_timeout)):
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
                     not np.isfinite(value) or (kind is int and value != int(value)):
@@ -132,6 +138,8 @@ class Settings:
         self.catalog()  # a bad catalog file is named before any node is contacted
         if int(self.min_nodes) < 1:
             raise ValueError(f"min-nodes must be >= 1, got {self.min_nodes}")
+        if int(self.min_replies) < 1:
+            raise ValueError(f"min-replies must be >= 1, got {self.min_replies}")
         for key, value in (("wait_seconds", self.wait_seconds),
                            ("reply_timeout", self.reply_timeout)):
             if not float(value) > 0:
