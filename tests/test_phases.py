@@ -122,6 +122,30 @@ def test_partial_sums_of_whole_groups_merge_to_the_same_bits_in_any_split(pop):
         assert split.summary == whole.summary
 
 
+def test_nodes_whose_clients_share_groups_add_up_to_the_cohorts_sums(pop):
+    """Flower nodes hold any users, so a reduce group's clients are split over nodes:
+    ``add_nodes`` adds their level-0 sums row by row — one node gives the same bits, several
+    give the in-process aggregate up to rounding, with the same counters and worst client."""
+    from fedcf.federated.partials import add_nodes
+
+    run, cohort, ids = _one_round_outputs(pop)
+    hp, agg, ex = run.hyperparams, WeightedMean(), run.executor
+    whole = agg(ex.run(cohort, run.params, ids), hp)
+    one = agg.reduce(add_nodes([agg.partials(ex.run(cohort, run.params, ids), hp)]))
+    np.testing.assert_array_equal(one.d_Q, whole.d_Q)
+    node = np.arange(len(cohort.clients)) % 3  # every group's clients on several nodes
+    parts = [agg.partials(ex.run(dataclasses.replace(cohort, clients=cohort.clients[node == k]),
+                                 run.params, ids), hp) for k in range(3)]
+    split = agg.reduce(add_nodes(parts))
+    np.testing.assert_array_equal(split.items, whole.items)
+    np.testing.assert_allclose(split.d_Q, whole.d_Q, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(split.d_b, whole.d_b, rtol=1e-12, atol=1e-15)
+    assert split.summary == dataclasses.replace(whole.summary, loss=split.summary.loss)
+    assert split.summary.loss == pytest.approx(whole.summary.loss, rel=1e-12)
+    with pytest.raises(ValueError, match="level-0 sums"):
+        add_nodes([parts[0].compact(0, 64)])
+
+
 def test_the_reduced_mean_is_the_plain_weighted_mean(pop):
     run, cohort, ids = _one_round_outputs(pop)
     out = run.executor.run(cohort, run.params, ids)
