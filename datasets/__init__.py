@@ -32,6 +32,7 @@ from .open_bandit import (
     load_open_bandit,
 )
 from .population import SyntheticPopulation
+from .ratings_file import RatingsFile
 from .synthetic import SyntheticTruth, make_synthetic_ratings
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "movielens_item_features",
     "parse_movielens_items",
     "SyntheticPopulation",
+    "RatingsFile",
     "SyntheticTruth",
     "clear_cache",
     "data_home",

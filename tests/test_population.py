@@ -141,3 +141,22 @@ def _shard_checks(Shard, shard_of, BoundLocalExecutor, Cohort):
             np.testing.assert_array_equal(getattr(got, f), getattr(ref, f))
     with pytest.raises(ValueError, match="shard 0 was sent clients it does not hold"):
         Shard(0, 3, 1, spec).run(np.array([63]), params, ids)
+
+
+def test_a_ratings_file_spec_names_a_file_it_cannot_read(tmp_path):
+    from fedcf.datasets import RatingsFile
+
+    with pytest.raises(ValueError, match=r"RatingsFile path '.*nowhere.csv' cannot be read"):
+        RatingsFile(tmp_path / "nowhere.csv")
+    path = tmp_path / "ratings.csv"
+    path.write_text("userId,movieId,rating,timestamp\n5,1,4,0\n7,1,2,0\n7,2,5,0\n")
+    spec = RatingsFile(path)
+    users, indptr, items, values = spec.build_rows([1])  # dense user 1 = raw user 7
+    assert users.tolist() == [1] and indptr.tolist() == [0, 2] and values.tolist() == [2.0, 5.0]
+    assert spec.vocabulary()[0].tolist() == [5, 7]
+    path.write_text("userId,movieId,rating,timestamp\n5,1,4,0\n")
+    from fedcf.datasets import ratings_file
+
+    ratings_file._LOADED.clear()  # as in a fresh worker: nothing read yet
+    with pytest.raises(ValueError, match="changed since the run named it"):
+        spec.to_interactions()

@@ -263,6 +263,40 @@ def test_a_population_spec_is_built_on_the_workers_never_on_the_driver(monkeypat
     assert back.n_users == 2000 and back.counts().sum() == back.nnz
 
 
+def test_a_ratings_file_is_read_by_the_workers_never_by_the_driver(pop, tmp_path, monkeypatch):
+    """A RatingsFile travels to the shards as a path and a sha256: each worker reads it and
+    keeps its users; the driver learns the raw ids from a worker and never reads a rating. The
+    model is the local one (the file read here) bit for bit, with 1 and 3 shards; a file
+    changed under the run is refused by the workers."""
+    from fedcf.datasets import RatingsFile
+
+    df = pop.to_dataframe()
+    df = df.assign(userId=df.user + 1000, movieId=df.item * 7 + 3)[
+        ["userId", "movieId", "rating", "timestamp"]]
+    path = tmp_path / "ratings.csv"
+    df.to_csv(path, index=False)
+    source = RatingsFile(path)
+    ref = FedReconMF(**KW).fit(source)  # local: read in this process
+    assert ref.user_ids_[0] == 1000 and ref.item_ids_[1] == 10
+
+    def refuse(*a, **k):
+        raise AssertionError("the driver read the ratings file")
+
+    monkeypatch.setattr(RatingsFile, "to_interactions", refuse)  # this process only
+    for n_shards in (1, 3):
+        m = FedReconMF(**KW, executor=RayExecutor(n_shards)).fit(source)
+        np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+        np.testing.assert_array_equal(m.user_ids_, ref.user_ids_)
+        np.testing.assert_array_equal(m.item_ids_, ref.item_ids_)
+        assert m.global_mean_ == ref.global_mean_
+    monkeypatch.undo()
+    pairs = np.array([[1003, 10], [1200, 31]])
+    np.testing.assert_array_equal(m.predict(pairs), ref.predict(pairs))
+    df.head(100).to_csv(path, index=False)  # the file changes under the spec
+    with pytest.raises(Exception, match="changed since the run named it"):
+        FedReconMF(**KW, executor=RayExecutor(2)).fit(source)
+
+
 def test_a_run_checkpointed_here_resumes_on_ray_and_a_spec_run_resumes_too(pop, tmp_path):
     from fedcf.datasets import SyntheticPopulation
 

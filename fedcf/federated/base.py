@@ -23,7 +23,7 @@ from .._validation import (
     RandomState,
     Real,
 )
-from ..datasets import DataValidationError, Interactions, SyntheticPopulation
+from ..datasets import DataValidationError, Interactions, RatingsFile, SyntheticPopulation
 from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .accounting import epsilons
@@ -82,12 +82,12 @@ class FederatedMFBase(MFEstimatorBase):
         return None
 
     def _coerce(self, X, y, **data_kwargs) -> Interactions:
-        """The training data. A population described by a spec (``SyntheticPopulation``) is
-        built on the workers of a Ray executor (a ``RemotePopulation``: the driver never holds
-        it), else here."""
+        """The training data. A population described by a spec (``SyntheticPopulation``, or a
+        ``RatingsFile`` the workers read) is built on the workers of a Ray executor (a
+        ``RemotePopulation``: the driver never holds it), else here."""
         remote = isinstance(X, Population) and X.executor is not None
-        opened = self._executor().open(X) if isinstance(X, SyntheticPopulation) and not remote \
-            else None
+        opened = self._executor().open(X) if isinstance(X, (SyntheticPopulation, RatingsFile)) \
+            and not remote else None
         if (remote or opened is not None) and (y is not None or data_kwargs):
             raise TypeError(f"a {type(X).__name__} takes no y or data keyword arguments")
         if remote:  # e.g. a Flower federation's users, run where they are

@@ -224,6 +224,7 @@ class Shard:
             users, self.data, self.stats = data[0], data[1:], None
         else:  # population blocks = reduce groups, so the shard's blocks are whole
             blocks = list(range(*shard_groups(shard, n_shards)))
+            self.source = data
             users, *rows = data.build_rows(blocks)
             self.data = tuple(rows)
             self.stats = _value_sums(users, self.data, blocks)
@@ -247,6 +248,10 @@ class Shard:
     def set_program(self, program) -> int:
         self.executor = BoundLocalExecutor(program, self.data)
         return self.shard
+
+    def vocabulary(self):
+        """(raw user ids, raw item ids) of a spec that has them (a ``RatingsFile``)."""
+        return self.source.vocabulary()
 
     def describe(self):
         """(users, their counts, per-block value sums) of a shard built from a spec."""
@@ -365,8 +370,8 @@ class BoundRayExecutor(RoundExecutor):
     def __init__(self, spec: RayExecutor, data):
         ray = connect(spec.address)
         self.spec, self.ray = spec, ray
-        n_users = len(data[0]) - 1 if isinstance(data, tuple) else data.n_users
-        if spec.n_shards > n_users:
+        n_users = len(data[0]) - 1 if isinstance(data, tuple) else getattr(data, "n_users", None)
+        if n_users is not None and spec.n_shards > n_users:  # (a file: checked once read)
             raise ValueError(f"n_shards={spec.n_shards} is more than the {n_users} users; "
                              "use fewer shards")
         cpus = float(ray.cluster_resources().get("CPU", 0))
@@ -591,8 +596,17 @@ class RemotePopulation:
 
     def __init__(self, source, executor: BoundRayExecutor):
         self.source, self.executor = source, executor
-        self.n_users, self.n_items = source.n_users, source.n_items
         try:
+            if getattr(source, "remote_vocabulary", False):  # the ids, from a worker's read
+                self.user_ids, self.item_ids = executor.ray.get(
+                    executor.actors[0].vocabulary.remote(), timeout=START_TIMEOUT)
+            else:  # raw ids = dense ids
+                self.user_ids = np.arange(source.n_users)
+                self.item_ids = np.arange(source.n_items)
+            self.n_users, self.n_items = len(self.user_ids), len(self.item_ids)
+            if executor.spec.n_shards > self.n_users:
+                raise ValueError(f"n_shards={executor.spec.n_shards} is more than the "
+                                 f"{self.n_users} users; use fewer shards")
             parts = executor.ray.get([a.describe.remote() for a in executor.actors],
                                      timeout=START_TIMEOUT)
         except BaseException:
@@ -609,8 +623,6 @@ class RemotePopulation:
         total, squares = sum(b[2] for b in blocks), sum(b[3] for b in blocks)
         self._stats = {"mean": total / self.nnz, "mean_sq": squares / self.nnz,
                        "min": min(b[4] for b in blocks), "max": max(b[5] for b in blocks)}
-        self.user_ids = np.arange(self.n_users)
-        self.item_ids = np.arange(self.n_items)
 
     def __repr__(self):
         return (f"RemotePopulation({self.source!r}: {self.n_users} users, {self.n_items} items, "
@@ -634,8 +646,8 @@ class RemotePopulation:
             bad = users[(users < 0) | (users >= self.n_users)][0]
             raise IndexError(f"user index {bad} out of range for {self.n_users} users")
         held, indptr, items, values = self.source.build_rows(np.unique(users % REDUCE_GROUPS))
-        rows = Interactions(indptr, items, values, None, held, self.item_ids)
-        return rows.subset_users(np.searchsorted(held, users))  # raw ids = dense ids
+        rows = Interactions(indptr, items, values, None, self.user_ids[held], self.item_ids)
+        return rows.subset_users(np.searchsorted(held, users))
 
     @property
     def _full(self):
