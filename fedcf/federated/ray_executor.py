@@ -133,8 +133,9 @@ class RayExecutor(Executor):
         return BoundRayExecutor(self, data).set_program(program)
 
     def open(self, source) -> RemotePopulation:
-        """Start the actors on a population *spec* (``fedcf.datasets.SyntheticPopulation``):
-        each builds its own users on its worker; the driver learns only their counts."""
+        """Start the actors on a population *spec* (``fedcf.datasets.SyntheticPopulation``, or
+        a ``RatingsFile`` they read): each builds its own users on its worker; the driver learns
+        only their counts (and, for a file, the raw ids)."""
         t0 = time.perf_counter()
         pop = RemotePopulation(source, BoundRayExecutor(self, source))
         pop.build_seconds = time.perf_counter() - t0  # actors up, shards built and described
@@ -329,7 +330,8 @@ def _own_rows(shard, n_shards, indptr, items, values):
 
 
 def _value_sums(users, data, blocks) -> list:
-    """Per block: (block, nnz, Σv, Σv², min, max) of its ratings (exact sums: whole stars)."""
+    """Per block: (block, nnz, Σv, Σv², min, max) of its ratings (exact sums for ratings on a
+    half-star grid, so μ does not depend on the shard count)."""
     indptr, _, values = data
     entry_block = np.repeat(users % REDUCE_GROUPS, np.diff(indptr))
     out = []
