@@ -1,6 +1,7 @@
 """The refactor guard: every estimator, server optimizer and aggregator gives the model it gave
 before the round's contracts were introduced (fingerprints taken at 9556698; the DP cases and
-agg-secagg re-recorded on purpose by issues 30 and 31).
+agg-secagg re-recorded on purpose by issues 30 and 31, the DP cases again when seeded Poisson
+cohorts moved to geometric gaps, issue 32).
 
 Each case fits a small population and compares the item factors, item biases, per-round losses
 and predictions with ``tests/data/fingerprints.npz``. The tolerance admits only the last-bit
@@ -8,7 +9,7 @@ differences a different SIMD width gives (a changed formula moves them by far mo
 
 When a change is *meant* to move a case (say, DP noise from the OS instead of the seed), update
 that case's construction or drop it here and say so in the commit; regenerate with
-``python tests/test_fingerprint.py --write`` only for cases whose change is intended.
+``python tests/test_fingerprint.py --write CASE ...`` for the cases whose change is intended.
 """
 
 from __future__ import annotations
@@ -129,11 +130,17 @@ def test_same_model_as_before(name, stored, df):
         np.testing.assert_allclose(value, want, rtol=tol, atol=tol, err_msg=key)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
-    data = _data()
-    arrays = {}
-    for case in sorted(CASES):
+if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:
+    # --write: every case; --write CASE ...: those cases only, the others kept as stored
+    data, names = _data(), sys.argv[2:] or sorted(CASES)
+    unknown = sorted(set(names) - set(CASES))
+    if unknown:
+        sys.exit(f"unknown cases {unknown}; choose from {sorted(CASES)}")
+    with np.load(STORE) as z:
+        arrays = {k: v for k, v in z.items() if k.split("/")[0] not in names} \
+            if sys.argv[2:] else {}
+    for case in names:
         arrays.update(fingerprint(case, data))
     STORE.parent.mkdir(exist_ok=True)
     np.savez_compressed(STORE, **arrays)
-    print(f"wrote {len(arrays)} arrays of {len(CASES)} cases to {STORE}")
+    print(f"wrote {len(names)} of {len(CASES)} cases to {STORE}")
