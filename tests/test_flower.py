@@ -436,6 +436,11 @@ def test_flower_deployment_superlink_and_supernodes(tmp_path):
     np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
     assert res["recon_eval"]["rmse"] == pytest.approx(ref_eval["rmse"], rel=1e-12)
     assert res["left_running"] == []
+    # what each message cost a device, from the nodes' own logs (never sent to the server)
+    costs = res["node_costs"]
+    assert {"query", "train.secagg", "evaluate"} <= {c["message"] for c in costs}
+    assert all(c["startup_seconds"] is not None and c["peak_rss_mib"] > 0 for c in costs)
+    assert {c["node"] for c in costs} == {0, 1, 2}
 
 
 # ------------------------------------------------------------------ secure aggregation
