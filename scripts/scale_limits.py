@@ -113,6 +113,15 @@ def main(argv=None):
     ap.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
+    for name in ("users", "clients_per_round", "rounds", "shard_users", "reduce_users",
+                 "reduce_clients", "reduce_rounds", "cpus"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.ratings_per_user >= 1:
+        ap.error(f"--ratings-per-user must be >= 1, got {args.ratings_per_user}")
+    bad = [n for n in [*args.shards, *args.reduce_shards] if not 1 <= n <= 64]
+    if bad:
+        ap.error(f"shard counts must be in [1, 64] (a shard holds whole reduce groups), got {bad}")
     from fedcf.provenance import report_result, run_meta
 
     out = {"selection": selection(args.users, args.clients_per_round, args.rounds),

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from conftest import load_script
 
 
@@ -60,3 +61,15 @@ def test_scale_limits_quick_reports_selection_against_uniform_and_shard_bytes(tm
     two, eight = out["shard_memory"]["rows"]
     assert abs(two["shard_users"] - 10000) < 64 and abs(eight["shard_users"] - 2500) < 64
     assert eight["held_mib"] < two["held_mib"] / 3 < two["index_over_all_users_mib"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shards", "0"], "shard counts must be in [1, 64]"),
+    (["--reduce-shards", "65"], "shard counts must be in [1, 64]"),
+    (["--users", "0"], "--users must be >= 1"),
+    (["--ratings-per-user", "nan"], "--ratings-per-user must be >= 1"),
+])
+def test_scale_limits_names_a_bad_argument(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        load_script("scale_limits").main(argv)
+    assert message in capsys.readouterr().err
