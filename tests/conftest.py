@@ -15,6 +15,25 @@ pytest_plugins = ["pytester"]
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
+def pytest_sessionstart(session):
+    """A fresh clone starts with a cold Numba cache, and the tests would compile the kernels one
+    by one on one core as they first meet them: compile every code path's kernels first, on
+    both cores (``fedcf.warmup``), so the tests load them. A failure here only costs time."""
+    if getattr(session.config, "workerinput", None) is not None:
+        return
+    try:
+        from fedcf import warmup
+
+        todo = [p for p in warmup.PATHS if not warmup.is_compiled(p)]
+        if todo:
+            warmup.compile_kernels(todo, n_jobs=max(1, min(2, os.cpu_count() or 1)))
+    except Exception as e:  # noqa: BLE001 - the tests compile what they need themselves
+        import warnings
+
+        warnings.warn(f"pre-compiling fedcf's kernels failed ({e}); the tests compile them "
+                      "as they go", stacklevel=1)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
     """Tests marked ``network`` fetch real data from a package registry: when no source can be
