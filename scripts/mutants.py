@@ -45,7 +45,7 @@ MUTANTS = [
     ("accountant given 2σ", FED + "dp.py",
      "return self.q, self.sigma", "return self.q, 2 * self.sigma"),
     ("no clip", FED + "phases.py",
-     "factor = np.where(w > 0, np.minimum(1.0, clip / np.maximum(norms, 1e-300)), 0.0)",
+     "factor = np.where(w > 0, clip_scale(norms, clip), 0.0)",
      "factor = np.where(w > 0, 1.0, 0.0)"),
     ("denominator halved", FED + "dp.py",
      "    def denominator(self, totals: dict) -> float:\n        return self.denominator_",

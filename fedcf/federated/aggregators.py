@@ -18,6 +18,7 @@ from .phases import (
     RoundHyperparams,
     WeightedMean,
     client_weights,
+    clip_scale,
     empty_delta,
     entries,
     summarize,
@@ -86,7 +87,7 @@ class NormClippedMean(WeightedMean):
             clip = self.multiple * float(np.median(live)) if len(live) else np.inf
             self.round_stats = {"clip_norm": clip,
                                 "clients_clipped": int(np.sum((w > 0) & (norms > clip)))}
-        return w * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+        return w * clip_scale(norms, clip)
 
 
 def _check_row_clip(row_clip):

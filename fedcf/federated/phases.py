@@ -494,6 +494,12 @@ def entries(out: ClientOutputs, hp: RoundHyperparams):
     return bad, w, n_empty, owner, valid, order
 
 
+def clip_scale(norms: np.ndarray, clip: float) -> np.ndarray:
+    """min(1, C/‖Δ_k‖) per upload: what scales an upload down to L2 norm C (the one clip rule
+    of norm clipping and DP)."""
+    return np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+
+
 def recipe_numerators(out: ClientOutputs, w: np.ndarray, recipe: dict) -> np.ndarray:
     """Each client's factor in a linear aggregate from a public recipe (``node_recipe``): w_k
     (no clip); w_k·min(1, C/‖Δ_k‖) (``weighted``: norm clipping); or the DP clip rule with
@@ -502,7 +508,7 @@ def recipe_numerators(out: ClientOutputs, w: np.ndarray, recipe: dict) -> np.nda
     if clip is None:
         return w
     if recipe["weighted"]:
-        return w * np.minimum(1.0, clip / np.maximum(upload_norms(out), 1e-300))
+        return w * clip_scale(upload_norms(out), clip)
     return clip_factors(out, w, clip, recipe["cap"])[0]
 
 
@@ -513,7 +519,7 @@ def clip_factors(out: ClientOutputs, w: np.ndarray, clip: float,
     computed where each client runs under secure aggregation. Clients with w = 0 get 0."""
     norms = upload_norms(out)
     unclipped = (w > 0) & (norms <= clip)
-    factor = np.where(w > 0, np.minimum(1.0, clip / np.maximum(norms, 1e-300)), 0.0)
+    factor = np.where(w > 0, clip_scale(norms, clip), 0.0)
     if weight_cap is not None:
         factor = factor * np.minimum(out.weights, weight_cap) / weight_cap
     return factor, unclipped.astype(np.float64)
