@@ -26,6 +26,15 @@ from .protocols import (
     recon_eval,
     standard_eval,
 )
+from .slate import (
+    SLATE_ESTIMATORS,
+    OverlapWarning,
+    check_propensity_sums,
+    estimate_slate_ctr,
+    target_support,
+    validate_slate_log,
+    weight_diagnostics,
+)
 from .splits import (
     device_support_query_split,
     per_user_time_split,
@@ -35,6 +44,13 @@ from .splits import (
 )
 
 __all__ = [
+    "SLATE_ESTIMATORS",
+    "OverlapWarning",
+    "check_propensity_sums",
+    "estimate_slate_ctr",
+    "target_support",
+    "validate_slate_log",
+    "weight_diagnostics",
     "bootstrap",
     "device_support_query_split",
     "estimate_ctr",

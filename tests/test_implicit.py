@@ -56,11 +56,12 @@ def test_fold_in_equals_training_solve_and_recommend(clicks):
     # after the last sweep the items moved, so refold users against the final items: the
     # fold-in is exactly one more user half-step
     from fedcf._kernels.als import implicit_solve_rows
-    from fedcf.models.implicit_mf import item_gram
+    from fedcf.models.implicit_mf import implicit_side
 
     want = np.zeros_like(m.user_factors_)
     implicit_solve_rows(train.indptr, train.items, train.values, m.item_factors_,
-                        item_gram(m.item_factors_), np.array([1.0, 0.1]), want)
+                        implicit_side(m.item_factors_), np.array([1.0, 0.1]), want,
+                        np.zeros(0, want.dtype))
     np.testing.assert_allclose(P, want, rtol=1e-5, atol=1e-6)
     s, e = train.indptr[0], train.indptr[1]
     rec = m.recommend(items=train.item_ids[train.items[s:e]], n=5)
@@ -69,37 +70,42 @@ def test_fold_in_equals_training_solve_and_recommend(clicks):
         ImplicitMF().fit(Interactions.from_arrays([1, 2], [1, 2], [1.0, -1.0]))
 
 
-@pytest.mark.parametrize("split,neg", [(0, 3), (1, 2), (2, 0)])
-def test_implicit_client_kernel_matches_twin(clicks, split, neg):
+@pytest.mark.parametrize("split,neg,ib,ub", [(0, 3, 0, 0), (1, 2, 0, 0), (2, 0, 0, 0),
+                                             (0, 3, 1, 0), (1, 2, 0, 1), (1, 2, 1, 1)])
+def test_implicit_client_kernel_matches_twin(clicks, split, neg, ib, ub):
     from fedcf import _reference as ref
     from fedcf._kernels import implicit_clients as kfed
     from fedcf._kernels.layout import sgd_hp
-    from fedcf.models.implicit_mf import item_gram
+    from fedcf.models.implicit_mf import implicit_side
 
     train, _ = clicks
     rng = np.random.default_rng(0)
     K = 4
     Q = rng.normal(0, 0.3, (train.n_items, K))
-    cfg = np.array([split, 0.5, 1.5, 0.05, neg, 0.7])
+    b = rng.normal(0, 0.2, train.n_items) if ib else np.zeros(train.n_items)
+    cfg = np.array([split, 0.5, 1.5, 0.05, neg, 0.7, ib, ub])
     hp = sgd_hp(0.2, 0.01, 3, 4, 2, 0.0, False)
     clients = np.array([0, 5, 17, 40], np.int64)
     counts = train.counts()[clients]
     slots = kfed.implicit_slots(counts, cfg, hp)
     offsets = np.r_[0, np.cumsum(slots)].astype(np.int64)
     out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
-           np.full(4, np.nan))
+           np.full(4, np.nan), np.full(offsets[-1], np.nan))
     kfed.fedrecon_implicit_clients((train.indptr, train.items, train.values), clients,
-                                   (Q, item_gram(Q)), cfg, hp, np.array([9, 3], np.uint64),
-                                   train.n_items, out)
+                                   (Q, implicit_side(Q, ub, b if ib else None), b), cfg, hp,
+                                   np.array([9, 3], np.uint64), train.n_items, out)
     for k, u in enumerate(clients):
         s0, e0 = train.indptr[u], train.indptr[u + 1]
-        uniq, dq, loss = ref.fedrecon_implicit_client(
+        uniq, dq, loss, db = ref.fedrecon_implicit_client(
             train.items[s0:e0], train.values[s0:e0], Q, cfg, hp, ref.stream_key(9, 3, int(u)),
-            train.n_items)
+            train.n_items, b)
         sl = slice(offsets[k], offsets[k] + len(uniq))
         assert out[1][sl].tolist() == uniq.tolist()
         assert np.all(out[1][offsets[k] + len(uniq):offsets[k + 1]] == -1)
         np.testing.assert_allclose(out[2][sl], dq, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(out[4][sl], db, rtol=1e-9, atol=1e-12)
+        assert np.all(out[4][offsets[k] + len(uniq):offsets[k + 1]] == 0)
+        assert (np.abs(db).max() > 0) == bool(ib)  # biases move only when the model has them
         assert out[3][k] == pytest.approx(loss)
 
 
@@ -129,13 +135,13 @@ def test_full_negative_client_equals_dense_explicit_steps(clicks):
     from fedcf._kernels import clients as kcl
     from fedcf._kernels import implicit_clients as kfed
     from fedcf._kernels.layout import sgd_hp
-    from fedcf.models.implicit_mf import item_gram
+    from fedcf.models.implicit_mf import implicit_side
 
     train, _ = clicks
     rng = np.random.default_rng(1)
     K = 4
     Q = rng.normal(0, 0.3, (train.n_items, K))
-    cfg = np.array([1, 0.5, 1.5, 0.05, 0, 3.0])
+    cfg = np.array([1, 0.5, 1.5, 0.05, 0, 3.0, 0, 0])
     hp = sgd_hp(0.5, 0.01, 3, 5, 2, 0.0, False)
     clients = np.array([2, 9, 30], np.int64)
     qs = kcl.query_sizes(train.counts()[clients], 1, 0.5)
@@ -144,8 +150,8 @@ def test_full_negative_client_equals_dense_explicit_steps(clicks):
     out = (offsets, np.empty(offsets[-1], np.int64), np.empty((offsets[-1], K)),
            np.full(3, np.nan), W)
     kfed.fedrecon_implicit_full_clients((train.indptr, train.items, train.values), clients,
-                                        (Q, item_gram(Q)), cfg, hp, np.array([4, 1], np.uint64),
-                                        train.n_items, out)
+                                        (Q, implicit_side(Q), np.zeros(len(Q))), cfg, hp,
+                                        np.array([4, 1], np.uint64), train.n_items, out)
     for k, u in enumerate(clients):
         s0, e0 = train.indptr[u], train.indptr[u + 1]
         dense, loss = ref.fedrecon_implicit_full_client(

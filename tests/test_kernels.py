@@ -470,13 +470,23 @@ def test_results_identical_with_one_and_two_threads():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_implicit_solve_matches_dense_twin(dtype):
-    _, indptr, idx, vals, Q, _ = make_problem(21, n_rows=30, n_cols=25, K=5, dtype=dtype)
-    gram = Q.astype(np.float64).T @ Q.astype(np.float64)
+@pytest.mark.parametrize("ones,with_offset", [(False, False), (True, False), (False, True),
+                                              (True, True)])
+def test_implicit_solve_matches_dense_twin(dtype, ones, with_offset):
+    from fedcf.models.implicit_mf import implicit_side
+
+    _, indptr, idx, vals, Q, b = make_problem(21, n_rows=30, n_cols=25, K=5, dtype=dtype)
+    off = 0.5 * b.astype(np.float64) + 0.2 if with_offset else None
     out = np.full((len(indptr) - 1, 5), 7, dtype)
-    als.implicit_solve_rows(indptr, idx, vals, Q, gram, np.array([2.0, 0.3]), out)
-    want = ref.implicit_solve_rows(indptr, idx, vals, Q, 2.0, 0.3)
-    np.testing.assert_allclose(out, want, **tol(dtype))
+    out_bias = np.full(len(indptr) - 1, 7, dtype)
+    als.implicit_solve_rows(indptr, idx, vals, Q, implicit_side(Q, ones, off),
+                            np.array([2.0, 0.3]), out, out_bias)
+    want = ref.implicit_solve_rows(indptr, idx, vals, Q, 2.0, 0.3, ones=ones, offset=off)
+    np.testing.assert_allclose(out, want[:, :5], **tol(dtype))
+    if ones:
+        np.testing.assert_allclose(out_bias, want[:, 5], **tol(dtype))
+    else:
+        assert np.all(out_bias == 7)  # not written without a bias column
 
 
 def _tree_entries(rng, n_items, depth, a, b, pre_merged):

@@ -208,69 +208,81 @@ def ridge_solve_rows(indptr, idx, vals, fixed, fixed_bias, cfg, out, out_bias):
 
 
 @njit(cache=True)
-def solve_implicit_row(idx, vals, fixed, gram, alpha, lam, A, rhs, buf):
-    """Confidence-weighted ridge solve (Hu, Koren & Volinsky 2008) for one row.
+def solve_implicit_row(idx, vals, fixed, side, alpha, lam, A, rhs, buf):
+    """Confidence-weighted ridge solve (Hu, Koren & Volinsky 2008) for one row, with biases.
 
-    Minimises Σ_all j c_j (p_j − x·y_j)² + lam ‖x‖² with p_j = 1, c_j = 1 + alpha·r_j on the row's
-    entries and p_j = 0, c_j = 1 elsewhere, via
-        (YᵀY + Σ_entries (c_j − 1) y_j y_jᵀ + lam I) x = Σ_entries c_j y_j,
-    so a row costs O(n·K² + K³), not O(n_items·K²). ``gram`` = YᵀY (K×K float64) is shared.
-    The solution lands in rhs[:K]; A is ``dense.solve_square(K)``, rhs float64 (K,); buf is
-    ``ridge_scratch`` for n entries.
+    The fixed side's rows are y'_j = [y_j; 1 if d > K] (the 1 carries this row's own bias) and
+    ``off[j]`` is the fixed side's bias (or none). The row's x (d values) minimises
+        Σ_all j c_j (p_j − off_j − x·y'_j)² + lam ‖x‖²
+    with p_j = 1, c_j = 1 + alpha·r_j on the row's entries and p_j = 0, c_j = 1 elsewhere, via
+        (Y'ᵀY' + Σ_entries (c_j − 1) y'_j y'_jᵀ + lam I) x
+            = Σ_entries (c_j − (c_j − 1) off_j) y'_j − Y'ᵀoff,
+    so a row costs O(n·d² + d³), not O(n_items·d²). ``side`` = (gram = Y'ᵀY' (d×d float64),
+    off (n_fixed,) float64 or empty for no offset, oproj = Y'ᵀoff (d,) float64), shared by all
+    rows. The solution lands in rhs[:d]; A is ``dense.solve_square(d)``, rhs float64 (≥ d,);
+    buf is ``ridge_scratch`` for n entries.
     """
+    gram, off, oproj = side[0], side[1], side[2]
     K = fixed.shape[1]
+    d = gram.shape[0]
     n = idx.shape[0]
     U = A[0]
     if n > 0:
-        W = design_width(K, fixed.itemsize)
+        W = design_width(d, fixed.itemsize)
         Z = buf[:n * W].reshape((n, W))
-        for t in range(n):  # rows [y_j · sqrt(c_j − 1); 0 …] (column K, the target, unused)
+        for t in range(n):  # rows [y'_j · sqrt(c_j − 1); 0 …] (column d, the target, unused)
             w = np.sqrt(max(alpha * vals[t], 0.0))
             j = idx[t]
             for a in range(K):
                 Z[t, a] = fixed[j, a] * w
             for a in range(K, W):
-                Z[t, a] = 0.0
-        rows = (K + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
-        gram_rows(Z, n, K, buf[n * W:(n + rows) * W].reshape((rows, W)), U)
+                Z[t, a] = w if a < d else 0.0
+        rows = (d + GRAM_ROWS - 1) // GRAM_ROWS * GRAM_ROWS
+        gram_rows(Z, n, d, buf[n * W:(n + rows) * W].reshape((rows, W)), U)
     else:
-        for a in range(K):
-            for c in range(a, K):
+        for a in range(d):
+            for c in range(a, d):
                 U[a, c] = 0.0
-    for a in range(K):
+    for a in range(d):
         acc = 0.0
         for t in range(n):
-            acc += (1.0 + alpha * vals[t]) * fixed[idx[t], a]
-        U[a, K] = acc
-        for c in range(a, K):
+            c = 1.0 + alpha * vals[t]
+            coef = c - (c - 1.0) * off[idx[t]] if off.shape[0] > 0 else c
+            acc += coef * (fixed[idx[t], a] if a < K else 1.0)
+        U[a, d] = acc - oproj[a]
+        for c in range(a, d):
             U[a, c] += gram[a, c]
         U[a, a] += lam
-    if not cholesky_solve_panels(U, A[1], K, rhs):
-        for a in range(K):
+    if not cholesky_solve_panels(U, A[1], d, rhs):
+        for a in range(d):
             rhs[a] = np.nan
 
 
 @njit(cache=True, parallel=True)
-def implicit_solve_rows(indptr, idx, vals, fixed, gram, cfg, out):
+def implicit_solve_rows(indptr, idx, vals, fixed, side, cfg, out, out_bias):
     """``solve_implicit_row`` for every row of a CSR; cfg = float64 [alpha, lam]; out (n_rows, K)
-    is overwritten. One implicit-ALS half-step (users given items, or items given users)."""
+    and, when the side's Gram has K + 1 rows, out_bias (n_rows,) are overwritten. One
+    implicit-ALS half-step (users given items, or items given users)."""
     n_rows = indptr.shape[0] - 1
     K = fixed.shape[1]
+    d = side[0].shape[0]
     alpha, lam = cfg[IA_ALPHA], cfg[IA_LAM]
     n_chunks = (n_rows + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
     queue = task_queue(n_chunks)  # chunks go to whichever thread is free
     for _ in prange(QUEUE_WORKERS):
         ch = take(queue)
         while ch >= 0:
-            A = solve_square(K)
-            rhs = np.empty(K)
+            A = solve_square(d)
+            rhs = np.empty(d)
             lo, hi, n_max = chunk_span(indptr, np.int64(ch), ROWS_PER_CHUNK, n_rows)
             buf = ridge_scratch(fixed, n_max)
             for r in range(lo, hi):
                 s, e = indptr[r], indptr[r + 1]
-                solve_implicit_row(idx[s:e], vals[s:e], fixed, gram, alpha, lam, A, rhs, buf)
+                solve_implicit_row(idx[s:e], vals[s:e], fixed, side, alpha, lam, A, rhs, buf)
                 for a in range(K):
                     out[r, a] = rhs[a]
+                if d > K:
+                    out_bias[r] = rhs[K]
             ch = take(queue)
 
 

@@ -39,14 +39,16 @@ def client_cfg(split: str, support_fraction, reconstruction: str, init: str, ini
 
 
 # ---------------------------------------------------------------- implicit FedRecon client
-# [split, support fraction, confidence slope α, reconstruction λ, negatives per visit, ν]
-IC_SPLIT, IC_SUPPORT_FRAC, IC_ALPHA, IC_LAM, IC_NEG, IC_NEG_WEIGHT = range(6)
+# [split, support fraction, confidence slope α, reconstruction λ, negatives per visit, ν,
+#  item bias (0/1), user bias (0/1)]
+IC_SPLIT, IC_SUPPORT_FRAC, IC_ALPHA, IC_LAM, IC_NEG, IC_NEG_WEIGHT, IC_ITEM_BIAS, IC_USER_BIAS = \
+    range(8)
 
 
-def implicit_cfg(split: str, support_fraction, alpha, lam, negatives, negative_weight
-                 ) -> np.ndarray:
-    return np.array([SPLITS[split], support_fraction, alpha, lam, negatives, negative_weight],
-                    dtype=np.float64)
+def implicit_cfg(split: str, support_fraction, alpha, lam, negatives, negative_weight,
+                 item_bias=False, user_bias=False) -> np.ndarray:
+    return np.array([SPLITS[split], support_fraction, alpha, lam, negatives, negative_weight,
+                     float(item_bias), float(user_bias)], dtype=np.float64)
 
 
 # ---------------------------------------------------------------- ridge solves

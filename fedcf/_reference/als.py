@@ -77,17 +77,21 @@ def ridge_objective(idx, vals, fixed, fixed_bias, p, c, lam, lam0, offset):
     return float(e @ e + (lam * len(idx) + lam0) * (p @ p + c * c))
 
 
-def implicit_solve_rows(indptr, idx, vals, fixed, alpha, lam):
-    """Dense Hu-Koren-Volinsky solve per row: the full n_items-sized weighted least squares."""
+def implicit_solve_rows(indptr, idx, vals, fixed, alpha, lam, *, ones=False, offset=None):
+    """Dense Hu-Koren-Volinsky solve per row: the full n_items-sized weighted least squares of
+    p_j − offset_j on [fixed_j, 1 if ``ones``]. Returns (n_rows, K + ones): factors, then bias."""
     Y = fixed.astype(np.float64)
-    n_items, K = Y.shape
-    out = np.zeros((len(indptr) - 1, K))
+    if ones:
+        Y = np.hstack([Y, np.ones((len(Y), 1))])
+    n_items, d = Y.shape
+    off = np.zeros(n_items) if offset is None else np.asarray(offset, np.float64)
+    out = np.zeros((len(indptr) - 1, d))
     for r in range(len(indptr) - 1):
         s, e = indptr[r], indptr[r + 1]
         c = np.ones(n_items)
         p = np.zeros(n_items)
         np.add.at(c, idx[s:e], alpha * np.asarray(vals[s:e], np.float64))
         p[idx[s:e]] = 1.0
-        A = (Y * c[:, None]).T @ Y + lam * np.eye(K)
-        out[r] = np.linalg.solve(A, (Y * c[:, None]).T @ p)
+        A = (Y * c[:, None]).T @ Y + lam * np.eye(d)
+        out[r] = np.linalg.solve(A, (Y * c[:, None]).T @ (p - off))
     return out

@@ -12,10 +12,10 @@ from .._kernels.implicit_clients import (
     fedrecon_implicit_full_clients,
     implicit_slots,
 )
-from .._kernels.layout import IC_SPLIT, IC_SUPPORT_FRAC, implicit_cfg
+from .._kernels.layout import IC_ITEM_BIAS, IC_SPLIT, IC_SUPPORT_FRAC, IC_USER_BIAS, implicit_cfg
 from .._validation import Bool, Int, Real
 from ..models.base import RankingScoreMixin
-from ..models.implicit_mf import coerce_implicit, implicit_fold_in, item_gram
+from ..models.implicit_mf import coerce_implicit, implicit_fold_in, implicit_side
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .contracts import WholeModelBroadcast, phase_rule
 from .split import SupportQuerySplit, resolve_split
@@ -35,13 +35,14 @@ class ImplicitProgram(WholeModelBroadcast):
         return q, (q if self.full_negatives else implicit_slots(counts, self.cfg, self.hp))
 
     def run(self, data, clients, params, local, ids, out):
-        Q = params["Q"]
+        Q, b = params["Q"], params["b"]
         offsets, d_items, d_Q, d_b, losses = out
         d_b[:] = 0.0
-        glob = (Q, item_gram(Q))
+        side = implicit_side(Q, self.cfg[IC_USER_BIAS] > 0, b if self.cfg[IC_ITEM_BIAS] > 0 else None)
+        glob = (Q, side, b)
         if not self.full_negatives:
             fedrecon_implicit_clients(data, clients, glob, self.cfg, self.hp, ids, Q.shape[0],
-                                      (offsets, d_items, d_Q, losses))
+                                      (offsets, d_items, d_Q, losses, d_b))
             return None
         W = np.zeros((len(clients), Q.shape[1], Q.shape[1]))
         fedrecon_implicit_full_clients(data, clients, glob, self.cfg, self.hp, ids, Q.shape[0],
@@ -50,7 +51,8 @@ class ImplicitProgram(WholeModelBroadcast):
 
 
 class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
-    """Federated Reconstruction for implicit feedback (clicks, shares), score = p_u·q_i.
+    """Federated Reconstruction for implicit feedback (clicks, shares), score = p_u·q_i
+    (+ b_i + c_u with ``item_bias`` / ``user_bias``).
 
     Each round a sampled client reconstructs its embedding p exactly by confidence-weighted ALS
     (Hu, Koren & Volinsky: confidence 1 + ``alpha``·r on its items, 1 elsewhere) against the
@@ -82,6 +84,12 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     negative_weight : float, default 1.0
         ν, the weight of the negative term.
     full_negatives : bool, default False
+    item_bias : bool, default False
+        A global item bias b_i, aggregated like the item rows (its deltas are part of every
+        upload, clipped and noised with them under DP); the reconstruction treats it as an offset.
+        Needs sampled negatives.
+    user_bias : bool, default False
+        A local user bias c_u, reconstructed with p on the device (never uploaded).
     split : {"none", "random", "time"} or SupportQuerySplit, default "none"
         As in FedReconMF.
     init_scale : float, default 0.1
@@ -89,7 +97,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     Attributes
     ----------
     item_factors_ : ndarray (n_items, K)
-    item_biases_ : zeros (the model has no biases), global_mean_ = 0
+    item_biases_ : ndarray (n_items,), zeros unless ``item_bias``; global_mean_ = 0
     user_ids_, item_ids_, interactions_, history_
         As in FedReconMF.
 
@@ -103,18 +111,19 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     3
     """
 
-    biases = False
     _recon_lam_attr = "recon_regularization"
     _parameter_constraints = {
         **FEDERATED_CONSTRAINTS, **EXECUTOR_CONSTRAINTS,
         "alpha": Real(0.0), "recon_regularization": Real(0.0, low_open=True),
         "negatives": Int(0, 10**4), "negative_weight": Real(0.0), "full_negatives": Bool(),
+        "item_bias": Bool(), "user_bias": Bool(),
         "split": phase_rule("split", SupportQuerySplit),
     }
 
     def __init__(self, n_factors=50, *, alpha=1.0, recon_regularization=0.01, n_rounds=500,
                  clients_per_round=100, server_optimizer="sgd", client_update="sgd", negatives=4,
-                 negative_weight=1.0, full_negatives=False, split="none",
+                 negative_weight=1.0, full_negatives=False, item_bias=False, user_bias=False,
+                 split="none",
                  client_weighting="num_examples", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, executor=None, random_state=None, verbose=False):
@@ -128,6 +137,8 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         self.negatives = negatives
         self.negative_weight = negative_weight
         self.full_negatives = full_negatives
+        self.item_bias = item_bias
+        self.user_bias = user_bias
         self.split = split
         self.client_weighting = client_weighting
         self.min_examples = min_examples
@@ -143,8 +154,20 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         self.random_state = random_state
         self.verbose = verbose
 
+    @property
+    def biases(self) -> bool:
+        """Whether uploads carry item-bias deltas (what DP noises and clipping bounds)."""
+        return bool(self.item_bias)
+
+    def _release_mean_and_scale(self, stats):
+        return 0.0, super()._release_mean_and_scale(stats)[1]  # implicit: no global mean
+
     def _check_combinations(self):
         super()._check_combinations()
+        if self.full_negatives and (self.item_bias or self.user_bias):
+            raise ValueError("full_negatives=True has no bias terms (its closed-form negative "
+                             "step is linear in the rows); use sampled negatives "
+                             "(full_negatives=False) with item_bias / user_bias")
         if self.full_negatives and self.aggregator is not None:
             raise ValueError("full_negatives=True uploads a K×K matrix per client, which only the "
                              "default weighted mean aggregates; use aggregator=None or sampled "
@@ -159,7 +182,8 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     def client_program(self, inter, mu):
         split = resolve_split(self.split)
         cfg = implicit_cfg(split.kind, split.support_fraction, self.alpha,
-                           self.recon_regularization, self.negatives, self.negative_weight)
+                           self.recon_regularization, self.negatives, self.negative_weight,
+                           self.item_bias, self.user_bias)
         return ImplicitProgram(cfg, self._update_hp(0.0, False), bool(self.full_negatives))
 
     def fit(self, X, y=None, *, callback=None, availability=None, **data_kwargs):
@@ -172,4 +196,6 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
 
     def _reconstruct_csr(self, indptr, items, values, keys):
         return implicit_fold_in(self.item_factors_, indptr, items, values, self.alpha,
-                                self.recon_regularization)
+                                self.recon_regularization,
+                                item_biases=self.item_biases_ if self.item_bias else None,
+                                user_bias=bool(self.user_bias))

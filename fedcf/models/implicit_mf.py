@@ -37,8 +37,25 @@ def item_gram(Q: np.ndarray) -> np.ndarray:
     return Q64.T @ Q64
 
 
+def implicit_side(fixed: np.ndarray, ones: bool = False, offset=None) -> tuple:
+    """The shared part of one implicit half-step (``als.solve_implicit_row``'s ``side``):
+    (Y'ᵀY', off, Y'ᵀoff) with Y' = [fixed, 1 if ``ones``] (the 1 carries the solved rows' own
+    bias) and ``offset`` the fixed rows' biases (None: no offset). All float64; (K+1)² + K + 1
+    numbers, what a server broadcasts besides the item matrix."""
+    Y = fixed.astype(np.float64, copy=False)
+    gram = item_gram(Y)
+    col = Y.sum(axis=0)
+    if ones:
+        gram = np.block([[gram, col[:, None]], [col[None, :], np.array([[float(len(Y))]])]])
+    if offset is None:
+        return gram, np.zeros(0), np.zeros(len(gram))
+    off = np.ascontiguousarray(offset, dtype=np.float64)
+    proj = Y.T @ off
+    return gram, off, (np.append(proj, off.sum()) if ones else proj)
+
+
 class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
-    """Weighted ALS for implicit feedback (clicks, shares, plays), score = p_u·q_i.
+    """Weighted ALS for implicit feedback (clicks, shares, plays), score = p_u·q_i (+ b_i + c_u).
 
     Every unobserved (user, item) is a weak negative (preference 0, confidence 1); an observed one
     has preference 1 and confidence 1 + ``alpha``·r, where r is the interaction strength (1 for a
@@ -56,12 +73,21 @@ class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
         ALS sweeps (users then items).
     init_scale : float
         Std of the normal initialization.
+    item_bias : bool, default False
+        Learn an item bias b_i: preference p_ui is fitted by b_i + p_u·q_i, so item popularity
+        need not be carried by the factors. Solved exactly with the item rows (a constant 1 is
+        appended to the user side in the item half-step, b is an offset in the user half-step),
+        regularized by the same λ.
+    user_bias : bool, default False
+        Learn a user bias c_u in the same way. It does not change a user's ranking, but it does
+        change scores compared across users (click AUC over pooled impressions).
     dtype, random_state, verbose
 
     Attributes
     ----------
-    user_factors_, item_factors_ (zero biases and global mean, so ``recommend`` and ``predict``
-    return p·q scores), interactions_, history_.
+    user_factors_, item_factors_, item_biases_, user_biases_ (zeros when not learned; the global
+    mean is 0, so ``recommend`` and ``predict`` return b_i + c_u + p·q scores), interactions_,
+    history_.
 
     Examples
     --------
@@ -76,16 +102,19 @@ class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
     _parameter_constraints = {
         "n_factors": Int(1), "regularization": Real(0.0, low_open=True), "alpha": Real(0.0),
         "n_epochs": Int(0, 10**7), "init_scale": Real(0.0, low_open=True), "dtype": Dtype(),
-        "random_state": RandomState(), "verbose": Bool(),
+        "item_bias": Bool(), "user_bias": Bool(), "random_state": RandomState(), "verbose": Bool(),
     }
 
     def __init__(self, n_factors=50, *, regularization=0.01, alpha=1.0, n_epochs=15,
-                 init_scale=0.01, dtype="float32", random_state=None, verbose=False):
+                 init_scale=0.01, item_bias=False, user_bias=False, dtype="float32",
+                 random_state=None, verbose=False):
         self.n_factors = n_factors
         self.regularization = regularization
         self.alpha = alpha
         self.n_epochs = n_epochs
         self.init_scale = init_scale
+        self.item_bias = item_bias
+        self.user_bias = user_bias
         self.dtype = dtype
         self.random_state = random_state
         self.verbose = verbose
@@ -105,31 +134,39 @@ class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
         K = self.n_factors
         P = (rng.standard_normal((inter.n_users, K)) * self.init_scale).astype(dtype)
         Q = (rng.standard_normal((inter.n_items, K)) * self.init_scale).astype(dtype)
+        c, b = np.zeros(inter.n_users, dtype), np.zeros(inter.n_items, dtype)
         i_indptr, i_users, i_vals = inter.to_item_csr()
         cfg = implicit_als_cfg(self.alpha, self.regularization)
+        ib, ub = bool(self.item_bias), bool(self.user_bias)
         history = []
         for epoch in tqdm(range(self.n_epochs), desc="ImplicitMF", disable=not self.verbose,
                           leave=False):
             t0 = time.perf_counter()
-            implicit_solve_rows(inter.indptr, inter.items, inter.values, Q, item_gram(Q), cfg, P)
-            implicit_solve_rows(i_indptr, i_users, i_vals, P, item_gram(P), cfg, Q)
-            if not (np.isfinite(P).all() and np.isfinite(Q).all()):
+            implicit_solve_rows(inter.indptr, inter.items, inter.values, Q,
+                                implicit_side(Q, ub, b if ib else None), cfg, P, c)
+            implicit_solve_rows(i_indptr, i_users, i_vals, P,
+                                implicit_side(P, ib, c if ub else None), cfg, Q, b)
+            if not all(np.isfinite(x).all() for x in (P, Q, b, c)):
                 raise FloatingPointError(f"non-finite factors at epoch {epoch}; raise "
                                          f"regularization={self.regularization}")
             history.append({"epoch": epoch, "seconds": time.perf_counter() - t0})
-        self._set_fitted(inter, P=P, c=np.zeros(inter.n_users, dtype), Q=Q,
-                         b=np.zeros(inter.n_items, dtype), mu=0.0, rating_scale=None,
-                         history=history)
+        self._set_fitted(inter, P=P, c=c, Q=Q, b=b, mu=0.0, rating_scale=None, history=history)
         return self
 
     def _reconstruct_csr(self, indptr, items, values, keys):
         """Fold-in: the exact weighted-ALS solve of each row against the frozen items."""
         return implicit_fold_in(self.item_factors_, indptr, items, values, self.alpha,
-                                self.regularization)
+                                self.regularization,
+                                item_biases=self.item_biases_ if self.item_bias else None,
+                                user_bias=bool(self.user_bias))
 
 
-def implicit_fold_in(Q, indptr, items, values, alpha, lam):
-    """(P, zero biases) of every CSR row by the exact weighted-ALS solve against frozen Q."""
+def implicit_fold_in(Q, indptr, items, values, alpha, lam, *, item_biases=None,
+                     user_bias=False):
+    """(P, user biases) of every CSR row by the exact weighted-ALS solve against frozen Q (and
+    frozen item biases, if given); the user biases are zeros unless ``user_bias``."""
     P = np.zeros((len(indptr) - 1, Q.shape[1]), Q.dtype)
-    implicit_solve_rows(indptr, items, values, Q, item_gram(Q), implicit_als_cfg(alpha, lam), P)
-    return P, np.zeros(len(P), P.dtype)
+    c = np.zeros(len(P), Q.dtype)
+    implicit_solve_rows(indptr, items, values, Q, implicit_side(Q, user_bias, item_biases),
+                        implicit_als_cfg(alpha, lam), P, c)
+    return P, c
