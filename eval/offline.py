@@ -31,11 +31,19 @@ Estimators of the target's CTR (mean reward per impression), with w = π_e / π_
 
 Rows with propensity 0 cannot be reweighted: they are refused (``zero_propensity="error"``, the
 default, naming the row) or dropped and counted (``"drop"``). Intervals are percentile bootstrap
-intervals over rows; the reward model is held fixed inside the bootstrap, so DM's interval only
-reflects row sampling, not the model's own error (it is far too narrow on small logs).
+intervals over rows or (``interval="normal"``, what large logs need) normal intervals, SNIPS's by
+the delta method; the reward model is held fixed, so DM's interval only reflects row sampling,
+not the model's own error (it is far too narrow on small logs). Rows are treated as
+independent: for slates, where rows of one slate share a user, use ``estimate_slate_ctr``.
+
+Every estimate carries the diagnostics of the importance weights: effective sample size
+(Σw)²/Σw², its share of the rows, the largest weight and the share of rows the target could have
+produced (w > 0). An ``OverlapWarning`` says when the ESS is below ``min_ess``.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -45,6 +53,21 @@ from ..datasets._validation import show
 
 LOG_COLUMNS = ("action", "position", "reward", "propensity")
 ESTIMATORS = ("replay", "ips", "snips", "dm", "dr")
+
+
+class OverlapWarning(UserWarning):
+    """The logging and target policies overlap too little for an estimate to mean much."""
+
+
+def weight_diagnostics(w) -> dict:
+    """ESS = (Σw)²/Σw², its share of the weights, the largest |weight|, the share of
+    non-zero weights."""
+    w = np.asarray(w, np.float64)
+    ss = float(np.sum(w * w))
+    ess = float(np.sum(w) ** 2 / ss) if ss > 0 else 0.0
+    return {"ess": ess, "ess_share": ess / len(w) if len(w) else 0.0,
+            "max_weight": float(np.max(np.abs(w))) if len(w) else 0.0,
+            "matched_share": float(np.mean(w != 0)) if len(w) else 0.0}
 
 
 def validate_log(log: pd.DataFrame, *, actions=None, zero_propensity: str = "error"
@@ -145,14 +168,54 @@ def _point(name, a, idx=None):
     return float(np.mean(qt + w * (r - ql)))
 
 
+def _influence(name, a):
+    """Per-row terms whose mean is the estimate (SNIPS: its delta-method influence)."""
+    w = a["target_probs"] / a["propensity"]
+    r = a["reward"]
+    if name == "ips":
+        return w * r
+    if name == "snips":
+        est = np.sum(w * r) / np.sum(w)
+        return est + (w * r - est * w) / np.mean(w)
+    if name == "replay":
+        pe = a["target_probs"]
+        est = np.sum(pe * r) / np.sum(pe)
+        return est + (pe * r - est * pe) / np.mean(pe)
+    if name == "dm":
+        return a["q_target"]
+    return a["q_target"] + w * (r - a["q_logged"])
+
+
+def _normal(name, a, alpha):
+    from scipy.stats import norm
+
+    if name in ("snips", "replay") and not np.any(a["target_probs"] > 0):
+        return (float("nan"),) * 3
+    v = _influence(name, a)
+    sd = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+    z = norm.ppf(1 - alpha / 2)
+    return _point(name, a) - z * sd, _point(name, a) + z * sd, sd
+
+
+def _bootstrap(name, a, boots, alpha):
+    samples = np.array([_point(name, a, b) for b in boots])
+    samples = samples[np.isfinite(samples)]
+    if not len(samples):
+        return (float("nan"),) * 3
+    lo, hi = np.quantile(samples, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi), float(samples.std())
+
+
 def estimate_ctr(reward, propensity, target_probs, *, q_logged=None, q_target=None,
                  estimators=ESTIMATORS, n_bootstrap: int = 500, alpha: float = 0.05,
+                 interval: str = "bootstrap", min_ess: float = 100.0,
                  random_state=0) -> pd.DataFrame:
-    """Estimates of the target policy's CTR with percentile bootstrap intervals.
+    """Estimates of the target policy's CTR with intervals and weight diagnostics.
 
-    Returns a DataFrame indexed by estimator with columns estimate, low, high, std (bootstrap
-    std), n (rows). DM and DR are skipped (with a clear error if asked for explicitly) when no
-    reward model predictions are given.
+    Returns a DataFrame indexed by estimator with columns estimate, low, high, std (of the
+    estimate), n (rows), ess, ess_share, max_weight, matched_share. DM and DR are skipped
+    (with a clear error if asked for explicitly) when no reward model predictions are given.
+    ``interval``: "bootstrap" (``n_bootstrap`` resamples of rows; 0 for none) or "normal".
     """
     n = len(np.asarray(reward))
     if n == 0:
@@ -162,6 +225,8 @@ def estimate_ctr(reward, propensity, target_probs, *, q_logged=None, q_target=No
     if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, (int, np.integer)) \
             or n_bootstrap < 0:
         raise ValueError(f"n_bootstrap must be an integer >= 0, got {n_bootstrap!r}")
+    if interval not in ("bootstrap", "normal"):
+        raise ValueError(f"interval must be 'bootstrap' or 'normal', got {interval!r}")
     a = _arrays(n, reward, propensity, target_probs, q_logged, q_target)
     unknown = set(estimators) - set(ESTIMATORS)
     if unknown:
@@ -169,20 +234,26 @@ def estimate_ctr(reward, propensity, target_probs, *, q_logged=None, q_target=No
     need_model = {"dm", "dr"} & set(estimators)
     if need_model and ("q_logged" not in a or "q_target" not in a):
         raise ValueError(f"{sorted(need_model)} need a reward model: pass q_logged and q_target")
-    rng = np.random.default_rng(random_state)
-    boots = rng.integers(0, n, size=(n_bootstrap, n)) if n_bootstrap else None
+    boots = None
+    if interval == "bootstrap" and n_bootstrap:
+        boots = np.random.default_rng(random_state).integers(0, n, size=(n_bootstrap, n))
+    diag = weight_diagnostics(a["target_probs"] / a["propensity"])
     rows = []
     for name in estimators:
-        est = _point(name, a)
-        if boots is not None:
-            samples = np.array([_point(name, a, b) for b in boots])
-            samples = samples[np.isfinite(samples)]
-            lo, hi = np.quantile(samples, [alpha / 2, 1 - alpha / 2]) if len(samples) else (np.nan,) * 2
-            sd = float(samples.std()) if len(samples) else float("nan")
+        if interval == "normal":
+            lo, hi, sd = _normal(name, a, alpha)
+        elif boots is not None:
+            lo, hi, sd = _bootstrap(name, a, boots, alpha)
         else:
             lo = hi = sd = float("nan")
-        rows.append({"estimator": name, "estimate": est, "low": float(lo), "high": float(hi),
-                     "std": sd, "n": n})
+        rows.append({"estimator": name, "estimate": _point(name, a), "low": float(lo),
+                     "high": float(hi), "std": sd, "n": n, **diag})
+    if diag["ess"] < min_ess and set(estimators) - {"dm"}:
+        warnings.warn(f"effective sample size {diag['ess']:.1f} of {n} rows (largest weight "
+                      f"{diag['max_weight']:.4g}, {diag['matched_share']:.1%} of rows the target "
+                      f"could have shown) is below min_ess={min_ess}: the logging policy rarely "
+                      "shows what the target would, so the weighted estimates rest on a few "
+                      "impressions", OverlapWarning, stacklevel=2)
     return pd.DataFrame(rows).set_index("estimator")
 
 

@@ -43,7 +43,7 @@ class SlateWorld:
     pos_bias: np.ndarray
 
     @classmethod
-    def from_population(cls, pop, users, chunk: int = 512) -> "SlateWorld":
+    def from_population(cls, pop, users, chunk: int = 512) -> SlateWorld:
         users = np.asarray(users)
         click = np.empty((len(users), pop.n_items), np.float32)
         items = np.arange(pop.n_items)

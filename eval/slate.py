@@ -55,15 +55,11 @@ import numpy as np
 import pandas as pd
 
 from ..datasets import DataValidationError
-from .offline import validate_log
+from .offline import OverlapWarning, validate_log, weight_diagnostics
 
 SLATE_ESTIMATORS = ("iips", "rips", "sips", "pi", "cascade_dr", "dros")
 _NEEDS = {"rips": "cascade", "cascade_dr": "cascade", "sips": "slate"}
 SHRINKAGE_GRID = tuple(10.0 ** np.arange(-2, 6.5, 0.5))
-
-
-class OverlapWarning(UserWarning):
-    """The logging and target policies overlap too little for an estimate to mean much."""
 
 
 def _name_rows(mask, labels, what="row") -> str:
@@ -270,17 +266,6 @@ def _choose_shrinkage(a, grid):
         return np.mean(v - v_dr) ** 2 + v.var(ddof=1) / n if n > 1 else np.inf
     scores = [mse(lam) for lam in grid]
     return float(grid[int(np.argmin(scores))])
-
-
-def weight_diagnostics(w) -> dict:
-    """ESS = (Σw)²/Σw², its share of the weights, the largest |weight|, the share of
-    non-zero weights."""
-    w = np.asarray(w, np.float64)
-    ss = float(np.sum(w * w))
-    ess = float(np.sum(w) ** 2 / ss) if ss > 0 else 0.0
-    return {"ess": ess, "ess_share": ess / len(w) if len(w) else 0.0,
-            "max_weight": float(np.max(np.abs(w))) if len(w) else 0.0,
-            "matched_share": float(np.mean(w != 0)) if len(w) else 0.0}
 
 
 def _interval(v, kind, alpha, n_bootstrap, rng):

@@ -189,3 +189,34 @@ def test_real_open_bandit_random_log_estimates_bts(tmp_path, monkeypatch):
     # 0.0, a rounded display); such a row weighs up to 1/80 / 1e-06 = 12,500 in IPS
     women = load_open_bandit("bts", "women")
     assert women["propensity"].min() == pytest.approx(1e-6)
+
+
+def test_normal_intervals_agree_with_the_bootstrap_and_diagnostics_are_reported():
+    rng = np.random.default_rng(3)
+    n = 50_000
+    a = rng.choice(3, size=n, p=P0)
+    r = (rng.random(n) < MU[a]).astype(float)
+    q = MU + np.array([0.05, -0.05, 0.02])
+    kw = dict(q_logged=q[a], q_target=np.full(n, PE @ q))
+    boot = estimate_ctr(r, P0[a], PE[a], n_bootstrap=300, **kw)
+    normal = estimate_ctr(r, P0[a], PE[a], interval="normal", **kw)
+    pd.testing.assert_series_equal(boot["estimate"], normal["estimate"])
+    np.testing.assert_allclose(normal["std"], boot["std"], rtol=0.2, atol=1e-12)
+    for name in ("ips", "snips", "dr"):
+        assert normal.loc[name, "low"] <= V <= normal.loc[name, "high"], name
+    w = PE[a] / P0[a]
+    assert normal.loc["ips", "ess"] == pytest.approx(w.sum() ** 2 / (w * w).sum())
+    assert normal.loc["ips", "max_weight"] == pytest.approx(w.max())
+    assert normal.loc["ips", "matched_share"] == 1.0
+    with pytest.raises(ValueError, match="interval must be"):
+        estimate_ctr(r, P0[a], PE[a], interval="exact")
+
+
+def test_poor_overlap_warns_with_the_numbers():
+    from fedcf.eval import OverlapWarning
+
+    pe = np.zeros(1000)
+    pe[:3] = 1.0
+    with pytest.warns(OverlapWarning, match=r"effective sample size 3.0 of 1000 rows .* 0.3%"):
+        est = estimate_ctr(np.ones(1000), np.full(1000, 0.01), pe, n_bootstrap=0)
+    assert est.loc["ips", "matched_share"] == pytest.approx(0.003)
