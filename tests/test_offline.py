@@ -218,5 +218,6 @@ def test_poor_overlap_warns_with_the_numbers():
     pe = np.zeros(1000)
     pe[:3] = 1.0
     with pytest.warns(OverlapWarning, match=r"effective sample size 3.0 of 1000 rows .* 0.3%"):
-        est = estimate_ctr(np.ones(1000), np.full(1000, 0.01), pe, n_bootstrap=0)
+        est = estimate_ctr(np.ones(1000), np.full(1000, 0.01), pe, n_bootstrap=0,
+                           estimators=("ips", "snips"))
     assert est.loc["ips", "matched_share"] == pytest.approx(0.003)
