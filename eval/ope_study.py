@@ -68,30 +68,29 @@ class Policy:
     probs: np.ndarray
     slates: np.ndarray | None = None
     epsilon: float = 0.0
+    explore: np.ndarray | None = None
 
     def kernel_logging(self):
         p = np.asarray(self.probs, np.float64)
         cdf = np.cumsum(p, axis=1)
-        cdf[:, -1] = np.inf  # the last item takes every u ≥ the rounded total
+        last = p.shape[1] - 1 - np.argmax(p[:, ::-1] > 0, axis=1)
+        for k, j in enumerate(last):  # the last possible item takes every u ≥ the rounded total
+            cdf[k, j:] = np.inf
         return cdf, p
 
     def kernel_target(self, n_items, L):
         if self.kind == "softmax":
-            return 0, self.probs, np.zeros((0, L), np.int64), 0.0
-        return 1, np.zeros((0, n_items), np.float32), self.slates, float(self.epsilon)
+            return 0, self.probs, np.zeros((0, L), np.int64), 0.0, np.zeros(n_items)
+        return (1, np.zeros((0, n_items), np.float32), self.slates, float(self.epsilon),
+                self.explore)
 
     def marginal(self, u_rows, k):
         """π(· | u, k) of a target as a dense (len(u_rows), n_items) array."""
         if self.kind == "softmax":
             return self.probs[u_rows].astype(np.float64)
-        n_items = self.n_items
-        out = np.full((len(u_rows), n_items), self.epsilon / n_items)
+        out = np.tile(self.epsilon * self.explore, (len(u_rows), 1))
         out[np.arange(len(u_rows)), self.slates[u_rows, k]] += 1 - self.epsilon
         return out
-
-    @property
-    def n_items(self):
-        return self.probs.shape[1]
 
 
 def context_free(probs_per_position) -> Policy:
@@ -102,20 +101,31 @@ def context_free(probs_per_position) -> Policy:
     return Policy("logging", p)
 
 
-def uniform_logging(n_items: int, L: int) -> Policy:
-    return context_free(np.full((L, n_items), 1.0 / n_items))
+def _uniform_over(n_items, support):
+    u = np.zeros(n_items)
+    idx = np.arange(n_items) if support is None else np.asarray(support)
+    if len(idx) == 0:
+        raise ValueError("the support (candidate items) is empty")
+    u[idx] = 1.0 / len(idx)
+    return u
 
 
-def epsilon_greedy_logging(scores, epsilon: float, L: int) -> Policy:
-    """Position k shows the k-th best item by ``scores`` with probability 1 − ε, else uniform."""
-    n = len(scores)
-    p = np.full((L, n), epsilon / n)
+def uniform_logging(n_items: int, L: int, support=None) -> Policy:
+    """Uniform over the catalog, or over the candidate items ``support``, at each position."""
+    return context_free(np.tile(_uniform_over(n_items, support), (L, 1)))
+
+
+def epsilon_greedy_logging(scores, epsilon: float, L: int, support=None) -> Policy:
+    """Position k shows the k-th best item by ``scores`` with probability 1 − ε, else an item
+    uniform over the catalog (or ``support``)."""
+    p = np.tile(epsilon * _uniform_over(len(scores), support), (L, 1))
     p[np.arange(L), np.argsort(-np.asarray(scores), kind="stable")[:L]] += 1 - epsilon
     return context_free(p)
 
 
 def softmax_target(scores, temperature: float) -> Policy:
-    """π(a | u) ∝ exp(score[u, a] / T) at every position (drawn independently)."""
+    """π(a | u) ∝ exp(score[u, a] / T) at every position (drawn independently); items scored
+    −inf get probability 0."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     z = np.asarray(scores, np.float64) / temperature
@@ -125,12 +135,13 @@ def softmax_target(scores, temperature: float) -> Policy:
     return Policy("softmax", p.astype(np.float32))
 
 
-def epsilon_greedy_target(slates, epsilon: float, n_items: int) -> Policy:
-    """Position k shows the user's k-th slate item with probability 1 − ε, else uniform."""
+def epsilon_greedy_target(slates, epsilon: float, n_items: int, support=None) -> Policy:
+    """Position k shows the user's k-th slate item with probability 1 − ε, else an item
+    uniform over the catalog (or ``support``)."""
     if not 0 < epsilon <= 1:
         raise ValueError(f"epsilon must be in (0, 1], got {epsilon!r}")
     return Policy("epsilon", np.zeros((0, n_items), np.float32), np.asarray(slates, np.int64),
-                  float(epsilon))
+                  float(epsilon), _uniform_over(n_items, support))
 
 
 def target_value(world: SlateWorld, target: Policy, chunk: int = 512) -> float:

@@ -125,3 +125,20 @@ def test_bad_policies_are_refused():
         st.softmax_target(np.zeros((2, 3)), 0.0)
     with pytest.raises(ValueError, match="epsilon must be in"):
         st.epsilon_greedy_target(np.zeros((2, 1), int), 0.0, 3)
+
+
+def test_candidate_logging_draws_only_candidates_and_exploration_follows_them(world):
+    _, w, scores, model = world
+    cand = np.array([3, 7, 11, 58])  # the catalog's last item (59) is not a candidate
+    logging = st.uniform_logging(60, 3, support=cand)
+    masked = np.where(np.isin(np.arange(60), cand), scores, -np.inf)
+    slates = np.argsort(-masked, axis=1)[:, :3]
+    target = st.epsilon_greedy_target(slates, 0.5, 60, support=cand)
+    log, _ = st.draw_log(w, logging, target, model, model.expected(target), 5000, seed=2)
+    assert set(np.unique(log["action"])) == set(cand.tolist())
+    np.testing.assert_allclose(log["propensity"], 0.25)
+    want = 0.5 * 0.25 + 0.5 * (slates[log["context"], log["position"]] == log["action"])
+    np.testing.assert_allclose(log["target_probs"], want)
+    assert st.softmax_target(masked, 1.0).probs[:, 59].max() == 0.0
+    with pytest.raises(ValueError, match="support .* is empty"):
+        st.uniform_logging(60, 3, support=[])

@@ -48,13 +48,14 @@ def _sample(cdf_row, u):
 
 
 @njit(cache=True, inline="always")
-def _target_prob(target, u, k, a, n_items):
-    """π_e(a | u, k): softmax probabilities (kind 0) or ε-greedy around the user's slate."""
-    kind, probs, slates, eps = target[0], target[1], target[2], target[3]
+def _target_prob(target, u, k, a):
+    """π_e(a | u, k): softmax probabilities (kind 0) or ε-greedy around the user's slate,
+    exploring by the distribution ``explore``."""
+    kind, probs, slates, eps, explore = target[0], target[1], target[2], target[3], target[4]
     if kind == 0:
         return float(probs[u, a])
     greedy = 1.0 if slates[u, k] == a else 0.0
-    return (1.0 - eps) * greedy + eps / n_items
+    return (1.0 - eps) * greedy + eps * explore[a]
 
 
 @njit(cache=True)
@@ -63,7 +64,7 @@ def slate_log(key, n_slates, world, logging, target, model, grid, stats, emit):
 
     world = (click (n_users, n_items), pos_bias (L,));  logging = (cdf (L, n_items), p0 (L,
     n_items));  target = (kind 0 softmax / 1 ε-greedy, probs (n_users, n_items), slates
-    (n_users, L), ε);  model = (reward-model logit without position (n_users, n_items),
+    (n_users, L), ε, explore (n_items,));  model = (reward-model logit without position (n_users, n_items),
     position logits (L,), q_target (n_users, L) = E_target q̂);  grid: DRos's λ values;
     emit = (user, action, reward, p0, pe, q_logged) arrays of n_slates·L or empty ones.
     """
@@ -84,7 +85,7 @@ def slate_log(key, n_slates, world, logging, target, model, grid, stats, emit):
             a = _sample(cdf[k], next_float(state))
             r = 1.0 if next_float(state) < pos_bias[k] * click[u, a] else 0.0
             p0 = p0m[k, a]
-            pe = _target_prob(target, u, k, a, click.shape[1])
+            pe = _target_prob(target, u, k, a)
             w = pe / p0
             q = 1.0 / (1.0 + np.exp(-(qbase[u, a] + qpos[k])))
             qt = qtgt[u, k]
