@@ -8,14 +8,17 @@ Steps
 1. Population (``--users``, ``--items`` spread over GIF / sticker / emoji-kitchen types), shares
    over a training period; users split 80/10/10 (train / validation / held-out test).
 2. FedReconImplicitMF trained with per-round client availability, oversampling, dropouts and
-   support = query; CTR of the held-out users' slates tracked every ``--eval-every`` rounds.
-   Centralized weighted ALS (ImplicitMF) on the same train users as the server-side baseline.
-3. Online CTR test on held-out users (reconstructed from their own shares): FedRecon,
-   popularity, random, centralized; lift over popularity with a paired bootstrap interval;
-   AUC of each model's score against clicks on uniformly logged impressions.
-4. Off-policy evaluation: logs of a uniform, an ε-greedy and a softmax logging policy at several
-   sizes; each estimator's estimate of FedRecon's CTR vs its exact simulated CTR.
-5. The Open Bandit sample (real logs): BTS's CTR estimated from the uniform-random log.
+   support = query, without and with item and user biases; CTR of the held-out users' slates
+   tracked every ``--eval-every`` rounds. Centralized weighted ALS (ImplicitMF) on the same
+   train users as the server-side baseline: the earlier setting (no biases, λ = 0.05) and with
+   biases and ``--central-lambda``.
+3. Online CTR test on held-out users (reconstructed from their own shares): every model,
+   popularity, random; lift over popularity with a paired bootstrap interval; expected CTR by
+   the users' number of shares; AUC of each model's score against clicks on uniformly logged
+   impressions.
+4. The Open Bandit sample (real logs): BTS's CTR estimated from the uniform-random log by every
+   estimator, the slate ones included.
+Off-policy estimators against simulated truth at scale: ``ope_study.py``.
 
 Example: python scripts/ctr_simulation.py --json ctr.json
 Scale of the simulator alone: python scripts/ctr_simulation.py --population-only --users 1000000
@@ -30,19 +33,18 @@ import time
 
 import numpy as np
 import pandas as pd
-from sklearn.linear_model import LogisticRegression
 
 from fedcf import FedReconImplicitMF, ImplicitMF
 from fedcf.datasets import CAMPAIGNS, load_open_bandit
-from fedcf.eval import estimate_ctr, off_policy_check, top_k, user_split
-from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log, slate_target_probs
+from fedcf.eval import off_policy_check, top_k, user_split
+from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log
 from fedcf.eval.simulation import make_expression_population
 from fedcf.provenance import run_meta, write_json
 
 
 def scores_for(model, inter):
-    P, _ = model.reconstruct_users(inter)
-    return P.astype(np.float64) @ model.item_factors_.T.astype(np.float64)
+    """Every item's score b_i + c_u + p·q for each user of ``inter``, reconstructed."""
+    return model.score_all_items(*model.reconstruct_users(inter))
 
 
 def types_for(n_items):
@@ -51,20 +53,18 @@ def types_for(n_items):
     return {"gif": int(sizes[0]), "sticker": int(sizes[1]), "emoji_kitchen": int(sizes[2])}
 
 
-def reward_model(log, score_fn, log_pop, slate_size):
-    """Logistic regression on [model score, log popularity, position one-hot] → P(click)."""
-    def feats(users, actions, positions):
-        s = score_fn(users, actions)
-        onehot = np.eye(slate_size)[positions]
-        return np.column_stack([s, log_pop[actions], onehot])
-
-    X = feats(log["context"].to_numpy(), log["action"].to_numpy(), log["position"].to_numpy())
-    y = log["reward"].to_numpy()
-    if y.min() == y.max():
-        const = float(y.mean())
-        return lambda u, a, k: np.full(len(u), const)
-    lr = LogisticRegression(C=1.0, max_iter=500).fit(X, y)
-    return lambda u, a, k: lr.predict_proba(feats(u, a, k))[:, 1]
+def ctr_by_activity(pop, slates, users, counts, edges=((1, 1), (2, 2), (3, 5), (6, None))):
+    """Each policy's exact expected CTR over the users with a given number of shares."""
+    rows = []
+    for name, slate in slates.items():
+        pos = np.broadcast_to(np.arange(slate.shape[1]), slate.shape)
+        per_user = pop.click_probability(users, slate, pos).mean(axis=1)
+        for lo, hi in edges:
+            sel = (counts >= lo) & (counts <= (hi if hi is not None else counts.max()))
+            rows.append({"policy": name, "shares": f"{lo}" if lo == hi else
+                         (f"{lo}-{hi}" if hi else f"{lo}+"), "users": int(sel.sum()),
+                         "ctr_expected": float(per_user[sel].mean())})
+    return rows
 
 
 def population_only(args, argv=None):
@@ -102,7 +102,8 @@ def main(argv=None):
     ap.add_argument("--clients", type=int, default=200, help="clients per round")
     ap.add_argument("--slate", type=int, default=5, help="slate size shown to a user")
     ap.add_argument("--eval-every", type=int, default=25)
-    ap.add_argument("--log-sizes", default="1000,10000,100000,300000")
+    ap.add_argument("--central-lambda", type=float, default=50.0,
+                    help="λ of the centralized model with biases")
     ap.add_argument("--bootstrap", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-obd", action="store_true", help="skip the Open Bandit real-log check")
@@ -154,106 +155,76 @@ def main(argv=None):
         ids = pop.available(t)
         return ids[np.isin(ids, train.user_ids)]
 
-    fed = FedReconImplicitMF(args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
-                             oversample=setup["oversample"], dropout=setup["dropout"],
-                             split="none", min_examples=1,
-                             eval_every=args.eval_every, random_state=args.seed)
+    fed_kw = dict(n_rounds=args.rounds, clients_per_round=args.clients,
+                  oversample=setup["oversample"], dropout=setup["dropout"], split="none",
+                  min_examples=1, random_state=args.seed)
+    fed = FedReconImplicitMF(args.factors, eval_every=args.eval_every, **fed_kw)
     t0 = time.perf_counter()
     fed.fit(train, callback=track, availability=available)
     fed_s = time.perf_counter() - t0
+    models = {"fedrecon": fed}
+    for name, kw in [("fedrecon_biases", dict(item_bias=True, user_bias=True)),
+                     ("fedrecon_full_negatives", dict(full_negatives=True))]:
+        models[name] = FedReconImplicitMF(args.factors, **kw, **fed_kw).fit(
+            train, availability=available)
     t0 = time.perf_counter()
-    fed_full = FedReconImplicitMF(args.factors, n_rounds=args.rounds,
-                                  clients_per_round=args.clients, oversample=0.3, dropout=0.1,
-                                  split="none", full_negatives=True, random_state=args.seed)
-    fed_full.fit(train, availability=available)
-    full_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    central = ImplicitMF(args.factors, regularization=0.05, alpha=1.0, n_epochs=10,
-                         random_state=args.seed).fit(train)
+    models["centralized"] = ImplicitMF(args.factors, regularization=0.05, alpha=1.0,
+                                       n_epochs=10, random_state=args.seed).fit(train)
     central_s = time.perf_counter() - t0
+    models["centralized_biases"] = ImplicitMF(
+        args.factors, regularization=args.central_lambda, alpha=1.0, n_epochs=10,
+        item_bias=True, user_bias=True, random_state=args.seed).fit(train)
     hist = fed.history_
     print(f"FedRecon: {args.rounds} rounds x {args.clients} clients in {fed_s:.1f} s; "
           f"mean clients used {np.mean([h['clients_used'] for h in hist]):.0f}, dropped "
           f"{np.mean([h['clients_dropped'] for h in hist]):.1f}, surplus "
           f"{np.mean([h['clients_surplus'] for h in hist]):.1f} per round; "
-          f"full-negatives variant {full_s:.1f} s; centralized ALS {central_s:.1f} s")
+          f"centralized ALS {central_s:.1f} s")
 
     # 3. online CTR ----------------------------------------------------------------------------
-    S_fed = scores_for(fed, test)
-    S_cen = scores_for(central, test)
     share_count = np.bincount(train.items, weights=train.values, minlength=train.n_items)
     k = args.slate
-    S_full = scores_for(fed_full, test)
-    slates = {"fedrecon": top_k(S_fed, k), "fedrecon_full_negatives": top_k(S_full, k),
-              "centralized": top_k(S_cen, k),
-              "popularity": np.tile(np.argsort(-share_count, kind="stable")[:k], (len(test_users), 1)),
-              "random": rng.integers(0, pop.n_items, size=(len(test_users), k))}
+    scores = {name: scores_for(m, test) for name, m in models.items()}
+    slates = {name: top_k(S, k) for name, S in scores.items()}
+    slates["popularity"] = np.tile(np.argsort(-share_count, kind="stable")[:k],
+                                   (len(test_users), 1))
+    slates["random"] = rng.integers(0, pop.n_items, size=(len(test_users), k))
     table, lifts = online_ctr_test(pop, slates, test_users, n_bootstrap=args.bootstrap,
                                    random_state=args.seed)
     uni = simulate_log(pop, test_users, setup["auc_impressions"], policy="uniform", slate_size=k,
                        random_state=args.seed + 2)
     row_of = {u: r for r, u in enumerate(test_users)}
     rows = np.array([row_of[u] for u in uni["context"]])
-    auc = {"fedrecon": click_auc(S_fed[rows, uni["action"]], uni["reward"]),
-           "fedrecon_full_negatives": click_auc(S_full[rows, uni["action"]], uni["reward"]),
-           "centralized": click_auc(S_cen[rows, uni["action"]], uni["reward"]),
-           "popularity": click_auc(np.log1p(share_count[uni["action"]]), uni["reward"]),
-           "random": click_auc(rng.random(len(uni)), uni["reward"])}
+    auc = {name: click_auc(S[rows, uni["action"]], uni["reward"]) for name, S in scores.items()}
+    auc["popularity"] = click_auc(np.log1p(share_count[uni["action"]]), uni["reward"])
+    auc["random"] = click_auc(rng.random(len(uni)), uni["reward"])
     table["auc"] = pd.Series(auc)
+    activity = ctr_by_activity(pop, slates, test_users, test.counts())
     print("\nonline CTR on held-out users (10 sessions each):")
     print(table.round(5).to_string())
     print("\nlift over popularity (paired bootstrap over users):")
     print(lifts.round(4).to_string())
+    print("\nexpected CTR by the user's number of shares:")
+    print(pd.DataFrame(activity).pivot(index="policy", columns="shares",
+                                       values="ctr_expected").round(5).to_string())
 
-    # 4. off-policy estimators vs simulated truth ------------------------------------------------
-    target = slates["fedrecon"]
-    truth_fed = float(table.loc["fedrecon", "ctr_expected"])
-    log_pop = np.log1p(share_count)
-    offline_rows = []
-    sizes = [int(x) for x in args.log_sizes.split(",")]
-    for policy in ("uniform", "epsilon", "softmax"):
-        for n in sizes:
-            log = simulate_log(pop, test_users, n, policy=policy, slate_size=k,
-                               scores=share_count if policy == "epsilon" else log_pop,
-                               epsilon=setup["epsilon"], random_state=args.seed + 10 + n)
-            rows = np.array([row_of[u] for u in log["context"]])
-            pe = slate_target_probs(log, target, row_of)
-            rm = reward_model(log, lambda u, a: S_fed[np.array([row_of[x] for x in u]), a],
-                              log_pop, k)
-            u_arr, a_arr, k_arr = (log["context"].to_numpy(), log["action"].to_numpy(),
-                                   log["position"].to_numpy())
-            q_logged = rm(u_arr, a_arr, k_arr)
-            q_target = rm(u_arr, target[rows, k_arr], k_arr)
-            est = estimate_ctr(log["reward"].to_numpy(), log["propensity"].to_numpy(), pe,
-                               q_logged=q_logged, q_target=q_target, n_bootstrap=args.bootstrap,
-                               random_state=args.seed)
-            # the truth for the logged (user, position) mix: the target's expected CTR there
-            truth = float(pop.click_probability(u_arr, target[rows, k_arr], k_arr).mean())
-            for name, r in est.iterrows():
-                offline_rows.append({"logging_policy": policy, "n": n, "estimator": name,
-                                     "estimate": r["estimate"], "low": r["low"],
-                                     "high": r["high"], "std": r["std"], "truth": truth,
-                                     "relative_error": abs(r["estimate"] - truth) / truth})
-    offline = pd.DataFrame(offline_rows)
-    print(f"\noff-policy estimates of FedRecon's CTR (exact online CTR {truth_fed:.5f}); "
-          "relative error by log size:")
-    print(offline.pivot_table(index=["logging_policy", "estimator"], columns="n",
-                              values="relative_error").round(3).to_string())
-
-    # 5. real logs -----------------------------------------------------------------------------
+    # 4. real logs -----------------------------------------------------------------------------
     obd_rows, obd_facts = [], {}
     if not args.no_obd:
         for camp in CAMPAIGNS:
             rnd, bts = load_open_bandit("random", camp), load_open_bandit("bts", camp)
-            res = off_policy_check(rnd, bts, n_bootstrap=args.bootstrap, random_state=args.seed)
+            res = off_policy_check(rnd, bts, n_bootstrap=args.bootstrap, random_state=args.seed,
+                                   slate_estimators=True)
             obd_facts[camp] = {"items": int(rnd["action"].nunique()), "rows": int(len(rnd)),
                                "clicks_random": int(rnd["reward"].sum()),
                                "clicks_bts": int(bts["reward"].sum()),
                                "min_bts_propensity": float(bts["propensity"].min()),
+                               "distinct_timestamps": int(rnd["timestamp"].nunique()),
                                "uniform_propensity": float(rnd["propensity"].iloc[0])}
             for name, r in res["estimates"].iterrows():
                 obd_rows.append({"campaign": camp, "estimator": name, "estimate": r["estimate"],
                                  "low": r["low"], "high": r["high"], "truth": res["truth"],
+                                 "ess": r["ess"], "matched_share": r["matched_share"],
                                  "truth_low": res["truth_low"], "truth_high": res["truth_high"],
                                  "relative_error": r["relative_error"]})
         obd = pd.DataFrame(obd_rows)
@@ -274,7 +245,7 @@ def main(argv=None):
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([c["round"] for c in curve], [c["ctr_expected"] for c in curve], marker="o",
                 label="FedRecon (held-out users)")
-        for name in ("popularity", "centralized"):
+        for name in ("popularity", "centralized", "centralized_biases", "fedrecon_biases"):
             ax.axhline(table.loc[name, "ctr_expected"], ls="--", lw=1, label=name)
         ax.set_xlabel("round")
         ax.set_ylabel(f"expected CTR of the top-{k} slate")
@@ -283,25 +254,7 @@ def main(argv=None):
         fig.tight_layout()
         fig.savefig(os.path.join(args.plot_dir, "ctr_by_round.png"), dpi=120)
         plt.close(fig)
-        fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
-        for ax, policy in zip(axes, ("uniform", "epsilon", "softmax")):
-            sub = offline[offline.logging_policy == policy]
-            for j, name in enumerate(sub.estimator.unique()):
-                e = sub[sub.estimator == name]
-                x = np.array(e["n"], float) * (1 + 0.06 * (j - 2))
-                ax.errorbar(x, e["estimate"], yerr=[e["estimate"] - e["low"],
-                                                    e["high"] - e["estimate"]],
-                            marker="o", capsize=2, label=name, lw=1)
-            ax.plot(sub["n"], sub["truth"], "k--", lw=1, label="truth")
-            ax.set_xscale("log")
-            ax.set_title(f"logging policy: {policy}")
-            ax.set_xlabel("logged impressions")
-        axes[0].set_ylabel("estimated CTR of FedRecon's slates")
-        axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.plot_dir, "estimators_vs_truth.png"), dpi=120)
-        plt.close(fig)
-        print(f"\nwrote {args.plot_dir}/ctr_by_round.png and {args.plot_dir}/estimators_vs_truth.png")
+        print(f"\nwrote {args.plot_dir}/ctr_by_round.png")
 
     total = time.perf_counter() - t_all
     print(f"total {total:.1f} s")
@@ -311,10 +264,10 @@ def main(argv=None):
         "lift": float(fed_lift["lift"]), "lift_low": float(fed_lift["lift_low"]),
         "lift_high": float(fed_lift["lift_high"]), "lift_expected": float(fed_lift["lift_expected"]),
         "lifts": lifts.reset_index().to_dict(orient="records"),
-        "ctr_by_round": curve, "offline": offline_rows, "open_bandit": obd_rows,
+        "ctr_by_round": curve, "ctr_by_activity": activity, "open_bandit": obd_rows,
         "open_bandit_facts": obd_facts,
         "seconds": total,
-        "setup": setup, "seconds_fedrecon": fed_s,
+        "setup": {**setup, "central_lambda": args.central_lambda}, "seconds_fedrecon": fed_s,
         "meta": run_meta("ctr_simulation.py", argv, packages=("scikit-learn",)),
     }
     if args.json:

@@ -163,11 +163,16 @@ def test_off_policy_check_on_a_simulated_pair_of_logs():
 
     logging = log(100_000, np.full(5, 0.2), np.full(5, 0.2))
     target = log(100_000, target_p, target_p)
-    res = off_policy_check(logging, target, n_bootstrap=50)
+    res = off_policy_check(logging, target, n_bootstrap=50, slate_estimators=True)
     true_v = float((mu @ target_p).mean())
     assert abs(res["truth"] - true_v) < 0.003
-    for name in ("ips", "snips", "dr", "dm"):
-        assert res["estimates"].loc[name, "relative_error"] < 0.1, name
+    est = res["estimates"]
+    for name in ("ips", "snips", "dr", "dm", "dros"):
+        assert est.loc[name, "relative_error"] < 0.1, name
+    # one position per slate: the slate estimators reduce to IPS and DR
+    for name in ("iips", "rips", "sips", "pi"):
+        assert est.loc[name, "estimate"] == pytest.approx(est.loc["ips", "estimate"], rel=1e-12)
+    assert est.loc["cascade_dr", "estimate"] == pytest.approx(est.loc["dr", "estimate"], rel=1e-12)
 
 
 @pytest.mark.network

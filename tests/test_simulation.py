@@ -83,15 +83,35 @@ def test_ctr_simulation_script_tiny(tmp_path):
     mod = load_script("ctr_simulation")
     out = tmp_path / "ctr.json"
     mod.main(["--users", "3000", "--items", "300", "--rounds", "20", "--clients", "50",
-              "--eval-every", "10", "--log-sizes", "2000,5000", "--bootstrap", "20", "--no-obd",
+              "--eval-every", "10", "--bootstrap", "20", "--no-obd",
               "--plot-dir", str(tmp_path), "--json", str(out)])
     res = json.loads(out.read_text())
-    assert {"lift", "lift_low", "lift_high", "ctr", "offline", "ctr_by_round"} <= set(res)
+    assert {"lift", "lift_low", "lift_high", "ctr", "ctr_by_activity", "ctr_by_round"} <= set(res)
     assert res["lift_low"] <= res["lift"] <= res["lift_high"]
-    assert {"fedrecon", "fedrecon_full_negatives", "popularity", "random",
-            "centralized"} <= set(res["ctr"])
-    assert len(res["offline"]) == 3 * 2 * 5 and len(res["ctr_by_round"]) == 2
-    assert (tmp_path / "ctr_by_round.png").exists() and (tmp_path / "estimators_vs_truth.png").exists()
+    policies = {"fedrecon", "fedrecon_biases", "fedrecon_full_negatives", "popularity", "random",
+                "centralized", "centralized_biases"}
+    assert set(res["ctr"]) == policies
+    assert {r["policy"] for r in res["lifts"]} == policies - {"popularity"}
+    assert len(res["ctr_by_activity"]) == 4 * len(policies) and len(res["ctr_by_round"]) == 2
+    assert sum(r["users"] for r in res["ctr_by_activity"] if r["policy"] == "random") == \
+        res["setup"]["test_users"]
+    assert (tmp_path / "ctr_by_round.png").exists()
+
+
+def test_ope_study_script_tiny(tmp_path):
+    from conftest import load_script
+
+    mod = load_script("ope_study")
+    out = tmp_path / "ope.json"
+    res = mod.main(["--users", "2000", "--items", "200", "--rounds", "10", "--clients", "40",
+                    "--sizes", "500,5000", "--logs", "4", "--candidates", "30", "--pilot", "500",
+                    "--peer-size", "5000", "--json", str(out)])
+    assert json.loads(out.read_text())["values"] == res["values"]
+    assert len(res["rows"]) == 4 * 2 * 2 * 9  # loggings × targets × sizes × estimators
+    assert res["peer"]["max_abs_difference"] < 1e-12
+    assert res["values"]["uniform_candidates"] < res["values"]["greedy"]
+    with pytest.raises(SystemExit):
+        mod.main(["--sizes", "1001", "--slate", "5"])
 
 
 def test_population_only_mode(tmp_path):
