@@ -49,6 +49,11 @@ def dot_scores(P, Q):
     return lambda u: P[u].astype(np.float64) @ Q.T.astype(np.float64)
 
 
+def model_scores(model, P, c):
+    """b_i + c_u + p·q for the users' rows (P, c) of ``model``."""
+    return lambda u: model.score_all_items(P[u], c[u])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -57,6 +62,8 @@ def main(argv=None):
     ap.add_argument("--factors", type=int, default=50)
     ap.add_argument("--regularization", type=float, default=0.05)
     ap.add_argument("--alpha", type=float, default=1.0, help="confidence 1 + alpha*r (ours)")
+    ap.add_argument("--biased-regularization", type=float, default=50.0,
+                    help="λ of the centralized rows with item and user biases")
     ap.add_argument("--iterations", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=500)
     ap.add_argument("--clients", type=int, default=100)
@@ -96,6 +103,13 @@ def main(argv=None):
             rows.append(report(f"implicit ALS ({'CG' if use_cg else 'Cholesky'})", "seen",
                                ranking_metrics(dot_scores(m.user_factors, m.item_factors), tr, te),
                                secs))
+    t0 = time.perf_counter()
+    ob = ImplicitMF(args.factors, regularization=args.biased_regularization, alpha=args.alpha,
+                    n_epochs=args.iterations, item_bias=True, user_bias=True,
+                    random_state=args.seed).fit(tr)
+    rows.append(report("fedcf ImplicitMF with biases", "seen",
+                       ranking_metrics(model_scores(ob, ob.user_factors_, ob.user_biases_), tr,
+                                       te), time.perf_counter() - t0))
     popc = np.bincount(tr.items, minlength=tr.n_items).astype(float)
     rows.append(report("popularity", "seen",
                        ranking_metrics(lambda u: np.tile(popc, (len(u), 1)), tr, te), 0.0))
@@ -103,16 +117,18 @@ def main(argv=None):
     # unseen users: ReconEval
     tr_u, _va, te_u = user_split(inter, (0.8, 0.1, 0.1), random_state=args.seed)
     sup, qry = support_query_split(te_u, "random", 0.5, random_state=args.seed)
-    for full in (False, True):
+    for full, biases in ((False, False), (True, False), (False, True)):
         t0 = time.perf_counter()
         fed = FedReconImplicitMF(args.factors, alpha=args.alpha,
                                  recon_regularization=args.regularization, n_rounds=args.rounds,
                                  clients_per_round=args.clients, full_negatives=full,
+                                 item_bias=biases, user_bias=biases,
                                  random_state=args.seed).fit(tr_u)
-        P, _ = fed.reconstruct_users(sup)
+        P, c = fed.reconstruct_users(sup)
         up = float(np.mean([h["values_up"] for h in fed.history_]))
-        row = report(f"FedReconImplicitMF ({'full' if full else 'sampled'} negatives)", "unseen",
-                     ranking_metrics(dot_scores(P, fed.item_factors_), sup, qry),
+        name = f"{'full' if full else 'sampled'} negatives{', biases' if biases else ''}"
+        row = report(f"FedReconImplicitMF ({name})", "unseen",
+                     ranking_metrics(model_scores(fed, P, c), sup, qry),
                      time.perf_counter() - t0)
         row["values_up_per_round"] = up
         print(f"{'':<44} numbers uploaded per round: {up:,.0f}")
@@ -123,6 +139,13 @@ def main(argv=None):
     Pc, _ = cen.reconstruct_users(sup)
     rows.append(report("centralized ImplicitMF + fold-in", "unseen",
                        ranking_metrics(dot_scores(Pc, cen.item_factors_), sup, qry),
+                       time.perf_counter() - t0))
+    t0 = time.perf_counter()
+    cb = ImplicitMF(args.factors, regularization=args.biased_regularization, alpha=args.alpha,
+                    n_epochs=args.iterations, item_bias=True, user_bias=True,
+                    random_state=args.seed).fit(tr_u)
+    rows.append(report("centralized ImplicitMF with biases + fold-in", "unseen",
+                       ranking_metrics(model_scores(cb, *cb.reconstruct_users(sup)), sup, qry),
                        time.perf_counter() - t0))
     popu = np.bincount(tr_u.items, minlength=tr_u.n_items).astype(float)
     rows.append(report("popularity", "unseen",

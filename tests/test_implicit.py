@@ -275,3 +275,22 @@ def test_federated_item_bias_is_aggregated_and_user_bias_stays_local(clicks):
     assert np.abs(c).max() > 0  # reconstructed on the device, not a model attribute
     with pytest.raises(ValueError, match="full_negatives=True has no bias terms"):
         FedReconImplicitMF(6, full_negatives=True, item_bias=True, **kw).fit(train)
+
+
+def test_biased_models_round_trip_through_save(clicks, tmp_path):
+    from fedcf import FedReconImplicitMF, load_model
+
+    train, _ = clicks
+    for m in (ImplicitMF(4, n_epochs=2, item_bias=True, user_bias=True, random_state=0),
+              FedReconImplicitMF(4, n_rounds=5, clients_per_round=20, item_bias=True,
+                                 user_bias=True, random_state=0)):
+        m.fit(train)
+        path = tmp_path / f"{type(m).__name__}.npz"
+        m.save(path)
+        back = load_model(path)
+        assert back.get_params()["item_bias"] and back.get_params()["user_bias"]
+        np.testing.assert_array_equal(back.item_biases_, m.item_biases_)
+        a = m.recommend(items=[train.item_ids[0], train.item_ids[1]], n=5)
+        b = back.recommend(items=[train.item_ids[0], train.item_ids[1]], n=5)
+        assert a["item"].tolist() == b["item"].tolist()
+        np.testing.assert_allclose(a["score"], b["score"])
