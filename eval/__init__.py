@@ -14,10 +14,10 @@ from .offline import (
     ESTIMATORS,
     PositionActionRewardModel,
     estimate_ctr,
-    off_policy_check,
     relative_errors,
     validate_log,
 )
+from .policy_check import off_policy_check
 from .protocols import (
     bootstrap,
     federated_recon_eval,

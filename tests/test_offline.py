@@ -148,7 +148,7 @@ def test_position_action_reward_model():
 
 def test_off_policy_check_on_a_simulated_pair_of_logs():
     """Context-free logging (uniform) and target (skewed) policies over 5 actions, 2 positions."""
-    from fedcf.eval.offline import off_policy_check
+    from fedcf.eval import off_policy_check
 
     rng = np.random.default_rng(3)
     mu = np.array([[0.02, 0.05, 0.10, 0.01, 0.03], [0.01, 0.03, 0.06, 0.01, 0.02]])
@@ -178,7 +178,7 @@ def test_off_policy_check_on_a_simulated_pair_of_logs():
 @pytest.mark.network
 def test_real_open_bandit_random_log_estimates_bts(tmp_path, monkeypatch):
     """The real OBD sample through the offline PyPI source (sdist, sha256 pinned)."""
-    from fedcf.eval.offline import off_policy_check
+    from fedcf.eval import off_policy_check
 
     monkeypatch.setenv("FEDCF_DATA", str(tmp_path))
     rnd = load_open_bandit("random", "all")
