@@ -215,8 +215,11 @@ def ctr_values(ctr, impl, pop) -> dict:
         rows.append((camp, f"{e.truth.iloc[0]:.5f} [{e.truth_low.iloc[0]:.5f}, "
                            f"{e.truth_high.iloc[0]:.5f}]", f"{e.loc['ips', 'ess']:.0f}",
                      *(f"{e.loc[k, 'estimate']:.5f} ({e.loc[k, 'relative_error'] * 100:.0f} %)"
+                       + ("" if e.loc[k, "low"] <= e.loc[k, "truth"] <= e.loc[k, "high"] else " ✗")
                        for k in names)))
     v["table_obd"] = table(["campaign", "BTS on-policy CTR [95 % interval]", "ESS", *names], rows)
+    covered = (b["low"] <= b["truth"]) & (b["truth"] <= b["high"])
+    v["obd_covered"] = f"{int(covered.sum())} of {len(b)}"
     v.update(obd_published(b))
     facts = ctr["open_bandit_facts"]
     clicks = [f[k] for f in facts.values() for k in ("clicks_random", "clicks_bts")]

@@ -22,10 +22,12 @@ ESTIMATORS = [
     FedAvgMF(**FED, **SMALL),
     FURLMF(**FED, **SMALL),
     FedReconImplicitMF(**FED, **SMALL),
+    ImplicitMF(n_epochs=3, item_bias=True, user_bias=True, **SMALL),
+    FedReconImplicitMF(item_bias=True, user_bias=True, **FED, **SMALL),
 ]
 IDS = [type(e).__name__ + ("-sgd" if isinstance(getattr(e, "reconstruction", ""),
                                                   SGDReconstruction) else "")
-       for e in ESTIMATORS]
+       + ("-biases" if getattr(e, "item_bias", False) else "") for e in ESTIMATORS]
 
 
 @pytest.fixture(scope="module")

@@ -175,8 +175,8 @@ def test_full_negatives_estimator_trains(clicks):
     assert m.history_[-1]["loss"] < m.history_[0]["loss"]
 
 
-@pytest.mark.parametrize("full", [False, True])
-def test_federated_implicit_is_identical_with_one_and_two_threads(clicks, full):
+@pytest.mark.parametrize("full,biases", [(False, False), (True, False), (False, True)])
+def test_federated_implicit_is_identical_with_one_and_two_threads(clicks, full, biases):
     import numba
 
     from fedcf import FedReconImplicitMF
@@ -187,8 +187,9 @@ def test_federated_implicit_is_identical_with_one_and_two_threads(clicks, full):
         for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(threads)
             m = FedReconImplicitMF(n_factors=4, n_rounds=3, clients_per_round=40,
-                                   full_negatives=full, random_state=5).fit(train)
-            got.append(m.item_factors_.copy())
+                                   full_negatives=full, item_bias=biases, user_bias=biases,
+                                   random_state=5).fit(train)
+            got.append(np.c_[m.item_factors_, m.item_biases_])
     finally:
         numba.set_num_threads(before)
     assert np.array_equal(got[0], got[1])
@@ -294,3 +295,20 @@ def test_biased_models_round_trip_through_save(clicks, tmp_path):
         b = back.recommend(items=[train.item_ids[0], train.item_ids[1]], n=5)
         assert a["item"].tolist() == b["item"].tolist()
         np.testing.assert_allclose(a["score"], b["score"])
+
+
+def test_item_bias_deltas_are_noised_under_dp_and_absent_without_biases(clicks):
+    """The DP release noises every item's bias when the model has item biases (an untouched
+    item's bias is pure noise), and leaves them at zero when it has none."""
+    from fedcf import FedReconImplicitMF
+    from fedcf.federated import DPGaussianMean
+
+    train, _ = clicks
+    got = {}
+    for biases in (False, True):
+        m = FedReconImplicitMF(4, n_rounds=3, clients_per_round=50, item_bias=biases,
+                               aggregator=DPGaussianMean(clip_norm=0.5, noise_multiplier=1.0),
+                               random_state=0).fit(train)
+        got[biases] = m.item_biases_
+    assert np.all(got[False] == 0)
+    assert np.mean(got[True] != 0) > 0.99 and np.all(np.isfinite(got[True]))
