@@ -240,7 +240,7 @@ def _contributions(name, a, lam=None):
     if name == "iips":
         return _slate_sum(w * r, sid, ns) / L, w
     if name in ("rips", "cascade_dr"):
-        W = a["casc_e"] / a["casc_0"]
+        W = a["cascade_e"] / a["cascade_0"]
         if name == "rips":
             return _slate_sum(W * r, sid, ns) / L, W
         W_prev = np.where(a["first"], 1.0, np.r_[1.0, W[:-1]])
@@ -285,6 +285,32 @@ def _default_estimators(factored, has_model):
     return tuple(names + (["cascade_dr", "dros"] if has_model else []))
 
 
+def _slate_arrays(log, estimators, factored, check_sums, target_probs, target_cascade,
+                  target_slate, factored_target, model):
+    """The validated log as the arrays ``_contributions`` reads, sorted by slate and position."""
+    srt, props = validate_slate_log(log, estimators=estimators, factored=factored,
+                                    check_sums=check_sums)
+    order, n = srt.index.to_numpy(), len(log)
+    sid = pd.factorize(srt["slate_id"])[0]
+    a = {"sid": sid, "n_slates": int(sid.max()) + 1, "reward": srt["reward"].to_numpy(np.float64),
+         "p0": props["marginal"], "pe": _per_row("target_probs", target_probs, n, order),
+         "first": np.r_[True, sid[1:] != sid[:-1]],
+         "ends": np.r_[np.flatnonzero(np.diff(sid)), n - 1],
+         "L": np.bincount(sid).astype(np.float64)}
+    if np.any((a["pe"] < 0) | (a["pe"] > 1)):
+        raise ValueError("target_probs must be probabilities in [0, 1]")
+    for need, given in (("cascade", target_cascade), ("slate", target_slate)):
+        if need in props:
+            a[f"{need}_0"] = props[need]
+            a[f"{need}_e"] = _target(need, None if given is None else
+                                     _per_row(f"target_{need}", given, n, order),
+                                     a["pe"], sid, factored_target)
+    if model is not None:
+        a["q_logged"] = _per_row("q_logged", model[0], n, order)
+        a["q_target"] = _per_row("q_target", model[1], n, order)
+    return a
+
+
 def estimate_slate_ctr(log: pd.DataFrame, target_probs, *, target_cascade=None,
                        target_slate=None, q_logged=None, q_target=None, estimators=None,
                        factored: bool = False, factored_target: bool = False, shrinkage=None,
@@ -300,36 +326,23 @@ def estimate_slate_ctr(log: pd.DataFrame, target_probs, *, target_cascade=None,
     """
     if interval not in ("normal", "bootstrap"):
         raise ValueError(f"interval must be 'normal' or 'bootstrap', got {interval!r}")
+    if interval == "bootstrap" and (isinstance(n_bootstrap, bool) or not isinstance(
+            n_bootstrap, (int, np.integer)) or n_bootstrap < 1):
+        raise ValueError(f"n_bootstrap must be an integer >= 1 for bootstrap intervals, got "
+                         f"{n_bootstrap!r}")
+    if shrinkage is not None and not (isinstance(shrinkage, (int, float, np.floating))
+                                      and not isinstance(shrinkage, bool)
+                                      and np.isfinite(shrinkage) and shrinkage > 0):
+        raise ValueError(f"shrinkage (DRos's λ) must be a finite number > 0, or None to choose "
+                         f"it from the data; got {shrinkage!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1) (0.05 gives a 95 % interval), got {alpha!r}")
     has_model = q_logged is not None and q_target is not None
     estimators = tuple(estimators or _default_estimators(factored, has_model))
     if {"cascade_dr", "dros"} & set(estimators) and not has_model:
         raise ValueError("cascade_dr and dros need a reward model: pass q_logged and q_target")
-    srt, props = validate_slate_log(log, estimators=estimators, factored=factored,
-                                    check_sums=check_sums)
-    order, n = srt.index.to_numpy(), len(log)
-    sid = pd.factorize(srt["slate_id"])[0]
-    a = {"sid": sid, "n_slates": int(sid.max()) + 1, "reward": srt["reward"].to_numpy(np.float64),
-         "p0": props["marginal"], "pe": _per_row("target_probs", target_probs, n, order),
-         "first": np.r_[True, sid[1:] != sid[:-1]],
-         "ends": np.r_[np.flatnonzero(np.diff(sid)), n - 1]}
-    if np.any((a["pe"] < 0) | (a["pe"] > 1)):
-        raise ValueError("target_probs must be probabilities in [0, 1]")
-    a["L"] = np.bincount(sid).astype(np.float64)
-    if "cascade" in props:
-        a["casc_0"] = props["cascade"]
-        a["casc_e"] = _target("cascade", None if target_cascade is None else
-                              _per_row("target_cascade", target_cascade, n, order),
-                              a["pe"], sid, factored_target)
-    if "slate" in props:
-        a["slate_0"] = props["slate"]
-        a["slate_e"] = _target("slate", None if target_slate is None else
-                               _per_row("target_slate", target_slate, n, order),
-                               a["pe"], sid, factored_target)
-    if has_model:
-        a["q_logged"] = _per_row("q_logged", q_logged, n, order)
-        a["q_target"] = _per_row("q_target", q_target, n, order)
+    a = _slate_arrays(log, estimators, factored, check_sums, target_probs, target_cascade,
+                      target_slate, factored_target, (q_logged, q_target) if has_model else None)
     rng = np.random.default_rng(random_state)
     rows = []
     for name in estimators:

@@ -203,6 +203,12 @@ def _two_slates(**extra):
     (_two_slates(), {"estimators": ("dros",)}, "need a reward model"),
     (_two_slates(), {"estimators": ("sips",), "factored": True}, "target_slate is needed"),
     (_two_slates(), {"interval": "exact"}, "interval must be"),
+    (_two_slates(), {"interval": "bootstrap", "n_bootstrap": 0}, "n_bootstrap must be"),
+    (_two_slates(), {"shrinkage": 0.0}, "shrinkage .* must be a finite number > 0"),
+    (_two_slates(), {"shrinkage": float("nan")}, "shrinkage .* must be a finite number > 0"),
+    (_two_slates(), {"alpha": 1.5}, "alpha must be in"),
+    (_two_slates(reward=[0.0, np.inf, 0.0, 0.0]), {}, "'reward' has non-numeric or non-finite"),
+    (_two_slates(propensity=[0.5, 0.25, 0.5, 1.5]), {}, "outside \\[0, 1\\]"),
 ])
 def test_bad_slate_logs_are_named(log, kw, match):
     with pytest.raises((DataValidationError, ValueError), match=match):
