@@ -9,7 +9,7 @@ from .common import SUMMARY, UsageError, _Parser
 
 BENCHMARKS = {"movielens": "movielens_benchmark", "speed": "bench", "ctr": "ctr_simulation",
               "implicit": "implicit_benchmark", "privacy": "privacy_benchmark",
-              "scale": "fedrecon_scale", "hyper": "hypergradient_benchmark"}
+              "scale": "fedrecon_scale", "hyper": "hypergradient_benchmark", "ope": "ope_study"}
 
 
 def cmd_benchmark(args):
