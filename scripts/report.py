@@ -179,6 +179,9 @@ def ctr_values(ctr, impl, pop) -> dict:
          "impl_fs_up": f"{fs['values_up_per_round']:,.0f}",
          "impl_ff_up": f"{ff['values_up_per_round']:,.0f}",
          "impl_fs_s": f"{fs['seconds']:.1f}", "impl_ff_s": f"{ff['seconds']:.1f}",
+         "impl_biases": "; ".join(
+             f"{name} {by[(biased, proto)]['precision']:.3f} against {by[(plain, proto)]['precision']:.3f}"
+             for name, biased, plain, proto in IMPLICIT_BIAS_PAIRS if (biased, proto) in by),
          "ctr_provenance": provenance(ctr["meta"], "ctr.json"),
          "users": f"{s['users']:,}", "items": f"{s['items']:,}",
          "types": ", ".join(f"{n:,} {t}" for t, n in s["items_per_type"].items()),
@@ -204,7 +207,8 @@ def ctr_values(ctr, impl, pop) -> dict:
     users = act.drop_duplicates("shares").set_index("shares")["users"]
     piv = act.pivot(index="policy", columns="shares", values="ctr_expected")[list(users.index)]
     v["table_activity"] = table(
-        ["policy", *(f"{k} shares ({users[k]:,} users)" for k in users.index)],
+        ["policy", *(f"{k} share{'' if k == '1' else 's'} ({users[k]:,} users)"
+                     for k in users.index)],
         [(p, *(f"{x:.5f}" for x in r.values)) for p, r in piv.loc[list(ctr["ctr"])].iterrows()])
     v.update(activity_claims(piv))
     b = pd.DataFrame(ctr["open_bandit"])
@@ -239,6 +243,13 @@ def ctr_values(ctr, impl, pop) -> dict:
     return v
 
 
+IMPLICIT_BIAS_PAIRS = (
+    ("ImplicitMF (seen users)", "fedcf ImplicitMF with biases", "fedcf ImplicitMF (weighted ALS)",
+     "seen"),
+    ("FedReconImplicitMF", "FedReconImplicitMF (sampled negatives, biases)",
+     "FedReconImplicitMF (sampled negatives)", "unseen"),
+    ("centralized + fold-in", "centralized ImplicitMF with biases + fold-in",
+     "centralized ImplicitMF + fold-in", "unseen"))
 OBD_ESTIMATORS = ("replay", "ips", "snips", "dm", "dr", "rips", "sips", "pi", "cascade_dr",
                   "dros")
 
@@ -272,9 +283,9 @@ def activity_claims(piv) -> dict:
         r = piv.loc[name]
         below = [k for k in piv.columns if r[k] < pop[k]]
         above = [k for k in piv.columns if r[k] >= pop[k]]
-        return (f"below popularity for users with {', '.join(below)} shares" if below else
+        return (f"below popularity in the groups of {', '.join(below)} shares" if below else
                 "at or above popularity in every group") + \
-            (f", at or above it for {', '.join(above)}" if below and above else "")
+            (f", at or above it in {', '.join(above)}" if below and above else "")
     return {"act_cen": where("centralized"), "act_cen_b": where("centralized_biases"),
             "act_fed": where("fedrecon"), "act_fed_b": where("fedrecon_biases")}
 
@@ -354,8 +365,7 @@ def ope_claims(r, ref) -> dict:
     for (lg, tg), g in r[r.n == ref].groupby(["logging", "target"], sort=False):
         e = g.set_index("estimator")["rmse"]
         wins = [k for k in ("ips", "rips", "pi", "cascade_dr", "dros") if e[k] < e["sips"]]
-        beat.append(f"- {lg} → {tg}: {', '.join(wins) or 'none'} below slate IPS's RMSE "
-                    f"({e['sips']:.5f}) of IPS, RIPS, PI, cascade DR and DRos")
+        beat.append(f"- {lg} → {tg} (slate IPS {e['sips']:.5f}): {', '.join(wins) or 'none'}")
     return {"ope_target_lines": "\n".join(lines), "ope_slate_lines": "\n".join(beat)}
 
 
