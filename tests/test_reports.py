@@ -31,6 +31,17 @@ def test_render_refuses_a_placeholder_without_value():
         report.render("a {{missing}} b", {})
 
 
+def test_a_performance_target_without_a_measurement_says_so():
+    """A target whose row is missing from bench.json is listed as not measured, not dropped."""
+    report = load_script("report")
+    bench = json.loads((ROOT / "eval" / "results" / "bench.json").read_text())
+    kept = [r for r in bench if not r["name"].startswith("fold-in all users")]
+    lines = report.perf_values(kept)["table_targets"].splitlines()
+    assert len(lines) == 2 + len(report.TARGETS)
+    missing = [ln for ln in lines if "not measured" in ln]
+    assert len(missing) == 2 and all("fold-in" in ln for ln in missing)
+
+
 @pytest.mark.network
 def test_main_job_keeps_every_printed_digit(tmp_path):
     """The paper-protocol table of the main job, pinned to the committed JSON at the precision
