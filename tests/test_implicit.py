@@ -28,24 +28,36 @@ def p_at_10(user_f, item_f, train, test):
                            test, k=10, with_auc=False)["precision"]
 
 
-def test_matches_implicit_library_precision(clicks):
+def test_matches_implicit_library_from_the_same_start(clicks):
+    """From the same initial factors, 10 sweeps of fedcf's weighted ALS and of the `implicit`
+    library's Cholesky ALS (its alpha is one more than ours) give the same model: scores agree
+    to float32 rounding (measured 1.3e-6 on scores of order 1), so precision@10 is the same."""
     implicit_als = pytest.importorskip("implicit.cpu.als")
+    from sklearn.utils import check_random_state
     from threadpoolctl import threadpool_limits
 
     train, test = clicks
-    ours = ImplicitMF(16, regularization=0.05, alpha=1.0, n_epochs=10, random_state=0).fit(train)
+    ours = ImplicitMF(16, regularization=0.05, alpha=1.0, n_epochs=10, init_scale=0.01,
+                      random_state=0).fit(train)
+    rng = check_random_state(0)  # ImplicitMF's initialization: users, then items
+    P0 = (rng.standard_normal((train.n_users, 16)) * 0.01).astype(np.float32)
+    Q0 = (rng.standard_normal((train.n_items, 16)) * 0.01).astype(np.float32)
     with threadpool_limits(1, "blas"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = implicit_als.AlternatingLeastSquares(factors=16, regularization=0.05, alpha=2.0,
                                                       iterations=10, use_cg=False,
                                                       random_state=0)
+        theirs.user_factors, theirs.item_factors = P0, Q0
         theirs.fit(sp.csr_matrix(train.to_csr()), show_progress=False)
+    S_ours = ours.user_factors_.astype(float) @ ours.item_factors_.T.astype(float)
+    S_theirs = theirs.user_factors.astype(float) @ theirs.item_factors.T.astype(float)
+    np.testing.assert_allclose(S_ours, S_theirs, atol=1e-4)
     a = p_at_10(ours.user_factors_, ours.item_factors_, train, test)
     b = p_at_10(theirs.user_factors, theirs.item_factors, train, test)
+    assert a == pytest.approx(b, abs=0.005), (a, b)
     pop = np.bincount(train.items, minlength=train.n_items).astype(float)
     c = ranking_metrics(lambda u: np.tile(pop, (len(u), 1)), train, test, k=10,
                         with_auc=False)["precision"]
-    assert abs(a - b) < 0.2 * max(a, b), (a, b)
     assert a > 1.2 * c, (a, c)
 
 
