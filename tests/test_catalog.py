@@ -187,14 +187,22 @@ def test_out_of_catalog_options(data, tmp_path):
 
 
 def test_predict_for_seen_users_uses_their_local_rows(data):
+    """A seen user's predictions are those of the user reconstructed, local rows included, from
+    their training ratings; without the local rows the out-of-catalog entries change."""
+    import dataclasses
+
     train = data[0]
     m = FedReconMF(**FIT, item_space=OpenCatalog(0.3, local_item_buckets=3)).fit(train)
     u = train.user_ids[0]
     items = train.item_ids[train.items[train.indptr[0]:train.indptr[1]]]
     ratings = train.values[train.indptr[0]:train.indptr[1]]
-    direct = m.predict_local(m.reconstruct(items, ratings), items)
-    assert np.all(np.isfinite(m.predict(pd.DataFrame({"user": [u] * len(items), "item": items}))))
-    assert direct.shape == (len(items),)
+    local = m.reconstruct(items, ratings)
+    pred = m.predict(pd.DataFrame({"user": [u] * len(items), "item": items}))
+    np.testing.assert_allclose(pred, m.predict_local(local, items), atol=1e-6)
+    assert len(local.buckets) > 0 and np.abs(local.bucket_factors).max() > 0
+    bare = dataclasses.replace(local, bucket_factors=np.zeros_like(local.bucket_factors),
+                               bucket_biases=np.zeros_like(local.bucket_biases))
+    assert np.any(m.predict_local(bare, items) != pred)  # the local rows move predictions
 
 
 def test_learned_default_starts_users_without_ratings(data):
