@@ -192,6 +192,23 @@ def test_learned_values_are_recorded_and_move(pop):
     assert 0 < m.learned_hyperparams_["momentum"] < 1
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_each_step_goes_against_the_recorded_hypergradient(pop, optimizer):
+    """A hyper step descends: with SGD every round's change of the learning rate has the sign
+    opposite to that round's hypergradient; with Adam the first step does (later ones follow
+    its running mean). A sign-flipped step fails this."""
+    m = FedReconMF(n_factors=3, n_rounds=10, clients_per_round=30, random_state=0,
+                   server_optimizer=Momentum(0.3),
+                   hypergradients=Hypergradients(("server_learning_rate",), learning_rate=0.05,
+                                                 optimizer=optimizer)).fit(pop)
+    h = m.history_
+    steps = [(h[t]["server_learning_rate"] - h[t - 1]["server_learning_rate"],
+              h[t]["hypergrad_server_learning_rate"]) for t in range(1, len(h))]
+    checked = steps if optimizer == "sgd" else steps[:1]
+    assert all(g != 0 for _, g in checked)
+    assert all(d * g < 0 for d, g in checked), checked
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(learn="server_learning_rate"), "learn must be a non-empty list"),
     (dict(learn=["lr"]), "learn must be a non-empty list"),
