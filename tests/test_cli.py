@@ -280,11 +280,26 @@ def test_data_split_by_users_and_rows(files, capsys, tmp_path):
 
 
 def test_benchmark_runs_a_script_job(tmp_path, capsys):
+    """`fedcf benchmark movielens` is the script's job with the same flags: the same rows and
+    figures as calling the script directly, and a flag that changes the job changes them."""
+    from conftest import load_script
+
+    flags = ["--dataset", "synthetic", "--quick", "--no-progress"]
     out = tmp_path / "rows.json"
-    code = main(["benchmark", "movielens", "--dataset", "synthetic", "--quick", "--no-progress",
-                 "--json", str(out)])
+    code = main(["benchmark", "movielens", *flags, "--json", str(out)])
     capsys.readouterr()
-    assert code == 0 and len(json.loads(out.read_text())) == 14
+    via_cli = json.loads(out.read_text())
+    load_script("movielens_benchmark").main([*flags, "--json", str(tmp_path / "d.json")])
+    capsys.readouterr()
+    assert code == 0 and len(via_cli) == 14
+
+    def figures(rows):
+        return [(r["name"], r["protocol"], r["rmse"], r["accuracy"], r["n_ratings"]) for r in rows]
+    assert figures(via_cli) == figures(json.loads((tmp_path / "d.json").read_text()))
+    other = tmp_path / "seed1.json"
+    main(["benchmark", "movielens", *flags, "--seed", "1", "--json", str(other)])
+    capsys.readouterr()
+    assert figures(json.loads(other.read_text())) != figures(via_cli)
 
 
 def test_console_script_and_module_entry_points():
