@@ -815,7 +815,6 @@ def hyper_values(doc, doc_1m=None) -> dict:
     w_doc = load("hyper_weighting.json")
     weighting = [r for r in (w_doc["rows"] if w_doc else rows) if r["section"] == "weighting"]
     bo = doc["best_of_n"]
-    hw = {r["name"]: r for r in weighting if r["population"] == "hetero"}
     own = [r["server_learning_rate_final"] for r in by.get("learned (own cohort)", [])
            if "server_learning_rate_final" in r]
     return {
