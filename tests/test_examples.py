@@ -9,7 +9,8 @@ import pytest
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
 EXPECT = {"quickstart.py": "ReconEval on", "federated_checkpoints.py": "uninterrupted one: True",
           "tune_on_unseen_users.py": "best:", "implicit_recommend.py": "ndcg@10",
-          "offline_ctr.py": "true CTR", "custom_phases.py": "custom phases: ok"}
+          "offline_ctr.py": "true CTR", "custom_phases.py": "custom phases: ok",
+          "slate_ope.py": "exact CTR of the target"}
 
 
 def test_every_example_is_listed():
