@@ -14,8 +14,13 @@ adapter rows, and optionally the learned default (p₀, c₀) of the local param
 during reconstruction; k_u mini-batch steps then move the global rows the query set touches.
 
 The learned default is the prior mean of the ridge solve (and the start of SGD reconstruction);
-its client delta is one step of −lr · ∂(query loss)/∂(p₀, c₀): exact through the ridge solve
-(Λ A⁻¹ ∇ₓ, A the regularized normal matrix, Λ its ridge diagonal), first-order for SGD.
+its client delta is one step of −lr · Λ A⁻¹ ∇ₓ(query loss) (A the regularized normal matrix of
+the last user solve, Λ its ridge diagonal). That is the exact ∂(query loss)/∂(p₀, c₀) only for a
+ridge reconstruction without local rows (tested against finite differences). With local rows
+(alternating sweeps) it differentiates the last user solve alone: the local rows are held at
+their values, although they too depend on (p₀, c₀) through the sweeps, so the delta is an
+approximation. For SGD reconstruction it is the first-order term ∇ₓ (x treated as x₀ plus a
+constant).
 
 Outputs are laid out as in clients.py. ``cc`` is ``layout.catalog_cfg``.
 """
@@ -339,8 +344,9 @@ def global_steps(items, vals, imap, G, gb, slot, V, dv, x, hp, state, row_lo=0):
 
 @njit(cache=True)
 def default_step(A, gx, ridge_diag, fb, als, lr, K):
-    """The client's delta of the learned default: −lr · ∂L_q/∂x0 (Λ A⁻¹ ∇ₓ for the ridge solve,
-    ∇ₓ — first order — for SGD reconstruction)."""
+    """The client's delta of the learned default: −lr · Λ A⁻¹ ∇ₓ for the ridge solve (exact
+    without local rows; local rows held fixed otherwise), −lr · ∇ₓ (first order) for SGD
+    reconstruction — see the module docstring."""
     d = K + 1 if fb else K
     g = gx[:d].copy()
     if als:

@@ -117,7 +117,10 @@ class OpenCatalog(ItemSpace):
         Alternating exact solves (user, then local rows) of ridge reconstruction with local rows.
     learned_default : bool, default False
         Learn a global default (p₀, c₀) of the local parameters: the prior mean of the ridge
-        reconstruction and the start of SGD reconstruction.
+        reconstruction and the start of SGD reconstruction. Its client delta is the exact
+        query-loss gradient only for ridge reconstruction without local rows; with local rows
+        the local rows are held fixed in it, and with SGD reconstruction it is first order
+        (``fedcf._kernels.catalog``).
 
     Examples
     --------
