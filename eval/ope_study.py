@@ -115,9 +115,18 @@ def uniform_logging(n_items: int, L: int, support=None) -> Policy:
     return context_free(np.tile(_uniform_over(n_items, support), (L, 1)))
 
 
+def _check_epsilon(epsilon, low_open=True):
+    ok = isinstance(epsilon, (int, float, np.floating)) and not isinstance(epsilon, bool) \
+        and (0 < epsilon <= 1 if low_open else 0 <= epsilon <= 1)
+    if not ok:
+        raise ValueError(f"epsilon must be in {'(0, 1]' if low_open else '[0, 1]'}, got "
+                         f"{epsilon!r}")
+
+
 def epsilon_greedy_logging(scores, epsilon: float, L: int, support=None) -> Policy:
     """Position k shows the k-th best item by ``scores`` with probability 1 − ε, else an item
     uniform over the catalog (or ``support``)."""
+    _check_epsilon(epsilon, low_open=False)
     p = np.tile(epsilon * _uniform_over(len(scores), support), (L, 1))
     p[np.arange(L), np.argsort(-np.asarray(scores), kind="stable")[:L]] += 1 - epsilon
     return context_free(p)
@@ -129,6 +138,12 @@ def softmax_target(scores, temperature: float) -> Policy:
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     z = np.asarray(scores, np.float64) / temperature
+    bad = np.isnan(z) | (z == np.inf)
+    if bad.any() or np.all(z == -np.inf, axis=-1).any():
+        where = np.argwhere(bad)[0] if bad.any() else (int(np.flatnonzero(
+            np.all(z == -np.inf, axis=-1))[0]), "all")
+        raise ValueError(f"scores must be finite (or -inf to exclude an item) with at least one "
+                         f"item per user; see user row {where[0]}, item {where[1]}")
     z -= z.max(axis=1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(axis=1, keepdims=True)
@@ -138,8 +153,7 @@ def softmax_target(scores, temperature: float) -> Policy:
 def epsilon_greedy_target(slates, epsilon: float, n_items: int, support=None) -> Policy:
     """Position k shows the user's k-th slate item with probability 1 − ε, else an item
     uniform over the catalog (or ``support``)."""
-    if not 0 < epsilon <= 1:
-        raise ValueError(f"epsilon must be in (0, 1], got {epsilon!r}")
+    _check_epsilon(epsilon)
     return Policy("epsilon", np.zeros((0, n_items), np.float32), np.asarray(slates, np.int64),
                   float(epsilon), _uniform_over(n_items, support))
 

@@ -125,6 +125,14 @@ def test_bad_policies_are_refused():
         st.softmax_target(np.zeros((2, 3)), 0.0)
     with pytest.raises(ValueError, match="epsilon must be in"):
         st.epsilon_greedy_target(np.zeros((2, 1), int), 0.0, 3)
+    with pytest.raises(ValueError, match=r"epsilon must be in \[0, 1\]"):
+        st.epsilon_greedy_logging(np.arange(5.0), 1.5, 2)
+    with pytest.raises(ValueError, match="epsilon must be in"):
+        st.epsilon_greedy_logging(np.arange(5.0), True, 2)
+    with pytest.raises(ValueError, match="user row 1, item 2"):
+        st.softmax_target(np.array([[0.0, 1, 2], [0, 1, np.nan]]), 1.0)
+    with pytest.raises(ValueError, match="user row 0, item all"):
+        st.softmax_target(np.full((2, 3), -np.inf), 1.0)
 
 
 def test_candidate_logging_draws_only_candidates_and_exploration_follows_them(world):
