@@ -19,7 +19,7 @@ population = make_expression_population(3000, {"gif": 200, "sticker": 100},
                                         position_bias=(1.0, 0.7, 0.4), random_state=1)
 shares = population.shares(random_state=1)
 train, _, test = user_split(shares, (0.8, 0.1, 0.1), random_state=1)
-model = FedReconImplicitMF(n_factors=16, n_rounds=150, clients_per_round=100,
+model = FedReconImplicitMF(n_factors=16, n_rounds=60, clients_per_round=100,
                            random_state=0).fit(train)
 scores = model.score_all_items(*model.reconstruct_users(test))  # (test users, items)
 
