@@ -75,9 +75,10 @@ def _check_slates(log: pd.DataFrame) -> pd.DataFrame:
             "slate estimators need column 'slate_id' (which logged slate each row belongs to); "
             f"the log has {list(log.columns)}. A log of single impressions can only be "
             "evaluated by estimate_ctr")
-    if log["slate_id"].isna().any():
-        row = int(np.flatnonzero(log["slate_id"].isna().to_numpy())[0])
-        raise DataValidationError(f"log column 'slate_id' is missing at row {row}")
+    for col in ("slate_id", "position"):
+        if log[col].isna().any():
+            row = int(np.flatnonzero(log[col].isna().to_numpy())[0])
+            raise DataValidationError(f"log column {col!r} is missing at row {row}")
     out = log.reset_index(drop=True)
     out = out.iloc[np.lexsort((out["position"].to_numpy(), pd.factorize(out["slate_id"])[0]))]
     dup = out.duplicated(["slate_id", "position"]).to_numpy()
@@ -297,8 +298,11 @@ def _slate_arrays(log, estimators, factored, check_sums, target_probs, target_ca
          "first": np.r_[True, sid[1:] != sid[:-1]],
          "ends": np.r_[np.flatnonzero(np.diff(sid)), n - 1],
          "L": np.bincount(sid).astype(np.float64)}
-    if np.any((a["pe"] < 0) | (a["pe"] > 1)):
-        raise ValueError("target_probs must be probabilities in [0, 1]")
+    bad = (a["pe"] < 0) | (a["pe"] > 1)
+    if bad.any():
+        row = int(order[np.flatnonzero(bad)[0]])
+        raise ValueError(f"target_probs must be probabilities in [0, 1]; row {row} has "
+                         f"{float(a['pe'][np.flatnonzero(bad)[0]])!r}")
     for need, given in (("cascade", target_cascade), ("slate", target_slate)):
         if need in props:
             a[f"{need}_0"] = props[need]

@@ -186,6 +186,7 @@ def _two_slates(**extra):
 @pytest.mark.parametrize("log,kw,match", [
     (_two_slates().drop(columns="slate_id"), {}, "need column 'slate_id'"),
     (_two_slates(slate_id=[0, 0, None, 1]), {}, "'slate_id' is missing at row 2"),
+    (_two_slates(position=[0, np.nan, 0, 1]), {}, "'position' is missing at row 1"),
     (_two_slates(position=[0, 0, 0, 1]), {}, "two actions at one position: slates 0"),
     (_two_slates(), {"estimators": ("sips",)}, "needs column 'slate_propensity'"),
     (_two_slates(), {"estimators": ("rips",)}, "needs column 'cascade_propensity'"),
@@ -218,6 +219,9 @@ def test_bad_slate_logs_are_named(log, kw, match):
 def test_target_shape_and_values_are_checked():
     with pytest.raises(ValueError, match="one value per logged row"):
         estimate_slate_ctr(_two_slates(), [0.5], factored=True, factored_target=True)
+    with pytest.raises(ValueError, match="row 2 has 1.5"):
+        estimate_slate_ctr(_two_slates(), [0.5, 0.5, 1.5, 0.5], factored=True,
+                           factored_target=True)
     with pytest.raises(ValueError, match="non-finite value at row 1"):
         estimate_slate_ctr(_two_slates(), [0.5, np.nan, 0.5, 0.5], factored=True,
                            factored_target=True)
