@@ -344,6 +344,24 @@ def test_a_first_run_says_it_compiles_and_a_later_one_does_not(files, capsys, tm
     assert "compiling" not in capsys.readouterr().err
 
 
+def test_an_interrupt_during_an_import_is_not_turned_into_another_error(monkeypatch, capsys):
+    """Ctrl-C that lands inside an import (pandas, say) leaves that import half done; the
+    handler must report the interrupt (130) without importing anything (it once evaluated the
+    list of input errors first, which imports fedcf.datasets, and crashed with exit 1)."""
+    from fedcf.cli import app, common
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    def broken_import():
+        raise AttributeError("partially initialized module 'pandas' has no attribute 'plotting'")
+    monkeypatch.setattr(app._module("train"), "cmd_train", interrupted)
+    monkeypatch.setattr(app, "user_errors", broken_import)
+    monkeypatch.setattr(common, "user_errors", broken_import)
+    code = app.main(["train", "--data", "x.csv", "--model", "fedrecon", "--out", "m.npz"])
+    assert code == 130 and "interrupted" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("delay", [0.3, 1.0])
 def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(files, tmp_path, delay):
     """Ctrl-C while the libraries load (before: a long traceback and exit -2) or while the

@@ -85,13 +85,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         getattr(_module(args.command), f"cmd_{args.command}")(args)
+    except KeyboardInterrupt:  # first: an interrupt during an import leaves that import broken,
+        print(f"fedcf {args.command}: interrupted; no output file was left half-written",
+              file=sys.stderr)  # and user_errors() below imports
+        return 130
     except (UsageError, *user_errors()) as exc:
         msg = " ".join((str(exc.args[0]) if exc.args else type(exc).__name__).split())
         msg = with_lines(_with_flag(parser, args, argv, msg), getattr(args, "tables_read", []))
         print(f"fedcf {args.command}: error: {msg}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"fedcf {args.command}: interrupted; no output file was left half-written",
-              file=sys.stderr)
-        return 130
     return 0
