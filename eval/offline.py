@@ -86,6 +86,17 @@ def weight_diagnostics(w) -> dict:
             "matched_share": float(np.mean(w != 0)) if len(w) else 0.0}
 
 
+def warn_overlap(diag: dict, n: int, min_ess: float, what: str, name: str | None = None):
+    """An ``OverlapWarning`` with the numbers when ``diag``'s ESS is below ``min_ess``."""
+    if diag["ess"] < min_ess:
+        warnings.warn(f"{f'estimator {name!r}: ' if name else ''}effective sample size "
+                      f"{diag['ess']:.1f} of {n} {what} (largest weight "
+                      f"{diag['max_weight']:.4g}, {diag['matched_share']:.1%} non-zero) is below "
+                      f"min_ess={min_ess}: the logging policy rarely shows what the target "
+                      "would, so the estimate rests on a few impressions", OverlapWarning,
+                      stacklevel=3)
+
+
 def validate_log(log: pd.DataFrame, *, actions=None, zero_propensity: str = "error"
                  ) -> pd.DataFrame:
     """Check a log and return it (rows with propensity 0 removed when ``zero_propensity="drop"``;
@@ -264,12 +275,8 @@ def estimate_ctr(reward, propensity, target_probs, *, q_logged=None, q_target=No
             lo = hi = sd = float("nan")
         rows.append({"estimator": name, "estimate": _point(name, a), "low": float(lo),
                      "high": float(hi), "std": sd, "n": n, **diag})
-    if diag["ess"] < min_ess and set(estimators) - {"dm"}:
-        warnings.warn(f"effective sample size {diag['ess']:.1f} of {n} rows (largest weight "
-                      f"{diag['max_weight']:.4g}, {diag['matched_share']:.1%} of rows the target "
-                      f"could have shown) is below min_ess={min_ess}: the logging policy rarely "
-                      "shows what the target would, so the weighted estimates rest on a few "
-                      "impressions", OverlapWarning, stacklevel=2)
+    if set(estimators) - {"dm"}:
+        warn_overlap(diag, n, min_ess, "rows")
     return pd.DataFrame(rows).set_index("estimator")
 
 

@@ -109,6 +109,19 @@ class ExpressionPopulation:
         return np.flatnonzero(rng.random(self.n_users) < self.availability)
 
 
+def expression_types(n_items: int) -> dict:
+    """A catalog of ``n_items`` split over gif / sticker / emoji_kitchen in the default
+    proportions (53 / 39 / 8 %), at least one item of each type.
+
+    Examples
+    --------
+    >>> expression_types(3800)
+    {'gif': 2014, 'sticker': 1482, 'emoji_kitchen': 304}
+    """
+    sizes = np.maximum(1, np.round(np.array([0.53, 0.39, 0.08]) * n_items)).astype(int)
+    return {"gif": int(sizes[0]), "sticker": int(sizes[1]), "emoji_kitchen": int(sizes[2])}
+
+
 def make_expression_population(n_users: int = 50_000, types: dict | None = None, *,
                                n_factors: int = 8, taste_scale: float = 1.5,
                                popularity_exponent: float = 1.0, mean_shares: float = 6.0,

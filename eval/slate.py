@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 from ..datasets import DataValidationError
-from .offline import OverlapWarning, validate_log, weight_diagnostics
+from .offline import OverlapWarning, validate_log, warn_overlap, weight_diagnostics
 
 SLATE_ESTIMATORS = ("iips", "rips", "sips", "pi", "cascade_dr", "dros")
 _NEEDS = {"rips": "cascade", "cascade_dr": "cascade", "sips": "slate"}
@@ -360,12 +360,7 @@ def estimate_slate_ctr(log: pd.DataFrame, target_probs, *, target_cascade=None,
         rows.append({"estimator": name, "estimate": float(v.mean()), "low": lo, "high": hi,
                      "std": sd, "n_slates": a["n_slates"], **diag,
                      "shrinkage": lam if lam is not None else float("nan")})
-        if diag["ess"] < min_ess:
-            warnings.warn(f"estimator {name!r}: effective sample size {diag['ess']:.1f} of "
-                          f"{len(w)} weights (largest {diag['max_weight']:.4g}, "
-                          f"{diag['matched_share']:.1%} non-zero) is below min_ess={min_ess}; "
-                          "the logging policy rarely shows what the target would, so this "
-                          "estimate rests on a few impressions", OverlapWarning, stacklevel=2)
+        warn_overlap(diag, len(w), min_ess, "weights", name)
     return pd.DataFrame(rows).set_index("estimator")
 
 

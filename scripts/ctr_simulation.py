@@ -38,19 +38,13 @@ from fedcf import FedReconImplicitMF, ImplicitMF
 from fedcf.datasets import CAMPAIGNS, load_open_bandit
 from fedcf.eval import off_policy_check, top_k, user_split
 from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log
-from fedcf.eval.simulation import make_expression_population
+from fedcf.eval.simulation import expression_types, make_expression_population
 from fedcf.provenance import run_meta, write_json
 
 
 def scores_for(model, inter):
     """Every item's score b_i + c_u + p·q for each user of ``inter``, reconstructed."""
     return model.score_all_items(*model.reconstruct_users(inter))
-
-
-def types_for(n_items):
-    sizes = np.array([0.53, 0.39, 0.08]) * n_items
-    sizes = np.maximum(1, np.round(sizes)).astype(int)
-    return {"gif": int(sizes[0]), "sticker": int(sizes[1]), "emoji_kitchen": int(sizes[2])}
 
 
 def ctr_by_activity(pop, slates, users, counts, edges=((1, 1), (2, 2), (3, 5), (6, None))):
@@ -72,7 +66,7 @@ def population_only(args, argv=None):
     import resource
 
     t0 = time.perf_counter()
-    pop = make_expression_population(args.users, types_for(args.items), random_state=args.seed)
+    pop = make_expression_population(args.users, expression_types(args.items), random_state=args.seed)
     t_pop = time.perf_counter() - t0
     t0 = time.perf_counter()
     shares = pop.shares(random_state=args.seed + 1)
@@ -119,7 +113,7 @@ def main(argv=None):
         return population_only(args, argv)
 
     # 1. population ---------------------------------------------------------------------------
-    pop = make_expression_population(args.users, types_for(args.items),
+    pop = make_expression_population(args.users, expression_types(args.items),
                                      position_bias=np.linspace(1.0, 0.3, args.slate),
                                      random_state=args.seed)
     shares = pop.shares(random_state=args.seed + 1)

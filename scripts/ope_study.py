@@ -42,16 +42,11 @@ from sklearn.linear_model import LogisticRegression
 from fedcf import FedReconImplicitMF
 from fedcf.eval import OverlapWarning, estimate_ctr, estimate_slate_ctr, user_split
 from fedcf.eval import ope_study as st
-from fedcf.eval.simulation import make_expression_population
+from fedcf.eval.simulation import expression_types, make_expression_population
 from fedcf.provenance import run_meta, write_json
 
 LOGGING = ("uniform_catalog", "uniform", "epsilon", "softmax")
 TARGETS = ("softmax", "epsilon")
-
-
-def types_for(n_items):
-    sizes = np.maximum(1, np.round(np.array([0.53, 0.39, 0.08]) * n_items)).astype(int)
-    return {"gif": int(sizes[0]), "sticker": int(sizes[1]), "emoji_kitchen": int(sizes[2])}
 
 
 def parse(argv):
@@ -91,7 +86,7 @@ def parse(argv):
 
 def build_world(args):
     """(world, FedRecon scores of the world's users, share counts, setup facts)."""
-    pop = make_expression_population(args.users, types_for(args.items),
+    pop = make_expression_population(args.users, expression_types(args.items),
                                      position_bias=np.linspace(1.0, 0.3, args.slate),
                                      random_state=args.seed)
     shares = pop.shares(random_state=args.seed + 1)
