@@ -218,7 +218,9 @@ def main(argv=None):
         selection, (args.alpha, args.regularization) = select_wals(args)
     print(f"{inter!r}; {len(models)} models x {args.seeds} seeds on {args.workers} workers; "
           f"weighted ALS alpha={args.alpha}, lambda={args.regularization}")
-    tasks = [(m, s, args) for s in range(args.seeds) for m in models]
+    cost = {"FedNCF": 0, "PFedRec": 1, "FedMF": 2}  # longest first: the workers end together
+    tasks = sorted(((m, s, args) for s in range(args.seeds) for m in models),
+                   key=lambda t: (cost.get(t[0], 3), t[1]))
     t0 = time.perf_counter()
     if args.workers > 1:
         ctx = multiprocessing.get_context("spawn")
