@@ -17,6 +17,12 @@ Protocols (test item = each user's newest interaction, validation item = the one
                        for as many epochs as the federated run has rounds), paper-compat and
                        clean: the size of the leak
 
+Users: per seed, 80 % are seen in fit and 20 % are held out whole; every protocol is scored for
+both ("… unseen" rows): an unseen user's model comes from their training items alone, by
+reconstruction (FedRecon, and ImplicitMF's fold-in) or by training the user part on their
+device with everything global frozen (the sampled baselines; PFedRec then finetunes its
+personal item rows as in a round).
+
 Models: popularity; centralized ImplicitMF (weighted ALS); FedReconImplicitMF; FedMF; FedNCF;
 PFedRec. Weighted ALS treats every unobserved item as a weak negative, the held-out item
 included, so no sampler can leak: ImplicitMF and FedRecon are trained once per seed and
@@ -39,7 +45,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from fedcf import FedReconImplicitMF, ImplicitMF
-from fedcf.datasets import Interactions, load_movielens
+from fedcf.datasets import Interactions, SyntheticPopulation, load_movielens
 from fedcf.eval.loo import (
     leave_one_out,
     loo_ranks,
@@ -47,6 +53,7 @@ from fedcf.eval.loo import (
     sample_negatives,
     training_exclusions,
 )
+from fedcf.eval.splits import user_split_indices
 from fedcf.federated.sampled import FedMF, FedNCF, PFedRec
 from fedcf.provenance import report_result, run_meta
 
@@ -54,13 +61,26 @@ SAMPLED = {"FedMF": FedMF, "FedNCF": FedNCF, "PFedRec": PFedRec}
 MODELS = ("popularity", "ImplicitMF", "FedReconImplicitMF", *SAMPLED)
 
 
+SYNTHETIC = {"synthetic-1m": dict(n_users=6040, n_items=3706, ratings_per_user=165.6),
+             "synthetic-small": dict(n_users=400, n_items=300, ratings_per_user=30.0)}
+
+
 def load(args) -> Interactions:
-    inter = load_movielens(args.dataset, download=not args.offline)
+    if args.dataset in SYNTHETIC:  # every rated item is a positive; no timestamps
+        inter = SyntheticPopulation(**SYNTHETIC[args.dataset], random_state=0).to_interactions()
+    else:
+        inter = load_movielens(args.dataset, download=not args.offline)
     inter = Interactions(inter.indptr, inter.items, np.ones(inter.nnz), inter.timestamps,
                          inter.user_ids, inter.item_ids)
     if args.users:
         inter = inter.subset_users(np.arange(min(args.users, inter.n_users)))
     return inter.subset_users(np.flatnonzero(inter.counts() >= 3))
+
+
+def split_of(inter):
+    """Leave-one-out by time, or at random (seeded) for data without timestamps."""
+    return leave_one_out(inter, order="time" if inter.timestamps is not None else "random",
+                         random_state=0)
 
 
 def protocol_sets(split, seed: int, short: int):
@@ -75,38 +95,50 @@ def protocol_sets(split, seed: int, short: int):
     return small, big
 
 
-def _scores(model, n_users: int, chunk: int = 512):
-    """Every user's scores, computed once (PFedRec finetunes per user to score) and served to
-    each protocol."""
-    fn = model.user_scores if isinstance(model, tuple(SAMPLED.values())) else \
-        (lambda u: model.score_all_items(*model._user_params(u)))
-    S = np.vstack([fn(np.arange(s, min(s + chunk, n_users))) for s in range(0, n_users, chunk)])
-    return lambda u: S[u]
+def _scores(model, split, seen, unseen, exclude=None, chunk: int = 512) -> np.ndarray:
+    """Every user's scores, computed once and served to each protocol: users seen in fit from
+    the model (PFedRec finetunes per device to score), unseen users from their training items
+    alone (reconstructed, or trained on their device with everything global frozen)."""
+    S = np.empty((split.n_users, split.train.n_items))
+    new = split.train.subset_users(unseen)
+    if isinstance(model, tuple(SAMPLED.values())):
+        fn = model.user_scores
+        S[unseen] = model.score_new_users(new, None if exclude is None
+                                          else exclude.subset_users(unseen))
+    else:
+        def fn(u):
+            return model.score_all_items(*model._user_params(u))
+        S[unseen] = model.score_all_items(*model.reconstruct_users(new))
+    S[seen] = np.vstack([fn(np.arange(s, min(s + chunk, len(seen))))
+                         for s in range(0, len(seen), chunk)])
+    return S
 
 
 def select_wals(args, grid=((1.0, 1.0), (1.0, 10.0), (5.0, 10.0), (20.0, 10.0), (1.0, 50.0))):
     """(alpha, λ) of weighted ALS with the best HR@k on the *validation* item (seed 0's 99
     negatives), never the test item; FedRecon uses the same."""
-    split = leave_one_out(load(args))
+    split = split_of(load(args))
     small, _ = protocol_sets(split, 0, args.large)
     best = []
     for alpha, lam in grid:
         model = ImplicitMF(args.factors, alpha=alpha, regularization=lam, n_epochs=15,
                            random_state=0).fit(split.train)
-        hr = rank_metrics(loo_ranks(_scores(model, split.n_users), split, negatives=small,
-                                    part="validation"), args.k)[f"hr@{args.k}"]
+        hr = rank_metrics(loo_ranks(lambda u: model.score_all_items(*model._user_params(u)),
+                                    split, negatives=small, part="validation"),
+                          args.k)[f"hr@{args.k}"]
         best.append((hr, alpha, lam))
     return [{"alpha": a, "regularization": lam, f"validation_hr@{args.k}": hr}
             for hr, a, lam in best], max(best)[1:]
 
 
-def _evaluate(score, split, small, big, protocols, k) -> dict:
-    out = {}
-    for name in protocols:
-        neg = {"clean-99": small, "clean-999": big, "paper-compat-99": small, "full": None,
-               "federation-off-paper": small, "federation-off-clean": small}[name]
-        out[name] = rank_metrics(loo_ranks(score, split, negatives=neg), k)
-    return out
+def _evaluate(S, split, small, big, protocols, k, users) -> dict:
+    """{protocol: metrics} of ``users`` from the score matrix S; "clean-large" is named after
+    the large negative count."""
+    negs = {"clean-99": small, "clean-large": big, "paper-compat-99": small, "full": None,
+            "federation-off-paper": small, "federation-off-clean": small}
+    return {(f"clean-{big.shape[1]}" if name == "clean-large" else name):
+            rank_metrics(loo_ranks(lambda u: S[u], split, negatives=negs[name], users=users), k)
+            for name in protocols}
 
 
 def _build(name, args, seed):
@@ -129,44 +161,48 @@ def run_task(task):
         return _run_task(name, seed, args)
 
 
+BASE = ("clean-99", "clean-large", "full")
+LEAKY = ("paper-compat", "federation-off-paper")
+
+
 def _run_task(name, seed, args):
-    inter = load(args)
-    split = leave_one_out(inter)
+    split = split_of(load(args))
     small, big = protocol_sets(split, seed, args.large)
-    t0 = time.perf_counter()
+    seen, unseen = (np.sort(p) for p in user_split_indices(split.n_users, (0.8, 0.2),
+                                                            random_state=seed))
     rows = []
 
-    def record(protocols, score, seconds):
-        for proto, m in _evaluate(score, split, small, big, protocols, args.k).items():
-            rows.append({"model": name, "protocol": proto, "seed": seed, "seconds": seconds,
-                         "leaky": proto.startswith(("paper", "federation-off-paper")), **m})
+    def record(protocols, S, seconds, with_unseen=True):
+        for users, tag in ((seen, ""), (unseen, " unseen"))[:1 + with_unseen]:
+            for proto, m in _evaluate(S, split, small, big, protocols, args.k, users).items():
+                rows.append({"model": name, "protocol": proto + tag, "seed": seed,
+                             "seconds": seconds, "leaky": proto.startswith(LEAKY), **m})
+
+    def train(model, exclude=None):
+        t = time.perf_counter()
+        extra = {} if exclude is None else {"exclude": exclude.subset_users(seen)}
+        model.fit(split.train.subset_users(seen), **extra)
+        return _scores(model, split, seen, unseen, exclude), time.perf_counter() - t
 
     if name == "popularity":
-        pop = np.bincount(split.train.items, minlength=split.train.n_items).astype(float)
-        record(("clean-99", "clean-999", "full"),
-               lambda u: np.broadcast_to(pop, (len(u), len(pop))), 0.0)
+        pop = np.bincount(split.train.subset_users(seen).items,
+                          minlength=split.train.n_items).astype(float)
+        record(BASE, np.broadcast_to(pop, (split.n_users, len(pop))), 0.0)
     elif name not in SAMPLED:
-        model = _build(name, args, seed).fit(split.train)
-        record(("clean-99", "clean-999", "full"), _scores(model, split.n_users),
-               time.perf_counter() - t0)
+        record(BASE, *train(_build(name, args, seed)))
     else:
-        runs = {"clean": (("clean-99", "clean-999"),  # −1 (a user without 999) is skipped
+        runs = {"clean": (("clean-99", "clean-large"),  # −1 (a user without 999) is skipped
                            training_exclusions(split, "clean", np.hstack([small, big]))),
                 "paper-compat": (("paper-compat-99",), training_exclusions(split, "paper-compat")),
                 "full": (("full",), training_exclusions(split, "full"))}
         for protocols, ex in runs.values():
-            t = time.perf_counter()
-            model = _build(name, args, seed).fit(split.train, exclude=ex)
-            record(protocols, _scores(model, split.n_users), time.perf_counter() - t)
-        if name == "PFedRec" and args.probe:
+            record(protocols, *train(_build(name, args, seed), ex))
+        if name == "PFedRec" and args.probe:  # seen users only: it has no federation to join
             for mode, proto in (("paper-compat", "federation-off-paper"),
                                 ("clean", "federation-off-clean")):
-                ex = runs[mode][1]
-                t = time.perf_counter()
-                model = PFedRec(args.factors, n_rounds=1, local_epochs=args.rounds,
-                                server_learning_rate=0.0, random_state=seed).fit(split.train,
-                                                                                 exclude=ex)
-                record((proto,), _scores(model, split.n_users), time.perf_counter() - t)
+                off = PFedRec(args.factors, n_rounds=1, local_epochs=args.rounds,
+                              server_learning_rate=0.0, random_state=seed)
+                record((proto,), *train(off, runs[mode][1]), with_unseen=False)
     return rows
 
 
@@ -189,7 +225,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--dataset", default="100k", help="MovieLens variant")
+    ap.add_argument("--dataset", default="100k",
+                    help=f"MovieLens variant, or {' / '.join(SYNTHETIC)} (fedcf's synthetic "
+                         "population; held-out items at random, as it has no timestamps)")
     ap.add_argument("--offline", action="store_true", help="never download (use the cache)")
     ap.add_argument("--users", type=int, default=0, help="first N users only (0: all)")
     ap.add_argument("--models", default=",".join(MODELS))
@@ -212,6 +250,8 @@ def main(argv=None):
     bad = [m for m in models if m not in MODELS]
     if bad:
         ap.error(f"unknown model {bad[0]!r}; choose from {', '.join(MODELS)}")
+    if args.large < 100:
+        ap.error(f"--large must be at least 100 (its negatives hold the 99), got {args.large}")
     inter = load(args)
     selection = []
     if args.alpha is None or args.regularization is None:

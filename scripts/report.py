@@ -1187,7 +1187,8 @@ def catalog_block(doc) -> str:
 
 
 # ---------------------------------------------------------------------- ranking (issue 35)
-RANK_COLUMNS = ("clean-99", "clean-999", "full", "paper-compat-99")
+def _rank_columns(doc) -> tuple:
+    return ("clean-99", f"clean-{doc['settings']['large']}", "full", "paper-compat-99")
 
 
 def _rank_rows(doc) -> dict:
@@ -1198,17 +1199,18 @@ def _ms(r, m) -> str:
     return f"{r[m]:.4f} ± {r[m + '_std']:.4f}"
 
 
-def ranking_table(doc, k) -> str:
+def ranking_table(doc, k, tag="") -> str:
+    """Models × protocols for the seen users (tag "") or the unseen ones (tag " unseen")."""
     rows, models = _rank_rows(doc), list(dict.fromkeys(r["model"] for r in doc["table"]))
     out = []
     for model in models:
         cells = [model]
-        for proto in RANK_COLUMNS:
-            r = rows.get((model, proto)) or (rows.get((model, "clean-99"))
-                                             if proto == "paper-compat-99" else None)
+        for proto in _rank_columns(doc):
+            r = rows.get((model, proto + tag)) or (rows.get((model, "clean-99" + tag))
+                                                   if proto == "paper-compat-99" else None)
             cells.append("—" if r is None else f"{_ms(r, f'hr@{k}')} / {r[f'ndcg@{k}']:.4f}")
         out.append(cells)
-    return table(["model", *(f"{p}: HR@{k} / NDCG@{k}" for p in RANK_COLUMNS)], out)
+    return table(["model", *(f"{p}: HR@{k} / NDCG@{k}" for p in _rank_columns(doc))], out)
 
 
 def ranking_leak(doc, k) -> str:
@@ -1244,13 +1246,17 @@ def ranking_targets(doc, published, k) -> str:
                      f"{off[hr]:.4f} with the papers' sampler and {clean[hr]:.4f} with the clean "
                      f"one: {_verdict(off[hr] >= 0.95 and clean[hr] < 0.5)} (target: ≈ 1 and "
                      "a sane figure).")
-    for proto in ("clean-99", "clean-999", "full"):
-        for rival in ("FedMF", "FedNCF"):
+    for proto in (p + tag for tag in ("", " unseen") for p in _rank_columns(doc)[:3]):
+        for rival in ("FedMF", "FedNCF", "PFedRec"):
             if ("FedReconImplicitMF", proto) in rows and (rival, proto) in rows:
                 a, b = rows[("FedReconImplicitMF", proto)], rows[(rival, proto)]
+                what = "target" if rival != "PFedRec" and "unseen" not in proto else "where"
                 lines.append(f"- FedReconImplicitMF ahead of {rival} under {proto} in every seed "
                              f"(HR@{k} {a[hr]:.4f} against {b[hr]:.4f}): "
-                             f"{_verdict(_ahead(doc, 'FedReconImplicitMF', rival, proto, k))}.")
+                             + (_verdict(_ahead(doc, 'FedReconImplicitMF', rival, proto, k))
+                                if what == "target" else
+                                ("yes" if _ahead(doc, "FedReconImplicitMF", rival, proto, k)
+                                 else "no")) + ".")
     minutes = doc["wall_seconds"] / 60
     lines.append(f"- The whole pack in {minutes:.1f} min on {doc['settings']['workers']} worker "
                  f"processes: {_verdict(minutes <= 30)} (target: ≤ 30 min on 2 cores).")
@@ -1279,7 +1285,7 @@ def published_table(published) -> str:
 
 def ranking_values(doc, published) -> dict:
     s, k = doc["settings"], doc["settings"]["k"]
-    n999 = _rank_rows(doc).get(("ImplicitMF", "clean-999"))
+    n999 = _rank_rows(doc).get(("ImplicitMF", _rank_columns(doc)[1]))
     sel = ", ".join(f"({r['alpha']:g}, {r['regularization']:g}): {r[f'validation_hr@{k}']:.4f}"
                     for r in doc["selection"])
     return {"provenance": provenance(doc["meta"], "ranking.json"),
@@ -1290,10 +1296,27 @@ def ranking_values(doc, published) -> dict:
                          f"{s['recon_clients']} clients; weighted ALS α = {s['alpha']:g}, "
                          f"λ = {s['regularization']:g}; {s['seeds']} seeds (mean ± std)"),
             "selection": sel or "given on the command line",
-            "n999": str(n999["n_users"]) if n999 else "—",
-            "table": ranking_table(doc, k), "leak": ranking_leak(doc, k),
+            "n999": str(n999["n_users"]) if n999 else "—", "large": str(s["large"]),
+            "table": ranking_table(doc, k), "table_unseen": ranking_table(doc, k, " unseen"),
+            "leak": ranking_leak(doc, k),
             "targets": ranking_targets(doc, published, k),
             "published": published_table(published)}
+
+
+def cold_start_values(doc) -> dict:
+    """RANKING.md's cold-start curve (scripts/cold_start_curve.py): per model and support size,
+    RMSE and HR@10 averaged over seeds."""
+    if doc is None:
+        return {"cold_provenance": "Not measured yet: run the command below.", "cold_table": ""}
+    df = pd.DataFrame(doc["rows"]).groupby(["model", "n"], sort=False)[["rmse", "hr@10"]].mean()
+    models = list(dict.fromkeys(r["model"] for r in doc["rows"]))
+    rows = [[m] + [f"{df.loc[(m, n), 'rmse']:.3f} / {df.loc[(m, n), 'hr@10']:.3f}"
+                   for n in doc["sizes"]] for m in models]
+    users = doc["rows"][0]["n_users"]
+    return {"cold_provenance": provenance(doc["meta"], "cold_start.json"),
+            "cold_table": (table(["model", *(f"n = {n}" for n in doc["sizes"])], rows)
+                           + f"\n\nCells: RMSE / HR@10; {doc['settings']['seeds']} seeds, "
+                           f"{users} new users in the first.")}
 
 
 # ---------------------------------------------------------------------- all documents
@@ -1329,8 +1352,9 @@ def documents() -> dict[Path, str]:
                                                   catalog_values(load("out_of_catalog.json")))}
            if load("out_of_catalog.json") else {}),
         **({ROOT / "eval" / "RANKING.md": render((TEMPLATES / "RANKING.md").read_text(),
-                                                  ranking_values(load("ranking.json"),
-                                                                 load("ranking_published.json")))}
+                                                  {**ranking_values(load("ranking.json"),
+                                                                    load("ranking_published.json")),
+                                                   **cold_start_values(load("cold_start.json"))})}
            if load("ranking.json") else {}),
         **({ROOT / "eval" / "SCALE.md": render((TEMPLATES / "SCALE.md").read_text(),
                                                 {**scale_values(load("ray_scale.json")),

@@ -60,11 +60,12 @@ def test_scores_of_every_item_equal_the_logits(net):
         np.testing.assert_allclose(s[u], net.logits(one, items, glob), rtol=1e-10, atol=1e-12)
 
 
-def _data():
-    """48 users in 4 taste groups, each user with 10 of their group's 15 items."""
+def _data(n_users=48):
+    """Users in 4 taste groups, each user with 10 of their group's 15 items."""
     rng = np.random.default_rng(2)
-    users = np.repeat(np.arange(48), 10)
-    items = np.concatenate([15 * (u % 4) + rng.choice(15, 10, replace=False) for u in range(48)])
+    users = np.repeat(np.arange(n_users), 10)
+    items = np.concatenate([15 * (u % 4) + rng.choice(15, 10, replace=False)
+                            for u in range(n_users)])
     return Interactions.from_arrays(users, items, item_catalog=np.arange(60))
 
 
@@ -78,7 +79,7 @@ def test_negatives_avoid_own_items_and_exclusions(cls):
     rng = np.random.default_rng(0)
     for u in range(sp.n_users):
         pos = sp.train.items[sp.train.indptr[u]:sp.train.indptr[u + 1]]
-        items, y = m._draw(u, pos, rng)
+        items, y = m._draw(*m._device_data(u), rng)
         drawn = items[y == 0]
         assert len(drawn) == 4 * len(pos)
         assert not set(drawn) & set(ex_csr[[u]].indices)
@@ -162,3 +163,24 @@ def test_the_kernel_pass_equals_the_numpy_pass(cls, monkeypatch):
                                    atol=1e-12)
     np.testing.assert_allclose(fast.user_scores(np.arange(5)), slow.user_scores(np.arange(5)),
                                rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [FedMF, FedNCF, PFedRec])
+def test_new_users_are_trained_on_their_device_alone(cls):
+    inter = _data(96)
+    seen = inter.subset_users(np.arange(0, 64))
+    new = inter.subset_users(np.arange(64, 96))
+    sp = leave_one_out(new, order="random", random_state=0)
+    m = cls(4, n_rounds=30, random_state=0).fit(seen)
+    both = m.score_new_users(sp.train)
+    alone = m.score_new_users(sp.train.subset_users(np.array([3])))
+    np.testing.assert_allclose(alone[0], both[3], rtol=1e-12)
+    neg = sample_negatives(sp, 20, random_state=0)
+    hr = loo_metrics(lambda u: both[u], sp, negatives=neg, k=5)["hr@5"]
+    assert hr > 0.4, hr  # chance is 5/21
+    before = {k: v.copy() for k, v in m.global_params_.items()}
+    m.score_new_users(sp.train)
+    for k in before:
+        np.testing.assert_array_equal(before[k], m.global_params_[k])
+    with pytest.raises(DataValidationError, match="item map"):
+        m.score_new_users(Interactions.from_arrays(["x"], [1]))

@@ -23,7 +23,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._kernels.sampled import ITEMS, USER, dot_local
 from .._validation import Int, NoneOr, Real, check_params
 from ..datasets import DataValidationError, Interactions
-from ..models.base import _plain
+from ..models.base import _plain, user_keys
 from .sampled_nets import DotNet, NeuMFNet
 
 _CONSTRAINTS = {
@@ -59,7 +59,8 @@ def _scatter(idx: np.ndarray, g: np.ndarray, n: int) -> np.ndarray:
 class _SampledFederated(BaseEstimator):
     """Round loop and local training shared by the sampled-negative baselines (not used
     directly). A subclass sets ``_net()`` and may override ``_stages`` (which parameter groups
-    each local pass updates) and ``_user_item_rows`` (personal item rows at scoring time)."""
+    each local pass updates) and ``_personal_items`` (the device finetunes its own item rows to
+    score)."""
 
     _stages: tuple = (("user", "items", "dense"),)
 
@@ -101,7 +102,9 @@ class _SampledFederated(BaseEstimator):
         sums = {k: np.zeros_like(v) for k, v in g.items()}
         losses = []
         for u in clients:
-            user, uniq, rows, dense, n, loss = self._local(u, rng, update_global=True)
+            user = {k: v[u].copy() for k, v in self.user_params_.items()}
+            user, uniq, rows, dense, n, loss = self._local(*self._device_data(u), rng,
+                                                           update_global=True, user=user)
             for k, v in user.items():
                 self.user_params_[k][u] = v
             for k in self.net_.item_keys:
@@ -114,31 +117,36 @@ class _SampledFederated(BaseEstimator):
         return float(np.mean(losses))
 
     # ------------------------------------------------------------------ one device
-    def _draw(self, u: int, positives: np.ndarray, rng):
+    def _device_data(self, u: int):
+        """A seen device's positives and the items it never draws as negatives."""
+        inter = self.interactions_
+        return inter.items[inter.indptr[u]:inter.indptr[u + 1]], self.exclude_rows_[u]
+
+    def _draw(self, positives: np.ndarray, excluded: np.ndarray, rng):
         mask = np.ones(len(self.item_ids_), bool)
-        mask[self.exclude_rows_[u]] = False
+        mask[excluded] = False
         pool = np.flatnonzero(mask)
         neg = pool[rng.integers(0, len(pool), len(positives) * self.negatives)]
         items = np.concatenate([positives, neg])
         return items, np.r_[np.ones(len(positives)), np.zeros(len(neg))]
 
-    def _local(self, u: int, rng, *, update_global: bool, user=None):
-        """One device's local training from the current global parameters; returns its user
-        parameters, touched item rows (ids and values), dense layers, weight and mean loss."""
-        inter = self.interactions_
-        positives = inter.items[inter.indptr[u]:inter.indptr[u + 1]]
-        draws = [self._draw(u, positives, rng) for _ in range(self.local_epochs)]  # fresh each epoch
+    def _local(self, positives, excluded, rng, *, update_global: bool, user, epochs=None,
+               stages=None):
+        """One device's local training from the current global parameters and its ``user``
+        parameters; returns them, the touched item rows (ids and values), the dense layers,
+        the example count and the mean loss."""
+        epochs = self.local_epochs if epochs is None else epochs
+        draws = [self._draw(positives, excluded, rng) for _ in range(epochs)]  # fresh each epoch
         uniq, idx = np.unique(np.concatenate([d[0] for d in draws]), return_inverse=True)
         y, n = draws[0][1], len(draws[0][1])
         g, net = self.global_params_, self.net_
         rows = {k: g[k][uniq].copy() for k in net.item_keys}
         dense = {k: g[k].copy() for k in net.dense_keys}
-        if user is None:
-            user = {k: self.user_params_[k][u].copy() for k in net.user_keys}
-        stages = self._stages if update_global else tuple(
-            tuple(s for s in st if s == "user" or (s == "items" and self._personal_items))
-            for st in self._stages)
-        order = np.array([rng.permutation(n) for _ in range(self.local_epochs)])
+        if stages is None:
+            stages = self._stages if update_global else tuple(
+                tuple(s for s in st if s == "user" or (s == "items" and self._personal_items))
+                for st in self._stages)
+        order = np.array([rng.permutation(n) for _ in range(epochs)])
         hp = (self.learning_rate, self._item_lr(), self.regularization)
         if isinstance(net, DotNet) and self._kernel:
             bits = np.array([("user" in st) * USER + ("items" in st) * ITEMS for st in stages])
@@ -194,15 +202,52 @@ class _SampledFederated(BaseEstimator):
             return self.net_.all_scores(params, self.global_params_, self.global_params_)
         out = np.empty((len(users), len(self.item_ids_)))
         for r, u in enumerate(users):  # the device's finetuned item embedding
-            user = {k: v[r].copy() for k, v in params.items()}
             rng = np.random.default_rng([self.score_seed_, int(u)])
-            _, uniq, rows, _, _, _ = self._local(u, rng, update_global=False, user=user)
-            items = {k: v.copy() for k, v in self.global_params_.items() if k in self.net_.item_keys}
+            user = {k: v[r].copy() for k, v in params.items()}
+            out[r] = self._device_scores(*self._device_data(u), rng, user)
+        return out
+
+    def score_new_users(self, inter: Interactions, exclude=None, *, epochs=None) -> np.ndarray:
+        """Scores of every item (model item order) for users unseen in fit, each trained on
+        their own device from ``inter`` (same item map as fit) with the global parameters
+        frozen: the user part from its initial value for ``epochs`` local epochs (default
+        ``n_rounds``, as many passes as a device in fit made), and PFedRec's personal item rows
+        with it. ``exclude`` as in fit. A user's scores depend only on their own data."""
+        check_is_fitted(self, "global_params_")
+        if not isinstance(inter, Interactions) or not np.array_equal(inter.item_ids,
+                                                                     self.item_ids_):
+            raise DataValidationError("score_new_users needs Interactions over the model's item "
+                                      "map (item_catalog=model.item_ids_)")
+        excluded = _exclusion_rows(inter, exclude)
+        keys = user_keys(inter.user_ids)  # a stream per raw user id, whoever shares the call
+        out = np.empty((inter.n_users, len(self.item_ids_)))
+        for u in range(inter.n_users):
+            if len(excluded[u]) >= len(self.item_ids_):
+                raise DataValidationError(f"user {_plain(inter.user_ids[u])!r} has every item "
+                                          "excluded, so no negative can be drawn for them")
+            rng = np.random.default_rng([self.score_seed_, 1, int(keys[u])])
+            user = {k: v[0] for k, v in self.net_.init_user(rng, 1).items()}
+            pos = inter.items[inter.indptr[u]:inter.indptr[u + 1]]
+            out[u] = self._device_scores(pos, excluded[u], rng, user, epochs or self.n_rounds,
+                                         fold_in=True)
+        return out
+
+    def _device_scores(self, positives, excluded, rng, user, epochs=None, fold_in=False):
+        """One device's scores of every item (nothing leaves the device): a new device first
+        trains its user part for ``epochs`` with everything global frozen; a PFedRec device
+        then finetunes its personal item rows, one local pass as in a round."""
+        if len(positives) and fold_in:
+            user = self._local(positives, excluded, rng, update_global=False, user=user,
+                               epochs=epochs, stages=(("user",),))[0]
+        items = self.global_params_
+        if len(positives) and self._personal_items:
+            user, uniq, rows, _, _, _ = self._local(positives, excluded, rng, update_global=False,
+                                                    user=user)
+            items = {k: self.global_params_[k].copy() for k in self.net_.item_keys}
             for k in self.net_.item_keys:
                 items[k][uniq] = rows[k]
-            one = {k: v[None] for k, v in user.items()}
-            out[r] = self.net_.all_scores(one, items, self.global_params_)[0]
-        return out
+        one = {k: v[None] for k, v in user.items()}
+        return self.net_.all_scores(one, items, self.global_params_)[0]
 
     def recommend(self, user, n: int = 10):
         """The ``n`` best items (raw ids) for a user seen in fit, their fit items left out."""

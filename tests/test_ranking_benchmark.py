@@ -1,0 +1,45 @@
+"""The ranking benchmark and the cold-start curve run end to end on small slices, and their
+JSON is what the report reads."""
+
+import json
+
+import pytest
+from conftest import load_script
+
+
+def test_ranking_benchmark_small_slice(tmp_path):
+    mod = load_script("ranking_benchmark")
+    out = tmp_path / "ranking.json"
+    res = mod.main(["--dataset", "synthetic-small", "--users", "120", "--rounds", "3",
+                    "--recon-rounds", "5", "--recon-clients", "30", "--seeds", "2",
+                    "--large", "120", "--workers", "1", "--alpha", "1", "--regularization", "10",
+                    "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["table"] == res["table"]
+    protos = {(r["model"], r["protocol"]) for r in doc["table"]}
+    for model in ("popularity", "ImplicitMF", "FedReconImplicitMF"):
+        assert {(model, p) for p in ("clean-99", "clean-120", "full")} <= protos
+    for model in ("FedMF", "FedNCF", "PFedRec"):
+        assert {(model, p) for p in ("clean-99", "clean-120", "full", "paper-compat-99")} <= protos
+    assert ("PFedRec", "federation-off-paper") in protos
+    assert all(r["runs"] == 2 for r in doc["table"])
+    leaky = {r["protocol"] for r in doc["table"] if r["leaky"]}
+    assert leaky == {"paper-compat-99", "paper-compat-99 unseen", "federation-off-paper"}
+    assert ("FedMF", "clean-99 unseen") in protos and ("PFedRec", "full unseen") in protos
+    report = load_script("report")
+    published = json.loads((report.RESULTS / "ranking_published.json").read_text())
+    text = report.render((report.TEMPLATES / "RANKING.md").read_text(),
+                         report.ranking_values(doc, published))
+    assert "clean-120" in text and "{{" not in text
+    with pytest.raises(SystemExit):
+        mod.main(["--models", "FedMF,NoSuchModel"])
+
+
+def test_cold_start_curve_small(tmp_path):
+    mod = load_script("cold_start_curve")
+    res = mod.main(["--dataset", "synthetic", "--rounds", "3", "--seeds", "1", "--factors", "4",
+                    "--json", str(tmp_path / "c.json")])
+    models = {r["model"] for r in res["rows"]}
+    assert len(models) == 7 and "popularity" in models
+    for r in res["rows"]:
+        assert r["n"] in mod.SIZES and 0.0 <= r["hr@10"] <= 1.0 and r["rmse"] > 0
