@@ -34,7 +34,7 @@ from fedcf import FURLMF, CentralizedMF, FedReconMF
 from fedcf.datasets import Interactions, load_movielens, make_synthetic_ratings
 from fedcf.eval.loo import rank_of_target
 from fedcf.eval.splits import user_split_indices
-from fedcf.federated import OpenCatalog
+from fedcf.federated import ClientUpdate, OpenCatalog, RidgeReconstruction, SGDReconstruction
 from fedcf.provenance import report_result, run_meta
 
 SIZES = (1, 2, 3, 5, 10, 20)
@@ -43,8 +43,10 @@ SIZES = (1, 2, 3, 5, 10, 20)
 def models(args, seed) -> dict:
     fed = dict(n_factors=args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
                random_state=seed)
-    als = dict(biases=True, reconstruction="als", recon_regularization=0.1)
-    sgd = dict(biases=False, reconstruction="sgd", update_steps=50, split="random")
+    # the main job's two configurations (scripts/movielens_benchmark.py: OURS and the paper's)
+    als = dict(biases=True, reconstruction=RidgeReconstruction(0.1))
+    sgd = dict(biases=False, reconstruction=SGDReconstruction(50, learning_rate=0.1),
+               client_update=ClientUpdate(0.5, batch_size=5, steps=50), split="random")
     out = {}
     for name, kw in (("FedRecon, ALS reconstruction", als), ("FedRecon, SGD reconstruction", sgd)):
         out[name] = FedReconMF(**fed, **kw)

@@ -29,7 +29,8 @@ def test_ranking_benchmark_small_slice(tmp_path):
     report = load_script("report")
     published = json.loads((report.RESULTS / "ranking_published.json").read_text())
     text = report.render((report.TEMPLATES / "RANKING.md").read_text(),
-                         report.ranking_values(doc, published))
+                         {**report.ranking_values(doc, published),
+                          **report.cold_start_values(None)})
     assert "clean-120" in text and "{{" not in text
     with pytest.raises(SystemExit):
         mod.main(["--models", "FedMF,NoSuchModel"])
