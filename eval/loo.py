@@ -216,7 +216,10 @@ def loo_ranks(score_fn, split: LeaveOneOut, *, negatives=None, part: str = "test
     dropped negative row, or outside ``users``, get rank −1."""
     held = split.held_out(part)
     neg = None if negatives is None else _check_negatives(split, negatives)
-    chosen = np.arange(split.n_users) if users is None else np.asarray(users, np.int64)
+    chosen = np.arange(split.n_users) if users is None else np.asarray(users)
+    if chosen.dtype.kind not in "iu" or chosen.ndim != 1 or (
+            len(chosen) and (chosen.min() < 0 or chosen.max() >= split.n_users)):
+        raise ValueError(f"users must be dense user indices in [0, {split.n_users}) of the split")
     if neg is not None:
         chosen = chosen[neg[chosen, 0] >= 0]
     ranks = np.full(split.n_users, -1, np.int64)

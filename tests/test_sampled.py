@@ -184,3 +184,15 @@ def test_new_users_are_trained_on_their_device_alone(cls):
         np.testing.assert_array_equal(before[k], m.global_params_[k])
     with pytest.raises(DataValidationError, match="item map"):
         m.score_new_users(Interactions.from_arrays(["x"], [1]))
+
+
+def test_divergence_is_named_and_keeps_the_previous_model():
+    inter = _data()
+    m = FedMF(4, n_rounds=2, random_state=0).fit(inter)
+    before = {k: v.copy() for k, v in m.global_params_.items()}
+    with pytest.raises(FloatingPointError, match="lower learning_rate"):
+        m.set_params(learning_rate=1e8, item_learning_rate=1e12, n_rounds=40).fit(inter)
+    for k in before:
+        np.testing.assert_array_equal(before[k], m.global_params_[k])
+    pairs = FedMF(2, n_rounds=2, random_state=0).fit([[1, 2], [1, 3], [2, 3], [2, 4]])
+    assert len(pairs.recommend(1, n=1)) == 1

@@ -1,5 +1,6 @@
 """Federated algorithms: Federated Reconstruction, FedAvg (server-side users), FURL (stateful),
-and the phases a round is composed of (to replace one: a custom executor or aggregator)."""
+the ranking papers' baselines (FedMF, FedNCF, PFedRec), and the phases a round is composed of
+(to replace one: a custom executor or aggregator)."""
 
 from .aggregators import CoordinateMedian, FoolsGoldMean, NormClippedMean, TrimmedMean
 from .client_update import ClientUpdate
@@ -29,6 +30,7 @@ from .phases import (
 )
 from .ray_executor import RayExecutor
 from .reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
+from .sampled import FedMF, FedNCF, PFedRec
 from .secagg import SecureAggregation
 from .split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit
 from .stateful import FURLMF, FedAvgMF
@@ -38,6 +40,8 @@ __all__ = [
     "Aggregator", "ClientProgram", "Executor", "Population", "RoundExecutor", "RunContext",
     # estimators
     "FedReconMF", "FedReconImplicitMF", "FedAvgMF", "FURLMF",
+    # the ranking papers' sampled-negative baselines
+    "FedMF", "FedNCF", "PFedRec",
     # aggregators
     "WeightedMean", "NormClippedMean", "DifferentialPrivacy", "DPGaussianMean",
     "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean",

@@ -23,7 +23,8 @@ from sklearn.utils.validation import check_is_fitted
 from .._kernels.sampled import ITEMS, USER, dot_local
 from .._validation import Int, NoneOr, Real, check_params
 from ..datasets import DataValidationError, Interactions
-from ..models.base import _plain, user_keys
+from ..models.base import _plain, atomic_fit, user_keys
+from ..models.implicit_mf import coerce_implicit
 from .sampled_nets import DotNet, NeuMFNet
 
 _CONSTRAINTS = {
@@ -68,12 +69,15 @@ class _SampledFederated(BaseEstimator):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ fit
+    @atomic_fit
     def fit(self, X, y=None, *, exclude=None):
-        """Fit on implicit positives X (Interactions or what ``Interactions.coerce`` takes; every
-        entry is a positive). ``exclude``: Interactions over the same users and items whose
-        entries are never drawn as negatives (see ``fedcf.eval.loo.training_exclusions``)."""
+        """Fit on implicit positives X (Interactions, a DataFrame with user/item columns, (user,
+        item) pairs or a sparse matrix; every entry is a positive, whatever its strength).
+        ``exclude``: Interactions over the same users and items whose entries are never drawn
+        as negatives (see ``fedcf.eval.loo.training_exclusions``). A fit that fails (bad input,
+        divergence) leaves the estimator as it was."""
         check_params(self)
-        inter = X if isinstance(X, Interactions) else Interactions.coerce(X, y)
+        inter = coerce_implicit(X, y)
         if inter.nnz == 0:
             raise DataValidationError("fit needs at least one interaction")
         self.exclude_rows_ = _exclusion_rows(inter, exclude)
@@ -94,7 +98,14 @@ class _SampledFederated(BaseEstimator):
         active = np.flatnonzero(inter.counts() > 0)
         for r in range(self.n_rounds):
             chosen = rng.choice(active, min(self.clients_per_round, len(active)), replace=False)
-            self.history_.append({"round": r, "loss": self._round(np.sort(chosen), rng)})
+            loss = self._round(np.sort(chosen), rng)
+            if not np.isfinite(loss) or not all(np.isfinite(v).all()
+                                                for v in self.global_params_.values()):
+                raise FloatingPointError(
+                    f"training diverged in round {r} (mean local loss {loss}): lower "
+                    f"learning_rate (now {self.learning_rate}) or item_learning_rate (now "
+                    f"{self._item_lr():g}); the estimator keeps its previous state")
+            self.history_.append({"round": r, "loss": loss})
         return self
 
     def _round(self, clients, rng) -> float:
