@@ -4,9 +4,10 @@ positives with sampled negatives and binary cross-entropy: FedMF, FedNCF and PFe
 Every round each sampled device draws ``negatives`` negatives per positive (never one of its own
 items, nor one of ``exclude``'s), runs ``local_epochs`` of mini-batch SGD on its copy of the
 global parameters and its own user parameters, and uploads the change of the item rows it
-touched and of the dense layers. The server adds the weighted mean change (item rows averaged
-over the devices that touched them), scaled by ``server_learning_rate`` (0 switches federation
-off: every device then learns only from its own data). User parameters stay on the device,
+touched and of the dense layers. The server adds the mean change over the round's devices (a
+row a device did not touch counts as no change, as in the authors' code), scaled by
+``server_learning_rate`` (0 switches federation off: every device then learns only from its
+own data). User parameters stay on the device,
 across rounds (stateful clients, as in the papers).
 
 These are comparison baselines in NumPy: they have no differential privacy, secure aggregation
