@@ -28,7 +28,8 @@ PFedRec. Weighted ALS treats every unobserved item as a weak negative, the held-
 included, so no sampler can leak: ImplicitMF and FedRecon are trained once per seed and
 evaluated under every protocol (their paper-compat-99 figure is their clean-99 one). The
 sampled-negative baselines are trained once per sampler, with the papers' settings. Weighted
-ALS's (alpha, λ) are chosen on the validation item, never the test item.
+ALS's (alpha, λ) are chosen on the validation item, never the test item, separately for
+ImplicitMF and FedRecon.
 
 Example: python scripts/ranking_benchmark.py --json eval/results/ranking.json
 Quick look: python scripts/ranking_benchmark.py --users 200 --rounds 5 --seeds 2
@@ -114,21 +115,27 @@ def _scores(model, split, seen, unseen, exclude=None, chunk: int = 512) -> np.nd
     return S
 
 
-def select_wals(args, grid=((1.0, 1.0), (1.0, 10.0), (5.0, 10.0), (20.0, 10.0), (1.0, 50.0))):
-    """(alpha, λ) of weighted ALS with the best HR@k on the *validation* item (seed 0's 99
-    negatives), never the test item; FedRecon uses the same."""
+GRID = ((1.0, 1.0), (1.0, 10.0), (5.0, 10.0), (20.0, 10.0), (1.0, 50.0))
+TUNED = {"ImplicitMF": ("alpha", "regularization"),
+         "FedReconImplicitMF": ("recon_alpha", "recon_regularization")}
+
+
+def select(args, name) -> tuple[list, tuple]:
+    """(alpha, λ) of ``name``'s weighted ALS with the best HR@k on the *validation* item
+    (seed 0's 99 negatives), never the test item. Ties go to the first in GRID."""
     split = split_of(load(args))
     small, _ = protocol_sets(split, 0, args.large)
-    best = []
-    for alpha, lam in grid:
-        model = ImplicitMF(args.factors, alpha=alpha, regularization=lam, n_epochs=15,
-                           random_state=0).fit(split.train)
+    tried = []
+    for alpha, lam in GRID:
+        trial = argparse.Namespace(**{**vars(args), **dict(zip(TUNED[name], (alpha, lam)))})
+        model = _build(name, trial, 0).fit(split.train)
         hr = rank_metrics(loo_ranks(lambda u: model.score_all_items(*model._user_params(u)),
                                     split, negatives=small, part="validation"),
                           args.k)[f"hr@{args.k}"]
-        best.append((hr, alpha, lam))
-    return [{"alpha": a, "regularization": lam, f"validation_hr@{args.k}": hr}
-            for hr, a, lam in best], max(best)[1:]
+        tried.append({"model": name, "alpha": alpha, "regularization": lam,
+                      f"validation_hr@{args.k}": hr})
+    best = max(tried, key=lambda r: r[f"validation_hr@{args.k}"])  # first of equals
+    return tried, (best["alpha"], best["regularization"])
 
 
 def _evaluate(S, split, small, big, protocols, k, users) -> dict:
@@ -146,8 +153,8 @@ def _build(name, args, seed):
         return ImplicitMF(args.factors, alpha=args.alpha, regularization=args.regularization,
                           n_epochs=15, random_state=seed)
     if name == "FedReconImplicitMF":
-        return FedReconImplicitMF(args.factors, alpha=args.alpha,
-                                  recon_regularization=args.regularization,
+        return FedReconImplicitMF(args.factors, alpha=args.recon_alpha,
+                                  recon_regularization=args.recon_regularization,
                                   n_rounds=args.recon_rounds, clients_per_round=args.recon_clients,
                                   random_state=seed)
     return SAMPLED[name](args.factors, n_rounds=args.rounds, random_state=seed)
@@ -156,8 +163,11 @@ def _build(name, args, seed):
 def run_task(task):
     """One (model, seed): its trainings and the protocols each serves."""
     name, seed, args = task
+    import numba
     from threadpoolctl import threadpool_limits
-    with threadpool_limits(1):
+    if args.workers > 1:  # one core per worker: no BLAS or Numba threads on top
+        numba.set_num_threads(1)
+    with threadpool_limits(1 if args.workers > 1 else None):
         return _run_task(name, seed, args)
 
 
@@ -240,6 +250,10 @@ def main(argv=None):
                     help="weighted-ALS confidence slope (default: chosen on the validation item)")
     ap.add_argument("--regularization", type=float, default=None,
                     help="weighted-ALS λ (default: chosen with --alpha)")
+    ap.add_argument("--recon-alpha", type=float, default=None,
+                    help="FedRecon's confidence slope (default: chosen on the validation item)")
+    ap.add_argument("--recon-regularization", type=float, default=None,
+                    help="FedRecon's reconstruction λ (default: chosen with --recon-alpha)")
     ap.add_argument("--large", type=int, default=999, help="negatives of the large protocol")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--no-probe", dest="probe", action="store_false")
@@ -253,15 +267,20 @@ def main(argv=None):
     if args.large < 100:
         ap.error(f"--large must be at least 100 (its negatives hold the 99), got {args.large}")
     inter = load(args)
+    t0 = time.perf_counter()
     selection = []
-    if args.alpha is None or args.regularization is None:
-        selection, (args.alpha, args.regularization) = select_wals(args)
+    for name, (a, lam) in TUNED.items():
+        if name in models and (getattr(args, a) is None or getattr(args, lam) is None):
+            tried, chosen = select(args, name)
+            selection += tried
+            setattr(args, a, chosen[0])
+            setattr(args, lam, chosen[1])
     print(f"{inter!r}; {len(models)} models x {args.seeds} seeds on {args.workers} workers; "
-          f"weighted ALS alpha={args.alpha}, lambda={args.regularization}")
+          f"weighted ALS alpha, lambda: ImplicitMF {args.alpha}, {args.regularization}; "
+          f"FedRecon {args.recon_alpha}, {args.recon_regularization}")
     cost = {"FedNCF": 0, "PFedRec": 1, "FedMF": 2}  # longest first: the workers end together
     tasks = sorted(((m, s, args) for s in range(args.seeds) for m in models),
                    key=lambda t: (cost.get(t[0], 3), t[1]))
-    t0 = time.perf_counter()
     if args.workers > 1:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:

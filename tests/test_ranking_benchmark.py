@@ -16,6 +16,7 @@ def test_ranking_benchmark_small_slice(tmp_path):
                     "--json", str(out)])
     doc = json.loads(out.read_text())
     assert doc["table"] == res["table"]
+    assert {r["model"] for r in doc["selection"]} == {"FedReconImplicitMF"}  # WALS given
     protos = {(r["model"], r["protocol"]) for r in doc["table"]}
     for model in ("popularity", "ImplicitMF", "FedReconImplicitMF"):
         assert {(model, p) for p in ("clean-99", "clean-120", "full")} <= protos
