@@ -1,6 +1,14 @@
 """fedcf.eval: splits, metrics, evaluation protocols and simulations."""
 
 from .._topk import top_k
+from .loo import (
+    LeaveOneOut,
+    leave_one_out,
+    loo_metrics,
+    loo_ranks,
+    sample_negatives,
+    training_exclusions,
+)
 from .metrics import (
     mae,
     per_user_rating_metrics,
@@ -44,6 +52,12 @@ from .splits import (
 )
 
 __all__ = [
+    "LeaveOneOut",
+    "leave_one_out",
+    "loo_metrics",
+    "loo_ranks",
+    "sample_negatives",
+    "training_exclusions",
     "SLATE_ESTIMATORS",
     "OverlapWarning",
     "check_propensity_sums",

@@ -38,8 +38,31 @@ MODES = ("clean", "paper-compat", "full")
 
 @dataclass(frozen=True)
 class LeaveOneOut:
-    """A leave-one-out split: ``train`` (every user, same maps as the source), and per dense user
-    the ``test`` item and the ``validation`` item (−1 when the split has none)."""
+    """A leave-one-out split (made by :func:`leave_one_out`).
+
+    Attributes
+    ----------
+    train : Interactions
+        Every user's interactions but the held-out ones (same user and item maps as source).
+    validation, test : int arrays (n_users,)
+        Each dense user's held-out item (validation −1 when the split has none).
+    source : Interactions
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> from fedcf.eval import leave_one_out, loo_metrics, sample_negatives
+    >>> data = make_synthetic_ratings(60, 40, 1200, random_state=0)
+    >>> data = data.subset_users(np.flatnonzero(data.counts() >= 3))
+    >>> split = leave_one_out(data, order="random", random_state=0)
+    >>> negatives = sample_negatives(split, 10, random_state=0)
+    >>> popularity = np.bincount(split.train.items, minlength=split.train.n_items)
+    >>> res = loo_metrics(lambda u: np.tile(popularity, (len(u), 1)), split,
+    ...                   negatives=negatives, k=3)
+    >>> sorted(res)
+    ['hr@3', 'mrr', 'n_users', 'ndcg@3']
+    """
 
     train: Interactions
     validation: np.ndarray

@@ -317,6 +317,15 @@ class FedMF(_SampledFederated):
     ----------
     global_params_, user_params_ : dict of arrays
     user_ids_, item_ids_, interactions_, history_ (per round: mean local loss)
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> from fedcf.federated import FedMF
+    >>> data = make_synthetic_ratings(60, 20, 600, random_state=0)
+    >>> model = FedMF(n_factors=4, n_rounds=3, random_state=0).fit(data)
+    >>> model.user_scores([0, 1]).shape
+    (2, 20)
     """
 
     _parameter_constraints = {**_CONSTRAINTS, "item_learning_rate": NoneOr(Real(0.0, low_open=True))}
@@ -342,7 +351,20 @@ class PFedRec(FedMF):
     Each local batch first steps the score function with the item embedding fixed, then the
     item embedding with the score function fixed (as the authors' code); the server averages the
     item embeddings. To score, the device finetunes the current global embedding once more
-    (nothing uploaded), as it would before recommending. Parameters as FedMF.
+    (nothing uploaded), as it would before recommending.
+
+    Parameters
+    ----------
+    As FedMF (``item_learning_rate`` None is the authors' 80 × n_items × learning_rate).
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> from fedcf.federated import PFedRec
+    >>> data = make_synthetic_ratings(60, 20, 600, random_state=0)
+    >>> model = PFedRec(n_factors=4, n_rounds=3, random_state=0).fit(data)
+    >>> len(model.recommend(data.user_ids[0], n=3))
+    3
     """
 
     _stages = (("user",), ("items",))
@@ -353,10 +375,25 @@ class FedNCF(FedMF):
     """Federated NeuMF (FedNCF, Perifanis & Efraimidis, 2022): GMF and MLP branches; user
     embeddings stay on the device, item embeddings and the MLP are averaged by the server.
 
-    Parameters as FedMF, except ``learning_rate`` (default 0.5: the user embeddings and the MLP
-    learn too slowly at FedMF's 0.1), ``item_learning_rate`` (None: 2 × n_items × learning_rate;
-    PFedRec's factor 80 makes the MLP branch diverge) and ``layers`` (tuple of int, default
-    (32, 16)): the widths of the MLP branch's ReLU layers.
+    Parameters
+    ----------
+    As FedMF, except:
+
+    learning_rate : float, default 0.5
+        FedMF's 0.1 trains the user embeddings and the MLP too slowly.
+    item_learning_rate : float or None, default None
+        None: 2 × n_items × learning_rate (PFedRec's factor 80 makes the MLP branch diverge).
+    layers : tuple of int, default (32, 16)
+        Widths of the MLP branch's ReLU layers.
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> from fedcf.federated import FedNCF
+    >>> data = make_synthetic_ratings(60, 20, 600, random_state=0)
+    >>> model = FedNCF(n_factors=4, layers=(8, 4), n_rounds=3, random_state=0).fit(data)
+    >>> model.user_scores([0]).shape
+    (1, 20)
     """
 
     _item_lr_factor = 2.0
