@@ -87,13 +87,16 @@ def scores_for(model, users, n):
     return model.score_all_items(P, c)
 
 
-def evaluate(S, users, scale) -> dict:
+def evaluate(S, users, scale, rank_by=None) -> dict:
+    """RMSE of the clipped predictions S on each user's ratings after their first 20, and HR@10
+    of their newest rating ranked by ``rank_by`` (default S) against their negatives."""
+    rank_by = S if rank_by is None else rank_by
     err, ranks = [], []
     for r, u in enumerate(users):
         pred = np.clip(S[r, u["items"][20:]], *scale)
         err.append(pred - u["values"][20:])
         cand = np.concatenate([[u["items"][-1]], u["negatives"]])
-        ranks.append(rank_of_target(S[r:r + 1, cand], np.array([0]))[0])
+        ranks.append(rank_of_target(rank_by[r:r + 1, cand], np.array([0]))[0])
     e, ranks = np.concatenate(err), np.array(ranks)
     return {"rmse": float(np.sqrt(np.mean(e ** 2))), "hr@10": float(np.mean(ranks < 10))}
 
@@ -133,8 +136,9 @@ def popularity_rows(inter, train, new, args, seed) -> list:
     b = sums / (counts + 25.0)  # item bias with shrinkage toward μ
     users = new_users(inter, new, np.arange(train.n_items), train.n_items, args.min_ratings,
                       np.random.RandomState(seed))
-    S = np.broadcast_to(mu + b + 1e-9 * counts, (len(users), train.n_items))
-    res = evaluate(np.asarray(S), users, _scale(inter))
+    shape = (len(users), train.n_items)
+    res = evaluate(np.broadcast_to(mu + b, shape), users, _scale(inter),
+                   rank_by=np.broadcast_to(counts, shape))
     return [{"model": "popularity", "seed": seed, "n": n, "n_users": len(users),
              "seconds": 0.0, **res} for n in SIZES]
 
