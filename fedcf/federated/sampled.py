@@ -22,7 +22,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from .._kernels.sampled import ITEMS, USER, dot_local
-from .._validation import Int, NoneOr, Real, check_params
+from .._validation import Int, NoneOr, Real, check_int, check_params
 from ..datasets import DataValidationError, Interactions
 from ..models.base import _plain, atomic_fit, user_keys
 from ..models.implicit_mf import coerce_implicit
@@ -41,7 +41,9 @@ def _exclusion_rows(inter: Interactions, exclude) -> list:
     if exclude is None:
         return [csr.indices[csr.indptr[u]:csr.indptr[u + 1]] for u in range(inter.n_users)]
     if not isinstance(exclude, Interactions) or exclude.n_users != inter.n_users \
-            or exclude.n_items != inter.n_items:
+            or exclude.n_items != inter.n_items \
+            or not np.array_equal(exclude.item_ids, inter.item_ids) \
+            or not np.array_equal(exclude.user_ids, inter.user_ids):
         raise DataValidationError(
             f"exclude must be Interactions over the same {inter.n_users} users and "
             f"{inter.n_items} items as the training data (e.g. fedcf.eval.loo."
@@ -49,6 +51,15 @@ def _exclusion_rows(inter: Interactions, exclude) -> list:
     ex = exclude.to_csr()
     return [np.union1d(csr.indices[csr.indptr[u]:csr.indptr[u + 1]],
                        ex.indices[ex.indptr[u]:ex.indptr[u + 1]]) for u in range(inter.n_users)]
+
+
+def _check_drawable(inter: Interactions, excluded: list) -> None:
+    """Every user with data must have an item left to draw as a negative."""
+    for u in np.flatnonzero(inter.counts() > 0):
+        if len(excluded[u]) >= inter.n_items:
+            raise DataValidationError(
+                f"user {_plain(inter.user_ids[u])!r} has every item of the catalog excluded, so "
+                "no negative can be drawn for them; drop the user or shrink exclude")
 
 
 def _scatter(idx: np.ndarray, g: np.ndarray, n: int) -> np.ndarray:
@@ -82,12 +93,7 @@ class _SampledFederated(BaseEstimator):
         if inter.nnz == 0:
             raise DataValidationError("fit needs at least one interaction")
         self.exclude_rows_ = _exclusion_rows(inter, exclude)
-        full = [u for u in np.flatnonzero(inter.counts() > 0)
-                if len(self.exclude_rows_[u]) >= inter.n_items]
-        if full:
-            raise DataValidationError(
-                f"user {_plain(inter.user_ids[full[0]])!r} has every item of the catalog excluded, so no "
-                "negative can be drawn for them; drop the user or shrink exclude")
+        _check_drawable(inter, self.exclude_rows_)
         rng = np.random.default_rng(check_random_state(self.random_state).randint(2**31))
         net = self._net()
         self.net_ = net
@@ -223,9 +229,11 @@ class _SampledFederated(BaseEstimator):
         """Scores of every item (model item order) for users unseen in fit, each trained on
         their own device from ``inter`` (same item map as fit) with the global parameters
         frozen: the user part from its initial value for ``epochs`` local epochs (default
-        ``n_rounds``, as many passes as a device in fit made), and PFedRec's personal item rows
-        with it. ``exclude`` as in fit. A user's scores depend only on their own data."""
+        ``n_rounds``, as many passes as a device in fit made), then PFedRec's personal item rows
+        for one local pass. ``exclude`` as in fit. A user's scores depend only on their own
+        data."""
         check_is_fitted(self, "global_params_")
+        epochs = check_int("epochs", self.n_rounds if epochs is None else epochs, low=0)
         if not isinstance(inter, Interactions) or not np.array_equal(inter.item_ids,
                                                                      self.item_ids_):
             raise DataValidationError("score_new_users needs Interactions over the model's item "
@@ -233,22 +241,19 @@ class _SampledFederated(BaseEstimator):
         excluded = _exclusion_rows(inter, exclude)
         keys = user_keys(inter.user_ids)  # a stream per raw user id, whoever shares the call
         out = np.empty((inter.n_users, len(self.item_ids_)))
+        _check_drawable(inter, excluded)
         for u in range(inter.n_users):
-            if len(excluded[u]) >= len(self.item_ids_):
-                raise DataValidationError(f"user {_plain(inter.user_ids[u])!r} has every item "
-                                          "excluded, so no negative can be drawn for them")
             rng = np.random.default_rng([self.score_seed_, 1, int(keys[u])])
             user = {k: v[0] for k, v in self.net_.init_user(rng, 1).items()}
             pos = inter.items[inter.indptr[u]:inter.indptr[u + 1]]
-            out[u] = self._device_scores(pos, excluded[u], rng, user, epochs or self.n_rounds,
-                                         fold_in=True)
+            out[u] = self._device_scores(pos, excluded[u], rng, user, epochs, fold_in=True)
         return out
 
     def _device_scores(self, positives, excluded, rng, user, epochs=None, fold_in=False):
         """One device's scores of every item (nothing leaves the device): a new device first
         trains its user part for ``epochs`` with everything global frozen; a PFedRec device
         then finetunes its personal item rows, one local pass as in a round."""
-        if len(positives) and fold_in:
+        if len(positives) and fold_in and epochs:
             user = self._local(positives, excluded, rng, update_global=False, user=user,
                                epochs=epochs, stages=(("user",),))[0]
         items = self.global_params_

@@ -113,19 +113,3 @@ class NeuMFNet:
                                 + a @ h[self.d:] + dense["hb"][0])
         return out
 
-
-class Adam:
-    """Adam (Kingma & Ba) over a dict of arrays, updated in place; fresh state per device pass,
-    as the papers' local optimizers are re-created each round."""
-
-    def __init__(self, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
-        self.lr, self.betas, self.eps, self.t, self.m, self.v = lr, betas, eps, {}, {}, {}
-
-    def step(self, params: dict, grads: dict, weight_decay: float = 0.0) -> None:
-        b1, b2 = self.betas
-        for k, g in grads.items():
-            g = g + weight_decay * params[k] if weight_decay else g
-            t = self.t[k] = self.t.get(k, 0) + 1
-            m = self.m[k] = b1 * self.m.get(k, 0.0) + (1 - b1) * g
-            v = self.v[k] = b2 * self.v.get(k, 0.0) + (1 - b2) * g * g
-            params[k] -= self.lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + self.eps)
