@@ -180,7 +180,7 @@ def training_exclusions(split: LeaveOneOut, mode: str, negatives=None) -> Intera
     """The items each user's training sampler must never draw as a negative, by ``mode`` (see
     the module doc): the user's training items always; with ``"paper-compat"`` also their
     held-out items; with ``"clean"`` also their held-out items and their sampled ``negatives``
-    (required). Same user and item maps as ``split.train``."""
+    (required). Same user and item maps (raw ids) as ``split.train``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     train = split.train
@@ -198,8 +198,8 @@ def training_exclusions(split: LeaveOneOut, mode: str, negatives=None) -> Intera
         parts.append((u, neg[u, j]))
     u = np.concatenate([p[0] for p in parts])
     i = np.concatenate([p[1] for p in parts])
-    return Interactions.from_arrays(u, i, duplicates="last", user_catalog=np.arange(train.n_users),
-                                    item_catalog=np.arange(train.n_items))
+    return Interactions.from_arrays(train.user_ids[u], train.item_ids[i], duplicates="last",
+                                    user_catalog=train.user_ids, item_catalog=train.item_ids)
 
 
 def _check_negatives(split: LeaveOneOut, negatives) -> np.ndarray:
