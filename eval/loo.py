@@ -32,6 +32,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from ..datasets import DataValidationError, Interactions
+from ..models.base import _plain
 
 MODES = ("clean", "paper-compat", "full")
 
@@ -107,7 +108,7 @@ def leave_one_out(inter: Interactions, *, validation: bool = True, order: str = 
     if len(short):
         raise DataValidationError(
             f"{len(short)} user(s) have fewer than {need} interactions, leaving nothing to train "
-            f"on after holding out {need - 1} (e.g. user {_id(inter.user_ids[short[0]])!r} with "
+            f"on after holding out {need - 1} (e.g. user {_plain(inter.user_ids[short[0]])!r} with "
             f"{int(inter.counts()[short[0]])}); keep users with enough: "
             f"inter.subset_users(np.flatnonzero(inter.counts() >= {need}))")
     counts = inter.counts()
@@ -133,9 +134,6 @@ def _check_k(k, name: str = "k") -> int:
     return int(k)
 
 
-def _id(x):
-    return x.item() if isinstance(x, np.generic) else x
-
 
 def sample_negatives(split: LeaveOneOut, n_negatives: int, *, random_state=None,
                      short_users: str = "error", chunk: int = 1024) -> np.ndarray:
@@ -156,7 +154,7 @@ def sample_negatives(split: LeaveOneOut, n_negatives: int, *, random_state=None,
     free = src.n_items - src.counts()
     if short_users == "error" and np.any(free < n):
         u = int(np.flatnonzero(free < n)[0])
-        raise ValueError(f"user {_id(src.user_ids[u])!r} interacted with {int(src.counts()[u])} of "
+        raise ValueError(f"user {_plain(src.user_ids[u])!r} interacted with {int(src.counts()[u])} of "
                          f"{src.n_items} items, leaving {int(free[u])} < n_negatives={n} to "
                          f"draw from ({int(np.sum(free < n))} such users); lower n_negatives or "
                          "pass short_users='drop'")

@@ -126,7 +126,7 @@ def _scale(inter):
 
 
 def _model_items(model, inter):
-    return pd.Index(model.item_ids_).get_indexer(pd.Index(inter.item_ids)).astype(np.int64)
+    return model._item_index(inter.item_ids).astype(np.int64)  # −1: not in the model
 
 
 def popularity_rows(inter, train, new, args, seed) -> list:
