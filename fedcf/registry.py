@@ -58,6 +58,7 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "centralized": "fedcf.models.centralized:CentralizedMF",
         "implicit": "fedcf.models.implicit_mf:ImplicitMF",
         "fedrecon-implicit": "fedcf.federated.implicit:FedReconImplicitMF",
+        "fedmf": "fedcf.federated.sampled_mf:FedMF",
     },
 }
 

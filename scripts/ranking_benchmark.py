@@ -55,7 +55,7 @@ from fedcf.eval.loo import (
     training_exclusions,
 )
 from fedcf.eval.splits import user_split_indices
-from fedcf.federated.sampled import FedMF, FedNCF, PFedRec
+from fedcf.federated import FedMF, FedNCF, PFedRec
 from fedcf.provenance import report_result, run_meta
 
 SAMPLED = {"FedMF": FedMF, "FedNCF": FedNCF, "PFedRec": PFedRec}
@@ -211,7 +211,7 @@ def _run_task(name, seed, args):
             for mode, proto in (("paper-compat", "federation-off-paper"),
                                 ("clean", "federation-off-clean")):
                 off = PFedRec(args.factors, n_rounds=1, local_epochs=args.rounds,
-                              server_learning_rate=0.0, random_state=seed)
+                              upload_items=False, random_state=seed)
                 record((proto,), *train(off, runs[mode][1]), with_unseen=False)
     return rows
 

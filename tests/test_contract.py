@@ -1,4 +1,4 @@
-"""One contract for all six estimators (after implicit's RecommenderBaseTestMixin): the
+"""One contract for all seven estimators (after implicit's RecommenderBaseTestMixin): the
 scikit-learn API, NotFittedError, fit returns self, save → load → identical predictions and
 recommendations, predict fallbacks for unknown ids, reconstruction that depends only on the
 user, and a fit that fails leaving the estimator as it was."""
@@ -10,7 +10,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from fedcf import FURLMF, CentralizedMF, FedAvgMF, FedReconImplicitMF, FedReconMF, ImplicitMF
-from fedcf.federated import SGDReconstruction
+from fedcf.federated import FedMF, SGDReconstruction
 
 SMALL = dict(n_factors=3, random_state=0)
 FED = dict(n_rounds=4, clients_per_round=40)
@@ -24,6 +24,7 @@ ESTIMATORS = [
     FedReconImplicitMF(**FED, **SMALL),
     ImplicitMF(n_epochs=3, item_bias=True, user_bias=True, **SMALL),
     FedReconImplicitMF(item_bias=True, user_bias=True, **FED, **SMALL),
+    FedMF(**FED, **SMALL),
 ]
 IDS = [type(e).__name__ + ("-sgd" if isinstance(getattr(e, "reconstruction", ""),
                                                   SGDReconstruction) else "")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
+from .rng import as_stream
+
 USER, ITEMS = 1, 2
 
 
@@ -29,3 +31,59 @@ def dot_local(u, c, e, b, idx, y, order, batch, stages, lr, item_lr, lam):
                     np.subtract.at(b[:, 0], rows, item_lr * ds)
             losses.append(loss)
     return float(np.mean(losses))
+
+
+def device_pass(pos, excluded, Q, b, u, c, cfg, stages, epochs, seed):
+    """Twin of the kernel's ``device_pass``: (loss, uniq, e, b_local) with u, c updated in
+    place; ``seed`` is the stream's state (or a Stream)."""
+    stream = as_stream(seed)
+    neg, n = int(cfg[0]), len(pos)
+    excluded = set(int(x) for x in excluded)
+    draws = []
+    for _ in range(epochs):
+        negs = []
+        while len(negs) < n * neg:
+            r = stream.next_below(Q.shape[0])
+            if r not in excluded:
+                negs.append(r)
+        draws.append(np.r_[np.asarray(pos, np.int64), np.asarray(negs, np.int64)])
+    order = np.array([np.arange(n * (1 + neg)) for _ in range(epochs)], np.int64).reshape(
+        epochs, n * (1 + neg))
+    for t in range(epochs):
+        stream.shuffle(order[t])
+    all_items = np.concatenate(draws) if draws else np.zeros(0, np.int64)
+    uniq, loc = np.unique(all_items, return_inverse=True)
+    e = np.asarray(Q, np.float64)[uniq].copy()
+    bl = np.asarray(b, np.float64)[uniq][:, None].copy()
+    if n == 0 or epochs == 0:
+        return 0.0, uniq, e, bl
+    y = np.r_[np.ones(n), np.zeros(n * neg)]
+    loss = dot_local(u, c, e, bl, loc, y, order, int(cfg[2]), stages, cfg[3], cfg[4], cfg[5])
+    return loss, uniq, e, bl
+
+
+def sampled_client(pos, excluded, Q, b, u, c, cfg, stages, seed):
+    """One device of ``sampled_clients``: (loss, touched items, their row and bias deltas, the
+    new user part); nothing uploaded when cfg[6] (share) is 0."""
+    u, c = np.array(u, np.float64), np.array([c], np.float64)
+    loss, uniq, e, bl = device_pass(pos, excluded, Q, b, u, c, cfg, stages, int(cfg[1]), seed)
+    if cfg[6] <= 0:
+        uniq = uniq[:0]
+        e, bl = e[:0], bl[:0]
+    return loss, uniq, e - Q[uniq], bl[:, 0] - b[uniq], u, c[0]
+
+
+def fold_in_row(pos, excluded, Q, b, cfg, epochs, seed):
+    """Twin of one row of ``sampled_fold_in``: the user part trained from zero, items frozen."""
+    u, c = np.zeros(Q.shape[1]), np.zeros(1)
+    device_pass(pos, excluded, Q, b, u, c, cfg, np.array([USER]), epochs, seed)
+    return u, c[0]
+
+
+def personal_scores_row(pos, excluded, Q, b, p, c, cfg, stages, seed):
+    """Twin of one row of ``personal_scores``."""
+    u, cb = np.array(p, np.float64), np.array([c], np.float64)
+    _, uniq, e, bl = device_pass(pos, excluded, Q, b, u, cb, cfg, stages, int(cfg[1]), seed)
+    s = np.asarray(Q, np.float64) @ u + cb[0] + b
+    s[uniq] = e @ u + cb[0] + bl[:, 0]
+    return s

@@ -30,7 +30,8 @@ from .phases import (
 )
 from .ray_executor import RayExecutor
 from .reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
-from .sampled import FedMF, FedNCF, PFedRec
+from .sampled import FedNCF
+from .sampled_mf import FedMF, PFedRec
 from .secagg import SecureAggregation
 from .split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit
 from .stateful import FURLMF, FedAvgMF

@@ -1,17 +1,17 @@
-"""The federated recommenders the ranking papers compare against, trained on implicit
-positives with sampled negatives and binary cross-entropy: FedMF, FedNCF and PFedRec.
+"""FedNCF (federated NeuMF), the ranking papers' neural baseline, on its own NumPy round loop.
 
 Every round each sampled device draws ``negatives`` negatives per positive (never one of its own
 items, nor one of ``exclude``'s), runs ``local_epochs`` of mini-batch SGD on its copy of the
-global parameters and its own user parameters, and uploads the change of the item rows it
+global parameters and its own user embeddings, and uploads the change of the item rows it
 touched and of the dense layers. The server adds the mean change over the round's devices (a
 row a device did not touch counts as no change, as in the authors' code), scaled by
-``server_learning_rate`` (0 switches federation off: every device then learns only from its
-own data). User parameters stay on the device,
+``server_learning_rate`` (0 switches federation off). User embeddings stay on the device,
 across rounds (stateful clients, as in the papers).
 
-These are comparison baselines in NumPy: they have no differential privacy, secure aggregation
-or Ray executor (use the FedRecon estimators for those).
+Unlike FedMF and PFedRec (``sampled_mf.py``), FedNCF is not on fedcf's federated round: its
+dense layers are global parameters that are not item rows, which the round's phases (clipping,
+noise, masking, robust means of row deltas) do not carry. It has no differential privacy,
+secure aggregation or Ray executor.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from .._kernels.sampled import ITEMS, USER, dot_local
 from .._validation import Int, NoneOr, Real, check_int, check_params
 from ..datasets import DataValidationError, Interactions
-from ..models.base import _plain, atomic_fit, user_keys
+from ..models.base import atomic_fit, user_keys
 from ..models.implicit_mf import coerce_implicit
-from .sampled_nets import DotNet, NeuMFNet
+from .sampled_mf import exclusion_csr
+from .sampled_nets import NeuMFNet
 
 _CONSTRAINTS = {
     "n_factors": Int(1, 4096), "n_rounds": Int(0, 10**6), "clients_per_round": Int(1, None),
@@ -37,29 +37,8 @@ _CONSTRAINTS = {
 
 def _exclusion_rows(inter: Interactions, exclude) -> list:
     """Sorted items each user may never draw as a negative: their own and ``exclude``'s."""
-    csr = inter.to_csr()
-    if exclude is None:
-        return [csr.indices[csr.indptr[u]:csr.indptr[u + 1]] for u in range(inter.n_users)]
-    if not isinstance(exclude, Interactions) or exclude.n_users != inter.n_users \
-            or exclude.n_items != inter.n_items \
-            or not np.array_equal(exclude.item_ids, inter.item_ids) \
-            or not np.array_equal(exclude.user_ids, inter.user_ids):
-        raise DataValidationError(
-            f"exclude must be Interactions over the same {inter.n_users} users and "
-            f"{inter.n_items} items as the training data (e.g. fedcf.eval.loo."
-            "training_exclusions(split, mode))")
-    ex = exclude.to_csr()
-    return [np.union1d(csr.indices[csr.indptr[u]:csr.indptr[u + 1]],
-                       ex.indices[ex.indptr[u]:ex.indptr[u + 1]]) for u in range(inter.n_users)]
-
-
-def _check_drawable(inter: Interactions, excluded: list) -> None:
-    """Every user with data must have an item left to draw as a negative."""
-    for u in np.flatnonzero(inter.counts() > 0):
-        if len(excluded[u]) >= inter.n_items:
-            raise DataValidationError(
-                f"user {_plain(inter.user_ids[u])!r} has every item of the catalog excluded, so "
-                "no negative can be drawn for them; drop the user or shrink exclude")
+    ptr, items = exclusion_csr(inter, exclude)
+    return [items[ptr[u]:ptr[u + 1]] for u in range(inter.n_users)]
 
 
 def _scatter(idx: np.ndarray, g: np.ndarray, n: int) -> np.ndarray:
@@ -70,10 +49,8 @@ def _scatter(idx: np.ndarray, g: np.ndarray, n: int) -> np.ndarray:
 
 
 class _SampledFederated(BaseEstimator):
-    """Round loop and local training shared by the sampled-negative baselines (not used
-    directly). A subclass sets ``_net()`` and may override ``_stages`` (which parameter groups
-    each local pass updates) and ``_personal_items`` (the device finetunes its own item rows to
-    score)."""
+    """FedNCF's NumPy round loop and local training, for any net of ``sampled_nets`` (a
+    subclass sets ``_net()``)."""
 
     _stages: tuple = (("user", "items", "dense"),)
 
@@ -93,7 +70,6 @@ class _SampledFederated(BaseEstimator):
         if inter.nnz == 0:
             raise DataValidationError("fit needs at least one interaction")
         self.exclude_rows_ = _exclusion_rows(inter, exclude)
-        _check_drawable(inter, self.exclude_rows_)
         rng = np.random.default_rng(check_random_state(self.random_state).randint(2**31))
         net = self._net()
         self.net_ = net
@@ -161,20 +137,11 @@ class _SampledFederated(BaseEstimator):
         rows = {k: g[k][uniq].copy() for k in net.item_keys}
         dense = {k: g[k].copy() for k in net.dense_keys}
         if stages is None:
-            stages = self._stages if update_global else tuple(
-                tuple(s for s in st if s == "user" or (s == "items" and self._personal_items))
-                for st in self._stages)
+            stages = self._stages if update_global else (("user",),)
         order = np.array([rng.permutation(n) for _ in range(epochs)])
         hp = (self.learning_rate, self._item_lr(), self.regularization)
-        if isinstance(net, DotNet) and self._kernel:
-            bits = np.array([("user" in st) * USER + ("items" in st) * ITEMS for st in stages])
-            loss = dot_local(user["u"], user["c"], rows["e"], rows["b"], idx, y, order,
-                             self.batch_size, bits, *hp)
-        else:
-            loss = self._numpy_pass(user, rows, dense, idx, y, order, stages, hp)
+        loss = self._numpy_pass(user, rows, dense, idx, y, order, stages, hp)
         return user, uniq, rows, dense, n, loss
-
-    _kernel = True  # the Numba pass for DotNet models; False: the NumPy pass (tests compare)
 
     def _numpy_pass(self, user, rows, dense, idx, y, order, stages, hp) -> float:
         """Mini-batch SGD of any net, in NumPy (in place); the mean batch loss."""
@@ -200,14 +167,11 @@ class _SampledFederated(BaseEstimator):
         return float(np.mean(losses))
 
 
-    _personal_items = False
-
     def _item_lr(self) -> float:
         if self.item_learning_rate is not None:
             return float(self.item_learning_rate)
         return self.learning_rate * self._item_lr_factor * len(self.item_ids_)
 
-    _item_lr_factor = 80.0  # PFedRec's rule (its lr_eta)
 
     # ------------------------------------------------------------------ scoring
     def user_scores(self, users) -> np.ndarray:
@@ -216,22 +180,14 @@ class _SampledFederated(BaseEstimator):
         check_is_fitted(self, "global_params_")
         users = np.asarray(users, np.int64)
         params = {k: v[users] for k, v in self.user_params_.items()}
-        if not self._personal_items:
-            return self.net_.all_scores(params, self.global_params_, self.global_params_)
-        out = np.empty((len(users), len(self.item_ids_)))
-        for r, u in enumerate(users):  # the device's finetuned item embedding
-            rng = np.random.default_rng([self.score_seed_, int(u)])
-            user = {k: v[r].copy() for k, v in params.items()}
-            out[r] = self._device_scores(*self._device_data(u), rng, user)
-        return out
+        return self.net_.all_scores(params, self.global_params_, self.global_params_)
 
     def score_new_users(self, inter: Interactions, exclude=None, *, epochs=None) -> np.ndarray:
         """Scores of every item (model item order) for users unseen in fit, each trained on
         their own device from ``inter`` (same item map as fit) with the global parameters
         frozen: the user part from its initial value for ``epochs`` local epochs (default
-        ``n_rounds``, as many passes as a device in fit made), then PFedRec's personal item rows
-        for one local pass. ``exclude`` as in fit. A user's scores depend only on their own
-        data."""
+        ``n_rounds``, as many passes as a device in fit made). ``exclude`` as in fit. A user's
+        scores depend only on their own data."""
         check_is_fitted(self, "global_params_")
         epochs = check_int("epochs", self.n_rounds if epochs is None else epochs, low=0)
         if not isinstance(inter, Interactions) or not np.array_equal(inter.item_ids,
@@ -241,30 +197,16 @@ class _SampledFederated(BaseEstimator):
         excluded = _exclusion_rows(inter, exclude)
         keys = user_keys(inter.user_ids)  # a stream per raw user id, whoever shares the call
         out = np.empty((inter.n_users, len(self.item_ids_)))
-        _check_drawable(inter, excluded)
         for u in range(inter.n_users):
             rng = np.random.default_rng([self.score_seed_, 1, int(keys[u])])
             user = {k: v[0] for k, v in self.net_.init_user(rng, 1).items()}
             pos = inter.items[inter.indptr[u]:inter.indptr[u + 1]]
-            out[u] = self._device_scores(pos, excluded[u], rng, user, epochs, fold_in=True)
+            if len(pos) and epochs:  # trained on the device, everything global frozen
+                user = self._local(pos, excluded[u], rng, update_global=False, user=user,
+                                   epochs=epochs)[0]
+            out[u] = self.net_.all_scores({k: v[None] for k, v in user.items()},
+                                          self.global_params_, self.global_params_)[0]
         return out
-
-    def _device_scores(self, positives, excluded, rng, user, epochs=None, fold_in=False):
-        """One device's scores of every item (nothing leaves the device): a new device first
-        trains its user part for ``epochs`` with everything global frozen; a PFedRec device
-        then finetunes its personal item rows, one local pass as in a round."""
-        if len(positives) and fold_in and epochs:
-            user = self._local(positives, excluded, rng, update_global=False, user=user,
-                               epochs=epochs, stages=(("user",),))[0]
-        items = self.global_params_
-        if len(positives) and self._personal_items:
-            user, uniq, rows, _, _, _ = self._local(positives, excluded, rng, update_global=False,
-                                                    user=user)
-            items = {k: self.global_params_[k].copy() for k in self.net_.item_keys}
-            for k in self.net_.item_keys:
-                items[k][uniq] = rows[k]
-        one = {k: v[None] for k, v in user.items()}
-        return self.net_.all_scores(one, items, self.global_params_)[0]
 
     def recommend(self, user, n: int = 10):
         """The ``n`` best items (raw ids) for a user seen in fit, their fit items left out."""
@@ -288,108 +230,32 @@ def _check_layers(layers) -> tuple:
     return layers
 
 
-class FedMF(_SampledFederated):
-    """FedMF (Chai et al., 2020) on implicit feedback: score = p_u·q_i + c_u + b_i, trained by
-    binary cross-entropy on the device's positives and sampled negatives.
-
-    The device keeps p_u and c_u and uploads the change of the item rows it touched. This is
-    fedcf's FURLMF (user rows on the device, joint local steps) with the loss of implicit
-    feedback instead of the squared error of ratings; Chai et al.'s homomorphic encryption of
-    the upload is what SecureAggregation gives the FedRecon estimators.
+class FedNCF(_SampledFederated):
+    """Federated NeuMF (FedNCF, Perifanis & Efraimidis, 2022): GMF and MLP branches trained by
+    binary cross-entropy on sampled negatives; user embeddings stay on the device, item
+    embeddings and the MLP are averaged by the server (the module docstring says why it runs on
+    its own loop).
 
     Parameters
     ----------
     n_factors : int, default 32
-    n_rounds : int, default 100
-    clients_per_round : int, default 1000
-        Devices per round (all of them when there are fewer, as the papers' default).
-    local_epochs : int, default 1
-    batch_size : int, default 256
-    learning_rate : float, default 0.1
-        SGD step of the mean batch loss for the user part and the dense layers.
+    layers : tuple of int, default (32, 16)
+        Widths of the MLP branch's ReLU layers.
+    n_rounds, clients_per_round, local_epochs, batch_size, negatives, regularization,
+    random_state
+        As in FedMF.
+    learning_rate : float, default 0.5
+        SGD step of the mean batch loss for the user embeddings and the MLP (FedMF's 0.1
+        trains them too slowly).
     item_learning_rate : float or None, default None
-        SGD step for the item rows; None: 80 × n_items × learning_rate, PFedRec's rule (the
-        mean loss gives each row a gradient about batch_size times smaller).
+        None: 2 × n_items × learning_rate (PFedRec's factor 80 makes the MLP branch diverge).
     server_learning_rate : float, default 1.0
         Scale of the devices' mean change the server adds; 0 switches federation off.
-    negatives : int, default 4
-        Negatives drawn per positive each time a device trains.
-    regularization : float, default 0.0
-        L2 weight decay on every parameter a device updates.
-    random_state : int, RandomState or None
 
     Attributes
     ----------
     global_params_, user_params_ : dict of arrays
     user_ids_, item_ids_, interactions_, history_ (per round: mean local loss)
-
-    Examples
-    --------
-    >>> from fedcf.datasets import make_synthetic_ratings
-    >>> from fedcf.federated import FedMF
-    >>> data = make_synthetic_ratings(60, 20, 600, random_state=0)
-    >>> model = FedMF(n_factors=4, n_rounds=3, random_state=0).fit(data)
-    >>> model.user_scores([0, 1]).shape
-    (2, 20)
-    """
-
-    _parameter_constraints = {**_CONSTRAINTS, "item_learning_rate": NoneOr(Real(0.0, low_open=True))}
-
-    def __init__(self, n_factors=32, *, n_rounds=100, clients_per_round=1000, local_epochs=1,
-                 batch_size=256, learning_rate=0.1, item_learning_rate=None,
-                 server_learning_rate=1.0, negatives=4, regularization=0.0, random_state=None):
-        self.n_factors, self.n_rounds, self.clients_per_round = n_factors, n_rounds, clients_per_round
-        self.local_epochs, self.batch_size = local_epochs, batch_size
-        self.learning_rate, self.item_learning_rate = learning_rate, item_learning_rate
-        self.server_learning_rate, self.negatives = server_learning_rate, negatives
-        self.regularization, self.random_state = regularization, random_state
-
-    def _net(self):
-        return DotNet(self.n_factors)
-
-
-class PFedRec(FedMF):
-    """PFedRec (Zhang et al., IJCAI 2023), dual personalization: a global item embedding and,
-    on each device, a personal score function (a linear layer on the item embedding, kept across
-    rounds) and a personal item embedding finetuned from the global one.
-
-    Each local batch first steps the score function with the item embedding fixed, then the
-    item embedding with the score function fixed (as the authors' code); the server averages the
-    item embeddings. To score, the device finetunes the current global embedding once more
-    (nothing uploaded), as it would before recommending.
-
-    Parameters
-    ----------
-    As FedMF (``item_learning_rate`` None is the authors' 80 × n_items × learning_rate).
-
-    Examples
-    --------
-    >>> from fedcf.datasets import make_synthetic_ratings
-    >>> from fedcf.federated import PFedRec
-    >>> data = make_synthetic_ratings(60, 20, 600, random_state=0)
-    >>> model = PFedRec(n_factors=4, n_rounds=3, random_state=0).fit(data)
-    >>> len(model.recommend(data.user_ids[0], n=3))
-    3
-    """
-
-    _stages = (("user",), ("items",))
-    _personal_items = True
-
-
-class FedNCF(FedMF):
-    """Federated NeuMF (FedNCF, Perifanis & Efraimidis, 2022): GMF and MLP branches; user
-    embeddings stay on the device, item embeddings and the MLP are averaged by the server.
-
-    Parameters
-    ----------
-    As FedMF, except:
-
-    learning_rate : float, default 0.5
-        FedMF's 0.1 trains the user embeddings and the MLP too slowly.
-    item_learning_rate : float or None, default None
-        None: 2 × n_items × learning_rate (PFedRec's factor 80 makes the MLP branch diverge).
-    layers : tuple of int, default (32, 16)
-        Widths of the MLP branch's ReLU layers.
 
     Examples
     --------
@@ -402,18 +268,18 @@ class FedNCF(FedMF):
     """
 
     _item_lr_factor = 2.0
-
-    _parameter_constraints = {**FedMF._parameter_constraints, "layers": lambda n, v: _check_layers(v)}
+    _parameter_constraints = {**_CONSTRAINTS, "layers": lambda n, v: _check_layers(v),
+                              "item_learning_rate": NoneOr(Real(0.0, low_open=True))}
 
     def __init__(self, n_factors=32, *, layers=(32, 16), n_rounds=100, clients_per_round=1000,
                  local_epochs=1, batch_size=256, learning_rate=0.5, item_learning_rate=None,
                  server_learning_rate=1.0, negatives=4, regularization=0.0, random_state=None):
-        super().__init__(n_factors, n_rounds=n_rounds, clients_per_round=clients_per_round,
-                         local_epochs=local_epochs, batch_size=batch_size,
-                         learning_rate=learning_rate, item_learning_rate=item_learning_rate,
-                         server_learning_rate=server_learning_rate, negatives=negatives,
-                         regularization=regularization, random_state=random_state)
-        self.layers = layers
+        self.n_factors, self.layers, self.n_rounds = n_factors, layers, n_rounds
+        self.clients_per_round, self.local_epochs = clients_per_round, local_epochs
+        self.batch_size, self.learning_rate = batch_size, learning_rate
+        self.item_learning_rate, self.server_learning_rate = item_learning_rate, server_learning_rate
+        self.negatives, self.regularization = negatives, regularization
+        self.random_state = random_state
 
     def _net(self):
         return NeuMFNet(self.n_factors, _check_layers(self.layers))

@@ -244,10 +244,13 @@ class RankingScoreMixin:
                                             user_catalog=np.arange(n_u), item_catalog=np.arange(n_i))
         seen = self._seen_interactions()
 
-        def scores(batch):
-            return self.score_all_items(*self._user_params(batch))
+        return ranking_metrics(self._dense_user_scores, seen, relevant, k,
+                               with_auc=False)["ndcg"]
 
-        return ranking_metrics(scores, seen, relevant, k, with_auc=False)["ndcg"]
+    def _dense_user_scores(self, users) -> np.ndarray:
+        """Scores of every item for dense users seen in fit (a model whose users score with
+        more than a row of factors overrides it)."""
+        return self.score_all_items(*self._user_params(users))
 
     def _seen_interactions(self) -> Interactions:
         inter = getattr(self, "interactions_", None)
