@@ -273,6 +273,24 @@ def test_dot_kernel_matches_its_twin(stages, lam):
         assert np.allclose(x, start) == (j >= 2 and not items_step)  # what moved, moved
 
 
+@pytest.mark.parametrize("layers,lam", [((6, 3), 0.0), ((5,), 0.01)])
+def test_fedncf_kernel_pass_equals_its_numpy_twin(layers, lam, monkeypatch):
+    sp = leave_one_out(_data(), order="random", random_state=0)
+    kw = dict(layers=layers, n_rounds=3, local_epochs=2, batch_size=16, regularization=lam,
+              random_state=1)
+    fast = FedNCF(4, **kw).fit(sp.train)
+    monkeypatch.setattr(FedNCF, "_kernel", False)
+    slow = FedNCF(4, **kw).fit(sp.train)
+    for k in fast.global_params_:
+        np.testing.assert_allclose(fast.global_params_[k], slow.global_params_[k], rtol=1e-9,
+                                   atol=1e-12, err_msg=k)
+    np.testing.assert_allclose(fast.user_scores(np.arange(5)), slow.user_scores(np.arange(5)),
+                               rtol=1e-9, atol=1e-12)
+    new = sp.train.subset_users(np.arange(3))
+    np.testing.assert_allclose(fast.score_new_users(new, epochs=2),
+                               slow.score_new_users(new, epochs=2), rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("cls", [FedMF, FedNCF, PFedRec])
 def test_new_users_are_trained_on_their_device_alone(cls):
     inter = _data(96)

@@ -1,4 +1,5 @@
-"""FedNCF (federated NeuMF), the ranking papers' neural baseline, on its own NumPy round loop.
+"""FedNCF (federated NeuMF), the ranking papers' neural baseline, on its own round loop (a
+Numba local pass, ``_kernels/neumf.py``, whose twin is the NumPy pass here).
 
 Every round each sampled device draws ``negatives`` negatives per positive (never one of its own
 items, nor one of ``exclude``'s), runs ``local_epochs`` of mini-batch SGD on its copy of the
@@ -21,6 +22,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from .._kernels.neumf import DENSE, ITEMS, USER, neumf_local
 from .._validation import Int, NoneOr, Real, check_int, check_params
 from ..datasets import DataValidationError, Interactions
 from ..models.base import atomic_fit, user_keys
@@ -140,8 +142,29 @@ class _SampledFederated(BaseEstimator):
             stages = self._stages if update_global else (("user",),)
         order = np.array([rng.permutation(n) for _ in range(epochs)])
         hp = (self.learning_rate, self._item_lr(), self.regularization)
-        loss = self._numpy_pass(user, rows, dense, idx, y, order, stages, hp)
+        if self._kernel:
+            loss = self._kernel_pass(user, rows, dense, idx, y, order, stages, hp)
+        else:
+            loss = self._numpy_pass(user, rows, dense, idx, y, order, stages, hp)
         return user, uniq, rows, dense, n, loss
+
+    _kernel = True  # the Numba pass; False: the NumPy pass (its twin, which the tests compare)
+
+    def _kernel_pass(self, user, rows, dense, idx, y, order, stages, hp) -> float:
+        """``_numpy_pass`` by the Numba kernel (``_kernels.neumf``), the dense layers packed
+        into one vector and unpacked after."""
+        keys = self.net_.dense_keys
+        theta = np.concatenate([dense[k].ravel() for k in keys])
+        bits = np.array([("user" in st) * USER + ("items" in st) * ITEMS + ("dense" in st) * DENSE
+                         for st in stages], np.int64)
+        loss = neumf_local(user["pg"], user["pm"], rows["qg"], rows["qm"], theta,
+                           np.array(self.net_.layers, np.int64), idx, y, order, self.batch_size,
+                           bits, *hp)
+        at = 0
+        for k in keys:
+            dense[k] = theta[at:at + dense[k].size].reshape(dense[k].shape)
+            at += dense[k].size
+        return loss
 
     def _numpy_pass(self, user, rows, dense, idx, y, order, stages, hp) -> float:
         """Mini-batch SGD of any net, in NumPy (in place); the mean batch loss."""
