@@ -24,12 +24,12 @@ device with everything global frozen (the sampled baselines; PFedRec then finetu
 personal item rows as in a round).
 
 Models: popularity; centralized ImplicitMF (weighted ALS); FedReconImplicitMF; FedMF; FedNCF;
-PFedRec. Weighted ALS treats every unobserved item as a weak negative, the held-out item
-included, so no sampler can leak: ImplicitMF and FedRecon are trained once per seed and
-evaluated under every protocol (their paper-compat-99 figure is their clean-99 one). The
-sampled-negative baselines are trained once per sampler, with the papers' settings. Weighted
-ALS's (alpha, λ) are chosen on the validation item, never the test item, separately for
-ImplicitMF and FedRecon.
+PFedRec; centralized NCF (NeuMF: FedNCF's network trained on one server). Weighted ALS treats
+every unobserved item as a weak negative, the held-out item included, so no sampler can leak:
+ImplicitMF and FedRecon are trained once per seed and evaluated under every protocol (their
+paper-compat-99 figure is their clean-99 one). The sampled-negative models are trained once per
+sampler, with the papers' settings. Weighted ALS's (alpha, λ) are chosen on the validation item,
+never the test item, separately for ImplicitMF and FedRecon.
 
 Example: python scripts/ranking_benchmark.py --json eval/results/ranking.json
 Quick look: python scripts/ranking_benchmark.py --users 200 --rounds 5 --seeds 2
@@ -55,10 +55,10 @@ from fedcf.eval.loo import (
     training_exclusions,
 )
 from fedcf.eval.splits import user_split_indices
-from fedcf.federated import FedMF, FedNCF, PFedRec
+from fedcf.federated import NCF, FedMF, FedNCF, PFedRec
 from fedcf.provenance import report_result, run_meta
 
-SAMPLED = {"FedMF": FedMF, "FedNCF": FedNCF, "PFedRec": PFedRec}
+SAMPLED = {"FedMF": FedMF, "FedNCF": FedNCF, "PFedRec": PFedRec, "NCF": NCF}
 MODELS = ("popularity", "ImplicitMF", "FedReconImplicitMF", *SAMPLED)
 
 
@@ -157,6 +157,8 @@ def _build(name, args, seed):
                                   recon_regularization=args.recon_regularization,
                                   n_rounds=args.recon_rounds, clients_per_round=args.recon_clients,
                                   random_state=seed)
+    if name == "NCF":
+        return NCF(args.factors, n_epochs=args.ncf_epochs, random_state=seed)
     return SAMPLED[name](args.factors, n_rounds=args.rounds, random_state=seed)
 
 
@@ -244,6 +246,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--factors", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=100, help="rounds of the sampled baselines")
+    ap.add_argument("--ncf-epochs", type=int, default=20, help="epochs of centralized NCF")
     ap.add_argument("--recon-rounds", type=int, default=1000)
     ap.add_argument("--recon-clients", type=int, default=300)
     ap.add_argument("--alpha", type=float, default=None,
@@ -278,7 +281,7 @@ def main(argv=None):
     print(f"{inter!r}; {len(models)} models x {args.seeds} seeds on {args.workers} workers; "
           f"weighted ALS alpha, lambda: ImplicitMF {args.alpha}, {args.regularization}; "
           f"FedRecon {args.recon_alpha}, {args.recon_regularization}")
-    cost = {"FedNCF": 0, "PFedRec": 1, "FedMF": 2}  # longest first: the workers end together
+    cost = {"FedNCF": 0, "NCF": 1, "PFedRec": 2, "FedMF": 3}  # longest first: workers end together
     tasks = sorted(((m, s, args) for s in range(args.seeds) for m in models),
                    key=lambda t: (cost.get(t[0], 3), t[1]))
     if args.workers > 1:

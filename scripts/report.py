@@ -1216,10 +1216,10 @@ def ranking_table(doc, k, tag="") -> str:
 def ranking_leak(doc, k) -> str:
     rows, hr = _rank_rows(doc), f"hr@{k}"
     out = []
-    for model in ("FedMF", "FedNCF", "PFedRec"):
+    for model in ("FedMF", "FedNCF", "PFedRec", "NCF"):
         if (model, "paper-compat-99") in rows:
             p, c = rows[(model, "paper-compat-99")], rows[(model, "clean-99")]
-            out.append((model, "federated", f"{p[hr]:.4f}", f"{c[hr]:.4f}",
+            out.append((model, "centralized" if model == "NCF" else "federated", f"{p[hr]:.4f}", f"{c[hr]:.4f}",
                         f"{(p[hr] - c[hr]) * 100:+.1f}"))
     if ("PFedRec", "federation-off-paper") in rows:
         p, c = rows[("PFedRec", "federation-off-paper")], rows[("PFedRec", "federation-off-clean")]

@@ -10,7 +10,7 @@ from conftest import load_script
 def test_ranking_benchmark_small_slice(tmp_path):
     mod = load_script("ranking_benchmark")
     out = tmp_path / "ranking.json"
-    res = mod.main(["--dataset", "synthetic-small", "--users", "120", "--rounds", "3",
+    res = mod.main(["--dataset", "synthetic-small", "--users", "120", "--rounds", "3", "--ncf-epochs", "2",
                     "--recon-rounds", "5", "--recon-clients", "30", "--seeds", "2",
                     "--large", "120", "--workers", "1", "--alpha", "1", "--regularization", "10",
                     "--json", str(out)])
@@ -20,7 +20,7 @@ def test_ranking_benchmark_small_slice(tmp_path):
     protos = {(r["model"], r["protocol"]) for r in doc["table"]}
     for model in ("popularity", "ImplicitMF", "FedReconImplicitMF"):
         assert {(model, p) for p in ("clean-99", "clean-120", "full")} <= protos
-    for model in ("FedMF", "FedNCF", "PFedRec"):
+    for model in ("FedMF", "FedNCF", "PFedRec", "NCF"):
         assert {(model, p) for p in ("clean-99", "clean-120", "full", "paper-compat-99")} <= protos
     assert ("PFedRec", "federation-off-paper") in protos
     assert all(r["runs"] == 2 for r in doc["table"])

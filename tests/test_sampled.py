@@ -12,7 +12,7 @@ from fedcf.datasets import DataValidationError, Interactions
 from fedcf.eval.loo import leave_one_out, loo_metrics, sample_negatives, training_exclusions
 from fedcf.federated import DPGaussianMean, LocalExecutor, SecureAggregation
 from fedcf.federated.phases import Cohort
-from fedcf.federated.sampled import FedNCF
+from fedcf.federated.sampled import NCF, FedNCF
 from fedcf.federated.sampled_mf import FedMF, PFedRec
 from fedcf.federated.sampled_nets import DotNet, NeuMFNet
 
@@ -291,6 +291,46 @@ def test_fedncf_kernel_pass_equals_its_numpy_twin(layers, lam, monkeypatch):
                                slow.score_new_users(new, epochs=2), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("lam", [0.0, 0.01])
+def test_ncf_kernel_epoch_equals_its_numpy_twin(lam, monkeypatch):
+    sp = leave_one_out(_data(), order="random", random_state=0)
+    kw = dict(layers=(6, 3), n_epochs=3, batch_size=16, regularization=lam, random_state=1)
+    fast = NCF(4, **kw).fit(sp.train)
+    monkeypatch.setattr(NCF, "_kernel", False)
+    slow = NCF(4, **kw).fit(sp.train)
+    for k in fast.global_params_:
+        np.testing.assert_allclose(fast.global_params_[k], slow.global_params_[k], rtol=1e-9,
+                                   atol=1e-12, err_msg=k)
+    for k in fast.user_params_:
+        np.testing.assert_allclose(fast.user_params_[k], slow.user_params_[k], rtol=1e-9,
+                                   atol=1e-12, err_msg=k)
+    assert [h["loss"] for h in fast.history_] == pytest.approx(
+        [h["loss"] for h in slow.history_], rel=1e-12)
+
+
+def test_ncf_learns_the_taste_groups_and_folds_in_new_users():
+    inter = _data(96)
+    sp = leave_one_out(inter.subset_users(np.arange(64)), order="random", random_state=0)
+    neg = sample_negatives(sp, 20, random_state=0)
+    m = NCF(4, n_epochs=30, random_state=0).fit(sp.train)
+    assert m.history_[-1]["loss"] < m.history_[0]["loss"]
+    assert loo_metrics(m.user_scores, sp, negatives=neg, k=5)["hr@5"] > 0.6
+    new = leave_one_out(inter.subset_users(np.arange(64, 96)), order="random", random_state=0)
+    both = m.score_new_users(new.train)
+    np.testing.assert_allclose(m.score_new_users(new.train.subset_users(np.array([3])))[0],
+                               both[3], rtol=1e-12)
+    hr = loo_metrics(lambda u: both[u], new, negatives=sample_negatives(new, 20, random_state=0),
+                     k=5)["hr@5"]
+    assert hr > 0.4, hr
+    with pytest.raises(FloatingPointError, match="lower learning_rate .* or "
+                                                 "embedding_learning_rate"):
+        NCF(4, n_epochs=5, learning_rate=1e6, embedding_learning_rate=1e9).fit(sp.train)
+    with pytest.raises(ValueError, match="n_epochs"):
+        NCF(4, n_epochs=-1).fit(sp.train)
+    with pytest.raises(ValueError, match="embedding_learning_rate"):
+        NCF(4, embedding_learning_rate=0.0).fit(sp.train)
+
+
 @pytest.mark.parametrize("cls", [FedMF, FedNCF, PFedRec])
 def test_new_users_are_trained_on_their_device_alone(cls):
     inter = _data(96)
@@ -330,9 +370,9 @@ def test_fedmf_runs_on_the_round_under_dp_and_secure_aggregation():
     """The phases apply: DP's accountant composes and its noise moves the rows; secure
     aggregation gives the plain mean's model (the masks cancel)."""
     inter = _data(96)
-    kw = dict(n_rounds=3, clients_per_round=40, random_state=0)
+    kw = dict(n_rounds=2, clients_per_round=20, random_state=0)
     plain = FedMF(4, **kw).fit(inter)
-    assert plain.history_[0]["clients_used"] == 40
+    assert plain.history_[0]["clients_used"] == 20
     secure = FedMF(4, aggregator=SecureAggregation(), **kw).fit(inter)
     assert any(k.startswith("secagg") for k in secure.history_[0]), secure.history_[0]
     np.testing.assert_allclose(secure.item_factors_, plain.item_factors_, atol=1e-5)

@@ -30,7 +30,7 @@ from .phases import (
 )
 from .ray_executor import RayExecutor
 from .reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
-from .sampled import FedNCF
+from .sampled import NCF, FedNCF
 from .sampled_mf import FedMF, PFedRec
 from .secagg import SecureAggregation
 from .split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit
@@ -42,7 +42,7 @@ __all__ = [
     # estimators
     "FedReconMF", "FedReconImplicitMF", "FedAvgMF", "FURLMF",
     # the ranking papers' sampled-negative baselines
-    "FedMF", "FedNCF", "PFedRec",
+    "FedMF", "FedNCF", "PFedRec", "NCF",
     # aggregators
     "WeightedMean", "NormClippedMean", "DifferentialPrivacy", "DPGaussianMean",
     "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean",
