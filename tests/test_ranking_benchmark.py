@@ -31,6 +31,7 @@ def test_ranking_benchmark_small_slice(tmp_path):
     published = json.loads((report.RESULTS / "ranking_published.json").read_text())
     text = report.render((report.TEMPLATES / "RANKING.md").read_text(),
                          {**report.ranking_values(doc, published),
+                          **report.ranking_large_values(doc),
                           **report.cold_start_values(None)})
     assert "clean-120" in text and "{{" not in text
     with pytest.raises(SystemExit):

@@ -321,7 +321,7 @@ def test_ncf_learns_the_taste_groups_and_folds_in_new_users():
                                both[3], rtol=1e-12)
     hr = loo_metrics(lambda u: both[u], new, negatives=sample_negatives(new, 20, random_state=0),
                      k=5)["hr@5"]
-    assert hr > 0.4, hr
+    assert hr > 0.7, hr  # folded in at fit's embedding step (at learning_rate: about 0.4)
     with pytest.raises(FloatingPointError, match="lower learning_rate .* or "
                                                  "embedding_learning_rate"):
         NCF(4, n_epochs=5, learning_rate=1e6, embedding_learning_rate=1e9).fit(sp.train)
@@ -405,3 +405,41 @@ def test_fedmf_serves_new_users_with_the_mixin_api_and_pfedrec_refuses_what_it_c
     assert len(p.recommend(items=items, n=4)) == 4
     assert p.score(held, k=5) == pytest.approx(  # scored with the personal embeddings
         loo_metrics(p.user_scores, sp, k=5)["ndcg@5"], rel=1e-9)
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    import numba
+    sp = leave_one_out(_data(), order="random", random_state=0)
+    new = sp.train.subset_users(np.arange(6))
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            out = []
+            for cls in (FedMF, PFedRec):
+                m = cls(4, n_rounds=3, local_epochs=2, random_state=0).fit(sp.train)
+                out += [m.item_factors_, m.user_factors_, m.user_scores(np.arange(48)),
+                        m.score_new_users(new)]
+            results.append(out)
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_dot_twin_steps_along_the_checked_gradient():
+    """The twin's one-batch step is −rate × DotNet's gradient (the one checked against finite
+    differences above), so the kernel that matches the twin follows it too."""
+    net = DotNet(3)
+    user, rows, _, y = _problem(net, seed=3, n=6)
+    loss, gu, gr, _ = net.grads(user, rows, {}, y)
+    u, c = user["u"].copy(), user["c"].copy()
+    e, b = rows["e"].copy(), rows["b"].copy()  # one local row per example
+    idx = np.arange(6)
+    got = ref.dot_local(u, c, e, b, idx, y, np.arange(6)[None], 6, np.array([3]), 0.3, 2.0, 0.0)
+    assert got == pytest.approx(loss, rel=1e-12)
+    np.testing.assert_allclose(u, user["u"] - 0.3 * gu["u"], rtol=1e-12)
+    np.testing.assert_allclose(c, user["c"] - 0.3 * gu["c"], rtol=1e-12)
+    np.testing.assert_allclose(e, rows["e"] - 2.0 * gr["e"], rtol=1e-12)
+    np.testing.assert_allclose(b, rows["b"] - 2.0 * gr["b"], rtol=1e-12)

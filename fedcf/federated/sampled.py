@@ -150,7 +150,7 @@ class _SampledFederated(BaseEstimator):
         if stages is None:
             stages = self._stages if update_global else (("user",),)
         order = np.array([rng.permutation(n) for _ in range(epochs)])
-        hp = (self.learning_rate, self._item_lr(), self.regularization)
+        hp = (self._user_lr(), self._item_lr(), self.regularization)
         if self._kernel:
             loss = self._kernel_pass(user, rows, dense, idx, y, order, stages, hp)
         else:
@@ -208,6 +208,10 @@ class _SampledFederated(BaseEstimator):
     def _fold_epochs(self) -> int:
         """A new device's local epochs by default: as many passes as a device made in fit."""
         return self.n_rounds
+
+    def _user_lr(self) -> float:
+        """A device's step for its own embeddings (FedNCF: learning_rate)."""
+        return self.learning_rate
 
     # ------------------------------------------------------------------ scoring
     def user_scores(self, users) -> np.ndarray:
@@ -380,6 +384,11 @@ class NCF(_SampledFederated):
 
     def _fold_epochs(self) -> int:
         return self.n_epochs
+
+    def _user_lr(self) -> float:
+        """A new user's fold-in steps their embeddings as fit stepped every user's: a batch's
+        mean gradient times the embedding rate."""
+        return self._item_lr()
 
     def _item_lr(self) -> float:
         if self.embedding_learning_rate is not None:

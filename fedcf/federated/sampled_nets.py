@@ -22,7 +22,9 @@ def _bce(s: np.ndarray, y: np.ndarray):
 
 class DotNet:
     """score = u·e_i + c_u + b_i, with the user part (u, c) local and (e, b) global: FedMF's
-    user vector, or PFedRec's personal score function (a linear layer on the item embedding)."""
+    user vector, or PFedRec's personal score function (a linear layer on the item embedding).
+    FedMF and PFedRec train with the kernels of ``_kernels/sampled.py``; this is the gradient
+    they follow, written out so the tests can check it against finite differences."""
 
     user_keys, item_keys, dense_keys = ("u", "c"), ("e", "b"), ()
 
