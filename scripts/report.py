@@ -1230,6 +1230,25 @@ def ranking_leak(doc, k) -> str:
                   "leak (points)"], out)
 
 
+def ranking_gaps(doc, k) -> str:
+    """Generated lines: HR@k points of one model minus another, per protocol (seen users)."""
+    rows, hr = _rank_rows(doc), f"hr@{k}"
+    lines = []
+    for a, b in (("PFedRec", "FedMF"), ("NCF", "FedNCF"), ("FedReconImplicitMF", "ImplicitMF")):
+        cells = [f"{p} {(rows[(a, p)][hr] - rows[(b, p)][hr]) * 100:+.1f}"
+                 for p in ("paper-compat-99", *_rank_columns(doc)[:3])
+                 if (a, p) in rows and (b, p) in rows]
+        if cells:
+            lines.append(f"- {a} minus {b}, HR@{k} points: " + "; ".join(cells) + ".")
+    for m in ("NCF", "FedNCF", "FedMF", "PFedRec", "FedReconImplicitMF"):
+        cells = [f"{p} {(rows[(m, p + ' unseen')][hr] - rows[(m, p)][hr]) * 100:+.1f}"
+                 for p in _rank_columns(doc)[:3] if (m, p + " unseen") in rows]
+        if cells:
+            lines.append(f"- {m}, unseen minus seen users, HR@{k} points: " + "; ".join(cells)
+                         + ".")
+    return "\n".join(lines)
+
+
 def _ahead(doc, a, b, proto, k) -> tuple[int, int]:
     """(seeds where a's HR@k is above b's, seeds)."""
     runs = {(r["model"], r["seed"]): r[f"hr@{k}"] for r in doc["runs"] if r["protocol"] == proto}
@@ -1306,7 +1325,7 @@ def ranking_values(doc, published) -> dict:
             "selection": sel or "given on the command line",
             "n999": str(n999["n_users"]) if n999 else "—", "large": str(s["large"]),
             "table": ranking_table(doc, k), "table_unseen": ranking_table(doc, k, " unseen"),
-            "leak": ranking_leak(doc, k),
+            "leak": ranking_leak(doc, k), "gaps": ranking_gaps(doc, k),
             "targets": ranking_targets(doc, published, k),
             "published": published_table(published)}
 

@@ -13,6 +13,9 @@ Unlike FedMF and PFedRec (``sampled_mf.py``), FedNCF is not on fedcf's federated
 dense layers are global parameters that are not item rows, which the round's phases (clipping,
 noise, masking, robust means of row deltas) do not carry. It has no differential privacy,
 secure aggregation or Ray executor.
+
+NCF is the same network trained centrally (every user's examples on one server; a Numba epoch
+kernel whose twin is ``NCF._numpy_epoch``), FedNCF's centralized counterpart.
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ def _scatter(idx: np.ndarray, g: np.ndarray, n: int) -> np.ndarray:
 
 
 class _SampledFederated(BaseEstimator):
-    """FedNCF's NumPy round loop and local training, for any net of ``sampled_nets`` (a
-    subclass sets ``_net()``)."""
+    """What FedNCF and centralized NCF share, for any net of ``sampled_nets`` (a subclass sets
+    ``_net()`` and ``_train``): fit's checks, the sampler, a device's local pass (FedNCF's
+    rounds; every new user's fold-in) and scoring."""
 
     _stages: tuple = (("user", "items", "dense"),)
 
