@@ -443,3 +443,19 @@ def test_dot_twin_steps_along_the_checked_gradient():
     np.testing.assert_allclose(c, user["c"] - 0.3 * gu["c"], rtol=1e-12)
     np.testing.assert_allclose(e, rows["e"] - 2.0 * gr["e"], rtol=1e-12)
     np.testing.assert_allclose(b, rows["b"] - 2.0 * gr["b"], rtol=1e-12)
+
+
+def test_fedmf_resumes_from_a_checkpoint_as_if_uninterrupted(tmp_path):
+    sp = leave_one_out(_data(), order="random", random_state=0)
+    ex = training_exclusions(sp, "clean", sample_negatives(sp, 10, random_state=0))
+    kw = dict(clients_per_round=20, random_state=3)
+    full = PFedRec(4, n_rounds=6, **kw).fit(sp.train, exclude=ex)
+    ck = tmp_path / "ck.npz"
+    PFedRec(4, n_rounds=3, checkpoint_path=str(ck), **kw).fit(sp.train, exclude=ex)
+    resumed = PFedRec(4, n_rounds=6, checkpoint_path=str(ck), **kw).fit(sp.train, exclude=ex)
+    np.testing.assert_array_equal(full.item_factors_, resumed.item_factors_)
+    np.testing.assert_array_equal(full.user_factors_, resumed.user_factors_)
+    before = ck.read_bytes()
+    with pytest.raises(ValueError, match="exclude"):  # other exclusions: another run
+        PFedRec(4, n_rounds=6, checkpoint_path=str(ck), **kw).fit(sp.train)
+    assert ck.read_bytes() == before
