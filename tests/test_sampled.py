@@ -459,3 +459,24 @@ def test_fedmf_resumes_from_a_checkpoint_as_if_uninterrupted(tmp_path):
     with pytest.raises(ValueError, match="exclude"):  # other exclusions: another run
         PFedRec(4, n_rounds=6, checkpoint_path=str(ck), **kw).fit(sp.train)
     assert ck.read_bytes() == before
+
+
+@pytest.mark.parametrize("cls", [FedNCF, NCF])
+def test_the_numpy_loop_models_refuse_bad_users_and_n(cls):
+    inter = _data()
+    m = cls(4, random_state=0, **({"n_epochs": 1} if cls is NCF else {"n_rounds": 1})).fit(inter)
+    for users in ([48], [-1], [0.5], [[0]]):  # out of range, negative (no wrap), float, 2-D
+        with pytest.raises(ValueError, match=r"dense user ids in \[0, 48\)"):
+            m.user_scores(users)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        m.recommend(inter.user_ids[0], n=-1)
+    with pytest.raises(TypeError, match="n must be an integer"):
+        m.recommend(inter.user_ids[0], n="3")
+    assert m.recommend(inter.user_ids[0], n=0) == []
+
+
+def test_pfedrec_recommends_for_an_empty_history_by_the_item_biases():
+    p = PFedRec(4, n_rounds=2, random_state=0).fit(_data())
+    rec = p.recommend(items=[], n=5)
+    top = np.argsort(-p.item_biases_.astype(float), kind="stable")[:5]
+    assert list(rec["item"]) == list(p.item_ids_[top])

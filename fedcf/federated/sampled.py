@@ -30,7 +30,7 @@ from .._validation import Int, NoneOr, Real, check_int, check_params
 from ..datasets import DataValidationError, Interactions
 from ..models.base import atomic_fit, user_keys
 from ..models.implicit_mf import coerce_implicit
-from .sampled_mf import exclusion_csr
+from .sampled_mf import dense_users, exclusion_csr
 from .sampled_nets import NeuMFNet
 
 _CONSTRAINTS = {
@@ -222,7 +222,7 @@ class _SampledFederated(BaseEstimator):
         """Scores of every item (model item order) for dense users seen in fit: (len, n_items).
         A user's scores do not depend on which other users share the call."""
         check_is_fitted(self, "global_params_")
-        users = np.asarray(users, np.int64)
+        users = dense_users(users, len(self.user_ids_))
         params = {k: v[users] for k, v in self.user_params_.items()}
         return self.net_.all_scores(params, self.global_params_, self.global_params_)
 
@@ -255,6 +255,7 @@ class _SampledFederated(BaseEstimator):
     def recommend(self, user, n: int = 10):
         """The ``n`` best items (raw ids) for a user seen in fit, their fit items left out."""
         check_is_fitted(self, "global_params_")
+        n = check_int("n", n, low=0)
         where = np.flatnonzero(np.asarray(self.user_ids_) == user)
         if len(where) == 0:
             raise KeyError(f"user {user!r} was not seen in fit")

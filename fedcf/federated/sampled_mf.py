@@ -64,6 +64,16 @@ def exclusion_csr(inter: Interactions, exclude=None) -> tuple:
     return own.indptr.astype(np.int64), own.indices.astype(np.int64)
 
 
+def dense_users(users, n_users: int) -> np.ndarray:
+    """``users`` as int64 dense ids in [0, n_users); anything else is refused, naming it."""
+    users = np.asarray(users)
+    if users.ndim != 1 or (users.size and (users.dtype.kind not in "iu" or users.min() < 0
+                                           or users.max() >= n_users)):
+        raise ValueError(f"users must be a 1-D array of dense user ids in [0, {n_users}) "
+                         f"(positions in model.user_ids_), got {users!r}")
+    return users.astype(np.int64)
+
+
 def _digest(csr: tuple) -> str:
     h = hashlib.sha256()
     for a in csr:
@@ -323,12 +333,7 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
         return self.score_all_items(P, c)
 
     def _dense_users(self, users) -> np.ndarray:
-        users = np.asarray(users)
-        if users.ndim != 1 or (users.size and (users.dtype.kind not in "iu" or users.min() < 0
-                                               or users.max() >= len(self.user_ids_))):
-            raise ValueError(f"users must be a 1-D array of dense user ids in [0, "
-                             f"{len(self.user_ids_)}) (positions in model.user_ids_)")
-        return users.astype(np.int64)
+        return dense_users(users, len(self.user_ids_))
 
 
 class PFedRec(FedMF):
@@ -397,10 +402,10 @@ class PFedRec(FedMF):
             seen = self._seen_items(u)
         else:
             idx = self._item_index(items) if len(items) else np.zeros(0, np.int32)
-            seen = np.unique(idx[idx >= 0])
-            one = Interactions.from_arrays(np.zeros(len(seen), np.int64), self.item_ids_[seen],
-                                           user_catalog=np.zeros(1, np.int64),
-                                           item_catalog=self.item_ids_)
+            seen = np.unique(idx[idx >= 0]).astype(np.int64)
+            one = Interactions(indptr=np.array([0, len(seen)]), items=seen,
+                               values=np.ones(len(seen)), timestamps=None,
+                               user_ids=np.zeros(1, np.int64), item_ids=self.item_ids_)
             scores = self.score_new_users(one)[0]
         if filter_seen and len(seen):
             scores[seen] = -np.inf
