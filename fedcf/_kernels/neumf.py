@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .sampled import _sigmoid
+from .sampled import _sigmoid, batch_span, gather_batch
 
 USER, ITEMS, DENSE = 1, 2, 4  # stage bits
 
@@ -134,11 +134,8 @@ def neumf_local(pg, pm, qg, qm, theta, widths, idx, y, order, batch, stages, lr,
     for t in range(epochs):
         start = 0
         for k in range(nb):
-            size = n // nb + (1 if k < n % nb else 0)
-            for j in range(size):
-                ex = order[t, start + j]
-                rows[j] = idx[t * n + ex]
-                ys[j] = y[ex]
+            size = batch_span(n, nb, k)
+            gather_batch(order, t, start, size, idx, y, rows, ys)
             loss = 0.0
             for st in stages:
                 grads[2][:, :] = 0.0  # every local row steps (weight decay), touched or not
@@ -186,7 +183,7 @@ def neumf_epochs(PG, PM, QG, QM, theta, widths, users, items, y, order, batch, l
     for t in range(epochs):
         start, total = 0, 0.0
         for k in range(nb):
-            size = n // nb + (1 if k < n % nb else 0)
+            size = batch_span(n, nb, k)
             for j in range(size):
                 ex = order[t, start + j]
                 urows[j], rows[j], ys[j] = users[ex], items[ex], y[ex]

@@ -67,6 +67,24 @@ def _batch(u, c, e, b, rows, y, stage, lr, item_lr, lam, ds):
 
 
 @njit(cache=True)
+def batch_span(n, nb, k):
+    """Size of batch k when n examples are cut into nb near-equal batches, as
+    ``np.array_split`` cuts them (the first n % nb batches one larger)."""
+    return n // nb + (1 if k < n % nb else 0)
+
+
+@njit(cache=True)
+def gather_batch(order, t, start, size, idx, y, rows, ys):
+    """rows[:size], ys[:size] = the local rows and labels of epoch t's examples
+    order[t, start:start + size] (idx holds epoch t's rows at t·n + example)."""
+    n = order.shape[1]
+    for j in range(size):
+        ex = order[t, start + j]
+        rows[j] = idx[t * n + ex]
+        ys[j] = y[ex]
+
+
+@njit(cache=True)
 def dot_local(u, c, e, b, idx, y, order, batch, stages, lr, item_lr, lam):
     """Local epochs over a device's examples, updating u (d,), c (1,), the local item rows
     e (m, d) and b (m, 1) in place.
@@ -85,11 +103,8 @@ def dot_local(u, c, e, b, idx, y, order, batch, stages, lr, item_lr, lam):
     for t in range(epochs):
         start = 0
         for k in range(nb):
-            size = n // nb + (1 if k < n % nb else 0)
-            for j in range(size):
-                ex = order[t, start + j]
-                rows[j] = idx[t * n + ex]
-                ys[j] = y[ex]
+            size = batch_span(n, nb, k)
+            gather_batch(order, t, start, size, idx, y, rows, ys)
             loss = 0.0
             for st in stages:
                 loss = _batch(u, c, e, b, rows[:size], ys[:size], st, lr, item_lr, lam, ds)
