@@ -59,6 +59,7 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "implicit": "fedcf.models.implicit_mf:ImplicitMF",
         "fedrecon-implicit": "fedcf.federated.implicit:FedReconImplicitMF",
         "fedmf": "fedcf.federated.sampled_mf:FedMF",
+        "fedncf": "fedcf.federated.fedncf:FedNCF",
     },
 }
 

@@ -1,7 +1,7 @@
-"""The sampled-negative baselines (FedMF, FedNCF, PFedRec): gradients against finite
-differences, the round kernels against their NumPy twins, the sampler against its exclusions,
-scoring independent of who shares a call, the round's phases (DP, secure aggregation) applied
-to FedMF and PFedRec, and bad input."""
+"""The sampled-negative baselines (FedMF, FedNCF, PFedRec, centralized NCF): gradients against
+finite differences, the round kernels against their NumPy twins, the sampler against its
+exclusions, scoring independent of who shares a call, the round's phases (DP, secure
+aggregation) applied to all three federated ones, and bad input."""
 
 import numpy as np
 import pytest
@@ -11,8 +11,9 @@ from fedcf._reference import sampled as ref
 from fedcf.datasets import DataValidationError, Interactions
 from fedcf.eval.loo import leave_one_out, loo_metrics, sample_negatives, training_exclusions
 from fedcf.federated import DPGaussianMean, LocalExecutor, SecureAggregation
+from fedcf.federated.fedncf import FedNCF, NeuMFProgram
 from fedcf.federated.phases import Cohort
-from fedcf.federated.sampled import NCF, FedNCF
+from fedcf.federated.sampled import NCF
 from fedcf.federated.sampled_mf import FedMF, PFedRec
 from fedcf.federated.sampled_nets import DotNet, NeuMFNet
 
@@ -76,17 +77,16 @@ def _data(n_users=48):
 
 
 def _params(m):
-    """The fitted global parameters of any of the three, as one dict."""
-    if isinstance(m, FedNCF):
-        return m.global_params_
-    return {"Q": m.item_factors_, "b": m.item_biases_, "P": m.user_factors_}
+    """The fitted parameters of any of the three, as one dict."""
+    out = {"Q": m.item_factors_, "b": m.item_biases_, "P": m.user_factors_}
+    return {**out, "dense": m.dense_params_} if isinstance(m, FedNCF) else out
 
 
-def test_fedncf_negatives_avoid_own_items_and_exclusions():
+def test_ncf_negatives_avoid_own_items_and_exclusions():
     sp = leave_one_out(_data(), order="random", random_state=0)
     neg = sample_negatives(sp, 10, random_state=0)
     ex = training_exclusions(sp, "clean", neg)
-    m = FedNCF(4, n_rounds=1, random_state=0).fit(sp.train, exclude=ex)
+    m = NCF(4, n_epochs=1, random_state=0).fit(sp.train, exclude=ex)
     ex_csr = ex.to_csr()
     rng = np.random.default_rng(0)
     for u in range(sp.n_users):
@@ -191,19 +191,12 @@ def test_fit_is_seeded_learns_and_scores_alone_or_in_company(cls):
     together = a.user_scores(np.array([5, 0, 2]))
     np.testing.assert_allclose(a.user_scores(np.array([0])), together[[1]], rtol=1e-12)
     assert a.history_[-1]["loss"] < a.history_[0]["loss"]
-    off_kw = {"server_learning_rate": 0.0} if cls is FedNCF else {"upload_items": False}
-    off = cls(4, n_rounds=3, random_state=3, **off_kw).fit(sp.train)
-    init = cls(4, n_rounds=0, random_state=3).fit(sp.train) if cls is FedNCF else None
+    off = cls(4, n_rounds=3, random_state=3, upload_items=False).fit(sp.train)
     for k, v in _params(off).items():
-        if init is not None:
-            np.testing.assert_array_equal(v, _params(init)[k])
-        elif k != "P":  # the global rows never moved; the devices' own parts did
+        if k != "P":  # the global rows never moved; the devices' own parts did
             np.testing.assert_array_equal(v, _params(cls(4, n_rounds=1, upload_items=False,
                                                          random_state=3).fit(sp.train))[k])
-    if cls is FedNCF:
-        rec = a.recommend(sp.train.user_ids[0], n=5)
-    else:
-        rec = list(a.recommend(user=sp.train.user_ids[0], n=5)["item"])
+    rec = list(a.recommend(user=sp.train.user_ids[0], n=5)["item"])
     own = set(sp.train.item_ids[sp.train.items[:sp.train.indptr[1]]])
     assert len(rec) == 5 and not own & set(rec)
 
@@ -211,8 +204,8 @@ def test_fit_is_seeded_learns_and_scores_alone_or_in_company(cls):
 def test_baselines_find_the_taste_groups():
     sp = leave_one_out(_data(), order="random", random_state=0)
     neg = sample_negatives(sp, 20, random_state=0)
-    for cls in (FedMF, FedNCF):
-        m = cls(4, n_rounds=30, random_state=0).fit(sp.train)
+    for cls, rounds in ((FedMF, 30), (FedNCF, 60)):  # NeuMF leaves its plateau later
+        m = cls(4, n_rounds=rounds, random_state=0).fit(sp.train)
         assert loo_metrics(m.user_scores, sp, negatives=neg, k=5)["hr@5"] > 0.6, cls.__name__
     # PFedRec's item step (80 × n_items × lr) is rough at this size: above chance (5/21) on
     # average over seeds, as the authors' code is
@@ -273,22 +266,83 @@ def test_dot_kernel_matches_its_twin(stages, lam):
         assert np.allclose(x, start) == (j >= 2 and not items_step)  # what moved, moved
 
 
-@pytest.mark.parametrize("layers,lam", [((6, 3), 0.0), ((5,), 0.01)])
-def test_fedncf_kernel_pass_equals_its_numpy_twin(layers, lam, monkeypatch):
-    sp = leave_one_out(_data(), order="random", random_state=0)
-    kw = dict(layers=layers, n_rounds=3, local_epochs=2, batch_size=16, regularization=lam,
-              random_state=1)
-    fast = FedNCF(4, **kw).fit(sp.train)
-    monkeypatch.setattr(FedNCF, "_kernel", False)
-    slow = FedNCF(4, **kw).fit(sp.train)
-    for k in fast.global_params_:
-        np.testing.assert_allclose(fast.global_params_[k], slow.global_params_[k], rtol=1e-9,
-                                   atol=1e-12, err_msg=k)
-    np.testing.assert_allclose(fast.user_scores(np.arange(5)), slow.user_scores(np.arange(5)),
-                               rtol=1e-9, atol=1e-12)
-    new = sp.train.subset_users(np.arange(3))
-    np.testing.assert_allclose(fast.score_new_users(new, epochs=2),
-                               slow.score_new_users(new, epochs=2), rtol=1e-9, atol=1e-12)
+@pytest.mark.parametrize("layers,lam,share", [((6, 3), 0.0, 1.0), ((5,), 0.01, 1.0),
+                                              ((5,), 0.0, 0.0)])
+def test_fedncf_round_kernel_matches_its_twin_device_by_device(layers, lam, share):
+    """Each device's upload (item rows, then the dense rows), loss and kept user row equal
+    the NumPy twin's, built on NeuMFNet's finite-difference-checked gradients."""
+    from fedcf._reference import neumf as nref
+    inter, d = _data(12), 3
+    net = NeuMFNet(d, layers)
+    R = -(-net.dense_size // (2 * d))
+    rng = np.random.default_rng(8)
+    Q = np.zeros((60 + R, 2 * d))
+    Q[:60] = rng.normal(0, 0.3, (60, 2 * d))
+    Q[60:].reshape(-1)[:net.dense_size] = net.pack(net.init_dense(rng))
+    b = np.zeros(60 + R)
+    P, c = rng.normal(0, 0.3, (12, 2 * d)), np.zeros(12)
+    from fedcf.federated.sampled_mf import exclusion_csr
+    excl = exclusion_csr(inter)
+    cfg = np.array([3.0, 2, 7, 0.2, 3.0, lam, share])
+    program = NeuMFProgram(cfg, np.zeros(0, np.int64), excl, 60, np.array(layers), R)
+    local = (P.copy(), c.copy())
+    run = LocalExecutor().bind(program, (inter.indptr, inter.items, inter.values), local)
+    cohort = np.array([7, 2, 11, 0])
+    out = run.run(Cohort(cohort, 4, 0, 0), {"Q": Q, "b": b}, np.array([9, 4], np.uint64))
+    for k, u in enumerate(cohort):
+        pos = inter.items[inter.indptr[u]:inter.indptr[u + 1]]
+        p = P[u].copy()
+        loss, uniq, rows = nref.neumf_device(net, pos, excl[1][excl[0][u]:excl[0][u + 1]], Q,
+                                             60, p, cfg, [7], 2, ref_stream(9, 4, u))
+        touched = np.r_[uniq, 60 + np.arange(R)] if share else np.zeros(0, int)
+        lo, hi = out.offsets[k], out.offsets[k + 1]
+        got = out.items[lo:hi]
+        keep = got >= 0
+        np.testing.assert_array_equal(got[keep], touched)
+        if share:
+            np.testing.assert_allclose(out.d_Q[lo:hi][keep], rows - Q[touched], rtol=1e-9,
+                                       atol=1e-12)
+            assert np.abs(out.d_Q[lo:hi][keep][-R:]).sum() > 0  # the dense rows moved
+        assert not out.d_b[lo:hi].any()
+        assert out.losses[k] == pytest.approx(loss, rel=1e-12)
+        np.testing.assert_allclose(local[0][u], p, rtol=1e-12)  # kept on the device
+        assert not np.allclose(p, P[u])
+
+
+def test_neumf_twin_steps_along_the_checked_gradient():
+    """The twin's one-batch step is −rate × NeuMFNet's gradient (checked against finite
+    differences above), so the kernel that matches the twin follows it too."""
+    from fedcf._reference import neumf as nref
+    net = NeuMFNet(3, (5, 4))
+    user, rows, dense, y = _problem(net, seed=3, n=6)
+    loss, gu, gr, gd = net.grads(user, rows, dense, y)
+    u2, r2, d2 = ({k: v.copy() for k, v in x.items()} for x in (user, rows, dense))
+    got = nref.neumf_local(net, u2, r2, d2, np.arange(6), y, np.arange(6)[None], 6, [7], 0.3,
+                           2.0, 0.0)
+    assert got == pytest.approx(loss, rel=1e-12)
+    for params, new, g, rate in ((user, u2, gu, 0.3), (rows, r2, gr, 2.0), (dense, d2, gd, 0.3)):
+        for k in params:
+            np.testing.assert_allclose(new[k], params[k] - rate * g[k], rtol=1e-12, atol=1e-14)
+
+
+def test_fedncf_fold_in_matches_its_twin_alone_or_in_company():
+    from fedcf._reference import neumf as nref
+    from fedcf._reference.rng import stream_key
+    m = FedNCF(3, layers=(4,), n_rounds=2, random_state=0).fit(_data())
+    Q = m._global_params()["Q"].astype(np.float64)
+    indptr, items = np.array([0, 3, 3, 7]), np.array([1, 4, 8, 0, 2, 9, 29])
+    excl = (np.array([0, 4, 4, 9]), np.array([1, 4, 8, 17, 0, 2, 9, 13, 29]))
+    keys = np.array([11, 12, 13], np.uint64)
+    P, _ = m._fold_in(indptr, items, excl, keys, epochs=3)
+    for r in range(3):
+        p = np.zeros(6)
+        nref.neumf_device(m._net(), items[indptr[r]:indptr[r + 1]],
+                          excl[1][excl[0][r]:excl[0][r + 1]], Q, 60, p, m._cfg(60, 3), [1], 3,
+                          stream_key(m._seed(), 1, 11 + r))
+        np.testing.assert_allclose(P[r], p, rtol=1e-12, atol=1e-15)
+    alone, _ = m._fold_in(indptr[:2], items[:3], (excl[0][:2], excl[1][:4]), keys[:1], epochs=3)
+    np.testing.assert_array_equal(alone[0], P[0])
+    assert not P[1].any() and P[0].any()  # a device without data keeps the zero start
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.01])
@@ -362,25 +416,27 @@ def test_divergence_is_named_and_keeps_the_previous_model(cls):
     for k in before:
         np.testing.assert_array_equal(before[k], _params(m)[k])
     pairs = cls(2, n_rounds=2, random_state=0).fit([[1, 2], [1, 3], [2, 3], [2, 4]])
-    rec = pairs.recommend(1, n=1) if cls is FedNCF else pairs.recommend(user=1, n=1)
-    assert len(rec) == 1
+    assert len(pairs.recommend(user=1, n=1)) == 1
 
 
-def test_fedmf_runs_on_the_round_under_dp_and_secure_aggregation():
-    """The phases apply: DP's accountant composes and its noise moves the rows; secure
-    aggregation gives the plain mean's model (the masks cancel)."""
+@pytest.mark.parametrize("cls,private_cls", [(FedMF, PFedRec), (FedNCF, FedNCF)])
+def test_the_federated_baselines_run_under_dp_and_secure_aggregation(cls, private_cls):
+    """The phases apply: DP's accountant composes and its noise moves the rows (FedNCF's
+    dense rows too); secure aggregation gives the plain mean's model (the masks cancel)."""
     inter = _data(96)
     kw = dict(n_rounds=2, clients_per_round=20, random_state=0)
-    plain = FedMF(4, **kw).fit(inter)
+    plain = cls(4, **kw).fit(inter)
     assert plain.history_[0]["clients_used"] == 20
-    secure = FedMF(4, aggregator=SecureAggregation(), **kw).fit(inter)
+    secure = cls(4, aggregator=SecureAggregation(), **kw).fit(inter)
     assert any(k.startswith("secagg") for k in secure.history_[0]), secure.history_[0]
-    np.testing.assert_allclose(secure.item_factors_, plain.item_factors_, atol=1e-5)
+    for k, v in _params(plain).items():
+        np.testing.assert_allclose(_params(secure)[k], v, atol=1e-5, err_msg=k)
     dp = DPGaussianMean(clip_norm=0.5, noise_multiplier=1.0)
-    private = PFedRec(4, aggregator=dp, **kw).fit(inter)
+    private = private_cls(4, aggregator=dp, **kw).fit(inter)
     assert 0 < private.epsilon_ < np.inf
-    assert not np.allclose(private.item_factors_, PFedRec(4, **kw).fit(inter).item_factors_,
-                           atol=1e-3)
+    for k, v in _params(private_cls(4, **kw).fit(inter)).items():
+        if k in ("Q", "dense"):
+            assert not np.allclose(_params(private)[k], v, atol=1e-3), k
 
 
 def test_fedmf_serves_new_users_with_the_mixin_api_and_pfedrec_refuses_what_it_cannot():
@@ -417,7 +473,7 @@ def test_results_do_not_depend_on_the_thread_count():
         for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(threads)
             out = []
-            for cls in (FedMF, PFedRec):
+            for cls in (FedMF, PFedRec, FedNCF):
                 m = cls(4, n_rounds=3, local_epochs=2, random_state=0).fit(sp.train)
                 out += [m.item_factors_, m.user_factors_, m.user_scores(np.arange(48)),
                         m.score_new_users(new)]
@@ -445,26 +501,26 @@ def test_dot_twin_steps_along_the_checked_gradient():
     np.testing.assert_allclose(b, rows["b"] - 2.0 * gr["b"], rtol=1e-12)
 
 
-def test_fedmf_resumes_from_a_checkpoint_as_if_uninterrupted(tmp_path):
+@pytest.mark.parametrize("cls", [PFedRec, FedNCF])
+def test_resumes_from_a_checkpoint_as_if_uninterrupted(cls, tmp_path):
     sp = leave_one_out(_data(), order="random", random_state=0)
     ex = training_exclusions(sp, "clean", sample_negatives(sp, 10, random_state=0))
     kw = dict(clients_per_round=20, random_state=3)
-    full = PFedRec(4, n_rounds=6, **kw).fit(sp.train, exclude=ex)
+    full = cls(4, n_rounds=6, **kw).fit(sp.train, exclude=ex)
     ck = tmp_path / "ck.npz"
-    PFedRec(4, n_rounds=3, checkpoint_path=str(ck), **kw).fit(sp.train, exclude=ex)
-    resumed = PFedRec(4, n_rounds=6, checkpoint_path=str(ck), **kw).fit(sp.train, exclude=ex)
-    np.testing.assert_array_equal(full.item_factors_, resumed.item_factors_)
-    np.testing.assert_array_equal(full.user_factors_, resumed.user_factors_)
+    cls(4, n_rounds=3, checkpoint_path=str(ck), **kw).fit(sp.train, exclude=ex)
+    resumed = cls(4, n_rounds=6, checkpoint_path=str(ck), **kw).fit(sp.train, exclude=ex)
+    for k, v in _params(full).items():
+        np.testing.assert_array_equal(v, _params(resumed)[k], err_msg=k)
     before = ck.read_bytes()
     with pytest.raises(ValueError, match="exclude"):  # other exclusions: another run
-        PFedRec(4, n_rounds=6, checkpoint_path=str(ck), **kw).fit(sp.train)
+        cls(4, n_rounds=6, checkpoint_path=str(ck), **kw).fit(sp.train)
     assert ck.read_bytes() == before
 
 
-@pytest.mark.parametrize("cls", [FedNCF, NCF])
-def test_the_numpy_loop_models_refuse_bad_users_and_n(cls):
+def test_ncf_refuses_bad_users_and_n():
     inter = _data()
-    m = cls(4, random_state=0, **({"n_epochs": 1} if cls is NCF else {"n_rounds": 1})).fit(inter)
+    m = NCF(4, random_state=0, n_epochs=1).fit(inter)
     for users in ([48], [-1], [0.5], [[0]]):  # out of range, negative (no wrap), float, 2-D
         with pytest.raises(ValueError, match=r"dense user ids in \[0, 48\)"):
             m.user_scores(users)

@@ -1,19 +1,37 @@
-"""One device's local pass of FedNCF (federated NeuMF): mini-batch SGD on the binary
-cross-entropy of the NeuMF logit, in place.
+"""FedNCF (federated NeuMF) and centralized NCF: mini-batch SGD on the binary cross-entropy of
+the NeuMF logit, in place.
 
 The logit of item row r for a user (p_g, p_m) is h·[p_g ⊙ q_g[r], a_L] + h_b, where a_0 =
 [p_m, q_m[r]] and a_{l+1} = relu(a_l W_l + b_l). The dense parameters travel packed in one flat
-vector ``theta`` (see ``dense_layout``). The caller draws everything random, so the kernel is a
-pure function of its arrays. Its NumPy twin is ``FedNCF._numpy_pass`` with
-``sampled_nets.NeuMFNet``, whose gradients the tests check against finite differences.
+vector ``theta`` (see ``dense_layout``). ``neumf_local`` is one device's pass given everything
+random, a pure function of its arrays; ``neumf_device`` draws those from the device's stream and
+runs it; ``neumf_clients`` is FedNCF's client work of a round and ``neumf_fold_in`` serves new
+users on their devices; ``neumf_epochs`` is centralized NCF's epoch. The NumPy twins are in
+``fedcf._reference.neumf`` (on ``sampled_nets.NeuMFNet``, whose gradients the tests check
+against finite differences) and ``NCF._numpy_epoch``.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from .sampled import _sigmoid, batch_span, gather_batch
+from .rng import client_key, stream_key
+from .sampled import (
+    SC_BATCH,
+    SC_EPOCHS,
+    SC_ITEM_LR,
+    SC_LAM,
+    SC_LR,
+    SC_NEG,
+    SC_SHARE,
+    _sigmoid,
+    batch_span,
+    draw_device,
+    gather_batch,
+)
+from .sgd import write_rows
+from .util import QUEUE_WORKERS, client_queue, store, take
 
 USER, ITEMS, DENSE = 1, 2, 4  # stage bits
 
@@ -198,3 +216,98 @@ def neumf_epochs(PG, PM, QG, QM, theta, widths, users, items, y, order, batch, l
             start += size
         last = total / nb
     return last
+
+
+# ---------------------------------------------------------------------- FedNCF on the round
+# The global matrix Q (n_items + R, 2d) holds item row i = [q_g | q_m] and, in its last R rows,
+# the dense vector theta row after row (zero padded); a device's kept user row is [p_g | p_m].
+
+
+@njit(cache=True)
+def _unpack(Q, n_items, size):
+    """theta: the first ``size`` numbers of Q's rows n_items.. read row after row."""
+    theta = np.empty(size)
+    W = Q.shape[1]
+    for t in range(size):
+        theta[t] = Q[n_items + t // W, t % W]
+    return theta
+
+
+@njit(cache=True)
+def neumf_device(pos, excluded, Q, n_items, p, cfg, widths, stages, epochs, state):
+    """One FedNCF device from the global matrix Q and its user row p (2d,), float64, updated in
+    place: ``sampled.draw_device`` draws the negatives (items < n_items) and orders, then
+    ``neumf_local`` runs the epochs. Returns (mean batch loss, m, uniq (m used), the trained
+    local rows (m + R, 2d): the m item rows, then the dense rows as laid out in Q)."""
+    d, W, R = p.shape[0] // 2, Q.shape[1], Q.shape[0] - n_items
+    uniq, m, loc, order, y = draw_device(pos, excluded, n_items, int(cfg[SC_NEG]), epochs, state)
+    qg, qm = np.empty((max(m, 1), d)), np.empty((max(m, 1), d))
+    for r in range(m):
+        qg[r] = Q[uniq[r], :d]
+        qm[r] = Q[uniq[r], d:]
+    theta = _unpack(Q, n_items, dense_layout(d, widths)[5])
+    pg, pm = p[:d].copy(), p[d:].copy()
+    loss = 0.0
+    if pos.shape[0] > 0 and epochs > 0:
+        loss = neumf_local(pg, pm, qg, qm, theta, widths, loc, y, order, int(cfg[SC_BATCH]),
+                           stages, cfg[SC_LR], cfg[SC_ITEM_LR], cfg[SC_LAM])
+    p[:d] = pg
+    p[d:] = pm
+    rows = np.zeros((m + R, W))
+    for r in range(m):
+        rows[r, :d] = qg[r]
+        rows[r, d:] = qm[r]
+    for t in range(theta.shape[0]):
+        rows[m + t // W, t % W] = theta[t]
+    return loss, m, uniq, rows
+
+
+@njit(cache=True, parallel=True)
+def neumf_clients(data, clients, glob, local, excl, cfg, widths, n_items, ids, out):
+    """FedNCF's ClientUpdate of one round, laid out as ``sampled.sampled_clients``: each device
+    trains from the global matrix and its kept user row (local = (P, c); P[clients[k]] is
+    overwritten when it stays finite) and writes the deltas of the item rows it touched, then of
+    the R dense rows, into its slots; with cfg[SC_SHARE] = 0 nothing (every slot −1). Bias deltas
+    are zero (NeuMF has no item bias). Each device's randomness is its own (seed, round, id)."""
+    indptr, items, Q, P = data[0], data[1], glob[0], local[0]
+    eptr, eitems = excl[0], excl[1]
+    offsets, d_items, d_Q, d_b, losses = out[0], out[1], out[2], out[3], out[4]
+    W, epochs, share = Q.shape[1], int(cfg[SC_EPOCHS]), cfg[SC_SHARE] > 0.0
+    queue = client_queue(indptr, clients)
+    stages = np.array([USER | ITEMS | DENSE], np.int64)
+    for _ in prange(QUEUE_WORKERS):
+        k = take(queue)
+        while k >= 0:
+            u = clients[k]
+            p = P[u].astype(np.float64)
+            loss, m, uniq, rows = neumf_device(items[indptr[u]:indptr[u + 1]],
+                                               eitems[eptr[u]:eptr[u + 1]], Q, n_items, p, cfg,
+                                               widths, stages, epochs, np.array([client_key(ids, u)]))
+            store(losses, np.int64(k), loss)
+            R = Q.shape[0] - n_items
+            touched = np.empty(m + R, np.int64)
+            touched[:m] = uniq[:m]
+            for j in range(R):
+                touched[m + j] = n_items + j
+            length = offsets[k + 1] - offsets[k]
+            write_rows(touched, m + R if share else 0, rows, Q, offsets[k], length, d_items, d_Q)
+            for t in range(length):
+                d_b[offsets[k] + t] = 0.0
+            if np.isfinite(p).all():  # a diverged device keeps its old row
+                for a in range(W):
+                    P[u, a] = p[a]
+            k = take(queue)
+
+
+@njit(cache=True, parallel=True)
+def neumf_fold_in(indptr, items, excl, Q, n_items, widths, cfg, epochs, seed, keys, P):
+    """Users unseen in training, each on their own device: the user row P[r] (from zero) trained
+    for ``epochs`` local epochs with everything global frozen. Row r's stream is keyed by
+    keys[r] alone, so a user's result does not depend on who shares the call."""
+    eptr, eitems = excl[0], excl[1]
+    user_only = np.array([USER], np.int64)
+    for r in prange(indptr.shape[0] - 1):
+        p = np.zeros(Q.shape[1])
+        neumf_device(items[indptr[r]:indptr[r + 1]], eitems[eptr[r]:eptr[r + 1]], Q, n_items, p,
+                     cfg, widths, user_only, epochs, np.array([stream_key(seed, 1, keys[r])]))
+        P[r] = p

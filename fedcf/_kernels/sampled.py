@@ -144,22 +144,22 @@ def draw_negative(excluded, n_items, state):
 
 
 @njit(cache=True)
-def device_pass(pos, excluded, Q, b, u, c, cfg, stages, epochs, state):
-    """One device's local training from the global rows (Q, b) and its user part (u (K,),
-    c (1,), float64, updated in place): for each of ``epochs`` it draws cfg[SC_NEG] negatives per
-    positive outside ``excluded`` (sorted), then a random order of the positives and negatives;
-    then ``dot_local`` runs the epochs. Randomness is drawn in that order from ``state``.
+def draw_device(pos, excluded, n_items, neg, epochs, state):
+    """Everything random of one device's local epochs, drawn from ``state`` in this order: for
+    each epoch ``neg`` negatives per positive outside ``excluded`` (sorted), then each epoch's
+    random order of its positives and negatives.
 
-    Returns (mean batch loss, m, uniq (m used), the local rows e (m, K), their biases (m, 1)).
+    Returns (uniq, m, loc, order, y): the m distinct items touched (uniq[:m], sorted), the local
+    row of example k of epoch t at loc[t·nx + k], the orders (epochs, nx) and the labels (nx,).
     """
-    n, neg, K = pos.shape[0], int(cfg[SC_NEG]), Q.shape[1]
+    n = pos.shape[0]
     nx = n * (1 + neg)
     all_items = np.empty(max(epochs * nx, 1), np.int64)
     for t in range(epochs):
         for j in range(n):
             all_items[t * nx + j] = pos[j]
         for j in range(n * neg):
-            all_items[t * nx + n + j] = draw_negative(excluded, Q.shape[0], state)
+            all_items[t * nx + n + j] = draw_negative(excluded, n_items, state)
     order = np.empty((epochs, nx), np.int64)
     for t in range(epochs):
         for j in range(nx):
@@ -168,16 +168,30 @@ def device_pass(pos, excluded, Q, b, u, c, cfg, stages, epochs, state):
     uniq = np.empty(max(epochs * nx, 1), np.int64)
     loc = np.empty(max(epochs * nx, 1), np.int64)
     m = unique_rows(all_items[:epochs * nx], uniq, loc)
+    y = np.zeros(nx)
+    y[:n] = 1.0
+    return uniq, m, loc, order, y
+
+
+@njit(cache=True)
+def device_pass(pos, excluded, Q, b, u, c, cfg, stages, epochs, state):
+    """One device's local training from the global rows (Q, b) and its user part (u (K,),
+    c (1,), float64, updated in place): ``draw_device`` draws the negatives and orders, then
+    ``dot_local`` runs the epochs.
+
+    Returns (mean batch loss, m, uniq (m used), the local rows e (m, K), their biases (m, 1)).
+    """
+    K = Q.shape[1]
+    uniq, m, loc, order, y = draw_device(pos, excluded, Q.shape[0], int(cfg[SC_NEG]), epochs,
+                                         state)
     e = np.empty((max(m, 1), K))
     bl = np.zeros((max(m, 1), 1))
     for r in range(m):
         bl[r, 0] = b[uniq[r]]
         for a in range(K):
             e[r, a] = Q[uniq[r], a]
-    if n == 0 or epochs == 0:
+    if pos.shape[0] == 0 or epochs == 0:
         return 0.0, m, uniq, e, bl
-    y = np.zeros(nx)
-    y[:n] = 1.0
     loss = dot_local(u, c, e, bl, loc, y, order, int(cfg[SC_BATCH]), stages, cfg[SC_LR],
                      cfg[SC_ITEM_LR], cfg[SC_LAM])
     return loss, m, uniq, e, bl

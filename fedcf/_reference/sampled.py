@@ -33,17 +33,14 @@ def dot_local(u, c, e, b, idx, y, order, batch, stages, lr, item_lr, lam):
     return float(np.mean(losses))
 
 
-def device_pass(pos, excluded, Q, b, u, c, cfg, stages, epochs, seed):
-    """Twin of the kernel's ``device_pass``: (loss, uniq, e, b_local) with u, c updated in
-    place; ``seed`` is the stream's state (or a Stream)."""
-    stream = as_stream(seed)
-    neg, n = int(cfg[0]), len(pos)
-    excluded = set(int(x) for x in excluded)
+def draw_device(pos, excluded, n_items, neg, epochs, stream):
+    """Twin of the kernel's ``draw_device``: (uniq, loc, order, y)."""
+    n, excluded = len(pos), set(int(x) for x in excluded)
     draws = []
     for _ in range(epochs):
         negs = []
         while len(negs) < n * neg:
-            r = stream.next_below(Q.shape[0])
+            r = stream.next_below(n_items)
             if r not in excluded:
                 negs.append(r)
         draws.append(np.r_[np.asarray(pos, np.int64), np.asarray(negs, np.int64)])
@@ -53,11 +50,18 @@ def device_pass(pos, excluded, Q, b, u, c, cfg, stages, epochs, seed):
         stream.shuffle(order[t])
     all_items = np.concatenate(draws) if draws else np.zeros(0, np.int64)
     uniq, loc = np.unique(all_items, return_inverse=True)
+    return uniq, loc, order, np.r_[np.ones(n), np.zeros(n * neg)]
+
+
+def device_pass(pos, excluded, Q, b, u, c, cfg, stages, epochs, seed):
+    """Twin of the kernel's ``device_pass``: (loss, uniq, e, b_local) with u, c updated in
+    place; ``seed`` is the stream's state (or a Stream)."""
+    uniq, loc, order, y = draw_device(pos, excluded, Q.shape[0], int(cfg[0]), epochs,
+                                      as_stream(seed))
     e = np.asarray(Q, np.float64)[uniq].copy()
     bl = np.asarray(b, np.float64)[uniq][:, None].copy()
-    if n == 0 or epochs == 0:
+    if len(pos) == 0 or epochs == 0:
         return 0.0, uniq, e, bl
-    y = np.r_[np.ones(n), np.zeros(n * neg)]
     loss = dot_local(u, c, e, bl, loc, y, order, int(cfg[2]), stages, cfg[3], cfg[4], cfg[5])
     return loss, uniq, e, bl
 

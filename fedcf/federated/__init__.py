@@ -13,6 +13,7 @@ from .contracts import (
     RunContext,
 )
 from .dp import DifferentialPrivacy, DPGaussianMean
+from .fedncf import FedNCF
 from .fedrecon import FedReconMF
 from .hyper import Hypergradients
 from .implicit import FedReconImplicitMF
@@ -30,7 +31,7 @@ from .phases import (
 )
 from .ray_executor import RayExecutor
 from .reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
-from .sampled import NCF, FedNCF
+from .sampled import NCF
 from .sampled_mf import FedMF, PFedRec
 from .secagg import SecureAggregation
 from .split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit

@@ -296,12 +296,12 @@ class FederatedMFBase(MFEstimatorBase):
 
     def _start(self, inter, availability, callback=None) -> Run:
         """Initial global parameters (or a checkpoint's), and the phases of this run."""
-        dtype, K, seed = np.dtype(self.dtype), self.n_factors, self._seed()
+        dtype, K, seed = np.dtype(self.dtype), self._row_width(), self._seed()
         self._check_memory(inter, dtype)
         rng = np.random.default_rng([seed, 0xC0FFEE])
         params = self._init_globals(inter, rng, dtype)
         state = self._local_state()
-        local = None if state is None else state.init(inter.n_users, self.n_factors, rng, dtype)
+        local = None if state is None else state.init(inter.n_users, K, rng, dtype)
         stats = None if self._dp_release() else inter.value_stats()  # DP: public μ, scale
         mu, scale = self._release_mean_and_scale(stats)
         counts = inter.counts()
@@ -420,7 +420,7 @@ class FederatedMFBase(MFEstimatorBase):
                                 _WEIGHT_EXPONENT[self.client_weighting])
 
     def _check_memory(self, inter, dtype):
-        K, m = self.n_factors, min(self.clients_per_round, inter.n_users)
+        K, m = self._row_width(), min(self.clients_per_round, inter.n_users)
         largest = np.sort(inter.counts())[::-1][:int(np.ceil(m * (1 + self.oversample)))]
         slots = float(largest.sum()) * (1 + self.negatives)
         check_memory(inter.n_items * (K + 1) * (dtype.itemsize + 6 * 8)  # params, state, dense step

@@ -66,7 +66,11 @@ class NeuMFNet:
 
     def init_global(self, rng, n_items: int) -> dict:
         out = {k: rng.normal(0.0, 0.1, (n_items, self.d)) for k in self.item_keys}
-        fan_in = 2 * self.d
+        return {**out, **self.init_dense(rng)}
+
+    def init_dense(self, rng) -> dict:
+        """The MLP (He-normal weights, zero biases) and the output layer."""
+        out, fan_in = {}, 2 * self.d
         for j, width in enumerate(self.layers):
             out[f"W{j}"] = rng.normal(0.0, np.sqrt(2.0 / fan_in), (fan_in, width))
             out[f"b{j}"] = np.zeros(width)
@@ -82,6 +86,34 @@ class NeuMFNet:
             acts.append(np.maximum(acts[-1] @ dense[f"W{j}"] + dense[f"b{j}"], 0.0))
         x = np.concatenate([user["pg"] * rows["qg"], acts[-1]], axis=1)
         return acts, x, x @ dense["h"] + dense["hb"][0]
+
+    def pack(self, dense: dict) -> np.ndarray:
+        """The dense parameters as one vector, in ``_kernels.neumf.dense_layout``'s order."""
+        return np.concatenate([np.ravel(dense[k]) for k in self.dense_keys])
+
+    def dense_shapes(self) -> list:
+        """(key, shape) of each dense parameter, in ``pack``'s order."""
+        shapes, fan_in = [], 2 * self.d
+        for j, width in enumerate(self.layers):
+            shapes += [(f"W{j}", (fan_in, width)), (f"b{j}", (width,))]
+            fan_in = width
+        return shapes + [("h", (self.d + fan_in,)), ("hb", (1,))]
+
+    @property
+    def dense_size(self) -> int:
+        return sum(int(np.prod(shape)) for _, shape in self.dense_shapes())
+
+    def unpack(self, theta: np.ndarray) -> dict:
+        """``pack``'s inverse (views of ``theta``)."""
+        if len(theta) != self.dense_size:
+            raise ValueError(f"a NeuMF with n_factors={self.d} and layers={self.layers} has "
+                             f"{self.dense_size} dense parameters, not {len(theta)}")
+        out, at = {}, 0
+        for k, shape in self.dense_shapes():
+            size = int(np.prod(shape))
+            out[k] = theta[at:at + size].reshape(shape)
+            at += size
+        return out
 
     def logits(self, user, rows, dense):
         return self._forward(user, rows, dense)[2]

@@ -115,6 +115,10 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
         return super().set_params(**params)
 
     # ------------------------------------------------------------------ subclass hooks
+    def _row_width(self) -> int:
+        """Columns of item_factors_ and of a user row (FedNCF: both branches' embeddings)."""
+        return self.n_factors
+
     def _user_params(self, users: np.ndarray):
         """Local parameters of dense users seen in fit.
 

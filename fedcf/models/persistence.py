@@ -204,6 +204,6 @@ class Persistence:
         if P is not None:
             ok = ok and P.shape == (len(self.user_ids_), Q.shape[1]) and \
                 self.user_biases_.shape == (len(self.user_ids_),)
-        if not ok or Q.shape[1] != self.n_factors or Q.dtype.kind != "f":
+        if not ok or Q.shape[1] != self._row_width() or Q.dtype.kind != "f":
             raise ValueError(f"{where}: array shapes do not match (item factors {Q.shape}, "
                              f"{n_items} item ids, n_factors={self.n_factors}): damaged or edited")

@@ -175,9 +175,15 @@ class Prediction:
         if len(known):
             compact[users >= 0] = np.searchsorted(known, users[users >= 0])
         out = np.empty(len(users))
-        predict_pairs(compact, items, (P_known, c_known),
-                      (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
+        self._pair_scores(compact, items, P_known, c_known, out)
         return self._clip(out, clip)
+
+    def _pair_scores(self, users, items, P, c, out) -> None:
+        """out[k] = the score of user row users[k] of (P, c) for model item items[k]; −1 in either
+        takes the documented fallback (no user term, no item term). A model that scores with
+        more than a dot product overrides it."""
+        predict_pairs(users, items, (P, c), (self.item_factors_, self.item_biases_),
+                      float(self.global_mean_), out)
 
     def _warn_withheld(self, n_pairs: int) -> None:
         if getattr(self, "user_ids_withheld_", False) and n_pairs:
@@ -198,8 +204,7 @@ class Prediction:
         P, c = self._check_local(local)
         idx = self._item_index(items)
         out = np.empty(len(idx))
-        predict_pairs(np.zeros(len(idx), np.int64), idx, (P, c),
-                      (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
+        self._pair_scores(np.zeros(len(idx), np.int64), idx, P, c, out)
         return self._clip(out, clip)
 
     def predict_entries(self, inter: Interactions, factors, biases, *, clip: bool = True):
@@ -216,9 +221,9 @@ class Prediction:
                              f"({inter.n_users},) for these interactions; got {P.shape} and "
                              f"{c.shape}")
         out = np.empty(inter.nnz)
-        predict_pairs(inter.user_index(), self._model_items_of(inter).astype(np.int32),
-                      (P.astype(self.item_factors_.dtype), c.astype(self.item_factors_.dtype)),
-                      (self.item_factors_, self.item_biases_), float(self.global_mean_), out)
+        self._pair_scores(inter.user_index(), self._model_items_of(inter).astype(np.int32),
+                          P.astype(self.item_factors_.dtype), c.astype(self.item_factors_.dtype),
+                          out)
         return self._clip(out, clip)
 
     def _check_local(self, local):
