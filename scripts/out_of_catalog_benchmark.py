@@ -1,11 +1,18 @@
 #!/usr/bin/env python
 """Items outside the global catalog: the recommender analogue of FedRecon's Table 2 (local OOV
-embeddings, finetuning) and of OOV expansion's Table 1.
+embeddings, finetuning) and of OOV expansion's Table 1 and Figure 3 (OOV-as-UNK, OOV-oracle,
+OOV expansion on the device with and without its residual MLP adapter).
 
 The global catalog is cut to the most popular share of the training items (by interactions);
 every method is trained with FedReconMF on the training users and evaluated by ReconEval on unseen
 test users: each reconstructs from a support set and is scored on a query set, split into
-in-catalog and out-of-catalog entries.
+in-catalog and out-of-catalog entries (of the catalog the row is named after).
+
+OOV expansion on the device (``fedcf.federated.OOVExpansion``) personalizes the OOV-as-UNK
+counterpart trained with ``drop_out_of_catalog=True`` (devices leave out-of-catalog entries out
+of training): the extractor is fitted to the catalog's rows from item features, and each test
+user's adapter on their own out-of-catalog support entries. Its learning rate and initial scale
+are chosen per (dataset, catalog, seed) on the validation users' out-of-catalog query RMSE.
 
 Datasets: ML-100K (users 80/10/10; a test user's ratings split half/half at random; item features:
 genres, decade, title words from ``ml-100k.item``) and the expression simulator
@@ -37,7 +44,7 @@ from fedcf.datasets import (
 from fedcf.eval import support_query_split, user_split
 from fedcf.eval.metrics import rating_metrics
 from fedcf.eval.simulation import make_expression_population
-from fedcf.federated import ClientUpdate, OpenCatalog
+from fedcf.federated import ClientUpdate, OOVExpansion, OpenCatalog
 from fedcf.provenance import run_meta, write_json
 
 FEW = 3  # "few support ratings": the learned default is measured with at most this many
@@ -52,23 +59,34 @@ def methods():
              for b in (1, 10, 100, 500)]
     rows += [("FedRecon, UNK + 500 local rows", {"unknown_item_row": True,
                                                   "local_item_buckets": 500}, None, None),
-             ("OOV expansion (adapter)", {"unknown_item_row": True}, "features", None),
-             ("OOV expansion + 100 local rows", {"unknown_item_row": True,
-                                                 "local_item_buckets": 100}, "features", None),
+             ("federated linear adapter", {"unknown_item_row": True}, "features", None),
+             ("federated linear adapter + 100 local rows", {"unknown_item_row": True,
+                                                            "local_item_buckets": 100},
+              "features", None),
              (f"OOV finetuning ({HASHED} global hashed rows)", {}, "hashed", "adapter"),
              (f"full finetuning ({HASHED} global hashed rows)", {}, "hashed", "all"),
              ("FedRecon + finetune (500 local rows)", {"local_item_buckets": 500}, None, "all"),
              ("UNK, learned default", {"unknown_item_row": True, "learned_default": True}, None,
-              None)]
+              None),
+             (ORACLE_N, {"unknown_item_row": True}, None, None),
+             (ON_DEVICE, {"drop_out_of_catalog": True}, None, None),
+             (TRIVIAL, {"drop_out_of_catalog": True}, None, None)]
     return rows
+
+
+ORACLE_N = "OOV-oracle (catalog + as many of the most popular outside it)"
+ON_DEVICE = "OOV expansion on the device (residual MLP adapter)"
+TRIVIAL = "OOV expansion on the device (trivial adapter)"
+OOV_GRID = [{"learning_rate": lr, "init_scale": s} for lr in (0.02, 0.1) for s in (0.01, 0.1)]
 
 
 # ---------------------------------------------------------------------- data
 def movielens(seed):
     inter = load_movielens("100k")
-    train, _, test = user_split(inter, (0.8, 0.1, 0.1), random_state=seed)
+    train, valid, test = user_split(inter, (0.8, 0.1, 0.1), random_state=seed)
     support, query = support_query_split(test, "random", 0.5, seed)
-    return train, support, query, movielens_item_features(), inter.item_ids
+    return (train, support, query, movielens_item_features(), inter.item_ids,
+            support_query_split(valid, "random", 0.5, seed))
 
 
 def expression_ratings(pop, users, seed):
@@ -93,12 +111,16 @@ def expression(seed, n_users=3000):
         u, i, r = expression_ratings(pop, users, s)
         return Interactions.from_arrays(u, i, r, user_catalog=users, item_catalog=items)
 
-    both = np.intersect1d(np.unique(expression_ratings(pop, te, seed + 1)[0]),
-                          np.unique(expression_ratings(pop, te, seed + 2)[0]))
+    def periods(users, s):  # users active in both periods: (support, query)
+        both = np.intersect1d(np.unique(expression_ratings(pop, users, s)[0]),
+                              np.unique(expression_ratings(pop, users, s + 1)[0]))
+        return inter(both, s), inter(both, s + 1)
+
     tags = np.column_stack([np.eye(len(pop.type_names))[pop.item_type] / 1.0,
                             (pop.item_factors[:, :4] > 0) / 2.0])
     feats = ItemFeatures.coerce((items, tags))
-    return inter(tr, seed), inter(both, seed + 1), inter(both, seed + 2), feats, items
+    va = np.sort(order[int(0.8 * n_users):int(0.9 * n_users)])
+    return (inter(tr, seed), *periods(te, seed + 1), feats, items, periods(va, seed + 3))
 
 
 # ---------------------------------------------------------------------- metrics
@@ -145,42 +167,86 @@ def recurring(support, query):
                                                     query.item_ids[query.items])], bool)
 
 
-def evaluate(model, support, query, finetune):
-    pred = model.recon_predict(support, query, finetune=finetune)
+def evaluate(predict, model, support, query, catalog_ids, costs):
+    """Every metric of one method: ``predict(support, query)`` scores it; in-catalog and
+    out-of-catalog entries are those of the catalog the row is named after (``catalog_ids``);
+    ``costs`` = coverage, values on a device, values down per client."""
+    pred = predict(support, query)
     y, scale = query.values, model.rating_scale_
-    in_cat = pd.Index(model.item_ids_).get_indexer(pd.Index(query.item_ids[query.items])) >= 0
+    in_cat = pd.Index(catalog_ids).get_indexer(pd.Index(query.item_ids[query.items])) >= 0
     again = recurring(support, query)
-    few = model.recon_predict(few_support(support), query, finetune=finetune)
+    few = predict(few_support(support), query)
     hist = model.history_
-    K = model.n_factors
-    space = model.item_space
-    n_global = len(model.item_biases_) + len(model.adapter_biases_) + int(space.learned_default)
     return {"all": split_metrics(y, pred, np.ones(len(y), bool), scale),
             "in_catalog": split_metrics(y, pred, in_cat, scale),
             "out_of_catalog": split_metrics(y, pred, ~in_cat, scale),
             "out_of_catalog_recurring": split_metrics(y, pred, ~in_cat & again, scale),
             "few_support_rmse": rating_metrics(y, few, scale)["rmse"],
-            "coverage": coverage(model, support, query, in_cat),
-            "device_params": n_global * (K + 1) + 1 + (K + 1) * (1 + (space.local_item_buckets or 0)),
+            "coverage": costs["coverage"](in_cat), "device_params": costs["device"],
             "values_up_per_client": float(np.mean([h["values_up"] / max(h["clients_used"], 1)
                                                    for h in hist])),
-            "values_down_per_client": n_global * (K + 1) + 1}
+            "values_down_per_client": costs["down"]}
+
+
+def model_costs(model, support, query):
+    """Coverage (given the in-catalog mask), values on a device and values down of a model."""
+    K, space = model.n_factors, model.item_space
+    n_global = len(model.item_biases_) + len(model.adapter_biases_) + int(space.learned_default)
+    return {"coverage": lambda in_cat: coverage(model, support, query, in_cat),
+            "device": n_global * (K + 1) + 1 + (K + 1) * (1 + (space.local_item_buckets or 0)),
+            "down": n_global * (K + 1) + 1}
+
+
+def on_device(model, feats, valid, adapter, seed):
+    """OOVExpansion for ``model`` with its learning rate and initial scale chosen on the
+    validation users' out-of-catalog query RMSE; (personalizer, chosen settings)."""
+    def score(kw):
+        oov = OOVExpansion(adapter=adapter, random_state=seed, **kw).fit(model, feats)
+        v_sup, v_qry = valid
+        out = pd.Index(model.item_ids_).get_indexer(pd.Index(v_qry.item_ids[v_qry.items])) < 0
+        err = oov.recon_predict(v_sup, v_qry) - v_qry.values
+        return float(np.sqrt(np.mean(err[out] ** 2))) if out.any() else 0.0, oov
+
+    tried = [(score(kw), kw) for kw in (OOV_GRID if adapter else [{}])]
+    (_, oov), kw = min(tried, key=lambda t: t[0][0])
+    return oov, kw
+
+
+def oov_costs(oov, query):
+    K = oov.model_.n_factors
+    n_adapter = sum(w.size for w in oov.personalize([], []).adapter)
+    down = len(oov.model_.item_biases_) * (K + 1) + 1 + oov.encoder_.size
+    has = oov.encode(query.item_ids[query.items])[1]
+    return {"coverage": lambda in_cat: float((in_cat | has).mean()),
+            "device": down + n_adapter + (K + 1), "down": down}
 
 
 # ---------------------------------------------------------------------- runs
 def run_one(data, name, params, feats_kind, finetune, catalog, common, seed):
-    train, support, query, feats, all_items = data
+    train, support, query, feats, all_items, valid = data
     fk = {"features": feats, "hashed": hashed_item_features(all_items, HASHED),
           None: None}[feats_kind]
     t0 = time.perf_counter()
-    space = OpenCatalog(catalog, **params)
+    share = min(1.0, 2 * catalog) if name == ORACLE_N else catalog  # N = the catalog's size
+    space = OpenCatalog(share, **params)
     common = dict(common)
     client = ClientUpdate(common.pop("learning_rate"))
     model = FedReconMF(**common, client_update=client, item_space=space, random_state=seed).fit(
         train, item_features=fk)
+    named = OpenCatalog(catalog).bind(train.item_ids, np.bincount(
+        train.items, minlength=train.n_items), None).catalog_ids
+    chosen = None
+    if name in (ON_DEVICE, TRIVIAL):
+        oov, chosen = on_device(model, feats, valid, name == ON_DEVICE, seed)
+        predict, costs = oov.recon_predict, oov_costs(oov, query)
+    else:
+        def predict(s, q):
+            return model.recon_predict(s, q, finetune=finetune)
+        costs = model_costs(model, support, query)
     fit_s = time.perf_counter() - t0
     return {"method": name, "catalog": catalog, "seed": seed, "fit_seconds": fit_s,
-            **evaluate(model, support, query, finetune)}
+            **({} if chosen is None else {"on_device_settings": chosen}),
+            **evaluate(predict, model, support, query, named, costs)}
 
 
 def main(argv=None):

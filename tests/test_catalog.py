@@ -386,3 +386,10 @@ def test_benchmark_script_runs_small(tmp_path):
     row = next(r for r in doc["rows"] if r["method"] == "FedRecon, 500 local rows")
     assert row["values_up_per_client"] > 0 and 0 <= row["coverage"] <= 1
     assert row["out_of_catalog"]["n"] + row["in_catalog"]["n"] == row["all"]["n"]
+    dev = next(r for r in doc["rows"] if r["method"] == bench.ON_DEVICE)
+    assert dev["on_device_settings"] in bench.OOV_GRID
+    assert next(r for r in doc["rows"] if r["method"] == bench.TRIVIAL)[
+        "on_device_settings"] == {}
+    unk = next(r for r in doc["rows"] if r["method"] == "UNK (one global row)")
+    for r in (dev, next(r for r in doc["rows"] if r["method"] == bench.ORACLE_N)):
+        assert r["out_of_catalog"]["n"] == unk["out_of_catalog"]["n"]  # the named catalog's

@@ -6,7 +6,7 @@ An item e of the population is scored with the item vector and bias
 
 where the terms (row_k, coef_k) come from the item map ``imap = (rptr, rows, coef, bucket)``: a
 catalog item has the single term (its own row, 1); an out-of-catalog item has its feature rows of
-the global adapter (OOV expansion; the one constant feature is the shared UNK row) or no term at
+the federated linear adapter (the one constant feature is the shared UNK row) or no term at
 all (today's fallback). ``bucket_e`` ≥ 0 names one of B hashed *local* rows (V, d): they belong to
 the user, are reconstructed on the device with (p, c) from the support set — ALS: alternating
 exact solves; SGD: joint steps — and never reach an output. The global rows G (catalog rows,

@@ -18,6 +18,7 @@ from .fedrecon import FedReconMF
 from .hyper import Hypergradients
 from .implicit import FedReconImplicitMF
 from .items import CatalogLocalParams, FullCatalog, ItemRows, ItemSpace, OpenCatalog
+from .oov import OOVExpansion, OOVLocalParams
 from .optimizers import OPTIMIZERS, SGD, Adagrad, Adam, Momentum, ServerOptimizer, Yogi
 from .phases import (
     ClientOutputs,
@@ -57,6 +58,8 @@ __all__ = [
     "Hypergradients",
     # item space
     "ItemSpace", "FullCatalog", "OpenCatalog", "ItemRows", "CatalogLocalParams",
+    # out-of-catalog items on the device (OOV expansion)
+    "OOVExpansion", "OOVLocalParams",
     # executors
     "LocalExecutor", "RayExecutor",
     # the round

@@ -47,6 +47,7 @@ class OpenScorer:
         ``recon_predict``) and score the raw items of the same row of ``query`` = (indptr, raw
         items). Returns (pred, P, c)."""
         m, rows = self.model, self.rows
+        support = self._kept(support)
         inv, uniq = pd.factorize(np.concatenate([np.asarray(support[1]), np.asarray(query[1])]))
         imap = rows.item_map(np.asarray(uniq))
         ns = len(support[1])
@@ -60,6 +61,17 @@ class OpenScorer:
         catalog_recon_predict(sup, qry, rows.join(m), imap, cfg, cc, hp, ft_hp,
                               inference_keys(m._seed(), keys), (pred, P, c))
         return pred, P, c
+
+    def _kept(self, support):
+        """``support`` = (indptr, raw items, values) with the entries a device reconstructs
+        from: all, or with ``drop_out_of_catalog`` the catalog's only."""
+        keep = self.rows.kept(np.asarray(support[1]))
+        if keep.all():
+            return support
+        cs = np.zeros(len(keep) + 1, np.int64)
+        np.cumsum(keep, out=cs[1:])
+        return cs[np.asarray(support[0])], np.asarray(support[1])[keep], \
+            np.asarray(support[2])[keep]
 
     def recon_predict(self, support: Interactions, query: Interactions, *, clip: bool = True,
                       finetune=None):
@@ -89,6 +101,8 @@ class OpenScorer:
         buckets their out-of-catalog items reconstructed."""
         m, rows = self.model, self.rows
         items, ratings = _history(items, ratings)
+        keep = rows.kept(items)
+        items, ratings = items[keep], ratings[keep]
         cfg, cc, hp = self._settings()
         G, gb = rows.join(m)
         key = inference_keys(m._seed(), np.array(

@@ -125,7 +125,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
 
     With an open item space, ``fit(X, item_features=...)`` (``fedcf.datasets.ItemFeatures``, a
     DataFrame indexed by raw item id, or an (item_ids, matrix) pair) adds a global linear
-    adapter: an out-of-catalog item's row is Σ x_f · W_f (plus its local row) — OOV expansion.
+    adapter: an out-of-catalog item's row is Σ x_f · W_f (plus its local row) — the federated
+    linear adapter (the seed's on-device OOV expansion is ``OOVExpansion``).
 
     Attributes
     ----------
@@ -217,7 +218,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     def fit(self, X, y=None, *, item_features=None, **kwargs):
         """As ``FederatedMFBase.fit``; with an open item space, ``item_features``
         (``ItemFeatures``, a DataFrame indexed by raw item id, or an (item_ids, matrix) pair)
-        adds the OOV-expansion adapter."""
+        adds the federated linear adapter over item features."""
         self._fit_features = None if item_features is None else \
             ItemFeatures.coerce(item_features)
         try:
@@ -267,6 +268,20 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         if bad:
             raise ValueError(f"{bad[0][0]}={bad[0][1]!r} is not available with an open item "
                              f"space (item_space={space!r}); leave it at its default")
+
+    def _public_vocabulary(self, inter):
+        """With ``OpenCatalog(drop_out_of_catalog=True)``: each device's entries of items
+        outside the catalog left out, as the device leaves them out before it trains."""
+        inter = super()._public_vocabulary(inter)
+        space = self._item_space()
+        if not getattr(space, "drop_out_of_catalog", False):
+            return inter
+        if inter.executor is not None:
+            raise ValueError("drop_out_of_catalog=True needs the training data in this process "
+                             "(a Ray or Flower population's devices hold their own)")
+        counts = np.bincount(inter.items, minlength=inter.n_items)
+        rows = space.bind(inter.item_ids, counts, None)
+        return inter.take(rows.kept(inter.item_ids)[inter.items])
 
     def _init_globals(self, inter, rng, dtype) -> dict:
         space = self._item_space()

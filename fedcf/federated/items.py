@@ -121,6 +121,11 @@ class OpenCatalog(ItemSpace):
         query-loss gradient only for ridge reconstruction without local rows; with local rows
         the local rows are held fixed in it, and with SGD reconstruction it is first order
         (``fedcf._kernels.catalog``).
+    drop_out_of_catalog : bool, default False
+        Each device leaves its entries of items outside the catalog out of every training round
+        and every reconstruction, so nothing it uploads depends on them; such items are then
+        scored only on the device (``fedcf.federated.OOVExpansion``), else with no item term.
+        Needs no UNK row, local rows or item features (they would learn from those entries).
 
     Examples
     --------
@@ -137,7 +142,7 @@ class OpenCatalog(ItemSpace):
     open = True
 
     def __init__(self, catalog=None, *, unknown_item_row=False, local_item_buckets=None,
-                 local_item_sweeps=3, learned_default=False):
+                 local_item_sweeps=3, learned_default=False, drop_out_of_catalog=False):
         if isinstance(catalog, (np.ndarray, pd.Index, pd.Series)):
             catalog = catalog.tolist()  # a list compares by value (a clone equals its original)
         self.catalog = catalog
@@ -145,18 +150,28 @@ class OpenCatalog(ItemSpace):
         self.local_item_buckets = local_item_buckets
         self.local_item_sweeps = local_item_sweeps
         self.learned_default = learned_default
+        self.drop_out_of_catalog = drop_out_of_catalog
         self.validate()
 
     def validate(self):
         _check_catalog(self.catalog)
         for name, v in (("unknown_item_row", self.unknown_item_row),
-                        ("learned_default", self.learned_default)):
+                        ("learned_default", self.learned_default),
+                        ("drop_out_of_catalog", self.drop_out_of_catalog)):
             if not isinstance(v, (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {v!r}")
         _count("local_item_buckets", self.local_item_buckets, 1, 2**31 - 1, none=True)
         _count("local_item_sweeps", self.local_item_sweeps, 1, 1000)
+        if self.drop_out_of_catalog and (self.unknown_item_row or self.local_item_buckets):
+            raise ValueError("drop_out_of_catalog=True leaves out-of-catalog entries out of "
+                             "training, so an UNK row or local item rows could never learn; "
+                             "set unknown_item_row=False and local_item_buckets=None")
 
     def bind(self, item_ids, counts, features) -> ItemRows:
+        if features is not None and self.drop_out_of_catalog:
+            raise ValueError("item_features train the global adapter from out-of-catalog "
+                             "entries, which drop_out_of_catalog=True leaves out; serve those "
+                             "items on the device with fedcf.federated.OOVExpansion instead")
         if features is not None:
             _check_feature_ids(features.item_ids, np.asarray(item_ids))
         return ItemRows(self, self._catalog_ids(np.asarray(item_ids), counts), features)
@@ -284,6 +299,14 @@ class ItemRows:
         if not ok:
             raise ValueError(f"{where}: the out-of-catalog arrays do not match the model's "
                              "parameters (adapter rows, learned default): damaged or edited")
+
+    def kept(self, raw_items) -> np.ndarray:
+        """Which of a device's raw items take part in training and reconstruction: all of
+        them, or with ``drop_out_of_catalog`` the catalog's only."""
+        raw_items = raw_ids(raw_items, "items")
+        if not self.space.drop_out_of_catalog:
+            return np.ones(len(raw_items), bool)
+        return pd.Index(self.catalog_ids).get_indexer(pd.Index(raw_items)) >= 0
 
     def item_map(self, raw_items) -> tuple:
         """(rptr, rows, coef, bucket) of raw items: a catalog item is its own row; another item
