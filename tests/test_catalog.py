@@ -13,6 +13,7 @@ from fedcf import _reference as ref
 from fedcf._kernels import catalog as kc
 from fedcf._kernels.layout import catalog_cfg, client_cfg, sgd_hp
 from fedcf._kernels.rng import stream_key
+from fedcf._reference import catalog as ref_catalog
 from fedcf.datasets import (
     DataValidationError,
     ItemFeatures,
@@ -116,6 +117,70 @@ def test_default_step_is_the_query_loss_gradient():
     assert rows[-1] == C
     np.testing.assert_allclose(np.append(dG[-1], dgb[-1]), -0.2 * np.array(num), rtol=1e-5,
                                atol=1e-9)
+
+
+@pytest.mark.parametrize("recon", ["als", "sgd"])
+@pytest.mark.parametrize("B", [0, 3])
+@pytest.mark.parametrize("fb", [True, False])
+@pytest.mark.parametrize("F", [0, 2])
+def test_learned_default_delta_follows_the_documented_gradient(recon, B, fb, F):
+    """OpenCatalog's docstring, for every combination: the default's delta is −lr × the
+    gradient of the query loss (a) through the ridge solve, exactly, without local rows; (b) with
+    local rows, through the last solve with the local rows held at their values (before it, and
+    reconstructed); (c) with SGD reconstruction, at the reconstructed user, first order
+    (∂x/∂x₀ taken as the identity, local rows held). Central finite differences of exactly that
+    function (the kernel's delta equals this twin's: test_catalog_kernel_matches_twin)."""
+    rng = np.random.default_rng(2)
+    K, C, O = 3, 5, 4
+    R = C + F + 1  # catalog, feature rows, the default
+    G, gb = rng.normal(0, 0.4, (R, K)), rng.normal(0, 0.1, R)
+    imap = item_map(rng, C, F, O, B)
+    cfg = client_cfg("random", 0.5, recon, "zeros", 0.0, 0.3, 1e-3)
+    cc = catalog_cfg(B, R - 1, 3)
+    rhp, uhp = sgd_hp(0.1, 0.0, 2, 6, 1, 3.0, fb), sgd_hp(0.2, 0.0, 5, 0, 1, 3.0, fb)
+    s_items, s_vals = np.array([0, 1, 2, C, C + 1, C + 2]), np.array([4.0, 2, 5, 1, 3, 4])
+    q_items, q_vals = np.array([3, 4, C, C + 3]), np.array([3.0, 1, 5, 2])
+
+    def rebuild(x0, sweeps=3):
+        G2, gb2 = G.copy(), gb.copy()
+        G2[-1], gb2[-1] = x0[:K], x0[K]
+        return ref.catalog_reconstruct(s_items, s_vals, G2, gb2, imap, cfg,
+                                       catalog_cfg(B, R - 1, sweeps), rhp, ref.Stream(5))
+
+    def loss_at(x, lb, V, dv):
+        pred = ref.catalog_predict(q_items, x, lb, V, dv, G, gb, imap, 3.0)
+        return np.mean((q_vals - pred) ** 2)
+
+    x0 = np.append(G[-1], gb[-1])
+    x, lb, V, dv, A = rebuild(x0)
+    if recon_is_exact := (recon == "als" and B == 0):
+        def f(z):
+            return loss_at(*rebuild(z)[:4])
+    elif recon == "als":  # the last solve from the previous sweep's local rows, then held
+        _, _, Vp, dvp, _ = rebuild(x0, sweeps=2)
+        d = K + 1 if fb else K
+        Zb, bb = ref.catalog_base(s_items, G, gb, imap)
+        Vz, dz = ref_catalog._local_part(np.where(imap[3][s_items] >= 0, np.searchsorted(
+            lb, imap[3][s_items]), -1), Vp, dvp)
+        Z = np.hstack([Zb + Vz, np.ones((len(s_items), 1))])[:, :d]
+
+        def f(z):
+            xz = np.zeros(K + 1)
+            xz[:d] = z[:d] + np.linalg.solve(A, Z.T @ (s_vals - 3.0 - bb - dz - Z @ z[:d]))
+            return loss_at(xz, lb, V, dv)
+    else:  # first order: the reconstructed user moved as the default moves
+        def f(z):
+            xz = x + (z - x0)
+            if not fb:
+                xz[K] = 0.0
+            return loss_at(xz, lb, V, dv)
+    _, rows, dG, dgb = ref.catalog_client(s_items, s_vals, q_items, q_vals, G, gb, imap, cfg,
+                                          cc, rhp, uhp, ref.Stream(5))
+    assert rows[-1] == R - 1
+    h = 1e-6
+    num = np.array([(f(x0 + h * e) - f(x0 - h * e)) / (2 * h) for e in np.eye(K + 1)])
+    np.testing.assert_allclose(np.append(dG[-1], dgb[-1]), -0.2 * num, rtol=1e-5, atol=1e-9)
+    assert recon_is_exact or np.abs(num).sum() > 0
 
 
 def test_catalog_kernel_is_thread_independent():
