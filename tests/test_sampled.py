@@ -536,3 +536,22 @@ def test_pfedrec_recommends_for_an_empty_history_by_the_item_biases():
     rec = p.recommend(items=[], n=5)
     top = np.argsort(-p.item_biases_.astype(float), kind="stable")[:5]
     assert list(rec["item"]) == list(p.item_ids_[top])
+
+
+def test_fedncf_refuses_bad_layers_and_a_damaged_file(tmp_path):
+    inter = _data()
+    for layers in ((4, 0), "4", (True,), (2.0,), []):
+        with pytest.raises(ValueError, match="layers must be a non-empty tuple"):
+            FedNCF(4, layers=layers, n_rounds=1).fit(inter)
+    m = FedNCF(3, layers=(4,), n_rounds=1, random_state=0).fit(inter)
+    path = m.save(tmp_path / "m")
+    back = FedNCF.load(path)
+    np.testing.assert_array_equal(back.user_scores([0, 5]), m.user_scores([0, 5]))
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["dense_params_"] = arrays["dense_params_"][:-1]  # one number short
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match="dense parameters .* damaged or edited"):
+        FedNCF.load(tmp_path / "bad.npz")
+    refit = back.set_params(n_rounds=2).fit(inter)  # a loaded model refits from scratch
+    assert refit.history_[-1]["round"] == 1 and refit.dense_params_.shape == m.dense_params_.shape
