@@ -11,7 +11,7 @@ in-catalog and out-of-catalog entries (of the catalog the row is named after).
 OOV expansion on the device (``fedcf.federated.OOVExpansion``) personalizes the OOV-as-UNK
 counterpart trained with ``drop_out_of_catalog=True`` (devices leave out-of-catalog entries out
 of training): the extractor is fitted to the catalog's rows from item features, and each test
-user's adapter on their own out-of-catalog support entries. Its learning rate and initial scale
+user's adapter on their own out-of-catalog support entries. Its learning rate and L2 weight
 are chosen per (dataset, catalog, seed) on the validation users' out-of-catalog query RMSE.
 
 Datasets: ML-100K (users 80/10/10; a test user's ratings split half/half at random; item features:
@@ -77,7 +77,8 @@ def methods():
 ORACLE_N = "OOV-oracle (catalog + as many of the most popular outside it)"
 ON_DEVICE = "OOV expansion on the device (residual MLP adapter)"
 TRIVIAL = "OOV expansion on the device (trivial adapter)"
-OOV_GRID = [{"learning_rate": lr, "init_scale": s} for lr in (0.02, 0.1) for s in (0.01, 0.1)]
+OOV_GRID = [{"learning_rate": lr, "regularization": lam} for lr in (0.02, 0.1)
+            for lam in (0.3, 1.0, 3.0)]
 
 
 # ---------------------------------------------------------------------- data
@@ -198,7 +199,7 @@ def model_costs(model, support, query):
 
 
 def on_device(model, feats, valid, adapter, seed):
-    """OOVExpansion for ``model`` with its learning rate and initial scale chosen on the
+    """OOVExpansion for ``model`` with its learning rate and L2 weight chosen on the
     validation users' out-of-catalog query RMSE; (personalizer, chosen settings)."""
     def score(kw):
         oov = OOVExpansion(adapter=adapter, random_state=seed, **kw).fit(model, feats)

@@ -80,18 +80,20 @@ def adapter_forward(theta, E):
 
 
 def adapter_loss_grad(theta, E, t, x, lam):
-    """Loss mean((t − ã·x)²) + lam·Σ‖W‖² of the adapted rows ã = adapter(E) scored against the
-    user x = [p; 1], and its gradient with respect to every parameter."""
+    """Loss mean((t − ã·x)²) + lam·‖θ‖² of the adapted rows ã = adapter(E) scored against the
+    user x = [p; 1] (θ: every weight and bias), and its gradient with respect to each."""
     A, acts = adapter_forward(theta, E)
     r = t - A @ x
-    loss = float(np.mean(r ** 2)) + lam * sum(float(np.sum(W ** 2)) for W in theta[::2])
+    loss = float(np.mean(r ** 2)) + lam * sum(float(np.sum(W ** 2)) for W in theta)
     g = np.outer(-2.0 * r / len(t), x)  # d loss / d ã
     grads = [None] * len(theta)
-    grads[-2], grads[-1] = acts[-1].T @ g + 2 * lam * theta[-2], g.sum(axis=0)
+    grads[-2] = acts[-1].T @ g + 2 * lam * theta[-2]
+    grads[-1] = g.sum(axis=0) + 2 * lam * theta[-1]
     g = g @ theta[-2].T
     for j in range(len(theta) - 4, -1, -2):
         g = g * (acts[j // 2 + 1] > 0)
-        grads[j], grads[j + 1] = acts[j // 2].T @ g + 2 * lam * theta[j], g.sum(axis=0)
+        grads[j] = acts[j // 2].T @ g + 2 * lam * theta[j]
+        grads[j + 1] = g.sum(axis=0) + 2 * lam * theta[j + 1]
         g = g @ theta[j].T
     return loss, grads
 
@@ -112,8 +114,10 @@ class OOVExpansion(BaseEstimator):
         Step of the adapter's full-batch gradient descent on the device.
     steps : int, default 100
         Gradient steps on the device's out-of-catalog support entries.
-    regularization : float, default 1e-3
-        L2 weight on the adapter's weights.
+    regularization : float, default 1.0
+        L2 weight on every adapter parameter, weights and biases: it shrinks the adapter toward
+        the identity, which a device with a few out-of-catalog ratings needs (weights alone
+        leave the output bias, a personal shift of every out-of-catalog row, free to fit noise).
     encoder_regularization : float, default 1.0
         Ridge weight of the global extractor (features → [q_i, b_i]; intercept unpenalized).
     random_state : int or None, default None
@@ -147,7 +151,7 @@ class OOVExpansion(BaseEstimator):
     }
 
     def __init__(self, *, hidden=(32,), adapter=True, init_scale=0.01, learning_rate=0.05,
-                 steps=100, regularization=1e-3, encoder_regularization=1.0,
+                 steps=100, regularization=1.0, encoder_regularization=1.0,
                  random_state=None):
         self.hidden, self.adapter, self.init_scale = hidden, adapter, init_scale
         self.learning_rate, self.steps, self.regularization = learning_rate, steps, regularization
