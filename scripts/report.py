@@ -1114,6 +1114,8 @@ def catalog_targets(doc, means, datasets, catalogs) -> str:
                        ON_DEVICE, TRIVIAL, out_f, True),
                       ("OOV expansion on the device at least as good as OOV-oracle out of "
                        "catalog", ON_DEVICE, ORACLE_N, out_f, False),
+                      ("the federated linear adapter beats OOV expansion on the device out of "
+                       "catalog", "federated linear adapter", ON_DEVICE, out_f, True),
                       ("FedRecon + finetune at least as good as FedRecon (500 local rows)",
                        "FedRecon + finetune (500 local rows)", "FedRecon, 500 local rows",
                        "all.rmse", False),
