@@ -175,6 +175,12 @@ def test_bad_input_is_named(world):
     oov = OOVExpansion(steps=3).fit(model, feats)
     with pytest.raises(TypeError, match="OOVLocalParams"):
         oov.predict_local(model.reconstruct([1], [3.0]), [1])
+    other = OOVLocalParams(np.zeros(5), 0.0, ())  # another model's width
+    with pytest.raises(ValueError, match="do not fit this model"):
+        oov.predict_local(other, [1])
+    bad = oov.personalize([50], [3.0])
+    with pytest.raises(ValueError, match="do not fit this model"):
+        oov.predict_local(OOVLocalParams(bad.factors, bad.bias, bad.adapter[:-1]), [1])
     with pytest.raises(DataValidationError, match="mismatched lengths"):
         oov.personalize([1, 2], [3.0])
     with pytest.raises(FloatingPointError, match="lower learning_rate"):

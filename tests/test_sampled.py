@@ -279,8 +279,10 @@ def test_fedncf_round_kernel_matches_its_twin_device_by_device(layers, lam, shar
     Q = np.zeros((60 + R, 2 * d))
     Q[:60] = rng.normal(0, 0.3, (60, 2 * d))
     Q[60:].reshape(-1)[:net.dense_size] = net.pack(net.init_dense(rng))
-    b = np.zeros(60 + R)
-    P, c = rng.normal(0, 0.3, (12, 2 * d)), np.zeros(12)
+    Q[60:].reshape(-1)[net.dense_size:] = 0.5  # padding (e.g. DP noise landed there)
+    # float32, as FedNCF's default dtype: the kernel then compiles once for the whole suite
+    Q, b = Q.astype(np.float32), np.zeros(60 + R, np.float32)
+    P, c = rng.normal(0, 0.3, (12, 2 * d)).astype(np.float32), np.zeros(12, np.float32)
     from fedcf.federated.sampled_mf import exclusion_csr
     excl = exclusion_csr(inter)
     cfg = np.array([3.0, 2, 7, 0.2, 3.0, lam, share])
@@ -291,7 +293,7 @@ def test_fedncf_round_kernel_matches_its_twin_device_by_device(layers, lam, shar
     out = run.run(Cohort(cohort, 4, 0, 0), {"Q": Q, "b": b}, np.array([9, 4], np.uint64))
     for k, u in enumerate(cohort):
         pos = inter.items[inter.indptr[u]:inter.indptr[u + 1]]
-        p = P[u].copy()
+        p = P[u].astype(np.float64)
         loss, uniq, rows = nref.neumf_device(net, pos, excl[1][excl[0][u]:excl[0][u + 1]], Q,
                                              60, p, cfg, [7], 2, ref_stream(9, 4, u))
         touched = np.r_[uniq, 60 + np.arange(R)] if share else np.zeros(0, int)
@@ -300,12 +302,14 @@ def test_fedncf_round_kernel_matches_its_twin_device_by_device(layers, lam, shar
         keep = got >= 0
         np.testing.assert_array_equal(got[keep], touched)
         if share:
-            np.testing.assert_allclose(out.d_Q[lo:hi][keep], rows - Q[touched], rtol=1e-9,
-                                       atol=1e-12)
-            assert np.abs(out.d_Q[lo:hi][keep][-R:]).sum() > 0  # the dense rows moved
+            np.testing.assert_allclose(out.d_Q[lo:hi][keep], rows - Q[touched], rtol=1e-5,
+                                       atol=1e-6)  # stored as float32
+            dense = out.d_Q[lo:hi][keep][-R:].reshape(-1)
+            assert np.abs(dense[:net.dense_size]).sum() > 0  # the dense rows moved
+            assert not dense[net.dense_size:].any()  # the padding never does
         assert not out.d_b[lo:hi].any()
         assert out.losses[k] == pytest.approx(loss, rel=1e-12)
-        np.testing.assert_allclose(local[0][u], p, rtol=1e-12)  # kept on the device
+        np.testing.assert_allclose(local[0][u], p, rtol=1e-6)  # kept on the device
         assert not np.allclose(p, P[u])
 
 

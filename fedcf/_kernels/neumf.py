@@ -253,10 +253,12 @@ def neumf_device(pos, excluded, Q, n_items, p, cfg, widths, stages, epochs, stat
                            stages, cfg[SC_LR], cfg[SC_ITEM_LR], cfg[SC_LAM])
     p[:d] = pg
     p[d:] = pm
-    rows = np.zeros((m + R, W))
+    rows = np.empty((m + R, W))
     for r in range(m):
         rows[r, :d] = qg[r]
         rows[r, d:] = qm[r]
+    for j in range(R):  # the padding after theta is never trained: its delta stays zero
+        rows[m + j] = Q[n_items + j]
     for t in range(theta.shape[0]):
         rows[m + t // W, t % W] = theta[t]
     return loss, m, uniq, rows

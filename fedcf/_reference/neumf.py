@@ -58,6 +58,6 @@ def neumf_device(net, pos, excluded, Q, n_items, p, cfg, stages, epochs, seed):
         loss = neumf_local(net, user, rows, dense, loc, y, order, int(cfg[2]), stages, cfg[3],
                            cfg[4], cfg[5])
     p[:d], p[d:] = user["pg"], user["pm"]
-    flat = np.zeros((Q.shape[0] - n_items) * W)
+    flat = Q[n_items:].reshape(-1).copy()
     flat[:len(theta)] = net.pack(dense)
     return loss, uniq, np.vstack([np.hstack([rows["qg"], rows["qm"]]), flat.reshape(-1, W)])

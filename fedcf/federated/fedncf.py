@@ -195,8 +195,9 @@ class FedNCF(FedMF):
         P = np.vstack([np.asarray(P, np.float64), np.zeros((1, self._row_width()))])
         Qi = np.vstack([np.asarray(self.item_factors_, np.float64),
                         np.zeros((1, self._row_width()))])
-        user, rows, dense = self._parts(P[np.asarray(users)], Qi[np.asarray(items)])
-        out[:] = self._net().logits(user, rows, dense) if len(out) else out
+        if len(out):
+            user, rows, dense = self._parts(P[np.asarray(users)], Qi[np.asarray(items)])
+            out[:] = self._net().logits(user, rows, dense)
 
     def _check_loaded(self, where: str):
         super()._check_loaded(where)

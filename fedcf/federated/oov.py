@@ -234,9 +234,7 @@ class OOVExpansion(BaseEstimator):
         """Scores of a personalized user on raw items: catalog items by the model's rows,
         out-of-catalog items with features by their adapted rows, others with no item term."""
         check_is_fitted(self, "encoder_")
-        if not isinstance(local, OOVLocalParams):
-            raise TypeError(f"expected OOVLocalParams (from personalize), got "
-                            f"{type(local).__name__}")
+        self._check_local(local)
         m = self.model_
         items = raw_ids(items, "items")
         p, c = np.asarray(local.factors, float), float(local.bias)
@@ -250,6 +248,20 @@ class OOVExpansion(BaseEstimator):
             A = adapter_forward(local.adapter, E[far])[0] if local.adapter else E[far]
             out[far] += A @ np.append(p, 1.0)
         return m._clip(out, clip)
+
+    def _check_local(self, local) -> None:
+        if not isinstance(local, OOVLocalParams):
+            raise TypeError(f"expected OOVLocalParams (from personalize), got "
+                            f"{type(local).__name__}")
+        D = self.encoder_.shape[1]
+        ok = np.shape(local.factors) == (D - 1,) and np.isfinite(local.factors).all() and \
+            np.isfinite(local.bias) and (local.adapter == () or (
+                len(local.adapter) % 2 == 0 and np.shape(local.adapter[0])[0] == D
+                and np.shape(local.adapter[-1]) == (D,)
+                and all(np.isfinite(w).all() for w in local.adapter)))
+        if not ok:
+            raise ValueError(f"OOVLocalParams do not fit this model (n_factors={D - 1}): "
+                             "personalize with this OOVExpansion, not another one")
 
     def recon_predict(self, support: Interactions, query: Interactions, *,
                       clip: bool = True) -> np.ndarray:
