@@ -273,11 +273,13 @@ def test_aggregators_refuse_learning(pop):
 def test_hyperparams_of_a_round_follow_the_learner():
     from fedcf.federated.hyper import HyperLearner
     from fedcf.federated.phases import RoundHyperparams
+    from fedcf.federated.reports import Reports, weighted_mean
 
     hp = RoundHyperparams(0.5, {"momentum": 0.9}, 1.0)
     h = HyperLearner.start(("server_learning_rate", "momentum", "weight_exponent"), hp, 0.1, "sgd")
     assert h.hyperparams(hp) == hp
-    h.update(np.zeros(2), np.array([[1.0, -1.0, 2.0], [1.0, -1.0, 2.0]]), np.ones(2))
+    reports = Reports(np.arange(2), np.zeros(2), np.array([[1.0, -1.0, 2.0]] * 2), np.ones(2))
+    h.update(weighted_mean(reports))
     new = h.hyperparams(hp)
     assert new.server_learning_rate == pytest.approx(0.5 * np.exp(-0.1))
     assert new.server_options["momentum"] > 0.9 and new.weight_exponent == pytest.approx(0.8)

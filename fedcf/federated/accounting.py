@@ -93,10 +93,11 @@ class RdpAccountant(Accountant):
         if not noise_multiplier > 0:
             raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier!r}")
         q, sigma = float(q), float(noise_multiplier)
-        if self.events and self.events[-1][:2] == [q, sigma]:
-            self.events[-1][2] += int(rounds)
-        else:
-            self.events.append([q, sigma, int(rounds)])
+        for event in self.events:  # composition does not depend on the order of the rounds
+            if event[:2] == [q, sigma]:
+                event[2] += int(rounds)
+                return
+        self.events.append([q, sigma, int(rounds)])
 
     def _curve(self, q: float, sigma: float):
         key = (q, sigma)
@@ -133,17 +134,23 @@ class RdpAccountant(Accountant):
 
 
 def noise_for_epsilon(target_epsilon: float, q: float, rounds: int, delta: float,
-                      accountant: str = "rdp") -> float:
+                      accountant: str = "rdp", *, mechanisms=None) -> float:
     """The smallest σ whose ``rounds`` rounds at rate q stay within (target_epsilon, δ) by the
-    ``accountant`` ("rdp" or "pld")."""
+    ``accountant`` ("rdp" or "pld"). ``mechanisms``: each round composes several
+    Poisson-sampled Gaussians, given as (rate, multiplier ÷ σ) (default [(q, 1)])."""
     _check(q, delta, rounds)
     if not target_epsilon > 0:
         raise ValueError(f"target epsilon must be > 0, got {target_epsilon!r}")
+    plan = [(float(q), 1.0)] if mechanisms is None else [(float(r), float(f))
+                                                         for r, f in mechanisms]
+    for r, _ in plan:
+        _check(r, delta, rounds)
     dpa, rdp = _dpa()
     with _quiet():
-        sigma = _calibrate(dpa, rdp.RdpAccountant, target_epsilon, q, rounds, delta, 1e-3, 1e4)
+        sigma = _calibrate(dpa, rdp.RdpAccountant, target_epsilon, plan, rounds, delta, 1e-3,
+                           1e4)
         if accountant == "pld":  # tighter: below the RDP σ (a small σ makes PLDs huge: bracket)
-            sigma = _calibrate(dpa, _pld_accountant, target_epsilon, q, rounds, delta,
+            sigma = _calibrate(dpa, _pld_accountant, target_epsilon, plan, rounds, delta,
                                sigma / 4, sigma)
         return sigma
 
@@ -194,10 +201,12 @@ class PldAccountant(RdpAccountant):
         return self._curves["eps"]
 
 
-def _calibrate(dpa, make_accountant, target_epsilon, q, rounds, delta, low, high):
+def _calibrate(dpa, make_accountant, target_epsilon, plan, rounds, delta, low, high):
+    def event(s):
+        parts = [dpa.PoissonSampledDpEvent(r, dpa.GaussianDpEvent(s * f)) for r, f in plan]
+        one = parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
+        return dpa.SelfComposedDpEvent(one, int(rounds))
     return float(dpa.calibrate_dp_mechanism(
-        make_accountant,
-        lambda s: dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)),
-                                          int(rounds)),
-        target_epsilon, delta, bracket_interval=dpa.ExplicitBracketInterval(low, high),
+        make_accountant, event, target_epsilon, delta,
+        bracket_interval=dpa.ExplicitBracketInterval(low / min(f for _, f in plan), high),
         tol=1e-4))

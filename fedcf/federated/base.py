@@ -312,7 +312,7 @@ class FederatedMFBase(MFEstimatorBase):
                              "lower min_examples")
         program = self.client_program(inter, mu)
         aggregator = self._aggregator()
-        eligible, hyper_select = self._hyper_holdout(eligible, seed)
+        eligible, hyper_select = self._hyper_holdout(eligible, seed, aggregator, inter)
         opt = self._server_optimizer()
         run = Run(seed=seed, params=params, opt=opt, local=local, program=program,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
@@ -324,7 +324,10 @@ class FederatedMFBase(MFEstimatorBase):
                       n_eligible=len(eligible), clients_per_round=self.clients_per_round,
                       n_rounds=self.n_rounds, n_items=len(params["b"]), n_factors=K, seed=seed,
                       biases=bool(self.biases),
-                      eligible_weights=program.layout(counts[eligible])[0])),
+                      eligible_weights=program.layout(counts[eligible])[0],
+                      reports=None if self._hypergradients() is None else
+                      "cohort" if hyper_select is None else "holdout",
+                      n_holdout=0 if hyper_select is None else len(hyper_select.eligible))),
                   hyperparams=self._round_hyperparams(), guard=self._guard(inter, mu, opt),
                   checkpointer=self._checkpointer(inter, seed),
                   observe=self._observer(callback), hyper=self._make_hyper(),
@@ -375,21 +378,31 @@ class FederatedMFBase(MFEstimatorBase):
         """The ``executor`` parameter as an Executor (None: this process)."""
         return phase_rule("executor", Executor)("executor", self.executor or "local")
 
-    def _hyper_holdout(self, eligible, seed):
-        """With a hypergradient holdout > 0, that share of the eligible users never trains: they are the
-        validation population whose loss derivatives drive the learned hyperparameters (a
-        ``Selector`` of their own); else the round's own cohort reports them."""
+    def _hyper_holdout(self, eligible, seed, aggregator, inter):
+        """With a hypergradient holdout > 0, that share of the eligible users never trains: they
+        are the validation population whose loss derivatives drive the learned
+        hyperparameters (a ``Selector`` of their own, Poisson and secret under DP); else the
+        round's own cohort reports them. Under DP each user's side is a hash of its id and the
+        seed, so one user more or less leaves every other user's side as it was."""
         hg = self._hypergradients()
         frac = 0.0 if hg is None else hg.holdout_share(self._local_state() is not None)
         if not frac:
             return eligible, None
-        rng = np.random.default_rng([seed, 0x4E7A])
-        held = np.zeros(len(eligible), bool)
-        held[rng.permutation(len(eligible))[:max(1, int(round(frac * len(eligible))))]] = True
-        if held.all():
-            raise ValueError(f"hypergradients__holdout={frac} leaves no user to train on; "
-                             "lower it")
-        return eligible[~held], Selector(seed ^ 0x5A5A, eligible[held], self.clients_per_round)
+        dp = aggregator.sampling == "poisson"
+        if dp:
+            key = f"{seed & (2 ** 64 - 1):016x}"[-16:]
+            h = pd.util.hash_array(np.asarray(inter.user_ids[eligible], dtype=object),
+                                   hash_key=key)
+            held = h < np.uint64(frac * 2.0 ** 64)
+        else:
+            rng = np.random.default_rng([seed, 0x4E7A])
+            held = np.zeros(len(eligible), bool)
+            held[rng.permutation(len(eligible))[:max(1, int(round(frac * len(eligible))))]] = True
+        if held.all() or not held.any():
+            raise ValueError(f"hypergradients__holdout={frac} leaves no user to "
+                             f"{'train on; lower it' if held.any() else 'report; raise it'}")
+        return eligible[~held], Selector(seed ^ 0x5A5A, eligible[held], self.clients_per_round,
+                                         poisson=dp, secret=aggregator.secret_sampling)
 
     def _make_hyper(self):
         """Learned round hyperparameters (hyper.py), or None: the fixed ones."""
@@ -397,7 +410,7 @@ class FederatedMFBase(MFEstimatorBase):
         if hg is None:
             return None
         return HyperLearner.start(hg.learn, self._round_hyperparams(), float(hg.learning_rate),
-                                  hg.optimizer, hg.ranges())
+                                  hg.optimizer, hg.ranges(), float(hg.clip_norm))
 
     def _hypergradients(self) -> Hypergradients | None:
         """The ``hypergradients`` parameter as an object (None: fixed hyperparameters)."""

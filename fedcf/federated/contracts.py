@@ -120,6 +120,10 @@ class RunContext:
     biases : bool, default True
     eligible_weights : ndarray or None
         Each eligible client's aggregation weight.
+    reports : {None, "cohort", "holdout"}, default None
+        Who sends hypergradient reports each round (learned hyperparameters): no one, the
+        round's own cohort, or a cohort of the ``n_holdout`` held-out users.
+    n_holdout : int, default 0
 
     Examples
     --------
@@ -138,6 +142,11 @@ class RunContext:
     seed: int
     biases: bool = True
     eligible_weights: np.ndarray | None = None  # each eligible client's aggregation weight n_k
+    # learned hyperparameters: who reports their derivatives each round — None (no one),
+    # "cohort" (the round's own clients) or "holdout" (a Poisson cohort of n_holdout held-out
+    # users who never train); a DP aggregator accounts for the reports too
+    reports: str | None = None
+    n_holdout: int = 0
 
 
 # ---------------------------------------------------------------------- populations and programs
@@ -381,6 +390,18 @@ class Aggregator(Params, ABC):
     def round_mechanism(self) -> tuple[float, float]:
         """(q, σ) of one round, for the accountant (DP aggregators only)."""
         raise NotImplementedError(f"{type(self).__name__} adds no noise")
+
+    def round_mechanisms(self) -> list:
+        """Every (q, σ) one round composes into the accountant: the update's, and with
+        hypergradient reports theirs (DP aggregators only)."""
+        return [self.round_mechanism()]
+
+    def report_mean(self, reports, clip: float, round_idx: int = 0):
+        """The mean of one reporting cohort's hypergradient ``Reports`` (reports.py) as this
+        aggregator protects them, or None when no report counts."""
+        raise NotImplementedError(f"{type(self).__name__} does not aggregate hypergradient "
+                                  "reports; use the weighted mean, SecureAggregation or "
+                                  "DifferentialPrivacy")
 
     @property
     def sigma(self) -> float | None:

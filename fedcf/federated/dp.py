@@ -23,6 +23,7 @@ from .phases import (
     WeightedMean,
     clip_factors,
 )
+from .reports import clipped, dp_noise
 from .secagg import SecureAggregation
 
 
@@ -224,13 +225,16 @@ class DifferentialPrivacy(WeightedMean):
                           "clients: with probability delta the mechanism may fail for some user; "
                           "the usual choice is well below 1/n", UserWarning, stacklevel=2)
         q = min(1.0, m / n)
+        plan, report_clients = report_plan(context, q)
         sigma = self.noise_multiplier if self.noise_multiplier is not None else \
             noise_for_epsilon(self.target_epsilon, q, max(context.n_rounds, 1), self.delta,
-                              self.accounting)
+                              self.accounting, mechanisms=plan)
         bound = type(self)(**self.get_params(deep=False))
         if self.aggregator is not None:
             bound.aggregator = self.aggregator.bind(context)
         bound.sigma_ = float(sigma)
+        bound.mechanisms_ = [(float(r), float(sigma) * f) for r, f in plan]
+        bound.report_denominator_ = report_clients
         total = n if self.weight_cap is None else float(
             np.minimum(context.eligible_weights, self.weight_cap).sum() / self.weight_cap)
         bound.context = context
@@ -388,10 +392,67 @@ class DifferentialPrivacy(WeightedMean):
         """(q, σ): each round is a Poisson-sampled Gaussian mechanism (per user)."""
         return self.q, self.sigma
 
+    def round_mechanisms(self) -> list:
+        """What a round composes: (q, σ); with hypergradient reports from the round's own
+        cohort, the update and the reports (each of multiplier σ, on the same Poisson cohort)
+        are one Gaussian mechanism of multiplier σ/√2; with a held-out reporting cohort,
+        (q_h, σ) is composed too, as if every user were in both populations."""
+        return list(self.mechanisms_)
+
+    # ------------------------------------------------------------------ hypergradient reports
+    def report_mean(self, reports, clip: float, round_idx: int = 0):
+        """Hypergradient reports under DP: each clipped to L2 norm ``clip`` and summed with
+        equal weight (in the clear, or masked by ``SecureAggregation``), Gaussian noise
+        N(0, σ²·clip²) added, divided by the expected number of reporting clients."""
+        if self.aggregator is not None:
+            return self._noised_report(self.aggregator.report_mean(
+                reports, clip, round_idx, **self._report_kwargs(clip)), clip, round_idx)
+        ok = reports.usable()
+        total = clipped(reports.jvp[ok], clip).sum(axis=0) / self.report_denominator_
+        return self._noised_report(total, clip, round_idx)
+
+    def remote_reports(self, executor, cohort, params, tangents, ids, clip: float,
+                       round_idx: int = 0):
+        """As ``report_mean``, the clients clipping and masking where they run."""
+        return self._noised_report(self.aggregator.remote_reports(
+            executor, cohort, params, tangents, ids, clip, round_idx,
+            **self._report_kwargs(clip)), clip, round_idx)
+
+    @property
+    def report_stats(self) -> dict:
+        return getattr(self.aggregator, "report_stats", {})
+
+    def _report_kwargs(self, clip: float) -> dict:
+        distributed = self.noise == "distributed"
+        return dict(equal=True, denominator=self.report_denominator_,
+                    noise_scale=self.sigma_ * clip if distributed else 0.0,
+                    secret_noise=not self.insecure_seeded_noise)
+
+    def _noised_report(self, mean, clip: float, round_idx: int):
+        """Server noise on a report mean (the distributed mode's is already in it); None (a
+        round not aggregated) releases nothing."""
+        if mean is None or self.noise == "distributed":
+            return mean
+        std = self.sigma_ * clip / self.report_denominator_
+        return mean + dp_noise(len(mean), std, not self.insecure_seeded_noise,
+                               (self.context.seed, round_idx))
+
     @property
     def sigma(self) -> float | None:
         """σ of the bound run (None before ``bind``)."""
         return self.sigma_
+
+
+def report_plan(context: RunContext, q: float) -> tuple[list, float]:
+    """(each round's mechanisms as (sampling rate, multiplier ÷ σ), the expected number of
+    reporting clients) for the run's hypergradient reports (``RunContext.reports``)."""
+    if context.reports is None:
+        return [(q, 1.0)], 0.0
+    expected = q * context.n_eligible
+    if context.reports == "cohort":
+        return [(q, 2.0 ** -0.5)], expected
+    q_h = min(1.0, context.clients_per_round / max(context.n_holdout, 1))
+    return [(q, 1.0), (q_h, 1.0)], q_h * context.n_holdout
 
 
 class DPGaussianMean(DifferentialPrivacy):

@@ -16,6 +16,12 @@ compute their query loss at x_{t+1} (after reconstruction) and its derivative al
 mean weighted by query size (the empirical risk, whatever α is) and one hyper-optimizer step (Adam
 or SGD on z) sets θ for round t+1. The derivative is that of one round (x_t and the clients' deltas
 held fixed), as in the paper.
+
+Only broadcasts and sums are used, as in the paper: the reports' mean is a ratio of sums, which
+the round's aggregator computes as it protects the update (``Aggregator.report_mean``,
+reports.py) — masked under secure aggregation, clipped, noised and accounted under differential
+privacy — and ∂Δ̄/∂α = Σ w_i (ln n_i − L̄) Δ_i / Σ w_i is Σ w_i ln n_i Δ_i / Σ w_i − L̄·Δ̄, sums
+the server already has in the clear (the plain mean).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from .._kernels.server import sum_sorted_runs
 from .._validation import NoneOr
 from .contracts import Params, check_number, phase_rule
 from .optimizers import SGD, Adam, ServerOptimizer
-from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, entries
+from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, entries
 
 LEARNABLE = ("server_learning_rate", "momentum", "weight_exponent")
 
@@ -43,8 +49,12 @@ class Hypergradients(Params):
     ----------
     learn : sequence of {"server_learning_rate", "momentum", "weight_exponent"}
         What to learn. Needs server optimizer ``SGD`` or ``Momentum`` (``Momentum`` for the
-        momentum) and the plain weighted mean (``aggregator=None``). "weight_exponent" is α in
-        w_i = n_i^α, starting from ``client_weighting`` (1 by examples, 0 uniform).
+        momentum) and a summing aggregator: the weighted mean (``aggregator=None``),
+        ``SecureAggregation`` or ``DifferentialPrivacy`` (robust statistics are refused: one
+        client could steer the reports' mean). "weight_exponent" is α in w_i = n_i^α, starting
+        from ``client_weighting`` (1 by examples, 0 uniform); it needs the weighted mean
+        (secure aggregation caps each weight at its public maximum, and DP weighs clients by
+        their clipped uploads, not by n_i^α).
     learning_rate : float > 0, default 0.01
         Step of the hyper-optimizer on log η_s, logit β and α.
     optimizer : {"adam", "sgd"}, default "adam"
@@ -58,7 +68,13 @@ class Hypergradients(Params):
         as in the paper's appendix A.2) reports the derivatives, so the hyperparameters follow
         the loss of users the model has not fitted. 0 uses the round's own training cohort (the
         paper's parallel form). None: 0.1 for FedReconMF, 0 for FedAvgMF/FURLMF (their clients
-        report the loss of stored user rows, which held-out users never train).
+        report the loss of stored user rows, which held-out users never train). Under DP the
+        held-out users are drawn per user (a hash of the user id and the seed), so adding or
+        removing one user leaves every other user's side unchanged.
+    clip_norm : float > 0, default 1
+        Under secure aggregation and DP, each client's report (its H derivatives) is clipped to
+        this L2 norm before it is summed (the fixed-point sum and the DP sensitivity need a
+        bound); the plain mean uses the reports as they are.
 
     Examples
     --------
@@ -70,9 +86,10 @@ class Hypergradients(Params):
     """
 
     def __init__(self, learn=("server_learning_rate",), *, learning_rate=0.01, optimizer="adam",
-                 holdout=None, bounds=None):
+                 holdout=None, bounds=None, clip_norm=1.0):
         self.learn = tuple(learn) if isinstance(learn, (list, tuple)) else learn
         self.learning_rate = learning_rate
+        self.clip_norm = clip_norm
         self.optimizer = optimizer
         self.holdout = holdout
         self.bounds = bounds
@@ -93,6 +110,7 @@ class Hypergradients(Params):
         if len(set(learn)) != len(learn):
             raise ValueError(f"learn={list(learn)!r} names a hyperparameter twice")
         check_number("learning_rate", self.learning_rate, 0.0, low_open=True)
+        check_number("clip_norm", self.clip_norm, 0.0, low_open=True)
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
         h = self.holdout
@@ -160,10 +178,11 @@ class HyperLearner:
     last_grad: np.ndarray = field(default=None)
     zbounds: np.ndarray = field(default=None)  # (H, 2) low and high of each z
     initial: dict = field(default_factory=dict)  # exact starting values (no exp/log round trip)
+    clip: float = 1.0  # L2 bound of one report under secure aggregation and DP
 
     @classmethod
     def start(cls, names, hp: RoundHyperparams, learning_rate: float, optimizer: str,
-              ranges: dict | None = None):
+              ranges: dict | None = None, clip: float = 1.0):
         """From the run's initial hyperparameters, which must lie in the learnable ``ranges``
         ({name: (low, high)}, natural units; ``Hypergradients.ranges``)."""
         ranges = {**DEFAULT_BOUNDS, **(ranges or {})}
@@ -182,6 +201,7 @@ class HyperLearner:
         learner.zbounds = np.array([[_to_z(n, ranges[n][0]), _to_z(n, ranges[n][1])]
                                     for n in names])
         learner.initial = {n: float(given[n]) for n in names}  # exact, no exp/log round trip
+        learner.clip = float(clip)
         return learner
 
     def values(self) -> dict:
@@ -207,14 +227,13 @@ class HyperLearner:
                        weight_exponent=v.get("weight_exponent", base.weight_exponent))
 
     # ------------------------------------------------------------------ the hypergradient
-    def update(self, losses: np.ndarray, jvp: np.ndarray, weights: np.ndarray) -> dict:
-        """One hyper-optimizer step from the clients' derivatives (rows of ``jvp``), weighted by
-        query size; clients with a non-finite report or no query are left out. Returns the
-        round's record entries."""
-        ok = (weights > 0) & np.isfinite(losses) & np.isfinite(jvp).all(axis=1)
-        if not ok.any():
+    def update(self, g: np.ndarray | None) -> dict:
+        """One hyper-optimizer step from the reporting cohort's mean derivative ``g`` (the
+        aggregator's ``report_mean``; None: no report counted, no step). Returns the round's
+        record entries."""
+        if g is None or not np.isfinite(g).all():
             return {}
-        g = (weights[ok] @ jvp[ok]) / weights[ok].sum()
+        g = np.asarray(g, np.float64)
         self.last_grad = g
         self.t += 1
         self.state, new = self.optimizer.step(self.state, {"z": self.z}, {"z": -g})
@@ -268,10 +287,18 @@ def check_learnable(est, hg: Hypergradients, stateful: bool) -> None:
                              f"server_optimizer={opt!r} can learn {list(opt.learnable) or 'none'}"
                              f", not {name!r} (SGD and Momentum have tangents; 'momentum' needs "
                              "Momentum)")
-    if est.aggregator is not None:
-        raise ValueError("hypergradients need aggregator=None: the hypergradients are "
-                         "per-client derivatives that the DP, secure and robust aggregators do not "
-                         "protect or bound")
+    agg = est._aggregator()
+    plain = type(agg) is WeightedMean
+    if not (plain or agg.secure or agg.sampling == "poisson"):
+        raise ValueError(f"hypergradients need a summing aggregator (aggregator=None, "
+                         f"SecureAggregation or DifferentialPrivacy), got aggregator={agg!r}: a "
+                         "robust statistic bounds what one client moves in the model, but the "
+                         "hypergradient reports are a mean that one client could steer")
+    if "weight_exponent" in hg.learn and not plain:
+        raise ValueError(f"learning weight_exponent needs the weighted mean (aggregator=None), "
+                         f"got aggregator={agg!r}: secure aggregation caps each weight at its "
+                         "public max_weight and DP weighs clients by their clipped uploads, so "
+                         "n_i^α is not the weight there")
     if hg.holdout and stateful:
         raise ValueError(f"hypergradients__holdout={hg.holdout} needs FedReconMF: FedAvg/FURL "
                          "clients report the loss of their stored user rows, which held-out "

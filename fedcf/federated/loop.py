@@ -11,6 +11,7 @@ from .blame import Blamed, RoundState
 from .checkpoint import load_checkpoint, save_checkpoint
 from .optimizers import state_to_arrays
 from .phases import Cohort, GlobalDelta, server_update
+from .reports import Reports
 
 
 class Checkpointer:
@@ -96,9 +97,10 @@ class Run:
         return self.accountant.epsilon()
 
     def account(self):
-        """Compose this round's mechanism into the accountant (DP aggregators only)."""
+        """Compose this round's mechanisms into the accountant (DP aggregators only)."""
         if self.accountant is not None:
-            self.accountant.compose(*self.aggregator.round_mechanism())
+            for q, sigma in self.aggregator.round_mechanisms():
+                self.accountant.compose(q, sigma)
 
     def record(self, t, cohort: Cohort, delta: GlobalDelta, seconds: float,
                server_seconds: float) -> dict:
@@ -126,27 +128,38 @@ class Run:
         if self.hyper.tangents is not None:
             if self.hyper_select is not None:
                 cohort = self.hyper_select(int(ids[1]))
-            losses, jvp, w = self.executor.tangents(cohort, self.params, self.hyper.tangents, ids)
-            rec = self.hyper.update(losses, jvp, w)
-            H, K = jvp.shape[1], self.params["Q"].shape[1]
-            held = int(self.executor.counts[cohort.clients].sum())  # rows the clients hold
-            rec.update(hyper_values_down=H * held * (K + 1), hyper_values_up=H * len(w))
+            rec = self.hyper.update(self.report_mean(cohort, ids))
+            rec.update(getattr(self.aggregator, "report_stats", {}))
+            if self.accountant is None:  # under DP the cohort's size is not released
+                H, K = len(self.hyper.names), self.params["Q"].shape[1]
+                held = int(self.executor.counts[cohort.clients].sum())  # rows the clients hold
+                rec.update(hyper_values_down=H * held * (K + 1),
+                           hyper_values_up=H * len(cohort.clients))
         self.hyperparams = self.hyper.hyperparams(self.hyperparams)
         return {**self.hyper.values(), **rec}
+
+    def report_mean(self, cohort, ids):
+        """The reporting cohort's mean derivative, as the aggregator protects it: masked where
+        the clients run (a cluster's shards under secure aggregation), else from their
+        reports (reports.py); None when no report counted."""
+        agg, tangents, t = self.aggregator, self.hyper.tangents, int(ids[1])
+        if getattr(self.executor, "supports_secure", False) and agg.secure:
+            return agg.remote_reports(self.executor, cohort, self.params, tangents, ids,
+                                      self.hyper.clip, t)
+        losses, jvp, w = self.executor.tangents(cohort, self.params, tangents, ids)
+        return agg.report_mean(Reports(cohort.clients, losses, jvp, w), self.hyper.clip, t)
 
     def client_work(self, cohort, ids, hp, t):
         """Phases 2 and 3: (per-client outputs or None, the aggregate). On a cluster (an
         executor with ``partials``), a linear aggregator is reduced from the shards' partial
         sums: no single upload travels to the driver. The others, learning the
-        client-weighting exponent (its derivative needs every upload), and an executor whose
-        outputs are here anyway give the aggregator the per-client outputs (the same bits)."""
+        client-weighting exponent (its derivative is a sum the partial sums do not carry yet),
+        and an executor whose outputs are here anyway give the aggregator the per-client
+        outputs (the same bits)."""
         t0 = time.perf_counter()
         learns_exponent = self.hyper is not None and "weight_exponent" in self.hyper.names
         if getattr(self.executor, "supports_secure", False) and \
                 hasattr(self.aggregator, "remote_round") and self.aggregator.secure:
-            if learns_exponent:
-                raise ValueError("learning weight_exponent needs every client's upload; it is "
-                                 "not available under secure aggregation on a remote executor")
             outputs = None  # the clients encode and mask where they run
             delta = self.aggregator.remote_round(self.executor, cohort, self.params, ids, hp, t)
             t1 = time.perf_counter()

@@ -21,6 +21,7 @@ from .._kernels.server import finite_clients
 from . import secret
 from .contracts import Aggregator, Executor, RoundExecutor
 from .partials import Merged, PartialSums, group_sums, merge, merged_sums
+from .reports import weighted_mean
 
 
 @dataclass(frozen=True)
@@ -441,6 +442,11 @@ class WeightedMean(Aggregator):
 
     def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
         return delta
+
+    def report_mean(self, reports, clip: float, round_idx: int = 0):
+        """Hypergradient reports in the clear: their mean weighted by query size (the
+        empirical risk's derivative, whatever the weight exponent is); ``clip`` is unused."""
+        return weighted_mean(reports)
 
     def partials(self, out: ClientOutputs, hp: RoundHyperparams) -> PartialSums:
         """Sums per reduce group (what a cluster's shard sends; ``reduce`` ends them)."""

@@ -40,6 +40,7 @@ import numpy as np
 from .contracts import Executor, RoundExecutor
 from .partials import REDUCE_GROUPS, PartialSums, reduce_group
 from .phases import BoundLocalExecutor, ClientOutputs, Cohort, cohort_order
+from .reports import Reports
 from .secagg_protocol import ClientHalves
 
 START_TIMEOUT = 300  # seconds for the shard actors to come up (Numba compiles on first use)
@@ -275,7 +276,7 @@ class Shard:
         """One round's work: ``method`` on this shard's clients, with the round's arguments
         (one object in the store for all shards)."""
         calls = {"run": self.run, "partials": self.partials, "tangents": self.tangents,
-                 "secure_begin": self.secure_begin}
+                 "secure_begin": self.secure_begin, "reports_begin": self.reports_begin}
         return calls[method](clients, *args)
 
     def secure_begin(self, clients, params, ids, hp, enc, session, t, neighbours=None):
@@ -285,6 +286,14 @@ class Shard:
         out = self.run(clients, params, ids)
         self.halves = ClientHalves(out.client_ids(), enc.encode(out, hp)[0], t, session,
                                    neighbours)
+        return self.halves.verifying()
+
+    def reports_begin(self, clients, params, tangents, ids, enc, session, t, neighbours=None):
+        """As ``secure_begin`` for hypergradient reports: the clients compute, clip, weigh and
+        encode their reports here (``ReportEncoding``); only keys leave."""
+        reports = Reports(np.asarray(clients, np.int64),
+                          *self.tangents(clients, params, tangents, ids))
+        self.halves = ClientHalves(reports.clients, enc.encode(reports), t, session, neighbours)
         return self.halves.verifying()
 
     def secure(self, step: str, *args):
@@ -510,8 +519,16 @@ class BoundRayExecutor(RoundExecutor):
     def secure_clients(self, cohort, params, ids, hp, enc, session, t, neighbours=None):
         """The shards' client halves as one ``ShardedHalves``: each shard runs, encodes and
         masks its own clients."""
-        res, _ = self._map("secure_begin", cohort, params, ids, hp, enc, session, t,
-                           neighbours)
+        return self._halves("secure_begin", cohort, params, ids, hp, enc, session, t,
+                            neighbours)
+
+    def secure_reports(self, cohort, params, tangents, ids, enc, session, t, neighbours=None):
+        """The shards' client halves for a round of hypergradient reports (``reports_begin``)."""
+        return self._halves("reports_begin", cohort, params, tangents, ids, enc, session, t,
+                            neighbours)
+
+    def _halves(self, method, cohort, *args):
+        res, _ = self._map(method, cohort, *args)
         registry = {}
         for keys in res:
             registry.update(keys)

@@ -41,6 +41,7 @@ from .phases import (
     clip_factors,
     empty_delta,
 )
+from .reports import ReportEncoding, Reports
 from .secagg_protocol import ClientHalves, ProtocolAbort, SecAggServer, run_round
 
 MOD_BITS = 32
@@ -342,11 +343,68 @@ class SecureAggregation(WeightedMean):
         survived = np.isin(cohort_ids, u3).astype(np.float64)
         return self._delta(enc, total, survived, m, denominator)
 
-    def _protocol(self, clients, session, t, enc, round_idx):
+    # ------------------------------------------------------------------ hypergradient reports
+    def report_encoding(self, m: int, H: int, clip: float, round_idx: int = 0, *,
+                        equal: bool = False, noise_scale: float = 0.0,
+                        secret_noise: bool = True) -> ReportEncoding:
+        """The public encoding of H-value reports from a cohort of m clients (reports.py):
+        weights min(n, W)/W, or ``equal`` (under DP); distributed noise N(0, noise_scale²/t)
+        each."""
+        t = self.threshold_for(m)
+        return ReportEncoding(int(H), max(m, 1), float(clip), None if equal else
+                              float(self.max_weight),
+                              noise_scale / np.sqrt(t) if noise_scale and t else 0.0,
+                              secret_noise, (int(self.context.seed), int(round_idx)))
+
+    def report_mean(self, reports: Reports, clip: float, round_idx: int = 0, *,
+                    denominator=None, **encoding) -> np.ndarray | None:
+        """The mean of hypergradient reports held in this process, under masks: each client
+        clips, weighs and masks its own; the server divides the sum by the summed weight (or
+        ``denominator``). None when the round is not aggregated or no report counts."""
+        m, H = len(reports.clients), reports.jvp.shape[1]
+        enc = self.report_encoding(m, H, clip, round_idx, **encoding)
+        session = os.urandom(16)
+        halves = ClientHalves(reports.clients, enc.encode(reports),
+                              self.threshold_for(m) or 2, session, self.neighbours)
+        return self.report_round(halves, session, enc, reports.clients, round_idx, denominator)
+
+    def remote_reports(self, executor, cohort, params, tangents, ids, clip: float,
+                       round_idx: int = 0, *, denominator=None, **encoding):
+        """As ``report_mean`` with clients that run elsewhere (``executor.secure_reports``):
+        they compute, encode and mask their reports there."""
+        m = len(cohort.clients)
+        enc = self.report_encoding(m, tangents[0].shape[0], clip, round_idx, **encoding)
+        session, t = os.urandom(16), self.threshold_for(m) or 2
+        clients = executor.secure_reports(cohort, params, tangents, ids, enc, session, t,
+                                          self.neighbours)
+        return self.report_round(clients, session, enc, cohort.clients, round_idx, denominator)
+
+    def report_round(self, clients, session, enc: ReportEncoding, cohort_ids, round_idx: int,
+                     denominator=None) -> np.ndarray | None:
+        """The server half against the reporting clients: the unmasked sum, divided."""
+        t = self.threshold_for(len(cohort_ids))
+        self.report_stats = {"hyper_secagg_lost_round": True}
+        if t is None:
+            return None
+        stats = self.round_stats
+        try:
+            total, u3 = self._protocol(clients, session, t, enc, round_idx, tag=0x4E9)
+        except ProtocolAbort:
+            return None
+        finally:
+            self.round_stats = stats
+        values, weight, used = enc.decode(total)
+        self.report_stats = {"hyper_secagg_lost_round": False,
+                             "hyper_secagg_survivors": len(u3)}
+        if used < 1 or not (denominator or weight) > 0:
+            return None
+        return values / (denominator or weight)
+
+    def _protocol(self, clients, session, t, enc, round_idx, tag: int = 0x5EC):
         server = SecAggServer(t, enc.width, session, self.neighbours)
 
         def dropped(u2):  # who drops after sharing (a simulation of the network)
-            draw = np.random.default_rng([self.context.seed, round_idx, 0x5EC]).random(len(u2))
+            draw = np.random.default_rng([self.context.seed, round_idx, tag]).random(len(u2))
             return [c for c, r in zip(u2, draw) if r < self.drop_after_setup]
 
         total, u3 = run_round(clients, server, dropped, min_survivors=self.min_cohort)
