@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FED = "fedcf/federated/"
 TESTS = ["tests/test_privacy.py", "tests/test_secagg.py", "tests/test_attacks.py",
-         "tests/test_aggregator_contract.py", "tests/test_phases.py"]
+         "tests/test_aggregator_contract.py", "tests/test_phases.py",
+         "tests/test_hyper_private.py"]
 
 # (name, file, original text, mutated text)
 MUTANTS = [
@@ -41,9 +42,11 @@ MUTANTS = [
      "return dataclasses.replace(delta, items=np.arange(n_items), d_Q=dQ, d_b=db)",
      "return dataclasses.replace(delta, d_Q=dQ[delta.items], d_b=db[delta.items])"),
     ("accountant given q/2", FED + "dp.py",
-     "return self.q, self.sigma", "return self.q / 2, self.sigma"),
+     "bound.mechanisms_ = [(float(r), float(sigma) * f) for r, f in plan]",
+     "bound.mechanisms_ = [(float(r) / 2, float(sigma) * f) for r, f in plan]"),
     ("accountant given 2σ", FED + "dp.py",
-     "return self.q, self.sigma", "return self.q, 2 * self.sigma"),
+     "bound.mechanisms_ = [(float(r), float(sigma) * f) for r, f in plan]",
+     "bound.mechanisms_ = [(float(r), 2 * float(sigma) * f) for r, f in plan]"),
     ("no clip", FED + "phases.py",
      "factor = np.where(w > 0, clip_scale(norms, clip), 0.0)",
      "factor = np.where(w > 0, 1.0, 0.0)"),
@@ -70,11 +73,30 @@ MUTANTS = [
     ("cohorts from the seed", FED + "phases.py",
      "draw = secret.uniform if self.secret else rng.random", "draw = rng.random"),
     ("epsilon one round short", FED + "accounting.py",
-     "            self.events.append([q, sigma, int(rounds)])",
-     "            self.events.append([q, sigma, max(int(rounds) - 1, 0)])"),
+     "        self.events.append([q, sigma, int(rounds)])",
+     "        self.events.append([q, sigma, max(int(rounds) - 1, 0)])"),
     ("delta ignored", FED + "accounting.py",
      "return float(compute_epsilon(orders, total, self.delta)[0])",
      "return float(compute_epsilon(orders, total, 0.1)[0])"),
+    # hypergradient reports (reports.py): summed as the update is
+    ("reports: DP noise dropped", FED + "dp.py",
+     "        return mean + dp_noise(len(mean), std, not self.insecure_seeded_noise,",
+     "        return mean + 0 * dp_noise(len(mean), std, not self.insecure_seeded_noise,"),
+    ("reports: DP clip skipped", FED + "dp.py",
+     "total = clipped(reports.jvp[ok], clip).sum(axis=0)",
+     "total = reports.jvp[ok].sum(axis=0)"),
+    ("reports: left out of the accountant", FED + "dp.py",
+     "return [(q, 2.0 ** -0.5)], expected", "return [(q, 1.0)], expected"),
+    ("reports: held-out cohorts fixed-size", FED + "base.py",
+     "poisson=dp, secret=aggregator.secret_sampling)",
+     "poisson=False, secret=aggregator.secret_sampling)"),
+    ("reports: secure mean taken in the clear", FED + "secagg.py",
+     "        return self.report_round(halves, session, enc, reports.clients, round_idx, "
+     "denominator)",
+     "        return (reports.weights @ reports.jvp) / reports.weights.sum()"),
+    ("reports: weighed by query size under DP", FED + "reports.py",
+     "        r = np.ones(len(ok)) if self.max_weight is None else \\",
+     "        r = reports.weights / 40.0 if self.max_weight is None else \\"),
     # secure aggregation: the protocol's promises
     ("secagg: a client reveals both secrets of a dropped client", FED + "secagg_protocol.py",
      "for v in sorted(set(u3) & set(self._held))})",
