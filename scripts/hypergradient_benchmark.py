@@ -14,6 +14,11 @@
 
     python scripts/hypergradient_benchmark.py --json eval/results/hyper.json --plot-dir figures
     python scripts/hypergradient_benchmark.py --sections weighting --json eval/results/hyper_weighting.json
+    python scripts/hypergradient_benchmark.py --sections stability --json eval/results/hyper_stability.json
+
+3. ``stability``: the paper's stability claim — random starts over a server learning-rate range
+   wide enough that fixed settings diverge, fixed against learned by Adam and by SGD on the raw
+   coordinates (log η, logit β), counting the runs that diverge.
 """
 
 from __future__ import annotations
@@ -37,6 +42,13 @@ MOMENTUM_RANGE = (0.0, 0.95)  # starting momentum: uniform over [low, high)
 # own cohort: from the round's training clients (holdout = 0, the paper's parallel form)
 MODES = {"fixed": {}, "learned": {"hypergradients": Hypergradients(LEARN)},
          "learned (own cohort)": {"hypergradients": Hypergradients(LEARN, holdout=0.0)}}
+# the stability study (the paper's "23 of 50 fixed settings diverge"): starting rates up to
+# where fixed ones diverge, learned by Adam (the default) and by SGD on log η / logit β (the
+# paper's Section 5 hyper-optimizer) at two hyper learning rates
+WIDE_LR_RANGE = (1e-2, 1e3)
+STABILITY_MODES = {"fixed": {}, "learned (Adam, 0.01)": {"hypergradients": Hypergradients(LEARN)},
+                   **{f"learned (SGD, {lr:g})": {"hypergradients": Hypergradients(
+                       LEARN, optimizer="sgd", learning_rate=lr)} for lr in (0.01, 0.1)}}
 
 
 def load(name: str, seed: int):
@@ -62,19 +74,19 @@ def fit_eval(params, train, test, seed):
             "seconds": time.perf_counter() - t0}, model
 
 
-def trial_rows(train, test, args):
-    """Random starts, each fixed and learned (``LEARN``)."""
+def trial_rows(train, test, args, section="trials", modes=MODES, lr_range=LR_RANGE):
+    """Random starts, each fixed and learned (``LEARN``) in every one of ``modes``."""
     rows, curves = [], {}
     for i in range(args.trials):
         rng = np.random.default_rng([args.seed, i])
-        lr = float(np.exp(rng.uniform(np.log(LR_RANGE[0]), np.log(LR_RANGE[1]))))
+        lr = float(np.exp(rng.uniform(np.log(lr_range[0]), np.log(lr_range[1]))))
         beta = float(rng.uniform(*MOMENTUM_RANGE))
         base = dict(n_rounds=args.rounds, server_optimizer=Momentum(lr, momentum=beta),
                     random_state=args.seed)
-        for mode, extra in MODES.items():
+        for mode, extra in modes.items():
             params = {**base, **extra}
             res, model = fit_eval(params, train, test, args.seed)
-            rows.append({"section": "trials", "trial": i, "mode": mode, "lr0": lr,
+            rows.append({"section": section, "trial": i, "mode": mode, "lr0": lr,
                          "momentum0": beta, **res})
             if model is not None and mode != "fixed":
                 curves[i] = {k: [h[k] for h in model.history_][::5] for k in LEARN}
@@ -83,7 +95,7 @@ def trial_rows(train, test, args):
                   f"{' (diverged)' if res['diverged'] else ''}", flush=True)
     best = min((r for r in rows if r["mode"] == "learned" and not r["diverged"]),
                key=lambda r: r["rmse"], default=None)
-    if best is not None:
+    if best is not None and section == "trials":
         best["trajectory"] = curves[best["trial"]]
     return rows
 
@@ -169,7 +181,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sections", default="trials,weighting",
-                    help="comma-separated: trials (random starts), weighting")
+                    help="comma-separated: trials (random starts), weighting, stability "
+                         "(random starts over a range wide enough to diverge)")
     ap.add_argument("--skip-weighting", action="store_true", help="= --sections trials")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot-dir", help="write hypergradients.png here")
@@ -180,6 +193,8 @@ def main(argv=None):
     train, _, test = user_split(inter, (0.8, 0.1, 0.1), random_state=args.seed)
     sections = {"trials"} if args.skip_weighting else set(args.sections.split(","))
     rows = trial_rows(train, test, args) if "trials" in sections else []
+    if "stability" in sections:
+        rows += trial_rows(train, test, args, "stability", STABILITY_MODES, WIDE_LR_RANGE)
     if "weighting" in sections:
         h_train, _, h_test = user_split(heterogeneous_population(args.seed), (0.8, 0.1, 0.1),
                                         random_state=args.seed)

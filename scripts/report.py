@@ -813,7 +813,7 @@ def hyper_values(doc, doc_1m=None) -> dict:
                    end(by["learned"][i], "server_learning_rate_final", ".3g"),
                    end(by["learned"][i], "momentum_final", ".3f")) for i in order]
     w_doc = load("hyper_weighting.json")
-    weighting = [r for r in (w_doc["rows"] if w_doc else rows) if r["section"] == "weighting"]
+    weighting = [r for r in (w_doc["rows"] if w_doc else []) if r["section"] == "weighting"]
     bo = doc["best_of_n"]
     own = [r["server_learning_rate_final"] for r in by.get("learned (own cohort)", [])
            if "server_learning_rate_final" in r]

@@ -95,9 +95,10 @@ SECURE = [SecureAggregation(min_cohort=5, drop_after_setup=0.1),
 @pytest.mark.parametrize("agg", SECURE, ids=["secagg", "secagg-dp-distributed-adaptive"])
 def test_under_secure_aggregation_the_shards_mask_and_the_driver_gets_messages_only(
         pop, agg, monkeypatch):
-    """Each shard runs, encodes and masks its own clients; the driver receives public keys,
-    encrypted shares, masked vectors, signatures and unmasking shares — no upload — and the
-    model is the local executor's bit for bit, with 1, 2 or 4 shards (the DP variant: 2)."""
+    """Each shard runs, encodes and masks its own clients — their updates and their
+    hypergradient reports; the driver receives public keys, encrypted shares, masked vectors,
+    signatures and unmasking shares — no upload, no report — and the model and the learned
+    rate are the local executor's bit for bit, with 1, 2 or 4 shards (the DP variant: 2)."""
     received = []
     real = ShardedHalves._all
 
@@ -107,7 +108,9 @@ def test_under_secure_aggregation_the_shards_mask_and_the_driver_gets_messages_o
         return out
 
     monkeypatch.setattr(ShardedHalves, "_all", spy)
-    kw = dict(KW, rating_scale=(1, 5), clients_per_round=20)
+    monkeypatch.setattr(BoundRayExecutor, "tangents", None)  # reports never come in the clear
+    kw = dict(KW, rating_scale=(1, 5), clients_per_round=20,
+              hypergradients=Hypergradients(holdout=0.0, learning_rate=0.1))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the seeded-noise test mode says so
         ref = FedReconMF(**kw, aggregator=agg).fit(pop)
@@ -117,9 +120,12 @@ def test_under_secure_aggregation_the_shards_mask_and_the_driver_gets_messages_o
             assert [h["loss"] for h in m.history_] == [h["loss"] for h in ref.history_]
             assert [h["secagg_survivors"] for h in m.history_] == \
                 [h["secagg_survivors"] for h in ref.history_]
+            assert m.learned_hyperparams_ == ref.learned_hyperparams_
     assert set(received) == {"Advert", "EncryptedShares", "MaskedInput",
                              "ConsistencySignature", "UnmaskShares"}
     assert all(h["secagg_survivors"] > 0 for h in ref.history_)
+    assert all(not h["hyper_secagg_lost_round"] for h in ref.history_[1:])
+    assert len({h["server_learning_rate"] for h in ref.history_}) == len(ref.history_)
 
 
 def test_a_shard_lost_after_masking_counts_as_its_clients_dropping(pop, monkeypatch):
