@@ -202,9 +202,52 @@ def test_secure_learning_follows_the_plain_run_and_never_takes_a_report_in_the_c
     assert all(not h["hyper_secagg_lost_round"] for h in m.history_[1:])
 
 
+def test_secure_sums_carry_the_exponent_derivative():
+    """Under secure aggregation learning α, the masked sums give ∂Δ̄/∂α: equal (to the
+    fixed-point step) to the plain mean's derivative from every upload, when no weight
+    reaches the cap W. Leaving s' out of the encoding fails here."""
+    from fedcf.federated.hyper import exponent_derivative
+    from fedcf.federated.phases import ClientOutputs, RoundHyperparams
+
+    rng = np.random.default_rng(3)
+    m, n_items, K = 12, 30, 3
+    per = rng.integers(1, 6, m)
+    offsets = np.concatenate([[0], np.cumsum(per)])
+    items = np.concatenate([rng.choice(n_items, k, replace=False) for k in per])
+    out = ClientOutputs(offsets, items, rng.normal(0, 0.1, (len(items), K)),
+                        rng.normal(0, 0.1, len(items)), rng.integers(1, 40, m).astype(float),
+                        rng.random(m))
+    hp = RoundHyperparams(1.0, {}, weight_exponent=0.7)
+    agg = SecureAggregation(min_cohort=5, max_weight=100.0).bind(
+        _context(n_items=n_items, n_factors=K, learns_exponent=True))
+    delta = agg(out, hp, 0)
+    got_items, got_q, got_b = delta.exponent_terms
+    want_items, want_q, want_b = exponent_derivative(out, hp)
+    dense_q, dense_b = np.zeros((n_items, K)), np.zeros(n_items)
+    dense_q[want_items], dense_b[want_items] = want_q, want_b
+    np.testing.assert_array_equal(got_items, np.arange(n_items))
+    np.testing.assert_allclose(got_q, dense_q, atol=1e-5)
+    np.testing.assert_allclose(got_b, dense_b, atol=1e-5)
+    assert np.abs(dense_q).max() > 1e-3
+    plain = SecureAggregation(min_cohort=5, max_weight=100.0).bind(
+        _context(n_items=n_items, n_factors=K))
+    assert plain(out, hp, 0).exponent_terms is None
+
+
+def test_secure_learning_of_the_exponent_follows_the_plain_run(pop):
+    kw = dict(n_factors=3, n_rounds=4, clients_per_round=12, random_state=0,
+              hypergradients=Hypergradients(["weight_exponent"], learning_rate=0.1,
+                                            holdout=0.0, clip_norm=10.0))
+    plain = FedReconMF(**kw).fit(pop)
+    m = FedReconMF(**kw, aggregator=SecureAggregation(min_cohort=5, max_weight=200.0)).fit(pop)
+    got = [h["hypergrad_weight_exponent"] for h in m.history_[1:]]
+    want = [h["hypergrad_weight_exponent"] for h in plain.history_[1:]]
+    np.testing.assert_allclose(got, want, rtol=2e-2)
+    assert min(abs(g) for g in got) > 1e-5
+
+
 @pytest.mark.parametrize("agg, match", [
     (TrimmedMean(0.1), "summing aggregator"),
-    (SecureAggregation(min_cohort=5), "weight_exponent needs the weighted mean"),
     (DPGaussianMean(0.5, noise_multiplier=1.0), "weight_exponent needs the weighted mean"),
 ])
 def test_what_cannot_learn_is_refused_with_the_reason(pop, agg, match):

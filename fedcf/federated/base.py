@@ -327,7 +327,9 @@ class FederatedMFBase(MFEstimatorBase):
                       eligible_weights=program.layout(counts[eligible])[0],
                       reports=None if self._hypergradients() is None else
                       "cohort" if hyper_select is None else "holdout",
-                      n_holdout=0 if hyper_select is None else len(hyper_select.eligible))),
+                      n_holdout=0 if hyper_select is None else len(hyper_select.eligible),
+                      learns_exponent="weight_exponent" in getattr(
+                          self._hypergradients(), "learn", ()))),
                   hyperparams=self._round_hyperparams(), guard=self._guard(inter, mu, opt),
                   checkpointer=self._checkpointer(inter, seed),
                   observe=self._observer(callback), hyper=self._make_hyper(),

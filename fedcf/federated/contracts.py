@@ -124,6 +124,9 @@ class RunContext:
         Who sends hypergradient reports each round (learned hyperparameters): no one, the
         round's own cohort, or a cohort of the ``n_holdout`` held-out users.
     n_holdout : int, default 0
+    learns_exponent : bool, default False
+        The client-weighting exponent is learned (secure aggregation then also sums what its
+        derivative needs).
 
     Examples
     --------
@@ -147,6 +150,7 @@ class RunContext:
     # users who never train); a DP aggregator accounts for the reports too
     reports: str | None = None
     n_holdout: int = 0
+    learns_exponent: bool = False  # the weight exponent is learned: a secure sum carries ∂Δ̄/∂α
 
 
 # ---------------------------------------------------------------------- populations and programs

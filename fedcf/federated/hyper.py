@@ -52,9 +52,10 @@ class Hypergradients(Params):
         momentum) and a summing aggregator: the weighted mean (``aggregator=None``),
         ``SecureAggregation`` or ``DifferentialPrivacy`` (robust statistics are refused: one
         client could steer the reports' mean). "weight_exponent" is α in w_i = n_i^α, starting
-        from ``client_weighting`` (1 by examples, 0 uniform); it needs the weighted mean
-        (secure aggregation caps each weight at its public maximum, and DP weighs clients by
-        their clipped uploads, not by n_i^α).
+        from ``client_weighting`` (1 by examples, 0 uniform); not under DP, which weighs
+        clients by their clipped uploads, not by n_i^α. Under secure aggregation each client
+        also masks s'_i·Δ_i and s'_i (s_i = min(n_i^α, W)/W, s' = ∂s/∂α), doubling its
+        upload, and the server forms ∂Δ̄/∂α from the sums.
     learning_rate : float > 0, default 0.01
         Step of the hyper-optimizer on log η_s, logit β and α.
     optimizer : {"adam", "sgd"}, default "adam"
@@ -254,7 +255,8 @@ class HyperLearner:
         TQ, Tb = np.zeros((H, n_items, K)), np.zeros((H, n_items))
         for h, name in enumerate(self.names):
             if name == "weight_exponent":
-                items, dQ, db = exponent_derivative(out, hp)
+                items, dQ, db = delta.exponent_terms if delta.exponent_terms is not None \
+                    else exponent_derivative(out, hp)
                 TQ[h, items], Tb[h, items] = eta * dQ, eta * db
             else:
                 TQ[h], Tb[h] = opt.tangent(name, state_before, state_after, delta, eta,
@@ -294,11 +296,11 @@ def check_learnable(est, hg: Hypergradients, stateful: bool) -> None:
                          f"SecureAggregation or DifferentialPrivacy), got aggregator={agg!r}: a "
                          "robust statistic bounds what one client moves in the model, but the "
                          "hypergradient reports are a mean that one client could steer")
-    if "weight_exponent" in hg.learn and not plain:
-        raise ValueError(f"learning weight_exponent needs the weighted mean (aggregator=None), "
-                         f"got aggregator={agg!r}: secure aggregation caps each weight at its "
-                         "public max_weight and DP weighs clients by their clipped uploads, so "
-                         "n_i^α is not the weight there")
+    if "weight_exponent" in hg.learn and not (plain or type(agg).__name__ ==
+                                              "SecureAggregation"):
+        raise ValueError(f"learning weight_exponent needs the weighted mean (aggregator=None) "
+                         f"or SecureAggregation, got aggregator={agg!r}: DP weighs each client "
+                         "by its clipped upload (and capped query size), not by n_i^α")
     if hg.holdout and stateful:
         raise ValueError(f"hypergradients__holdout={hg.holdout} needs FedReconMF: FedAvg/FURL "
                          "clients report the loss of their stored user rows, which held-out "

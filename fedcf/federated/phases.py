@@ -361,6 +361,9 @@ class GlobalDelta:
     values_up : int
         Numbers sent up by the used clients.
     client_weights : ndarray or None
+    exponent_terms : (items, dQ, db) or None
+        ∂Δ̄/∂α of the mean, when the aggregator computed it from sums (secure aggregation
+        learning the weight exponent); None: the learner takes it from the clients' outputs.
 
     Examples
     --------
@@ -380,6 +383,8 @@ class GlobalDelta:
     summary: RoundSummary
     values_up: int  # numbers sent up by the used clients (item ids not counted)
     client_weights: np.ndarray | None = None  # per client, when computed from ClientOutputs
+    # (items, dQ, db) of ∂Δ̄/∂α when the aggregator summed it (secure aggregation learning α)
+    exponent_terms: tuple | None = None
 
     @property
     def n_used(self) -> int:

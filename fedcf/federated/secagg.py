@@ -78,15 +78,31 @@ class Encoding:
     seed: tuple = (0, 0)  # (run seed, round): only for insecure seeded noise
     clip: float | None = None  # under DP: the round's clip norm C (``phases.clip_factors``)
     weight_cap: float | None = None  # under DP: the cap of the client weights, if any
+    # learning the weight exponent α: each client also sends s'·Δ and s' = ∂s/∂α
+    exponent: bool = False
 
     @property
     def n_values(self) -> int:
         return self.n_items * (self.K + 1)
 
     @property
+    def n_dense(self) -> int:
+        """The dense part of a row: s·Δ, and with ``exponent`` s'·Δ after it."""
+        return self.n_values * (2 if self.exponent else 1)
+
+    @property
+    def stats(self) -> tuple:
+        return STATS + (("dweight",) if self.exponent else ())
+
+    @property
+    def log_bound(self) -> float:
+        """|ln n| of a weight below the cap W: the bound of s'/s."""
+        return max(1.0, float(np.log(self.max_weight)))
+
+    @property
     def width(self) -> int:
-        """Words per client row: the values, ``STATS`` and the clip count."""
-        return self.n_values + len(STATS) + 1
+        """Words per client row: the dense part, ``stats`` and the clip count."""
+        return self.n_dense + len(self.stats) + 1
 
     def scales(self) -> np.ndarray:
         """Fixed-point scale of each column (the values, then ``STATS``, then the clip count)."""
@@ -98,8 +114,13 @@ class Encoding:
             return 2.0 ** bits
         values = scale(self.m * self.value_bound + 8.0 * self.noise_std * np.sqrt(self.m))
         unit = scale(self.m)
-        return np.concatenate([np.full(self.n_values, values),
-                               [scale(self.m * self.loss_bound), unit, 1, unit, 1, 1, 1, 1]])
+        dense = np.full(self.n_values, values)
+        stats = [scale(self.m * self.loss_bound), unit, 1, unit, 1, 1, 1]
+        if self.exponent:
+            dense = np.concatenate([dense, np.full(self.n_values, scale(
+                self.m * self.value_bound * self.log_bound))])
+            stats.append(scale(self.m * self.log_bound))
+        return np.concatenate([dense, stats, [1]])
 
     def encode(self, out: ClientOutputs, hp: RoundHyperparams):
         """(uint32 rows of every client of ``out``, the float rows before clipping and
@@ -107,22 +128,27 @@ class Encoding:
         bad, w, _ = client_weights(out, hp)
         used = w > 0
         u = np.minimum(w, self.max_weight) / self.max_weight
-        rows = np.zeros((out.n_clients, self.n_values + len(STATS)))
+        rows = np.zeros((out.n_clients, self.n_dense + len(self.stats)))
         s, bit = (u, np.zeros(len(w))) if self.clip is None else \
             clip_factors(out, w, self.clip, self.weight_cap)
+        ds = np.where(used & (w < self.max_weight),
+                      u * np.log(np.where(used, out.weights, 1.0)), 0.0)
         for k in np.flatnonzero(used):
             lo, hi = out.offsets[k], out.offsets[k + 1]
             ok = out.items[lo:hi] >= 0
-            block = rows[k, :self.n_values].reshape(self.n_items, self.K + 1)
-            np.add.at(block, (out.items[lo:hi][ok], slice(0, self.K)), s[k] * out.d_Q[lo:hi][ok])
-            np.add.at(block[:, self.K], out.items[lo:hi][ok], s[k] * out.d_b[lo:hi][ok])
+            for start, f in ((0, s[k]), (self.n_values, ds[k])) if self.exponent else \
+                    ((0, s[k]),):
+                block = rows[k, start:start + self.n_values].reshape(self.n_items, self.K + 1)
+                np.add.at(block, (out.items[lo:hi][ok], slice(0, self.K)),
+                          f * out.d_Q[lo:hi][ok])
+                np.add.at(block[:, self.K], out.items[lo:hi][ok], f * out.d_b[lo:hi][ok])
         loss = np.where(used, np.minimum(np.nan_to_num(out.losses), self.loss_bound), 0.0)
         recon_bad = bad & ~np.isfinite(out.losses)
         r = np.where(used, np.minimum(out.weights, self.max_weight) / self.max_weight, 0.0)
-        rows[:, self.n_values:] = np.column_stack([  # the loss is weighted by query size
+        rows[:, self.n_dense:] = np.column_stack([  # the loss is weighted by query size
             r * loss, r, np.where(used, bit, 0.0),
             np.where(used, s if self.clip is None else 1.0, 0.0), ~used & ~bad,
-            bad & ~recon_bad, recon_bad])
+            bad & ~recon_bad, recon_bad, *((ds,) if self.exponent else ())])
         if self.noise_std > 0:  # each client's own share, drawn where the client runs
             for k in range(out.n_clients):
                 rows[k, :self.n_values] += secret.normal(self.n_values, self.noise_std) \
@@ -135,17 +161,20 @@ class Encoding:
         clipped = rows.copy()
         clipped[:, :self.n_values] = np.clip(rows[:, :self.n_values], -self.value_bound,
                                              self.value_bound)
+        bound = self.value_bound * self.log_bound
+        clipped[:, self.n_values:self.n_dense] = np.clip(rows[:, self.n_values:self.n_dense],
+                                                         -bound, bound)
         q = np.empty((rows.shape[0], rows.shape[1] + 1), np.uint32)
         q[:, :-1] = np.round(clipped * self.scales()[:-1]).astype(np.int64).astype(np.uint32)
         q[:, -1] = np.count_nonzero(clipped != rows, axis=1)  # summed inside the protocol
         return q
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, dict]:
-        """(the summed values, the summed ``STATS`` and clip count by name)."""
+        """(the summed dense part, the summed ``stats`` and clip count by name)."""
         signed = total.astype(np.int64)
         signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
         got = signed / self.scales()
-        return got[:self.n_values], dict(zip(STATS + ("clipped",), got[self.n_values:]))
+        return got[:self.n_dense], dict(zip(self.stats + ("clipped",), got[self.n_dense:]))
 
 
 def warn_if_masked_on_driver(executor, aggregator) -> None:
@@ -278,7 +307,8 @@ class SecureAggregation(WeightedMean):
                         noise_std=noise_scale / np.sqrt(t) if noise_scale and t else 0.0,
                         secret_noise=secret_noise, seed=(int(c.seed), int(round_idx)),
                         clip=None if clip is None else float(clip[0]),
-                        weight_cap=None if clip is None or clip[1] is None else float(clip[1]))
+                        weight_cap=None if clip is None or clip[1] is None else float(clip[1]),
+                        exponent=bool(c.learns_exponent))
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
@@ -307,7 +337,7 @@ class SecureAggregation(WeightedMean):
         delta = self.secure_round(halves, session, enc, ids, round_idx, denominator)
         if delta.summary.n_used:
             got = enc.decode(self._last_total)[0]
-            exact = rows[delta.client_weights > 0, :enc.n_values].sum(axis=0)
+            exact = rows[delta.client_weights > 0, :enc.n_dense].sum(axis=0)
             total = denominator or self._last_stats["used"]
             self.round_stats["secagg_error"] = float(np.abs(got - exact).max() / total)
         return delta
@@ -414,7 +444,7 @@ class SecureAggregation(WeightedMean):
 
     def _delta(self, enc, total, survived, m, denominator) -> GlobalDelta:
         K, nv = enc.K, enc.n_values
-        values, st = (None, {k: 0.0 for k in STATS + ("clipped",)}) if total is None else \
+        values, st = (None, {k: 0.0 for k in enc.stats + ("clipped",)}) if total is None else \
             enc.decode(total)
         self._last_stats = st
         count = {k: int(round(st[k])) for k in ("empty", "nonfinite", "nonfinite_recon")}
@@ -426,7 +456,7 @@ class SecureAggregation(WeightedMean):
                                float("nan"))
         if not n_used:
             return empty_delta(K, summary, survived * 0)
-        clipped = int(round(st["clipped"]))
+        clipped, nv = int(round(st["clipped"])), enc.n_dense
         self.round_stats.update(
             secagg_survivors=int(survived.sum()), secagg_lost_round=False,
             secagg_clipped=clipped, secagg_clipped_share=clipped / (n_used * nv))
@@ -437,6 +467,13 @@ class SecureAggregation(WeightedMean):
                           f"±value_bound={self.value_bound:g} this round: the aggregate is "
                           "biased; raise value_bound (or max_weight)", RuntimeWarning,
                           stacklevel=5)
-        block = (values / (denominator or st["used"])).reshape(enc.n_items, K + 1)
-        return GlobalDelta(np.arange(enc.n_items), block[:, :K], block[:, K], None, summary,
-                           int(survived.sum()) * enc.width, survived)
+        total_weight = denominator or st["used"]
+        mean = values[:enc.n_values] / total_weight
+        block, items = mean.reshape(enc.n_items, K + 1), np.arange(enc.n_items)
+        terms = None
+        if enc.exponent:  # ∂Δ̄/∂α = (Σ s'Δ − Δ̄ Σ s') / Σ s, from the masked sums
+            d = ((values[enc.n_values:] - mean * st["dweight"]) / total_weight).reshape(
+                enc.n_items, K + 1)
+            terms = (items, d[:, :K], d[:, K])
+        return GlobalDelta(items, block[:, :K], block[:, K], None, summary,
+                           int(survived.sum()) * enc.width, survived, exponent_terms=terms)
