@@ -788,6 +788,85 @@ def weighting_claims(weighting) -> str:
     return "\n".join(lines)
 
 
+CLAIMS: list = []  # (document, the comparison its prose states, whether the JSON bears it out)
+
+
+def claim(doc: str, text: str, holds) -> None:
+    """Register a comparison that ``doc``'s prose states in words, with whether the result JSON
+    bears it out; ``main`` fails on one that does not (prose cannot go stale silently)."""
+    CLAIMS.append((doc, text, bool(holds)))
+
+
+def hyper_claims(doc, doc_1m) -> None:
+    """The comparisons HYPER.md's prose states about the random starts."""
+    trials = [r for r in doc["rows"] if r["section"] == "trials"]
+    bo = doc["best_of_n"]
+    worst = {m: max(r["rmse"] for r in trials if r["mode"] == m) for m in bo}
+    best = {m: min(r["rmse"] for r in trials if r["mode"] == m) for m in bo}
+    own_end = [r["server_learning_rate_final"] for r in trials
+               if r["mode"] == "learned (own cohort)" and "server_learning_rate_final" in r]
+    starts = [r["lr0"] for r in trials if r["mode"] == "fixed"]
+    claim("HYPER.md", "a single learned start beats a single fixed one on average",
+          bo["learned"][0] < bo["fixed"][0])
+    claim("HYPER.md", "the best of five learned starts is at least as good as the best of all "
+          "fixed ones", bo["learned"][4] <= bo["fixed"][-1])
+    claim("HYPER.md", "no random-start run diverged",
+          all(np.isfinite(r["rmse"]) for r in trials))
+    claim("HYPER.md", "the worst learned run is far better (by half the gap to the best) than "
+          "the worst fixed one", worst["fixed"] - worst["learned"] >
+          0.5 * (worst["fixed"] - best["fixed"]))
+    claim("HYPER.md", "learned from the own cohort, the end learning rates span less than the "
+          "starts do", own_end and np.ptp(np.log(own_end)) < np.ptp(np.log(starts)))
+    claim("HYPER.md", "learned from the own cohort, the best run is worse than the best fixed "
+          "one (good starts get worse)", best["learned (own cohort)"] > best["fixed"])
+    if doc_1m:
+        b = doc_1m["best_of_n"]
+        claim("HYPER.md", "on the ML-1M-size population both learned variants help a single "
+              "start", b["learned"][0] < b["fixed"][0] and
+              b["learned (own cohort)"][0] < b["fixed"][0])
+
+
+def stability_values(doc) -> dict:
+    """The stability study (hyper_stability.json): per mode, how many random starts diverged,
+    and the learned modes against the fixed one on the starts that diverged fixed."""
+    if not doc:
+        return {"stability_provenance": "", "table_stability": "Not measured yet.",
+                "stability_lines": "", "stability_range": "—", "n_common": "—"}
+    rows = [r for r in doc["rows"] if r["section"] == "stability"]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    by = {m: {r["trial"]: r for r in rows if r["mode"] == m} for m in modes}
+    lost = [t for t, r in by["fixed"].items() if r["diverged"]]
+
+    def med(rs):
+        ok = [r["rmse"] for r in rs if not r["diverged"]]
+        return f"{np.median(ok):.4f}" if ok else "—"
+    common = [t for t in by["fixed"] if not any(by[m][t]["diverged"] for m in modes)]
+    table_rows = [(m, f"{sum(r['diverged'] for r in by[m].values())} of {len(by[m])}",
+                   med(by[m][t] for t in common), med(by[m][t] for t in lost)) for m in modes]
+    adam, sgd = modes[1], modes[-1]
+    median = {m: np.median([by[m][t]["rmse"] for t in common]) for m in modes}
+    claim("hyper.py (Hypergradients docstring)", f"{sgd} diverges on fewer starts than "
+          f"{adam}", sum(r["diverged"] for r in by[sgd].values()) <
+          sum(r["diverged"] for r in by[adam].values()))
+    claim("hyper.py (Hypergradients docstring)", f"on the starts every variant finished, "
+          f"{adam} ends better than {sgd} (median RMSE)", median[adam] < median[sgd])
+    lines = []
+    for m in modes[1:]:
+        saved = [t for t in lost if not by[m][t]["diverged"]]
+        new = [t for t, r in by[m].items() if r["diverged"] and not by["fixed"][t]["diverged"]]
+        lines.append(f"- {m}: finished {len(saved)} of the {len(lost)} starts that diverged "
+                     f"with fixed values, and diverged on {len(new)} start(s) that finished "
+                     "fixed.")
+    return {"stability_provenance": provenance(doc["meta"], "hyper_stability.json"),
+            "stability_range": "[{:g}, {:g}]".format(*_bench_constant("WIDE_LR_RANGE")),
+            "n_common": str(len(common)),
+            "table_stability": table(["values", "diverged",
+                                      "median RMSE on the starts every variant finished",
+                                      "median RMSE on the starts that diverged fixed"],
+                                     table_rows),
+            "stability_lines": "\n".join(lines)}
+
+
 def hyper_values(doc, doc_1m=None) -> dict:
     rows, meta = doc["rows"], doc["meta"]
     trials = [r for r in rows if r["section"] == "trials"]
@@ -814,6 +893,7 @@ def hyper_values(doc, doc_1m=None) -> dict:
                    end(by["learned"][i], "momentum_final", ".3f")) for i in order]
     w_doc = load("hyper_weighting.json")
     weighting = [r for r in (w_doc["rows"] if w_doc else []) if r["section"] == "weighting"]
+    hyper_claims(doc, doc_1m)
     bo = doc["best_of_n"]
     own = [r["server_learning_rate_final"] for r in by.get("learned (own cohort)", [])
            if "server_learning_rate_final" in r]
@@ -1399,8 +1479,10 @@ def documents() -> dict[Path, str]:
         ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], {
             **perf_values(bench), **busy_values(load("busy.json"))}),
         **({ROOT / "eval" / "HYPER.md": render((TEMPLATES / "HYPER.md").read_text(),
-                                                hyper_values(load("hyper.json"),
-                                                             load("hyper_1m.json")))}
+                                                {**hyper_values(load("hyper.json"),
+                                                                load("hyper_1m.json")),
+                                                 **stability_values(
+                                                     load("hyper_stability.json"))})}
            if load("hyper.json") else {}),
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json")),
@@ -1441,9 +1523,11 @@ def documents() -> dict[Path, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
-                    help="compare instead of writing; exit 1 when a document is out of date")
+                    help="compare instead of writing; exit 1 when a document is out of date "
+                         "(either way, exit 1 when a comparison its prose states is false)")
     args = ap.parse_args(argv)
     stale = []
+    CLAIMS.clear()
     for path, text in documents().items():
         if args.check:
             if not path.exists() or path.read_text() != text:
@@ -1451,10 +1535,13 @@ def main(argv=None) -> int:
         else:
             path.write_text(text)
             print(f"wrote {path.relative_to(ROOT)}")
+    false = [f"{doc}: {text}" for doc, text, holds in CLAIMS if not holds]
+    if false:
+        print("the prose states comparisons the results no longer bear out (reword the "
+              "template):\n  " + "\n  ".join(false))
     if stale:
         print("out of date (run python scripts/report.py): " + ", ".join(stale))
-        return 1
-    return 0
+    return 1 if stale or false else 0
 
 
 if __name__ == "__main__":

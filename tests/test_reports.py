@@ -53,3 +53,24 @@ def test_main_job_keeps_every_printed_digit(tmp_path):
     for new, old in zip(rows, committed):
         for key in ("rmse", "mae", "accuracy", "rmse_boot_std", "accuracy_boot_std"):
             assert f"{new[key]:.4f}" == f"{old[key]:.4f}", (new["name"], key)
+
+
+def test_a_comparison_the_prose_states_is_checked_against_the_json(monkeypatch, capsys):
+    """HYPER.md says learned starts beat fixed ones; with the results swapped the check fails
+    and names the sentence, even when the documents are regenerated."""
+    report = load_script("report")
+    real = report.load
+
+    def swapped(name):
+        doc = real(name)
+        if name == "hyper.json":
+            bo = doc["best_of_n"]
+            bo["fixed"], bo["learned"] = bo["learned"], bo["fixed"]
+        return doc
+
+    monkeypatch.setattr(report, "load", swapped)
+    assert report.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "HYPER.md: a single learned start beats a single fixed one on average" in out
+    monkeypatch.setattr(report, "load", real)
+    assert report.main(["--check"]) == 0

@@ -59,6 +59,14 @@ class Hypergradients(Params):
     learning_rate : float > 0, default 0.01
         Step of the hyper-optimizer on log η_s, logit β and α.
     optimizer : {"adam", "sgd"}, default "adam"
+        The hyper-optimizer on the raw values. "sgd" is the paper's (its Section 5): its step
+        is proportional to the hypergradient, which is large when the loss explodes, so it
+        pulls back starts that diverge with fixed values. "adam" moves each value by about
+        ``learning_rate`` per round whatever the hypergradient's size: it cannot rescue a
+        start that diverges within a few rounds, and one noisy report (under DP) cannot throw
+        a value far. It is the default because, on the starts that train, its runs ended
+        better in eval/HYPER.md's stability study (``scripts/report.py`` checks both halves
+        of this against the results).
     bounds : dict or None, default None
         The range each learned value is kept in, {name: (low, high)} in natural units;
         unnamed ones keep the defaults: server_learning_rate (1e-4, 1e3), momentum
