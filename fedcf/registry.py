@@ -16,6 +16,7 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "dp": "fedcf.federated.dp:DPGaussianMean",
         "differential-privacy": "fedcf.federated.dp:DifferentialPrivacy",
         "trimmed-mean": "fedcf.federated.aggregators:TrimmedMean",
+        "item-normalized-mean": "fedcf.federated.aggregators:ItemNormalizedMean",
         "median": "fedcf.federated.aggregators:CoordinateMedian",
         "foolsgold": "fedcf.federated.aggregators:FoolsGoldMean",
         "secure": "fedcf.federated.secagg:SecureAggregation",

@@ -19,17 +19,20 @@ import time
 from fedcf import CentralizedMF, FedReconMF
 from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
-from fedcf.federated import SGD, Adagrad, Hypergradients
+from fedcf.federated import SGD, Adagrad, Hypergradients, ItemNormalizedMean
 from fedcf.provenance import run_meta, write_json
 
 CENTRAL = dict(solver="als", regularization=0.1, n_epochs=15, n_factors=50)
 FEDRECON = dict(n_factors=50, clients_per_round=100, biases=True, reconstruction="als")
-# the issue's candidates that are package options: the default, larger server steps,
-# per-row adaptive steps (Adagrad), the learned server learning rate (held-out users' derivatives)
+# the issue's candidates: the default, larger server steps, per-row adaptive steps (Adagrad),
+# per-item normalisation of the aggregate, the learned server learning rate (held-out users'
+# derivatives)
 CANDIDATES = {
     "SGD 1 (default)": {},
     "SGD 2": {"server_optimizer": SGD(2.0)},
     "Adagrad 1 (per-row steps)": {"server_optimizer": Adagrad(1.0)},
+    "per-item mean": {"aggregator": ItemNormalizedMean(1.0)},
+    "per-item, power 0.5": {"aggregator": ItemNormalizedMean(0.5)},
     "learned from 1 (Adam 0.01)": {"hypergradients": Hypergradients()},
     "learned from 1 (Adam 0.1)": {"hypergradients": Hypergradients(learning_rate=0.1)},
     "learned from 3 (Adam 0.1)": {"server_optimizer": SGD(3.0),

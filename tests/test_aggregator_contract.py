@@ -7,6 +7,7 @@ from fedcf.federated import (
     DifferentialPrivacy,
     DPGaussianMean,
     FoolsGoldMean,
+    ItemNormalizedMean,
     LocalExecutor,
     NormClippedMean,
     SecureAggregation,
@@ -52,6 +53,10 @@ class TestDPGaussianMeanCapped(AggregatorContract):
     make = staticmethod(lambda: DPGaussianMean(0.1, target_epsilon=5.0, delta=1e-4,
                                                insecure_seeded_noise=True,
                                                weight_cap=4))
+
+
+class TestItemNormalizedMean(AggregatorContract):
+    make = staticmethod(lambda: ItemNormalizedMean(0.5))
 
 
 class TestTrimmedMean(AggregatorContract):

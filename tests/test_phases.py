@@ -187,3 +187,36 @@ def test_client_uploads_are_what_a_round_sends(pop):
 
     with pytest.raises(ValueError, match="keeps user rows between rounds"):
         FedAvgMF(**FAST).fit(pop).client_uploads(pop, [0])
+
+
+@pytest.mark.parametrize("power", [0.0, 0.5, 1.0])
+def test_item_normalized_mean_divides_each_row_by_its_own_clients_weight(power):
+    """Each row's delta is Σ w Δ over the clients that touched it, divided by W^(1−p)·W_i^p;
+    a client's two slots of one item count its weight once. Dividing by the cohort's weight
+    (the plain mean) or counting a repeated slot twice fails here for p > 0."""
+    from fedcf.federated import ItemNormalizedMean
+
+    # client 0: items 1, 1 (a repeated slot), 2; client 1: item 2; client 2: item 3
+    out = ClientOutputs(np.array([0, 3, 4, 5]), np.array([1, 1, 2, 2, 3]),
+                        np.array([[1.0], [2.0], [4.0], [8.0], [16.0]]),
+                        np.array([0.5, 0.5, 1.0, 1.0, 2.0]), np.array([2.0, 6.0, 4.0]),
+                        np.zeros(3))
+    hp = RoundHyperparams(1.0)
+    d = ItemNormalizedMean(power)(out, hp)
+    w, W = np.array([2.0, 6.0, 4.0]), 12.0
+    sums = {1: (w[0] * 3.0, w[0] * 1.0), 2: (w[0] * 4 + w[1] * 8, w[0] + w[1]), 3: (w[2] * 16,
+                                                                                   w[2] * 2)}
+    touched = {1: w[0], 2: w[0] + w[1], 3: w[2]}
+    np.testing.assert_array_equal(d.items, [1, 2, 3])
+    for row, item in enumerate(d.items):
+        denom = W ** (1 - power) * touched[item] ** power
+        assert d.d_Q[row, 0] == pytest.approx(sums[item][0] / denom)
+        assert d.d_b[row] == pytest.approx(sums[item][1] / denom)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), "1", True, None])
+def test_item_normalized_mean_names_a_bad_power(bad):
+    from fedcf.federated import ItemNormalizedMean
+
+    with pytest.raises(ValueError, match="power must be a number in"):
+        ItemNormalizedMean(bad)

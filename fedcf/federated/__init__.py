@@ -2,7 +2,13 @@
 the ranking papers' baselines (FedMF, FedNCF, PFedRec), and the phases a round is composed of
 (to replace one: a custom executor or aggregator)."""
 
-from .aggregators import CoordinateMedian, FoolsGoldMean, NormClippedMean, TrimmedMean
+from .aggregators import (
+    CoordinateMedian,
+    FoolsGoldMean,
+    ItemNormalizedMean,
+    NormClippedMean,
+    TrimmedMean,
+)
 from .client_update import ClientUpdate
 from .contracts import (
     Aggregator,
@@ -47,7 +53,7 @@ __all__ = [
     "FedMF", "FedNCF", "PFedRec", "NCF",
     # aggregators
     "WeightedMean", "NormClippedMean", "DifferentialPrivacy", "DPGaussianMean",
-    "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean",
+    "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean", "ItemNormalizedMean",
     # client update
     "ClientUpdate",
     # reconstruction

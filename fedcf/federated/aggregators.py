@@ -5,6 +5,7 @@ with an estimator's ``aggregator`` parameter and sees only ``ClientOutputs``.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 
 import numpy as np
@@ -244,6 +245,53 @@ class FoolsGoldMean(WeightedMean):
         return self.aggregate(merged_sums(out, out.client_ids(), a, a, bad, (w == 0) & ~bad),
                               round_idx)
 
+
+
+class ItemNormalizedMean(WeightedMean):
+    """The weighted mean with each item row divided by the weight of the clients that touched
+    it rather than by the whole cohort's (as federated MF papers average item updates):
+    Δ̄_i = (W / W_i)^power · Σ_k w_k Δ_k,i / W, with W the cohort's weight and W_i that of the
+    clients with item i (a client's repeated slots of one item count once). power = 0 is the
+    plain mean, 1 the mean over the item's own clients: a rarely rated item then moves as far
+    as a popular one. A dense rank map (full-catalog implicit negatives) is left as it is.
+    It needs every upload (not linear), so it is not available under secure aggregation or DP.
+
+    Parameters
+    ----------
+    power : float in [0, 1], default 1
+        How far the per-item normalisation goes.
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import ItemNormalizedMean
+    >>> FedReconMF(aggregator=ItemNormalizedMean(0.5)).get_params()["aggregator__power"]
+    0.5
+    """
+
+    linear = False  # W_i needs to know which clients touched each row
+
+    def __init__(self, power: float = 1.0):
+        self.power = power
+        self.validate()
+
+    def validate(self):
+        p = self.power
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+            raise ValueError(f"power must be a number in [0, 1] (0: the plain mean, 1: the mean "
+                             f"over each item's own clients), got {p!r}")
+
+    def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
+                 ) -> GlobalDelta:
+        delta = super().__call__(out, hp, round_idx)
+        if not len(delta.items) or self.power == 0:
+            return delta
+        _, w, _, owner, valid, _ = entries(out, hp)
+        pairs = np.unique(np.stack([owner[valid], out.items[valid]]), axis=1)
+        touched = np.bincount(pairs[1], weights=w[pairs[0]],
+                              minlength=int(delta.items.max()) + 1)[delta.items]
+        scale = (w.sum() / touched) ** float(self.power)
+        return dataclasses.replace(delta, d_Q=delta.d_Q * scale[:, None], d_b=delta.d_b * scale)
 
 
 def upload_matrix(out: ClientOutputs, w: np.ndarray):
