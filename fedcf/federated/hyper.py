@@ -21,7 +21,7 @@ Only broadcasts and sums are used, as in the paper: the reports' mean is a ratio
 the round's aggregator computes as it protects the update (``Aggregator.report_mean``,
 reports.py) — masked under secure aggregation, clipped, noised and accounted under differential
 privacy — and ∂Δ̄/∂α = Σ w_i (ln n_i − L̄) Δ_i / Σ w_i is Σ w_i ln n_i Δ_i / Σ w_i − L̄·Δ̄, sums
-the server already has in the clear (the plain mean).
+the plain mean has and that secure aggregation masks beside the update (``Encoding.exponent``).
 """
 
 from __future__ import annotations
@@ -301,11 +301,12 @@ def check_learnable(est, hg: Hypergradients, stateful: bool) -> None:
     plain = type(agg) is WeightedMean
     if not (plain or agg.secure or agg.sampling == "poisson"):
         raise ValueError(f"hypergradients need a summing aggregator (aggregator=None, "
-                         f"SecureAggregation or DifferentialPrivacy), got aggregator={agg!r}: a "
-                         "robust statistic bounds what one client moves in the model, but the "
-                         "hypergradient reports are a mean that one client could steer")
-    if "weight_exponent" in hg.learn and not (plain or type(agg).__name__ ==
-                                              "SecureAggregation"):
+                         f"SecureAggregation or DifferentialPrivacy), got aggregator={agg!r}: the "
+                         "reports' mean and the server step's tangents are those of the weighted "
+                         "mean (and next to a robust statistic, one client could steer the "
+                         "reports' mean)")
+    if "weight_exponent" in hg.learn and not (plain or (agg.secure and
+                                                        agg.sampling != "poisson")):
         raise ValueError(f"learning weight_exponent needs the weighted mean (aggregator=None) "
                          f"or SecureAggregation, got aggregator={agg!r}: DP weighs each client "
                          "by its clipped upload (and capped query size), not by n_i^α")
