@@ -261,3 +261,12 @@ def test_what_cannot_learn_is_refused_with_the_reason(pop, agg, match):
 def test_a_bad_report_clip_is_named(bad):
     with pytest.raises(ValueError, match="clip_norm"):
         Hypergradients(clip_norm=bad)
+
+
+def test_a_report_clip_too_large_for_the_fixed_point_sum_is_named():
+    agg = SecureAggregation(min_cohort=5).bind(_context())
+    with pytest.raises(ValueError, match=r"hypergradients__clip_norm=1e\+12 with 12 clients "
+                                         r"does not fit a 32-bit sum; lower it"):
+        agg.report_mean(_reports(), 1e12, 0)
+    with pytest.raises(ValueError, match="value_bound=1e\\+12 with 12 clients does not fit"):
+        SecureAggregation(min_cohort=5, value_bound=1e12).bind(_context()).encoding(12).scales()

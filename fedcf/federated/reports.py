@@ -20,7 +20,23 @@ import numpy as np
 
 from . import secret
 
-MOD_BITS = 32
+MOD_BITS = 32  # masked sums are taken modulo 2**MOD_BITS
+
+
+def fixed_point_scale(reach: float, fix: str) -> float:
+    """The largest power-of-two scale at which a signed sum of magnitude up to ``reach`` fits
+    in MOD_BITS bits; ``fix`` says what to lower when none does."""
+    bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
+    if bits < 0:
+        raise ValueError(f"{fix} does not fit a {MOD_BITS}-bit sum; lower it")
+    return 2.0 ** bits
+
+
+def signed_sum(total: np.ndarray) -> np.ndarray:
+    """An unmasked sum modulo 2**MOD_BITS read back as signed integers."""
+    signed = np.asarray(total).astype(np.int64)
+    signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
+    return signed
 
 
 @dataclass(frozen=True)
@@ -93,14 +109,10 @@ class ReportEncoding:
         return self.H + 2
 
     def scales(self) -> np.ndarray:
-        def scale(reach):
-            bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
-            if bits < 0:
-                raise ValueError(f"hypergradients__clip_norm={self.clip} does not fit {self.m} "
-                                 f"clients in a {MOD_BITS}-bit sum; lower it")
-            return 2.0 ** bits
-        values = scale(self.m * self.clip + 8.0 * self.noise_std * np.sqrt(self.m))
-        return np.concatenate([np.full(self.H, values), [scale(self.m), 1.0]])
+        fix = f"hypergradients__clip_norm={self.clip:g} with {self.m} clients"
+        values = fixed_point_scale(self.m * self.clip + 8.0 * self.noise_std * np.sqrt(self.m),
+                                   fix)
+        return np.concatenate([np.full(self.H, values), [fixed_point_scale(self.m, fix), 1.0]])
 
     def rows(self, reports: Reports) -> np.ndarray:
         """The float rows before rounding (each client's own, computed where it runs)."""
@@ -123,7 +135,5 @@ class ReportEncoding:
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, float, int]:
         """(Σ r·clip(g), Σ r, reports counted) from the unmasked sum."""
-        signed = np.asarray(total).astype(np.int64)
-        signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
-        got = signed / self.scales()
+        got = signed_sum(total) / self.scales()
         return got[:self.H], float(got[self.H]), int(round(got[self.H + 1]))

@@ -41,10 +41,9 @@ from .phases import (
     clip_factors,
     empty_delta,
 )
-from .reports import ReportEncoding, Reports
+from .reports import ReportEncoding, Reports, fixed_point_scale, signed_sum
 from .secagg_protocol import ClientHalves, ProtocolAbort, SecAggServer, run_round
 
-MOD_BITS = 32
 CLIP_WARNING = 1e-3  # share of clipped coordinates above which a round warns
 
 
@@ -107,11 +106,8 @@ class Encoding:
     def scales(self) -> np.ndarray:
         """Fixed-point scale of each column (the values, then ``STATS``, then the clip count)."""
         def scale(reach):
-            bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
-            if bits < 0:
-                raise ValueError(f"value_bound={self.value_bound} does not fit {self.m} clients "
-                                 f"in a {MOD_BITS}-bit sum; lower value_bound")
-            return 2.0 ** bits
+            return fixed_point_scale(reach, f"value_bound={self.value_bound:g} with {self.m} "
+                                            "clients")
         values = scale(self.m * self.value_bound + 8.0 * self.noise_std * np.sqrt(self.m))
         unit = scale(self.m)
         dense = np.full(self.n_values, values)
@@ -171,9 +167,7 @@ class Encoding:
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, dict]:
         """(the summed dense part, the summed ``stats`` and clip count by name)."""
-        signed = total.astype(np.int64)
-        signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
-        got = signed / self.scales()
+        got = signed_sum(total) / self.scales()
         return got[:self.n_dense], dict(zip(self.stats + ("clipped",), got[self.n_dense:]))
 
 
