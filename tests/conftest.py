@@ -34,6 +34,25 @@ def pytest_sessionstart(session):
                       "as they go", stacklevel=1)
 
 
+# The suite runs on pytest-xdist workers (pyproject: ``-n auto --dist loadgroup``). The tests that
+# start Ray (a local instance, a head node, Flower's simulation engine) or Flower's servers share
+# one group, so they run one after another on one worker: two Ray sessions never race for the
+# machine's cores or its session files (``ray_current_cluster``).
+_SERIAL_MODULES = {"test_ray", "test_ray_cluster", "test_flower"}
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most four (each holds its own Numba and Ray imports)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if module in _SERIAL_MODULES:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
     """Tests marked ``network`` fetch real data from a package registry: when no source can be
