@@ -46,11 +46,18 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def _serial(item) -> bool:
+    module = getattr(item, "module", None)
+    return module is not None and module.__name__.rpartition(".")[2] in _SERIAL_MODULES
+
+
 def pytest_collection_modifyitems(config, items):
+    """Group the Ray and Flower tests, and put them first: the group is the longest unit of work,
+    so it starts at once on one worker while the other workers share the rest."""
     for item in items:
-        module = item.module.__name__.rpartition(".")[2] if item.module else ""
-        if module in _SERIAL_MODULES:
+        if _serial(item):
             item.add_marker(pytest.mark.xdist_group("cluster"))
+    items.sort(key=lambda item: not _serial(item))  # stable: modules stay contiguous
 
 
 @pytest.hookimpl(tryfirst=True)
