@@ -84,10 +84,26 @@ def sweep_table(rows, label, fmt) -> str:
                   ("accuracy", *(pct(r["accuracy"]) for r in rows))])
 
 
+def budget_selections(rows, d, n) -> dict:
+    """Per protocol, the validation-selected FedRecon row of each seed at (dataset d, n rounds),
+    with centralized + ReconEval's test RMSE on the same split: "per seed" takes each split's
+    lowest validation RMSE; "once" takes the candidate whose validation RMSE, averaged over the
+    seeds, is lowest, and reports it on every seed. Test RMSEs never enter a choice."""
+    at = [r for r in rows if r["dataset"] == d and r["rounds"] == n]
+    central = {r["seed"]: r["test_rmse"] for r in rows if r["dataset"] == d and r["rounds"] is None}
+    seeds = sorted({r["seed"] for r in at})
+    models = list(dict.fromkeys(r["model"] for r in at))
+    pooled = min(models, key=lambda m: np.mean([r["val_rmse"] for r in at if r["model"] == m]))
+    per_seed = [min((r for r in at if r["seed"] == s), key=lambda r: r["val_rmse"]) for s in seeds]
+    once = [next(r for r in at if r["seed"] == s and r["model"] == pooled) for s in seeds]
+    return {"per seed": [(r, central[r["seed"]]) for r in per_seed],
+            "once": [(r, central[r["seed"]]) for r in once]}
+
+
 def budget_values(doc) -> dict:
     """FedRecon against centralized + ReconEval at two round budgets (budget.json): mean RMSE
     over seeds per candidate, and per (dataset, budget) the validation-selected candidate's test
-    RMSE against centralized's, seed by seed."""
+    RMSE against centralized's, seed by seed, under both selection protocols."""
     if not doc:
         return {"budget_provenance": "", "table_budget": "Not measured yet.", "budget_lines": ""}
     rows = doc["rows"]
@@ -97,31 +113,36 @@ def budget_values(doc) -> dict:
 
     def mean(rs, k):
         return f"{np.mean([r[k] for r in rs]):.4f}"
-    out, lines = [], []
+    out, lines, chosen = [], [], {}
     for d in dict.fromkeys(r["dataset"] for r in rows):
         cs = [r for r in rows if r["dataset"] == d and r["rounds"] is None]
         out.append((d, "—", "centralized + ReconEval", mean(cs, "val_rmse"), mean(cs, "test_rmse"),
                     ""))
     for d, n in key:
-        seeds = sorted({r["seed"] for r in rows if r["dataset"] == d})
         models = list(dict.fromkeys(r["model"] for r in rows if r["rounds"] == n))
         for m in models:
             rs = [r for r in rows if r["dataset"] == d and r["rounds"] == n and r["model"] == m]
             met = sum(r["test_rmse"] <= central[(d, r["seed"])]["test_rmse"] for r in rs)
             out.append((d, n, m, mean(rs, "val_rmse"), mean(rs, "test_rmse"),
                         f"{met} of {len(rs)}"))
-        picks = []
-        for seed in seeds:
-            rs = [r for r in rows if r["dataset"] == d and r["rounds"] == n and r["seed"] == seed]
-            best = min(rs, key=lambda r: r["val_rmse"])
-            c = central[(d, seed)]["test_rmse"]
-            picks.append((best, c))
-        met = sum(b["test_rmse"] <= c for b, c in picks)
-        lines.append(f"- {d}, {n} rounds: selected on validation "
-                     + ", ".join(f"seed {b['seed']} {b['model']} ({b['test_rmse']:.4f} against "
-                                 f"{c:.4f})" for b, c in picks)
-                     + f"; target (≤ centralized + ReconEval) met in {met} of {len(picks)} "
-                     "seeds")
+        for how, picks in budget_selections(rows, d, n).items():
+            met = sum(b["test_rmse"] <= c for b, c in picks)
+            if how == "once":
+                chosen[(d, n)] = picks[0][0]["model"]
+                claim("RESULTS.md", f"{d}, {n} rounds: the setting selected once meets the target "
+                      "on every seed, and it is an Adam row", met == len(picks) and
+                      all(b["model"].startswith("Adam") for b, _ in picks))
+            lines.append(f"- {d}, {n} rounds, selected {how}: "
+                         + ", ".join(f"seed {b['seed']} {b['model']} ({b['test_rmse']:.4f} "
+                                     f"against {c:.4f})" for b, c in picks)
+                         + f"; target (≤ centralized + ReconEval) met in {met} of {len(picks)} "
+                         "seeds")
+    step = {k: float(m.split()[1]) if m.startswith("Adam ") else None for k, m in chosen.items()}
+    if ("100k", 125) in step and ("synthetic-1m", 500) in step:
+        claim("RESULTS.md", "the winning Adam step is larger for the ML-1M-size catalog and "
+              "smaller for the longer ML-100K run", None not in step.values()
+              and all(step[("synthetic-1m", n)] > step[("100k", n)] for n in (125, 500))
+              and step[("100k", 500)] < step[("100k", 125)])
     return {"budget_provenance": provenance(doc["meta"], "budget.json"),
             "table_budget": table(["dataset", "rounds", "model", "validation RMSE (mean)",
                                    "test RMSE (mean)", "test ≤ centralized (seeds)"], out),

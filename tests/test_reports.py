@@ -74,3 +74,29 @@ def test_a_comparison_the_prose_states_is_checked_against_the_json(monkeypatch, 
     assert "HYPER.md: a single learned start beats a single fixed one on average" in out
     monkeypatch.setattr(report, "load", real)
     assert report.main(["--check"]) == 0
+
+
+def _budget_row(seed, model, val, test, rounds=125):
+    return {"dataset": "d", "seed": seed, "model": model, "rounds": rounds, "val_rmse": val,
+            "test_rmse": test}
+
+
+def test_the_budget_selection_reads_validation_only_per_seed_and_once_over_the_seeds():
+    """Model "good" has the lower validation RMSE on average but not on seed 1, where "lucky"
+    wins validation: per seed takes lucky there, once takes good on both. A test RMSE that
+    would change the choice (lucky's are the lowest) must not."""
+    report = load_script("report")
+    rows = [_budget_row(0, None, 0.5, 0.90, rounds=None) | {"model": "central"},
+            _budget_row(1, None, 0.5, 0.90, rounds=None) | {"model": "central"},
+            _budget_row(0, "good", 0.80, 0.89), _budget_row(0, "lucky", 0.95, 0.10),
+            _budget_row(1, "good", 0.81, 0.88), _budget_row(1, "lucky", 0.79, 0.95)]
+    sel = report.budget_selections(rows, "d", 125)
+    assert [(r["seed"], r["model"], c) for r, c in sel["per seed"]] == [(0, "good", 0.90),
+                                                                       (1, "lucky", 0.90)]
+    assert [(r["seed"], r["model"]) for r, _ in sel["once"]] == [(0, "good"), (1, "good")]
+    meta = {"date": "2026-01-01", "machine": "m", "python": "3", "numpy": "2", "command": "c"}
+    lines = report.budget_values({"meta": meta, "rows": rows})
+    text = lines["budget_lines"]
+    assert "selected per seed: " in text and "met in 1 of 2 seeds" in text
+    assert "selected once: " in text and "met in 2 of 2 seeds" in text
+
