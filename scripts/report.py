@@ -932,6 +932,56 @@ def stability_values(doc) -> dict:
             "stability_lines": "\n".join(lines)}
 
 
+def figure8_values(doc) -> dict:
+    """HYPER.md §3, the paper's own regime (learned_weighting.json): per weighting, the training
+    loss averaged over seeds at a few rounds, the test accuracy and α at the end; the learned
+    runs' α every fifty rounds; and the checks of the comparisons the prose states."""
+    if not doc:
+        return {"figure8_provenance": "", "table_figure8": "Not measured yet.",
+                "table_figure8_alpha": "", "figure8_settings": "—"}
+    rows, st = doc["rows"], doc["meta"]["settings"]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    rounds = sorted({r["round"] for r in rows})
+
+    def at(mode, t, k):
+        return float(np.mean([r[k] for r in rows if r["mode"] == mode and r["round"] == t]))
+    last = rounds[-1]
+    shown = [t for t in rounds if t and (t % 100 == 0 or t == 50)] or rounds[1:]
+    early = shown[0]
+    loss = {m: at(m, last, "train_loss") for m in modes}
+    claim("HYPER.md", "example weighting is ahead of uniform weighting early",
+          at("example", early, "train_loss") < at("uniform", early, "train_loss"))
+    claim("HYPER.md", "uniform weighting ends ahead of example weighting",
+          loss["uniform"] < loss["example"])
+    path = [at("learned from example", t, "alpha") for t in rounds]
+    claim("HYPER.md", "learned from example weighting, α first rises above its start, then "
+          "ends below it", max(path[: len(path) // 4 + 1]) > path[0] > path[-1])
+    up = [at("learned from uniform", t, "alpha") for t in rounds]
+    claim("HYPER.md", "started from uniform weighting, α rises, peaks below example weighting "
+          "and drifts back down", 0 < up[-1] < max(up) < 1)
+    claim("HYPER.md", "both learned runs end with a lower training loss than either fixed "
+          "weighting", max(loss[m] for m in modes if m.startswith("learned"))
+          < min(loss["uniform"], loss["example"]))
+    return {
+        "figure8_provenance": provenance(doc["meta"], "learned_weighting.json"),
+        "figure8_settings": (
+            f"{st['clients']} clients, {st['cohort']} per round, {st['rounds']} rounds, local "
+            f"mini-batch SGD (epochs {st['epochs']}, batch {st['batch']}, step "
+            f"{st['client_lr']:g}), server SGD at {st['server_lr']:g}, Adam step "
+            f"{st['hyper_lr']:g} on α, {st['seeds']} seeds"),
+        "table_figure8": table(
+            ["weighting", *(f"training loss, round {t}" for t in shown),
+             f"test accuracy, round {last}", f"α, round {last}"],
+            [(m, *(f"{at(m, t, 'train_loss'):.4f}" for t in shown),
+              f"{at(m, last, 'test_accuracy'):.4f}", f"{at(m, last, 'alpha'):.3f}")
+             for m in modes]),
+        "table_figure8_alpha": table(
+            ["round", *(f"α, {m}" for m in modes if m.startswith("learned"))],
+            [(t, *(f"{at(m, t, 'alpha'):.3f}" for m in modes if m.startswith("learned")))
+             for t in rounds if t % 50 == 0 or t == 10]),
+    }
+
+
 def hyper_values(doc, doc_1m=None) -> dict:
     rows, meta = doc["rows"], doc["meta"]
     trials = [r for r in rows if r["section"] == "trials"]
@@ -1547,7 +1597,9 @@ def documents() -> dict[Path, str]:
                                                 {**hyper_values(load("hyper.json"),
                                                                 load("hyper_1m.json")),
                                                  **stability_values(
-                                                     load("hyper_stability.json"))})}
+                                                     load("hyper_stability.json")),
+                                                 **figure8_values(
+                                                     load("learned_weighting.json"))})}
            if load("hyper.json") else {}),
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json")),

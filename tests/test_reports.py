@@ -100,3 +100,23 @@ def test_the_budget_selection_reads_validation_only_per_seed_and_once_over_the_s
     assert "selected per seed: " in text and "met in 1 of 2 seeds" in text
     assert "selected once: " in text and "met in 2 of 2 seeds" in text
 
+
+def test_the_figure8_sentences_are_checked_against_the_json(monkeypatch, capsys):
+    """HYPER.md says uniform weighting ends ahead of example weighting on the paper's task; with
+    the two swapped in the JSON the check fails and names the sentence."""
+    report = load_script("report")
+    real = report.load
+
+    def swapped(name):
+        doc = real(name)
+        if name == "learned_weighting.json":
+            names = {"uniform": "example", "example": "uniform"}
+            for r in doc["rows"]:
+                r["mode"] = names.get(r["mode"], r["mode"])
+        return doc
+
+    monkeypatch.setattr(report, "load", swapped)
+    assert report.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "HYPER.md: uniform weighting ends ahead of example weighting" in out
+    assert "HYPER.md: example weighting is ahead of uniform weighting early" in out
