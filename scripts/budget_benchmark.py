@@ -85,12 +85,16 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error(f"--seeds must be at least 1, got {args.seeds}")
+    names = [n for n in args.datasets.split(",") if n]
+    unknown = [n for n in names if n not in BUDGETS]
+    if unknown or not names:
+        ap.error(f"--datasets: {unknown or args.datasets!r} not among {list(BUDGETS)}")
     meta = run_meta("budget_benchmark.py", argv)
     t0 = time.perf_counter()
     rows = []
-    for name in args.datasets.split(","):
-        if name not in BUDGETS:
-            raise SystemExit(f"--datasets: {name!r} is not one of {list(BUDGETS)}")
+    for name in names:
         inter = load(name)
         for seed in range(args.seeds):
             rows += rows_for(name, inter, seed)

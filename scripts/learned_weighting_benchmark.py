@@ -130,6 +130,20 @@ def run(clients, start, learn, args, seed) -> list:
     return records
 
 
+def check_args(ap, args) -> None:
+    """Counts at least one (the cohort no larger than the population), step sizes positive."""
+    for name in ("seeds", "clients", "cohort", "rounds", "every", "epochs", "batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.cohort > args.clients:
+        ap.error(f"--cohort {args.cohort} is larger than --clients {args.clients}: a round "
+                 "samples its cohort from the clients without replacement")
+    for name in ("client_lr", "server_lr", "hyper_lr"):
+        v = getattr(args, name)
+        if not (v > 0 and np.isfinite(v)):
+            ap.error(f"--{name.replace('_', '-')} must be a positive finite number, got {v}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
@@ -144,6 +158,7 @@ def main(argv=None):
     ap.add_argument("--hyper-lr", type=float, default=0.01)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
+    check_args(ap, args)
     meta = run_meta("learned_weighting_benchmark.py", argv)
     t0, rows = time.perf_counter(), []
     for seed in range(args.seeds):

@@ -78,3 +78,15 @@ def test_a_short_run_records_every_mode_and_only_learned_alpha_moves(tmp_path):
         assert all(np.isfinite(r["train_loss"]) and 0 <= r["test_accuracy"] <= 1
                    for r in rows if r["mode"] == mode)
     assert (tmp_path / "w.json").exists()
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--cohort", "20", "--clients", "10"], "--cohort 20 is larger than --clients 10"),
+    (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--hyper-lr", "nan"], "--hyper-lr must be a positive finite number"),
+    (["--client-lr", "-1"], "--client-lr must be a positive finite number"),
+])
+def test_bad_settings_are_named(argv, match, capsys):
+    with pytest.raises(SystemExit):
+        lw.main(argv)
+    assert match in capsys.readouterr().err
