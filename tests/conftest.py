@@ -35,10 +35,9 @@ def pytest_sessionstart(session):
 
 
 # The suite runs on pytest-xdist workers (pyproject: ``-n auto --dist loadgroup``). The tests that
-# start Ray (a local instance, a head node, Flower's simulation engine) or Flower's servers share
-# one group, so they run one after another on one worker: two Ray sessions never race for the
-# machine's cores or its session files (``ray_current_cluster``).
-_SERIAL_MODULES = {"test_ray", "test_ray_cluster", "test_flower"}
+# start Ray (a local instance, a head node, Flower's simulation engine) carry the ``ray`` marker and
+# share one group, so they run one after another on one worker: two Ray sessions never race for
+# the machine's cores or its session files (``ray_current_cluster``).
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -46,18 +45,17 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _serial(item) -> bool:
-    module = getattr(item, "module", None)
-    return module is not None and module.__name__.rpartition(".")[2] in _SERIAL_MODULES
+def _starts_ray(item) -> bool:
+    return item.get_closest_marker("ray") is not None
 
 
 def pytest_collection_modifyitems(config, items):
-    """Group the Ray and Flower tests, and put them first: the group is the longest unit of work,
-    so it starts at once on one worker while the other workers share the rest."""
+    """Group the tests that start Ray, and put them first: the group is the longest unit of
+    work, so it starts at once on one worker while the other workers share the rest."""
     for item in items:
-        if _serial(item):
-            item.add_marker(pytest.mark.xdist_group("cluster"))
-    items.sort(key=lambda item: not _serial(item))  # stable: modules stay contiguous
+        if _starts_ray(item):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+    items.sort(key=lambda item: not _starts_ray(item))  # stable: modules stay contiguous
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -390,6 +390,7 @@ def test_write_app_project(tmp_path):
 
 @pytest.mark.network
 @pytest.mark.cluster
+@pytest.mark.ray
 def test_flower_simulation_ml100k_matches_fedreconmf(tmp_path):
     """Flower's simulation engine (Ray backend), 50 nodes holding ML-100K partitions, 20
     rounds: the same model bit for bit as FedReconMF in process, and the same ReconEval."""

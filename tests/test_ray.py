@@ -22,6 +22,7 @@ from fedcf.federated import (
 from fedcf.federated.ray_executor import BoundRayExecutor, ShardedHalves
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
 
 KW = dict(n_factors=4, n_rounds=4, clients_per_round=40, random_state=0)
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.ray]
 
 LIFETIME = 240  # seconds: the head is killed after this even if the test hangs
 
