@@ -78,7 +78,7 @@ ORACLE_N = "OOV-oracle (catalog + as many of the most popular outside it)"
 ON_DEVICE = "OOV expansion on the device (residual MLP adapter)"
 TRIVIAL = "OOV expansion on the device (trivial adapter)"
 OOV_GRID = [{"learning_rate": lr, "regularization": lam} for lr in (0.02, 0.1)
-            for lam in (0.3, 1.0, 3.0, 10.0)]
+            for lam in (1.0, 3.0, 10.0, 30.0, 100.0)]  # the prior, in ratings (OOVExpansion)
 
 
 # ---------------------------------------------------------------------- data

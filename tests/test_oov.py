@@ -124,6 +124,36 @@ def test_on_device_adapter_beats_oov_as_unk_on_out_of_catalog_entries(world):
     assert adapted < trivial < base, (adapted, trivial, base)  # the adapter is needed too
 
 
+def _adapter_move(oov, n, rng_seed=0, *, norm_of="move"):
+    """‖θ − θ₀‖ (or ‖θ‖: how far from the identity) after training on n out-of-catalog
+    entries whose residuals all ask for the same shift (so the data term is the same per rating
+    whatever n is)."""
+    rng = np.random.default_rng(rng_seed)
+    E = np.tile(rng.normal(0, 0.5, (1, 4)), (n, 1))
+    t, x = np.full(n, 1.5), np.array([0.3, -0.2, 0.1, 1.0])
+    theta0 = adapter_init(np.random.default_rng(1), 4, (5,), 0.01)
+    theta = oov._train(theta0, E, t, x)
+    ref = [0.0 * w for w in theta0] if norm_of == "identity" else theta0
+    return float(np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(theta, ref))))
+
+
+def test_the_adapters_prior_is_worth_a_number_of_ratings():
+    """regularization/n: with the same per-rating evidence, a device with many out-of-catalog
+    ratings moves its adapter further than one with two (a per-device L2 on the mean loss would
+    move both alike)."""
+    oov = OOVExpansion(regularization=10.0, steps=200)
+    few, many = _adapter_move(oov, 2), _adapter_move(oov, 200)
+    assert many > 2 * few, (few, many)
+
+
+def test_no_regularization_makes_the_steps_diverge():
+    """The L2 term's step is exact (proximal): a huge weight pins the adapter at the identity
+    instead of overshooting (an explicit step of 2ηλ/n ≫ 2 would blow up)."""
+    oov = OOVExpansion(regularization=1e9, learning_rate=0.5, steps=50)
+    away = _adapter_move(oov, 3, norm_of="identity")
+    assert np.isfinite(away) and away < 1e-6
+
+
 def test_a_device_is_personalized_alone_or_in_company(world):
     _, support, query, feats, _, model = world
     oov = OOVExpansion(steps=20, random_state=3).fit(model, feats)
@@ -184,5 +214,6 @@ def test_bad_input_is_named(world):
     with pytest.raises(DataValidationError, match="mismatched lengths"):
         oov.personalize([1, 2], [3.0])
     with pytest.raises(FloatingPointError, match="lower learning_rate"):
-        OOVExpansion(learning_rate=1e6, steps=50, init_scale=1.0).fit(model, feats).personalize(
+        OOVExpansion(learning_rate=1e6, steps=50, init_scale=1.0, regularization=0.0).fit(
+            model, feats).personalize(
             [50, 60, 70], [5.0, 1.0, 5.0])

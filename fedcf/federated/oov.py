@@ -114,10 +114,14 @@ class OOVExpansion(BaseEstimator):
         Step of the adapter's full-batch gradient descent on the device.
     steps : int, default 100
         Gradient steps on the device's out-of-catalog support entries.
-    regularization : float, default 1.0
-        L2 weight on every adapter parameter, weights and biases: it shrinks the adapter toward
-        the identity, which a device with a few out-of-catalog ratings needs (weights alone
-        leave the output bias, a personal shift of every out-of-catalog row, free to fit noise).
+    regularization : float, default 10.0
+        L2 weight on every adapter parameter, weights and biases, counted in ratings: a device
+        with n out-of-catalog support ratings minimizes their mean squared error plus
+        (regularization / n)·‖θ‖², a prior worth ``regularization`` ratings. It shrinks the
+        adapter toward the identity, the more the fewer ratings a device has (weights alone
+        leave the output bias, a personal shift of every out-of-catalog row, free to fit
+        noise). Each step applies it exactly (θ ← (θ − η∇)/(1 + 2ηλ/n), a proximal step), so
+        no value of it makes the steps diverge.
     encoder_regularization : float, default 1.0
         Ridge weight of the global extractor (features → [q_i, b_i]; intercept unpenalized).
     random_state : int or None, default None
@@ -151,7 +155,7 @@ class OOVExpansion(BaseEstimator):
     }
 
     def __init__(self, *, hidden=(32,), adapter=True, init_scale=0.01, learning_rate=0.05,
-                 steps=100, regularization=1.0, encoder_regularization=1.0,
+                 steps=100, regularization=10.0, encoder_regularization=1.0,
                  random_state=None):
         self.hidden, self.adapter, self.init_scale = hidden, adapter, init_scale
         self.learning_rate, self.steps, self.regularization = learning_rate, steps, regularization
@@ -218,16 +222,20 @@ class OOVExpansion(BaseEstimator):
         return OOVLocalParams(np.asarray(p), float(c), theta)
 
     def _train(self, theta, E, t, x) -> tuple:
+        """Proximal gradient descent on adapter_loss_grad's objective with λ = regularization/n:
+        a gradient step on the mean squared error, then the L2 term's exact step."""
         theta = [w.copy() for w in theta]
-        lr, lam = float(self.learning_rate), float(self.regularization)
+        lr = float(self.learning_rate)
+        shrink = 1.0 / (1.0 + 2.0 * lr * float(self.regularization) / len(t))
         for _ in range(int(self.steps)):
             with np.errstate(over="ignore", invalid="ignore"):  # a divergence is named below
-                loss, grads = adapter_loss_grad(theta, E, t, x, lam)
+                loss, grads = adapter_loss_grad(theta, E, t, x, 0.0)
             if not np.isfinite(loss):
                 raise FloatingPointError(f"the adapter's training diverged (loss {loss}); lower "
                                          f"learning_rate (now {self.learning_rate})")
             for w, g in zip(theta, grads):
                 w -= lr * g
+                w *= shrink
         return tuple(theta)
 
     def predict_local(self, local: OOVLocalParams, items, *, clip: bool = True) -> np.ndarray:
