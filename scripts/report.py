@@ -119,7 +119,8 @@ def budget_values(doc) -> dict:
         out.append((d, "—", "centralized + ReconEval", mean(cs, "val_rmse"), mean(cs, "test_rmse"),
                     ""))
     for d, n in key:
-        models = list(dict.fromkeys(r["model"] for r in rows if r["rounds"] == n))
+        models = list(dict.fromkeys(r["model"] for r in rows
+                                    if r["dataset"] == d and r["rounds"] == n))
         for m in models:
             rs = [r for r in rows if r["dataset"] == d and r["rounds"] == n and r["model"] == m]
             met = sum(r["test_rmse"] <= central[(d, r["seed"])]["test_rmse"] for r in rs)
