@@ -23,8 +23,8 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedcf import FedReconMF  # noqa: E402
 from fedcf.flower import Settings, fit_in_process, make_client_app, serve, write_app  # noqa: E402
-from fedcf.flower.node import load_dataset  # noqa: E402
-from fedcf.flower.wire import SUM_FIELDS, UPLOAD_FIELDS, arrays  # noqa: E402
+from fedcf.flower.node import NodeDataError, load_dataset, tangent_reports  # noqa: E402
+from fedcf.flower.wire import SUM_FIELDS, UPLOAD_FIELDS, arrays, client_params  # noqa: E402
 
 DATA = {"dataset": "synthetic", "synthetic-users": 240, "synthetic-items": 50,
         "synthetic-ratings": 4800, "synthetic-seed": 3}
@@ -190,10 +190,10 @@ def test_under_dp_a_reply_that_lies_about_its_layout_is_refused(tmp_path):
         Settings(params={**DP_PARAMS, "aggregator": {**DP, "weight_cap": 5.0}}).check()
 
 
-def _edit_reply(record, field, change, step=None):
-    """A node that changes ``field`` of its reply's ``record``: in training replies, or with
-    ``step`` in that secure-aggregation step's replies."""
-    kind = "train" if step is None else "train.secagg"
+def _edit_reply(record, field, change, step=None, kind=None):
+    """A node that changes ``field`` of its reply's ``record``: in training replies (or those of
+    message type ``kind``), or with ``step`` in that secure-aggregation step's replies."""
+    kind = kind or ("train" if step is None else "train.secagg")
 
     def tamper(msg, reply):
         if msg.metadata.message_type != kind or (
@@ -229,6 +229,60 @@ def test_bad_reply_is_refused_and_round_goes_on(tmp_path, caplog, tamper, reason
     assert len(res["history"]) == PARAMS["n_rounds"]
     assert np.isfinite(model.item_factors_).all()
     assert sum(r["flower_clients_refused"] for r in res["history"]) > 0
+
+
+HYPER = {**PARAMS, "n_rounds": 5, "server_optimizer": {"name": "sgd", "learning_rate": 0.5},
+         "hypergradients": {"name": "default", "learning_rate": 0.05},
+         "aggregator": {"name": "mean"}}
+
+
+def test_learned_hyperparameters_over_messages_are_the_in_process_run(tmp_path):
+    """Hypergradients in a Flower run: the held-out users' nodes answer train.tangents with
+    each user's loss and derivatives; the learned rate, its hypergradients and the model are
+    the in-process run's bit for bit, and the exchange is counted in the round's record."""
+    grid = FakeGrid(partitions(5))
+    res, model = run(grid, tmp_path, HYPER)
+    ref, _ = reference(HYPER)
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    np.testing.assert_array_equal(model.item_biases_, ref.item_biases_)
+    lr = [r["server_learning_rate"] for r in res["history"]]
+    assert lr == [r["server_learning_rate"] for r in ref.history_] and lr[-1] != lr[0]
+    assert [r.get("hypergrad_server_learning_rate") for r in res["history"]] == \
+        [r.get("hypergrad_server_learning_rate") for r in ref.history_]
+    assert res["refusals"] == []
+    assert list(res["received"]["train.tangents"]) == ["reports"]
+    assert sorted(res["received"]["train.tangents"]["reports"]) == ["clients", "jvp", "losses"]
+    later = res["history"][1:]
+    assert later and all(r["hyper_flower_messages"] >= 1 and r["hyper_flower_bytes_down"] > 0
+                         for r in later)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda a: a[:, :0], "reports jvp must be floating point of shape"),
+    (lambda a: a.astype(np.int64), "reports jvp must be floating point"),
+])
+def test_a_bad_hypergradient_reply_is_refused_and_its_users_do_not_report(tmp_path, change,
+                                                                           reason):
+    grid = FakeGrid(partitions(4), tamper={BIG + 1: _edit_reply("reports", "jvp", change,
+                                                                  kind="train.tangents")})
+    res, model = run(grid, tmp_path, HYPER)
+    refused = [r for r in res["refusals"] if "hypergradients" in r["stage"]]
+    assert refused and all(reason in r["reason"] and r["node"] == BIG + 1 for r in refused)
+    assert np.isfinite(model.item_factors_).all() and len(res["history"]) == HYPER["n_rounds"]
+
+
+def test_a_node_refuses_tangents_that_do_not_fit_its_catalog():
+    own = load_dataset(DATA)
+    glob = arrays(Q=np.zeros((own.n_items, 6), np.float32), b=np.zeros(own.n_items, np.float32),
+                  ids=np.array([1, 0], np.uint64))
+    config = {"users": [int(own.user_ids[0])], "clients": [0], "params": client_params(
+        FedReconMF(**Settings(params=dict(PARAMS)).check().params)), "mu": 3.5}
+    for TQ, Tb, reason in [(np.zeros((1, own.n_items, 5)), np.zeros((1, own.n_items)),
+                            "tangents have TQ"),
+                           (np.full((1, own.n_items, 6), np.nan), np.zeros((1, own.n_items)),
+                            "must be finite")]:
+        with pytest.raises(NodeDataError, match=reason):
+            tangent_reports(own, config, glob, arrays(TQ=TQ, Tb=Tb))
 
 
 def test_a_round_with_fewer_replies_than_min_replies_is_not_aggregated(tmp_path):
@@ -328,6 +382,10 @@ def test_no_node_or_bad_settings_fail_clearly(tmp_path):
             Settings(**bad).check()
     with pytest.raises(ValueError, match="executor"):
         Settings(params={"executor": "ray"}).check()
+    with pytest.raises(ValueError, match="hypergradients in a Flower run take a plain"):
+        Settings(params={**HYPER, "aggregator": {"name": "secure"}}).check()
+    with pytest.raises(ValueError, match="default aggregator is NormClippedMean"):
+        Settings(params={k: v for k, v in HYPER.items() if k != "aggregator"}).check()
     with pytest.raises(ValueError, match="aggregator name: .Mean. is not a registered aggregator"):
         Settings(params={"aggregator": {"name": "Mean"}}).check()
     with pytest.raises(ValueError, match="n_factors"):

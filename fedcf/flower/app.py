@@ -1,9 +1,10 @@
 """The Flower ClientApp and ServerApp of fedcf, and a writer for the Flower app project that
 ``flwr run`` takes.
 
-``client_app`` answers four message types: query (the node's directory entry), train (FedRecon
+``client_app`` answers five message types: query (the node's directory entry), train (FedRecon
 client work for the users named in the message), train.secagg (one step of the secure-
-aggregation protocol for those users, ``secure.node_step``) and evaluate (federated ReconEval). A failure
+aggregation protocol for those users, ``secure.node_step``), train.tangents (their
+hypergradient reports, ``node.tangent_reports``) and evaluate (federated ReconEval). A failure
 on the node (no data, a user it does not hold, bad data) becomes an error reply whose reason
 the server logs; the round goes on without that node. ``server_app`` runs ``server.serve`` with
 the run config.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .node import describe, evaluate, node_data, train
+from .node import describe, evaluate, node_data, tangent_reports, train
 from .secure import node_step
 from .server import serve
 from .settings import Settings
@@ -110,6 +111,12 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
     def secagg(msg, context):  # secure aggregation: one protocol step (secure.node_step)
         return _answer(msg, lambda: {"secagg": arrays(**node_step(own(context), msg.content,
                                                                    context.state))})
+
+    @capp.train("tangents")
+    def tangents(msg, context):  # learned hyperparameters: the users' hypergradient reports
+        return _answer(msg, lambda: tangent_reports(own(context), msg.content["config"],
+                                                    msg.content["global"],
+                                                    msg.content["tangents"]))
 
     @capp.evaluate()
     def recon(msg, context):

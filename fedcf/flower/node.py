@@ -266,6 +266,43 @@ def read_recipe(config) -> dict:
 def client_outputs(own: Interactions, config, glob) -> ClientOutputs:
     """The asked users' FedRecon client work (reconstruct, then update) as ClientOutputs in
     the order of the message's clients."""
+    clients, executor, cohort, params, keys = _client_work(own, config, glob)
+    return dataclasses.replace(executor.run(cohort, params, keys), clients=clients)
+
+
+def tangent_reports(own: Interactions, config, glob, tangents) -> dict:
+    """The asked users' hypergradient reports (hyper.py): each one's query loss and its
+    derivatives along the last server step's tangents (the message's ``tangents`` record,
+    TQ (H, n_items, K) and Tb (H, n_items)), in the order of the message's clients."""
+    clients, executor, cohort, params, keys = _client_work(own, config, glob)
+    TQ, Tb = read_tangents(tangents, params["Q"].shape)
+    losses, jvp, _ = executor.tangents(cohort, params, (TQ, Tb), keys)
+    return {"reports": arrays(clients=clients, losses=np.asarray(losses, np.float64),
+                              jvp=np.asarray(jvp, np.float64))}
+
+
+def read_tangents(tangents, shape) -> tuple[np.ndarray, np.ndarray]:
+    """(TQ, Tb) of the message, checked: H ≥ 1 directions over this node's catalog, finite."""
+    try:
+        TQ, Tb = tangents["TQ"].numpy(), tangents["Tb"].numpy()
+    except (KeyError, TypeError) as e:
+        raise NodeDataError(f"the message's tangents record lacks {e}") from None
+    H = TQ.shape[0] if TQ.ndim == 3 else 0
+    if not 1 <= H <= 8 or TQ.shape != (H, *shape) or Tb.shape != (H, shape[0]):
+        raise NodeDataError(f"the message's tangents have TQ {TQ.shape} and Tb {Tb.shape}; this "
+                            f"node's catalog and n_factors need (H, {shape[0]}, {shape[1]}) "
+                            f"and (H, {shape[0]}) with 1 <= H <= 8")
+    if not (np.issubdtype(TQ.dtype, np.floating) and np.issubdtype(Tb.dtype, np.floating)
+            and np.isfinite(TQ).all() and np.isfinite(Tb).all()):
+        raise NodeDataError("the message's tangents must be finite floating-point numbers")
+    return TQ.astype(np.float64, copy=False), Tb.astype(np.float64, copy=False)
+
+
+def _client_work(own: Interactions, config, glob):
+    """What running the asked users needs: (their ids in the run, an executor over this node's
+    rows of them, its cohort, the message's model, the streams' keys). Row k is the message's
+    k-th user; each row's stream is keyed by its client id in the run, so the results are the
+    simulation's while the arrays are sized by this node's users (rng.client_key)."""
     rows = _rows(own, config["users"])
     clients = np.asarray(config["clients"], np.int64)
     if len(clients) != len(rows) or (len(clients) and clients.min() < 0) or \
@@ -273,17 +310,15 @@ def client_outputs(own: Interactions, config, glob) -> ClientOutputs:
         raise NodeDataError("the message's clients must be distinct ids >= 0, one per user")
     est = client_estimator(config["params"])
     program = est.client_program(None, message_number(config, "mu"))
-    sub = own.subset_users(rows)  # row k: the message's k-th user — this node's users only
+    sub = own.subset_users(rows)  # this node's users only
     Q, b = global_model(own, est, glob)
     ids = glob["ids"].numpy() if "ids" in glob else np.zeros(0)
     if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):
         raise NodeDataError("the message's ids must be two integers [seed, round]")
-    # each row's stream is keyed by its client id in the run, so the uploads are the
-    # simulation's, while the arrays are sized by this node's users (rng.client_key)
     keys = np.concatenate([ids, clients]).astype(np.uint64)
-    out = BoundLocalExecutor(program, (sub.indptr, sub.items, sub.values)).run(
-        Cohort(np.arange(len(rows), dtype=np.int64), len(rows), 0, 0), {"Q": Q, "b": b}, keys)
-    return dataclasses.replace(out, clients=clients)
+    executor = BoundLocalExecutor(program, (sub.indptr, sub.items, sub.values))
+    cohort = Cohort(np.arange(len(rows), dtype=np.int64), len(rows), 0, 0)
+    return clients, executor, cohort, {"Q": Q, "b": b}, keys
 
 
 def evaluate(own: Interactions, config, glob) -> dict:

@@ -30,6 +30,7 @@ from .wire import (
     arrays,
     client_params,
     content_bytes,
+    decode_reports,
     decode_sums,
     decode_upload,
     flwr,
@@ -328,6 +329,7 @@ class FlowerExecutor(RoundExecutor):
         self.grid, self.directory, self.users = grid, directory, users
         self.params_json, self.mu, self.timeout = client_params(est), float(mu), timeout
         self.refusals, self.program, self.round_stats = refusals, None, {}
+        self.hyper_stats: dict = {}  # the hypergradient exchange's, carried into its round's
         self.counts = None if directory.counts is None else directory.counts[users]
         self.round, self.received = 0, {}  # message type -> record -> fields received
         # round -> node -> its largest finite upload norm (with node sums: its sums' norm
@@ -375,6 +377,11 @@ class FlowerExecutor(RoundExecutor):
         connected = np.isin(np.asarray(d.nodes, dtype=np.uint64)[d.node_of[self.users]],
                             np.asarray(now, dtype=np.uint64))
         return d.user_ids[self.users[connected]]
+
+    def new_round_stats(self) -> None:
+        """Start the round's measurements (bytes, messages) with those of its hypergradient
+        exchange, which comes before the training exchange (``hyper_`` keys)."""
+        self.round_stats, self.hyper_stats = dict(self.hyper_stats), {}
 
     def node_clients(self, cohort) -> dict:
         """Flower node id -> the cohort's clients (dense ids) that node holds."""
@@ -465,7 +472,7 @@ class FlowerExecutor(RoundExecutor):
         (plus ``extra``); each reply goes through ``decode(content, clients)`` → (what it
         holds, norms for blame), and a ReplyError refuses the node. Returns (node, decoded,
         clients) for the accepted replies."""
-        self.round_stats = {}
+        self.new_round_stats()
         glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
         asked = self.node_clients(cohort)
         records = {n: {"global": glob,
@@ -501,14 +508,42 @@ class FlowerExecutor(RoundExecutor):
         (``secure.FlowerHalves``); only protocol messages come back."""
         from .secure import FlowerHalves
 
-        self.round_stats = {}
+        self.new_round_stats()
         halves = FlowerHalves(self, cohort, params, ids, hp, enc, session, t, neighbours)
         self.round_stats["flower_clients_refused"] = len(cohort.clients) - len(halves.registry)
         self.last_halves = halves
         return halves
 
     def tangents(self, cohort, params, tangents, ids):
-        raise NotImplementedError("learned hyperparameters are not available in a Flower run")
+        """Hypergradient reports (hyper.py), in the clear, for a plain aggregator: each node gets
+        the model, the last server step's tangents and its clients, and answers with each
+        client's query loss and derivatives (``node.tangent_reports``; ``wire.decode_reports``
+        checks them). The weights are the query sizes the server knows from the directory. A
+        client whose node did not answer reports nothing (weight 0)."""
+        self.round_stats = {}
+        TQ, Tb = (np.asarray(t, np.float64) for t in tangents)
+        clients = cohort.clients
+        losses, jvp = np.full(len(clients), np.nan), np.zeros((len(clients), TQ.shape[0]))
+        weights = self.program.layout(self.counts[clients])[0].astype(np.float64)
+        glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
+        tang, asked = arrays(TQ=TQ, Tb=Tb), self.node_clients(cohort)
+        records = {n: {"global": glob, "tangents": tang,
+                       "config": flwr().ConfigRecord(self.client_config(c))}
+                   for n, c in asked.items()}
+        stage, at = f"round {int(ids[1])} (hypergradients)", {int(c): i for i, c in
+                                                             enumerate(clients)}
+        answered = np.zeros(len(clients), bool)
+        for node, content in self.send(records, "train.tangents", f"hyper-{int(ids[1])}", stage,
+                                       {n: len(c) for n, c in asked.items()}):
+            try:
+                got = decode_reports(content, clients=asked[node], H=TQ.shape[0])
+            except ReplyError as e:
+                self.refusals.add(stage, node, str(e), len(asked[node]))
+                continue
+            idx = [at[int(c)] for c in asked[node]]
+            (losses[idx], jvp[idx]), answered[idx] = got, True
+        self.hyper_stats = {f"hyper_{k}": v for k, v in self.round_stats.items()}
+        return losses, jvp, np.where(answered, weights, 0.0)
 
     def close(self):
         pass

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import registry
 from ..federated.fedrecon import FedReconMF
+from ..federated.hyper import check_learnable
 from ..federated.items import ItemSpace
 from ..federated.secagg import SecureAggregation
 
@@ -115,11 +116,9 @@ class Settings:
         if not isinstance(self.params, dict):
             raise TypeError(f"fedcf-params must be a JSON object of FedReconMF parameters, got "
                             f"{type(self.params).__name__}")
-        for bad in ("executor", "hypergradients"):
-            if self.params.get(bad):
-                raise ValueError(f"fedcf-params {bad}={self.params[bad]!r} is not available in a "
-                                 "Flower run (the nodes are the executor; hypergradients need "
-                                 "a second message per round)")
+        if self.params.get("executor"):
+            raise ValueError(f"fedcf-params executor={self.params['executor']!r} is not "
+                             "available in a Flower run (the nodes are the executor)")
         for key, kind, value in (
                 ("eval_fraction", float, self.eval_fraction),
                 ("eval_support_fraction", float, self.eval_support_fraction),
@@ -163,6 +162,19 @@ class Settings:
             raise ValueError("fedcf-params: an open item space (item_space=OpenCatalog) is not "
                              "available in a Flower run yet (its nodes run FedReconMF's "
                              "full-catalog kernel); leave item_space unset")
+        if est.hypergradients is not None and (est.dp_release or est._aggregator().secure):
+            raise ValueError("fedcf-params: hypergradients in a Flower run take a plain "
+                             "aggregator for now: their reports travel in the clear "
+                             "(train.tangents), and the masked, clipped and noised reports of "
+                             "secure aggregation and DP run in process or on Ray only; drop "
+                             "hypergradients or the secure/DP aggregator")
+        if est.hypergradients is not None:
+            try:
+                check_learnable(est, est.hypergradients, stateful=False)
+            except ValueError as e:
+                raise ValueError(f"fedcf-params: {e}. In a Flower run the default aggregator is "
+                                 "NormClippedMean; name the plain mean with "
+                                 "\"aggregator\": {\"name\": \"mean\"}") from None
         if est.dp_release and getattr(est.aggregator, "weight_cap", None) is not None:
             raise ValueError("fedcf-params: weight_cap needs every user's rating count at the "
                              "server, which a Flower run under differential privacy never "

@@ -155,6 +155,25 @@ def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray | None,
                          a["losses"].astype(np.float64), None, clients)
 
 
+REPORT_FIELDS = ("clients", "losses", "jvp")
+
+
+def decode_reports(content, *, clients: np.ndarray, H: int) -> tuple[np.ndarray, np.ndarray]:
+    """(losses (m,), jvp (m, H)) of one node's hypergradient reply, after checking it answers
+    for the ``clients`` asked, in order, with one loss and H derivatives each, floating point.
+    Non-finite values pass (such a client's report does not count, as in a simulation)."""
+    a = read_arrays(content, "reports", REPORT_FIELDS)
+    got = np.asarray(a["clients"])
+    if got.shape != clients.shape or not np.array_equal(got, clients):
+        raise ReplyError(f"its reports answer for clients {got[:5].tolist()}…, not the "
+                         f"{len(clients)} asked for")
+    for f, shape in (("losses", (len(clients),)), ("jvp", (len(clients), H))):
+        if a[f].shape != shape or not np.issubdtype(a[f].dtype, np.floating):
+            raise ReplyError(f"reports {f} must be floating point of shape {shape}, got "
+                             f"{a[f].dtype} {a[f].shape}")
+    return a["losses"].astype(np.float64), a["jvp"].astype(np.float64)
+
+
 def encode_sums(parts: PartialSums) -> object:
     """The sums record of a node's clients (``group_sums``: a row per reduce group and item)."""
     if parts.rank is not None:
