@@ -382,8 +382,8 @@ def test_no_node_or_bad_settings_fail_clearly(tmp_path):
             Settings(**bad).check()
     with pytest.raises(ValueError, match="executor"):
         Settings(params={"executor": "ray"}).check()
-    with pytest.raises(ValueError, match="hypergradients in a Flower run take a plain"):
-        Settings(params={**HYPER, "aggregator": {"name": "secure"}}).check()
+    with pytest.raises(ValueError, match="hypergradients in a Flower run take the plain mean"):
+        Settings(params={**HYPER, "aggregator": DP}).check()
     with pytest.raises(ValueError, match="default aggregator is NormClippedMean"):
         Settings(params={k: v for k, v in HYPER.items() if k != "aggregator"}).check()
     with pytest.raises(ValueError, match="aggregator name: .Mean. is not a registered aggregator"):
@@ -550,6 +550,58 @@ def test_secure_aggregation_over_messages_is_the_in_process_model(tmp_path, monk
     assert (masked[:, None, :] == plain[None, :, :]).mean() < 1e-3  # chance: 2^-32 per word
     assert not any(m.metadata.message_type == "train" for m, _ in grid.sent)
     assert all("fedcf-secagg" not in st for st in grid.state.values())
+
+
+def test_hypergradients_under_secure_aggregation_stay_masked_on_the_nodes(tmp_path,
+                                                                          monkeypatch):
+    """Learned hyperparameters under secure aggregation over messages: each node computes,
+    clips, weighs and encodes its users' reports and masks them in the reports' own protocol
+    session (group round-<t>-hyper); no train.tangents message and no report record reaches the
+    server, no masked vector equals an encoded report row, and the learned rate and the model
+    are the in-process run's bit for bit."""
+    from fedcf.federated.reports import ReportEncoding
+
+    rows, real = [], ReportEncoding.encode
+
+    def encode(self, reports):
+        q = real(self, reports)
+        rows.append(q.copy())
+        return q
+
+    monkeypatch.setattr(ReportEncoding, "encode", encode)
+    params = {**HYPER, "aggregator": SECAGG, "n_rounds": 4}
+    grid = FakeGrid(partitions(3))
+    res, model = run(grid, tmp_path, params)
+    plain = np.concatenate(rows)  # the nodes' encoded reports (the reference encodes too)
+    ref, _ = reference(params)
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    lr = [h["server_learning_rate"] for h in res["history"]]
+    assert lr == [h["server_learning_rate"] for h in ref.history_] and lr[-1] != lr[0]
+    assert res["refusals"] == [] and rows
+    assert "train.tangents" not in res["received"]
+    hyper = [(m, r) for m, r in grid.sent if m.metadata.message_type == "train.secagg"
+             and str(m.metadata.group_id).endswith("-hyper/begin")]
+    assert hyper and all(set(r.content.keys()) == {"secagg"} for _, r in hyper)
+    masked = np.concatenate([r.content["secagg"]["masked.data"].numpy() for m, r in grid.sent
+                             if "masked.data" in r.content.get("secagg", {})
+                             and "-hyper/" in str(m.metadata.group_id)])
+    assert masked.shape == (len(plain), plain.shape[1])
+    assert (masked[:, None, :] == plain[None, :, :]).mean() < 1e-3
+    later = res["history"][1:]
+    assert all(h["hyper_flower_messages"] >= 5 for h in later)  # five protocol steps
+
+
+@pytest.mark.parametrize("enc, reason", [
+    ({"H": 2, "m": 3, "clip": 1.0}, "does not fit 1 tangents"),
+    ({"H": 1, "m": 3, "clip": float("nan")}, "a finite clip"),
+    ({"H": 1, "m": 3, "clip": 1.0, "unknown": 1}, "not one"),
+    ({"H": 1, "m": 3, "clip": 1.0, "noise_std": 0.5, "secret_noise": False}, "seeded noise"),
+])
+def test_a_node_refuses_a_report_encoding_it_must_not_use(enc, reason):
+    from fedcf.flower.secure import NodeProtocolError, read_report_encoding
+
+    with pytest.raises(NodeProtocolError, match=reason):
+        read_report_encoding(json.dumps(enc), 1)
 
 
 def _silent(steps):

@@ -274,11 +274,17 @@ def tangent_reports(own: Interactions, config, glob, tangents) -> dict:
     """The asked users' hypergradient reports (hyper.py): each one's query loss and its
     derivatives along the last server step's tangents (the message's ``tangents`` record,
     TQ (H, n_items, K) and Tb (H, n_items)), in the order of the message's clients."""
+    clients, losses, jvp, _ = report_arrays(own, config, glob, tangents)
+    return {"reports": arrays(clients=clients, losses=losses, jvp=jvp)}
+
+
+def report_arrays(own: Interactions, config, glob, tangents) -> tuple:
+    """(client ids, query losses, derivatives (m, H), query sizes) of the asked users."""
     clients, executor, cohort, params, keys = _client_work(own, config, glob)
     TQ, Tb = read_tangents(tangents, params["Q"].shape)
-    losses, jvp, _ = executor.tangents(cohort, params, (TQ, Tb), keys)
-    return {"reports": arrays(clients=clients, losses=np.asarray(losses, np.float64),
-                              jvp=np.asarray(jvp, np.float64))}
+    losses, jvp, weights = executor.tangents(cohort, params, (TQ, Tb), keys)
+    return (clients, np.asarray(losses, np.float64), np.asarray(jvp, np.float64),
+            np.asarray(weights, np.float64))
 
 
 def read_tangents(tangents, shape) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,9 @@ messages, its client halves on the nodes (``node_step``), its server half in the
 (``FlowerHalves``, driven by the same ``run_round`` as a simulation).
 
 A round is five messages to each node holding sampled clients (message type
-``train.secagg``, group ``round-<t>/<step>``):
+``train.secagg``, group ``round-<t>/<step>``; the hypergradient reports of learned
+hyperparameters run the same five steps in a session of their own, group
+``round-<t>-hyper/<step>``, whose ``begin`` carries the tangents and a report encoding):
 
 - ``begin``: the global model, the users, the round's public ``Encoding`` and the protocol's
   session, threshold and graph. The node runs its clients, encodes and quantizes their uploads,
@@ -34,6 +36,7 @@ import pickle
 import numpy as np
 
 from ..federated.phases import RoundHyperparams
+from ..federated.reports import ReportEncoding, Reports
 from ..federated.secagg import Encoding
 from ..federated.secagg_protocol import (
     Advert,
@@ -164,7 +167,7 @@ def _u3(config) -> list[int]:
 
 
 # ------------------------------------------------------------------------- the node's side
-def encoding_json(enc: Encoding) -> str:
+def encoding_json(enc: Encoding | ReportEncoding) -> str:
     return json.dumps(dataclasses.asdict(enc))
 
 
@@ -184,6 +187,35 @@ def read_encoding(text: str, n_items: int, K: int) -> Encoding:
     return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))
 
 
+def read_report_encoding(text: str, H: int) -> ReportEncoding:
+    """The reporting cohort's ReportEncoding from its JSON, checked against the message's H
+    tangents; a device draws its noise share from the OS, whatever the server asks."""
+    try:
+        enc = ReportEncoding(**json.loads(text))
+        ok = enc.H == H and enc.m >= 1 and np.isfinite(enc.clip) and enc.clip > 0 and \
+            (enc.max_weight is None or enc.max_weight > 0) and 0 <= enc.noise_std < np.inf
+    except (TypeError, ValueError) as e:
+        raise NodeProtocolError(f"the message's report encoding is not one: {e}") from None
+    if not ok:
+        raise NodeProtocolError(f"the report encoding {text} does not fit {H} tangents (H, "
+                                "m >= 1, a finite clip > 0, max_weight > 0 or null, noise >= 0)")
+    if enc.noise_std > 0 and not enc.secret_noise:
+        raise NodeProtocolError("the server asked for seeded noise shares; a device draws its "
+                                "share of the DP noise from its own secure randomness")
+    return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))
+
+
+def _encoded_reports(own, content_config, content) -> tuple:
+    """(client ids, uint32 rows) of the asked users' hypergradient reports, clipped, weighed
+    and quantized as the message's ReportEncoding says (reports.py), never sent in the clear."""
+    from .node import report_arrays
+
+    clients, losses, jvp, weights = report_arrays(own, content_config, content["global"],
+                                                  content["tangents"])
+    enc = read_report_encoding(content_config["report-encoding"], jvp.shape[1])
+    return clients, enc.encode(Reports(clients, losses, jvp, weights))
+
+
 def node_step(own, content, state) -> dict:
     """This node's answer (named arrays) to one protocol message; ``state`` is the run's
     ``context.state``, where the clients' halves wait for the next message."""
@@ -196,14 +228,18 @@ def node_step(own, content, state) -> dict:
                                 f"16-byte session, got {step!r}")
     if step == "begin":
         state.pop(STATE_KEY, None)  # a new round: whatever was left of an old one goes
-        est = client_estimator(config["params"])
-        Q, _ = global_model(own, est, content["global"])
-        enc = read_encoding(config["encoding"], *Q.shape)
-        out = client_outputs(own, config, content["global"])
-        hp = RoundHyperparams(1.0, {}, weight_exponent=message_number(config, "weight-exponent"))
+        if "report-encoding" in config:  # the hypergradient reports' own session
+            clients, rows = _encoded_reports(own, config, content)
+        else:
+            est = client_estimator(config["params"])
+            Q, _ = global_model(own, est, content["global"])
+            enc = read_encoding(config["encoding"], *Q.shape)
+            out = client_outputs(own, config, content["global"])
+            hp = RoundHyperparams(1.0, {},
+                                  weight_exponent=message_number(config, "weight-exponent"))
+            clients, rows = out.client_ids(), enc.encode(out, hp)[0]
         k = int(config["neighbours"])
-        halves = ClientHalves(out.client_ids(), enc.encode(out, hp)[0], int(config["t"]),
-                              session, None if k < 0 else k)
+        halves = ClientHalves(clients, rows, int(config["t"]), session, None if k < 0 else k)
         adverts = halves.advertise(halves.verifying())
         reply = {**pack("keys", [(c,) for c in halves.verifying()],
                         list(halves.verifying().values())),
@@ -253,16 +289,20 @@ class FlowerHalves:
     that fails or is silent drops out with its clients. ``received`` lists the records and
     fields of every reply (for the test that no upload arrives)."""
 
-    def __init__(self, executor, cohort, params, ids, hp, enc, session, t, neighbours):
+    def __init__(self, executor, cohort, params, ids, hp, enc, session, t, neighbours,
+                 tangents=None):
         self.ex, self.session, self.dim = executor, session, enc.width
-        self.group = f"round-{int(ids[1])}"
+        self.group = f"round-{int(ids[1])}" + ("-hyper" if tangents is not None else "")
         self.asked = {n: {int(c) for c in cl} for n, cl in executor.node_clients(cohort).items()}
         self.live, self.received = set(self.asked), []
-        extra = {"encoding": encoding_json(enc), "t": int(t), "weight-exponent":
-                 float(hp.weight_exponent), "neighbours": -1 if neighbours is None else
-                 int(neighbours)}
+        extra = {"t": int(t), "neighbours": -1 if neighbours is None else int(neighbours),
+                 **({"encoding": encoding_json(enc), "weight-exponent": float(
+                     hp.weight_exponent)} if tangents is None else
+                    {"report-encoding": encoding_json(enc)})}
         glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
-        contents = {n: {"global": glob, "config": {**executor.client_config(
+        more = {} if tangents is None else {"tangents": arrays(
+            TQ=np.asarray(tangents[0], np.float64), Tb=np.asarray(tangents[1], np.float64))}
+        contents = {n: {"global": glob, **more, "config": {**executor.client_config(
             np.array(sorted(cl), np.int64)), **extra}} for n, cl in self.asked.items()}
 
         def read(node, a):
@@ -323,7 +363,7 @@ class FlowerHalves:
         app = flwr()
         records = {n: {"config": app.ConfigRecord({"step": step, "session": self.session,
                                                    **c.get("config", {})}),
-                       **{k: c[k] for k in ("global", "secagg") if k in c}}
+                       **{k: c[k] for k in ("global", "tangents", "secagg") if k in c}}
                    for n, c in contents.items()}
         out, answered = [], set()
         stage = f"{self.group} secagg {step}"

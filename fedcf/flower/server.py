@@ -329,7 +329,7 @@ class FlowerExecutor(RoundExecutor):
         self.grid, self.directory, self.users = grid, directory, users
         self.params_json, self.mu, self.timeout = client_params(est), float(mu), timeout
         self.refusals, self.program, self.round_stats = refusals, None, {}
-        self.hyper_stats: dict = {}  # the hypergradient exchange's, carried into its round's
+        self.in_hyper = False  # round_stats are the hypergradient exchange's (new_round_stats)
         self.counts = None if directory.counts is None else directory.counts[users]
         self.round, self.received = 0, {}  # message type -> record -> fields received
         # round -> node -> its largest finite upload norm (with node sums: its sums' norm
@@ -378,10 +378,12 @@ class FlowerExecutor(RoundExecutor):
                             np.asarray(now, dtype=np.uint64))
         return d.user_ids[self.users[connected]]
 
-    def new_round_stats(self) -> None:
-        """Start the round's measurements (bytes, messages) with those of its hypergradient
-        exchange, which comes before the training exchange (``hyper_`` keys)."""
-        self.round_stats, self.hyper_stats = dict(self.hyper_stats), {}
+    def new_round_stats(self, hyper: bool = False) -> None:
+        """Start a round's measurements (bytes, messages). The hypergradient exchange comes
+        first (``hyper=True``); the training exchange then keeps its counts under ``hyper_``
+        keys."""
+        carried = {f"hyper_{k}": v for k, v in self.round_stats.items()} if self.in_hyper else {}
+        self.round_stats, self.in_hyper = carried, hyper
 
     def node_clients(self, cohort) -> dict:
         """Flower node id -> the cohort's clients (dense ids) that node holds."""
@@ -520,7 +522,7 @@ class FlowerExecutor(RoundExecutor):
         client's query loss and derivatives (``node.tangent_reports``; ``wire.decode_reports``
         checks them). The weights are the query sizes the server knows from the directory. A
         client whose node did not answer reports nothing (weight 0)."""
-        self.round_stats = {}
+        self.new_round_stats(hyper=True)
         TQ, Tb = (np.asarray(t, np.float64) for t in tangents)
         clients = cohort.clients
         losses, jvp = np.full(len(clients), np.nan), np.zeros((len(clients), TQ.shape[0]))
@@ -542,8 +544,17 @@ class FlowerExecutor(RoundExecutor):
                 continue
             idx = [at[int(c)] for c in asked[node]]
             (losses[idx], jvp[idx]), answered[idx] = got, True
-        self.hyper_stats = {f"hyper_{k}": v for k, v in self.round_stats.items()}
         return losses, jvp, np.where(answered, weights, 0.0)
+
+    def secure_reports(self, cohort, params, tangents, ids, enc, session, t, neighbours=None):
+        """Hypergradient reports under secure aggregation: the nodes compute, clip, weigh and
+        encode their users' reports (``secure.node_step`` with a report encoding) and mask them
+        in the reports' own protocol session; only protocol messages come back."""
+        from .secure import FlowerHalves
+
+        self.new_round_stats(hyper=True)
+        return FlowerHalves(self, cohort, params, ids, None, enc, session, t, neighbours,
+                            tangents=tangents)
 
     def close(self):
         pass

@@ -162,12 +162,11 @@ class Settings:
             raise ValueError("fedcf-params: an open item space (item_space=OpenCatalog) is not "
                              "available in a Flower run yet (its nodes run FedReconMF's "
                              "full-catalog kernel); leave item_space unset")
-        if est.hypergradients is not None and (est.dp_release or est._aggregator().secure):
-            raise ValueError("fedcf-params: hypergradients in a Flower run take a plain "
-                             "aggregator for now: their reports travel in the clear "
-                             "(train.tangents), and the masked, clipped and noised reports of "
-                             "secure aggregation and DP run in process or on Ray only; drop "
-                             "hypergradients or the secure/DP aggregator")
+        if est.hypergradients is not None and est.dp_release:
+            raise ValueError("fedcf-params: hypergradients in a Flower run take the plain mean "
+                             "or secure aggregation without DP for now: the clipped and noised "
+                             "reports of DP run in process or on Ray only; drop hypergradients "
+                             "or the DP aggregator")
         if est.hypergradients is not None:
             try:
                 check_learnable(est, est.hypergradients, stateful=False)
