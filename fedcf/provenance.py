@@ -45,6 +45,14 @@ def write_json(path, obj) -> None:
     atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
+def save_result(out: dict, path=None) -> dict:
+    """A script's end: its result JSON written to ``path`` (if given) and named, returned."""
+    if path:
+        write_json(path, out)
+        print(f"wrote {path}")
+    return out
+
+
 def report_result(out: dict, path=None) -> dict:
     """A script's end: its result JSON written to ``path`` (if given), printed, returned."""
     if path:

@@ -22,7 +22,7 @@ from fedcf import CentralizedMF, FedReconMF
 from fedcf.datasets import load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
 from fedcf.federated import SGD, Adagrad, Adam, Hypergradients, ItemNormalizedMean
-from fedcf.provenance import run_meta, write_json
+from fedcf.provenance import run_meta, save_result
 
 CENTRAL = dict(solver="als", regularization=0.1, n_epochs=15, n_factors=50)
 FEDRECON = dict(n_factors=50, clients_per_round=100, biases=True, reconstruction="als")
@@ -100,10 +100,7 @@ def main(argv=None):
             rows += rows_for(name, inter, seed)
     meta.update(total_seconds=time.perf_counter() - t0, seeds=args.seeds)
     out = {"meta": meta, "rows": rows}
-    if args.json:
-        write_json(args.json, out)
-        print(f"wrote {args.json}")
-    return out
+    return save_result(out, args.json)
 
 
 if __name__ == "__main__":

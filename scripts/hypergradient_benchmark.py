@@ -33,7 +33,7 @@ from fedcf import FedReconMF
 from fedcf.datasets import VARIANTS, load_movielens, make_synthetic_ratings
 from fedcf.eval import recon_eval, user_split
 from fedcf.federated import Hypergradients, Momentum
-from fedcf.provenance import run_meta, write_json
+from fedcf.provenance import run_meta, save_result
 
 LEARN = ("server_learning_rate", "momentum")
 LR_RANGE = (1e-2, 10.0)  # starting server learning rate: log-uniform over this range
@@ -208,10 +208,7 @@ def main(argv=None):
     out = {"meta": meta, "rows": rows, "best_of_n": summary}
     if args.plot_dir and "trials" in sections:
         plot(rows, n_max, args)
-    if args.json:
-        write_json(args.json, out)
-        print(f"wrote {args.json}")
-    return out
+    return save_result(out, args.json)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import numpy as np
 
 from fedcf.federated.hyper import HyperLearner
 from fedcf.federated.phases import RoundHyperparams
-from fedcf.provenance import run_meta, write_json
+from fedcf.provenance import run_meta, save_result
 
 DIM, CLASSES = 60, 10
 MODES = {"uniform": (0.0, False), "example": (1.0, False),
@@ -172,10 +172,7 @@ def main(argv=None):
     meta.update(total_seconds=time.perf_counter() - t0,
                 settings={k: v for k, v in vars(args).items() if k != "json"})
     out = {"meta": meta, "rows": rows}
-    if args.json:
-        write_json(args.json, out)
-        print(f"wrote {args.json}")
-    return out
+    return save_result(out, args.json)
 
 
 if __name__ == "__main__":
