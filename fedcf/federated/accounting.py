@@ -149,9 +149,14 @@ def noise_for_epsilon(target_epsilon: float, q: float, rounds: int, delta: float
     with _quiet():
         sigma = _calibrate(dpa, rdp.RdpAccountant, target_epsilon, plan, rounds, delta, 1e-3,
                            1e4)
-        if accountant == "pld":  # tighter: below the RDP σ (a small σ makes PLDs huge: bracket)
-            sigma = _calibrate(dpa, _pld_accountant, target_epsilon, plan, rounds, delta,
-                               sigma / 4, sigma)
+        step = pld_interval(sigma / 4 * min(f for _, f in plan), target_epsilon,
+                            rounds * len(plan))
+        if accountant == "pld" and step is not None:  # tighter: below the RDP σ (bracketed)
+            try:
+                sigma = _calibrate(dpa, lambda: _pld_accountant(step), target_epsilon, plan,
+                                   rounds, delta, sigma / 4, sigma)
+            except ValueError:  # a coarse grid can be looser than RDP: RDP's σ meets the target
+                pass
         return sigma
 
 
@@ -162,12 +167,28 @@ def epsilons(accountant: RdpAccountant) -> dict:
 
 
 PLD_DISCRETIZATION = 1e-3  # dp-accounting's value_discretization_interval (its pessimistic bound)
+PLD_POINTS = 2e5  # most grid points one Gaussian's loss distribution may take (~2 s, ~0.5 GB)
+PLD_MAX_INTERVAL = 100.0  # dp-accounting needs exp(step) to stay finite
+PLD_MAX_COMPOSED = 1e8  # most points the composed rounds' grid may span (else RDP's bound)
 
 
-def _pld_accountant():
+def pld_interval(sigma: float, epsilon_bound: float = 0.0, rounds: int = 1) -> float | None:
+    """The PLD grid step for noise multiplier ``sigma``: ``PLD_DISCRETIZATION``, coarser where
+    the loss distribution is wide (a small σ: its support grows as 20/σ + 1/σ²) or the ε
+    large (``epsilon_bound``, e.g. the RDP ε of the same events), so that no accounting call
+    takes more than seconds and a fraction of a GB. A coarser step is still a pessimistic
+    discretization: ε stays a valid upper bound, only less tight. None: no step keeps the
+    ``rounds`` composed within bounds (σ far below 1e-3): use the RDP bound instead."""
+    width = 20.0 / sigma + 1.0 / sigma ** 2
+    step = max(PLD_DISCRETIZATION, width / PLD_POINTS, epsilon_bound / (PLD_POINTS / 10))
+    step = min(step, PLD_MAX_INTERVAL)
+    return None if max(rounds, 1) * width / step > PLD_MAX_COMPOSED else step
+
+
+def _pld_accountant(interval: float = PLD_DISCRETIZATION):
     from dp_accounting import pld
 
-    return pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    return pld.PLDAccountant(value_discretization_interval=interval)
 
 
 class PldAccountant(RdpAccountant):
@@ -193,7 +214,13 @@ class PldAccountant(RdpAccountant):
         key = tuple(tuple(e) for e in self.events)
         if self._curves.get("eps_key") != key:
             dpa, _ = _dpa()
-            acc = _pld_accountant()
+            bound = RdpAccountant(self.delta, self.events).epsilon()  # cheap: sizes the grid
+            step = pld_interval(min(s for _, s, _ in self.events), bound,
+                                sum(r for _, _, r in self.events))
+            if step is None:  # too wide for any bounded grid: RDP's bound holds too
+                self._curves.update(eps_key=key, eps=bound)
+                return bound
+            acc = _pld_accountant(step)
             with _quiet():
                 for q, sigma, rounds in self.events:
                     acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), rounds)
@@ -206,7 +233,19 @@ def _calibrate(dpa, make_accountant, target_epsilon, plan, rounds, delta, low, h
         parts = [dpa.PoissonSampledDpEvent(r, dpa.GaussianDpEvent(s * f)) for r, f in plan]
         one = parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
         return dpa.SelfComposedDpEvent(one, int(rounds))
+
+    def eps_at(s):
+        acc = make_accountant()
+        acc.compose(event(s))
+        return acc.get_epsilon(delta)
+
+    low = low / min(f for _, f in plan)
+    if eps_at(low) <= target_epsilon:  # the smallest σ calibrated already meets the target
+        return float(low)
+    if eps_at(high) > target_epsilon:
+        raise ValueError(f"target_epsilon={target_epsilon:g} cannot be met with a noise "
+                         f"multiplier up to {high:g} over {rounds} rounds at δ={delta:g}; allow "
+                         "a larger target_epsilon, or sample fewer clients or rounds")
     return float(dpa.calibrate_dp_mechanism(
         make_accountant, event, target_epsilon, delta,
-        bracket_interval=dpa.ExplicitBracketInterval(low / min(f for _, f in plan), high),
-        tol=1e-4))
+        bracket_interval=dpa.ExplicitBracketInterval(low, high), tol=1e-4))

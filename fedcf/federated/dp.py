@@ -26,6 +26,24 @@ from .phases import (
 from .reports import clipped, dp_noise
 from .secagg import SecureAggregation
 
+# noise norm of a round's mean update, in units of the largest mean update the clipped clients
+# can send (its norm is at most the clip), above which a model is mostly noise: warn
+NOISE_SWAMP = 100.0
+
+
+def warn_if_noise_swamps(bound, context) -> None:
+    """Warn before training when each round's noise is ``NOISE_SWAMP`` times the largest signal
+    (σ·√d / the expected cohort, public figures only): the fit would return a noise model."""
+    d = context.n_items * (context.n_factors + 1)
+    ratio = bound.update_sigma_ * np.sqrt(d) / bound.denominator_
+    if ratio > NOISE_SWAMP:
+        warnings.warn(
+            f"the DP noise swamps the signal: each round's noise has about {ratio:.3g} times the "
+            f"norm of the largest mean update the clipped clients can send (noise multiplier "
+            f"{bound.sigma_:.4g}, about {bound.denominator_:.4g} clients per round, {d} "
+            "values), so the model will be mostly noise; allow a larger target_epsilon, take "
+            "more clients_per_round or fewer n_rounds", UserWarning, stacklevel=3)
+
 
 class DifferentialPrivacy(WeightedMean):
     """User-level differential privacy around a summing aggregator (DP-FedAvg, McMahan et al.
@@ -64,7 +82,9 @@ class DifferentialPrivacy(WeightedMean):
     noise_multiplier : float > 0 or None
         σ; give this or ``target_epsilon``.
     target_epsilon : float > 0 or None
-        Calibrate σ so that the planned rounds spend this ε at ``delta``.
+        Calibrate σ so that the planned rounds spend this ε at ``delta``. A σ whose noise has
+        more than ``NOISE_SWAMP`` (100) times the norm of the largest mean update warns before
+        training: the model would be mostly noise.
     delta : float in (0, 1), default 1e-6
         Must be below 1 / (eligible clients).
     weight_cap : float > 0 or None
@@ -95,7 +115,9 @@ class DifferentialPrivacy(WeightedMean):
     accounting : {"rdp", "pld"}, default "rdp"
         dp-accounting's accountant for ε and for calibrating σ to ``target_epsilon``: Rényi DP,
         or the privacy-loss distribution (tighter for many rounds, a little slower per round).
-        The fitted model reports both in ``epsilons_``.
+        The fitted model reports both in ``epsilons_``. At a tiny σ (a huge target ε) the PLD
+        grid is made coarser (still a pessimistic bound), or RDP's bound is reported for it,
+        so accounting takes seconds, not gigabytes.
     insecure_seeded_noise : bool, default False
         Draw the noise and the Poisson cohorts from ``random_state`` (reproducible runs, tests)
         instead of the operating system's secure generator (``fedcf.federated.secret``). Anyone
@@ -250,6 +272,7 @@ class DifferentialPrivacy(WeightedMean):
                                  f"multiplier {bound.sigma_:.4g}: 2·σ_b must exceed σ (the "
                                  "count's noise is part of the accounted mechanism)")
             bound.update_sigma_ = (bound.sigma_ ** -2 - (2 * bound.count_std_) ** -2) ** -0.5
+        warn_if_noise_swamps(bound, context)
         if self.insecure_seeded_noise:
             warnings.warn("insecure_seeded_noise=True: the DP noise and the client sampling are "
                           "drawn from random_state, so anyone who knows it can remove the noise; "

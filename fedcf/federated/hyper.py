@@ -27,6 +27,7 @@ the plain mean has and that secure aggregation masks beside the update (``Encodi
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -71,7 +72,8 @@ class Hypergradients(Params):
         The range each learned value is kept in, {name: (low, high)} in natural units;
         unnamed ones keep the defaults: server_learning_rate (1e-4, 1e3), momentum
         (3.4e-4, 0.99966) (logit ±8), weight_exponent (-2, 4). A starting value outside its
-        range is refused; rounds that end at a bound list it in ``hyper_at_bound``.
+        range is refused; rounds that end at a bound list it in ``hyper_at_bound``, and a fit
+        that ends with a value held at its bound for a quarter of its rounds warns.
     holdout : float in [0, 0.9] or None, default None
         This share of the users never trains: each round a cohort of them (validation clients,
         as in the paper's appendix A.2) reports the derivatives, so the hyperparameters follow
@@ -157,6 +159,22 @@ HYPER_CONSTRAINTS = {"hypergradients": NoneOr(phase_rule("hypergradients", Hyper
 DEFAULT_BOUNDS = {"server_learning_rate": (1e-4, 1e3),
                   "momentum": (1.0 / (1.0 + np.exp(8.0)), 1.0 / (1.0 + np.exp(-8.0))),
                   "weight_exponent": (-2.0, 4.0)}
+
+
+def warn_pinned(history: list, start: int, values: dict) -> None:
+    """Warn when a learned value ended this fit at a bound where it had sat for at least a
+    quarter of the fit's rounds (and 3): its hypergradient kept pushing it out of range, so
+    the run trained with the bound, not with a learned value."""
+    rounds = [h.get("hyper_at_bound", []) for h in history[start:] if "hyper_at_bound" in h]
+    for name in rounds[-1] if rounds else ():
+        run = next((i for i, at in enumerate(reversed(rounds)) if name not in at), len(rounds))
+        if run >= max(3, len(rounds) / 4):
+            warnings.warn(
+                f"the learned {name} sat at a bound of its range for the last {run} of "
+                f"{len(rounds)} rounds (now {values.get(name, float('nan')):.4g}): the fit "
+                f"trained with the bound, not a learned value; lower Hypergradients' "
+                f"learning_rate, change the starting {name}, or widen "
+                f"Hypergradients(bounds={{{name!r}: (low, high)}})", UserWarning, stacklevel=3)
 
 
 def _to_z(name: str, value: float) -> float:
