@@ -79,8 +79,10 @@ def weight_diagnostics(w) -> dict:
     """ESS = (Σw)²/Σw², its share of the weights, the largest |weight|, the share of
     non-zero weights."""
     w = np.asarray(w, np.float64)
-    ss = float(np.sum(w * w))
-    ess = float(np.sum(w) ** 2 / ss) if ss > 0 else 0.0
+    top = float(np.max(np.abs(w))) if len(w) else 0.0
+    u = w / top if top > 0 else w  # ESS is scale-free: no overflow for weights near 1e300
+    ss = float(np.sum(u * u))
+    ess = float(np.sum(u) ** 2 / ss) if ss > 0 else 0.0
     return {"ess": ess, "ess_share": ess / len(w) if len(w) else 0.0,
             "max_weight": float(np.max(np.abs(w))) if len(w) else 0.0,
             "matched_share": float(np.mean(w != 0)) if len(w) else 0.0}
@@ -172,6 +174,13 @@ def _arrays(n, reward, propensity, target_probs, q_logged=None, q_target=None):
     if np.any((out["target_probs"] < 0) | (out["target_probs"] > 1)):
         row = int(np.flatnonzero((out["target_probs"] < 0) | (out["target_probs"] > 1))[0])
         raise ValueError(f"target_probs[{row}] = {show(out['target_probs'][row])} is not a probability")
+    with np.errstate(over="ignore"):
+        huge = ~np.isfinite(out["target_probs"] / out["propensity"])
+    if huge.any():
+        row = int(np.flatnonzero(huge)[0])
+        raise ValueError(f"propensity is {show(out['propensity'][row])} at row {row}: its "
+                         "importance weight overflows float64; a logging probability this small "
+                         "is a logging error (drop or fix the row)")
     return out
 
 
@@ -182,9 +191,10 @@ def _point(name, a, idx=None):
     w = pe / p0
     if name == "ips":
         return float(np.mean(w * r))
-    if name == "snips":
-        s = w.sum()
-        return float(np.sum(w * r) / s) if s > 0 else float("nan")
+    if name == "snips":  # scale-free too: divide by the largest weight first
+        u = w / w.max() if len(w) and w.max() > 0 else w
+        s = u.sum()
+        return float(np.sum(u * r) / s) if s > 0 else float("nan")
     if name == "replay":
         s = pe.sum()
         return float(np.sum(pe * r) / s) if s > 0 else float("nan")
@@ -219,7 +229,9 @@ def _normal(name, a, alpha):
     if name in ("snips", "replay") and not np.any(a["target_probs"] > 0):
         return (float("nan"),) * 3
     v = _influence(name, a)
-    sd = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+    top = float(np.max(np.abs(v))) if len(v) else 0.0
+    top = top if top > 0 else 1.0  # the spread of v / top, rescaled: no overflow near 1e300
+    sd = float(top * (v / top).std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
     z = norm.ppf(1 - alpha / 2)
     return _point(name, a) - z * sd, _point(name, a) + z * sd, sd
 
@@ -234,14 +246,16 @@ def _bootstrap(name, a, boots, alpha):
 
 
 def estimate_ctr(reward, propensity, target_probs, *, q_logged=None, q_target=None,
-                 estimators=ESTIMATORS, n_bootstrap: int = 500, alpha: float = 0.05,
+                 estimators=None, n_bootstrap: int = 500, alpha: float = 0.05,
                  interval: str = "bootstrap", min_ess: float = 100.0,
                  random_state=0) -> pd.DataFrame:
     """Estimates of the target policy's CTR with intervals and weight diagnostics.
 
     Returns a DataFrame indexed by estimator with columns estimate, low, high, std (of the
-    estimate), n (rows), ess, ess_share, max_weight, matched_share. DM and DR are skipped
-    (with a clear error if asked for explicitly) when no reward model predictions are given.
+    estimate), n (rows), ess, ess_share, max_weight, matched_share. ``estimators``: names
+    from ``ESTIMATORS``; None (default) runs all of them, DM and DR only when reward model
+    predictions (``q_logged`` and ``q_target``) are given (naming them without one is an
+    error).
     ``interval``: "bootstrap" (``n_bootstrap`` resamples of rows; 0 for none) or "normal".
     """
     n = len(np.asarray(reward))
@@ -255,6 +269,12 @@ def estimate_ctr(reward, propensity, target_probs, *, q_logged=None, q_target=No
     if interval not in ("bootstrap", "normal"):
         raise ValueError(f"interval must be 'bootstrap' or 'normal', got {interval!r}")
     a = _arrays(n, reward, propensity, target_probs, q_logged, q_target)
+    if estimators is None:
+        estimators = tuple(e for e in ESTIMATORS if e not in ("dm", "dr")
+                           or ("q_logged" in a and "q_target" in a))
+    if isinstance(estimators, str):
+        raise TypeError(f"estimators must be a list of names, got the string {estimators!r}; "
+                        f"wrap one name in a list: [{estimators!r}]")
     unknown = set(estimators) - set(ESTIMATORS)
     if unknown:
         raise ValueError(f"unknown estimators {sorted(unknown)}; choose from {list(ESTIMATORS)}")

@@ -49,6 +49,7 @@ raised when the ESS is below ``min_ess``.
 
 from __future__ import annotations
 
+import numbers
 import warnings
 
 import numpy as np
@@ -68,6 +69,24 @@ def _name_rows(mask, labels, what="row") -> str:
     return f"{what}s {shown}" + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
 
 
+def integer_positions(position: pd.Series, what: str) -> pd.Series:
+    """Slate positions as integers: they are ranks, and the estimators order a slate by them
+    (text would sort "10" before "2"). Integral floats are taken; anything else is refused,
+    naming the row."""
+    values = position.to_numpy()
+    if values.dtype.kind in "iu":
+        return position
+    if values.dtype.kind == "f" and np.isfinite(values).all() and (values == np.round(values)).all():
+        return position.astype(np.int64)
+    bad = next(i for i, v in enumerate(values) if isinstance(v, (bool, np.bool_)) or not (
+        isinstance(v, (numbers.Integral, np.integer)) or (isinstance(v, (float, np.floating))
+                                                          and float(v).is_integer())))
+    raise DataValidationError(
+        f"{what} column 'position' must hold integer ranks, got {values[bad]!r} "
+        f"({type(values[bad]).__name__}) at row {bad}: positions order a slate, and text would "
+        f"sort '10' before '2'; convert with {what}['position'] = {what}['position'].astype(int)")
+
+
 def _check_slates(log: pd.DataFrame) -> pd.DataFrame:
     """Sort by (slate_id, position); distinct positions per slate (else the slate is named)."""
     if "slate_id" not in log.columns:
@@ -80,6 +99,7 @@ def _check_slates(log: pd.DataFrame) -> pd.DataFrame:
             row = int(np.flatnonzero(log[col].isna().to_numpy())[0])
             raise DataValidationError(f"log column {col!r} is missing at row {row}")
     out = log.reset_index(drop=True)
+    out["position"] = integer_positions(out["position"], "log")
     out = out.iloc[np.lexsort((out["position"].to_numpy(), pd.factorize(out["slate_id"])[0]))]
     dup = out.duplicated(["slate_id", "position"]).to_numpy()
     if dup.any():
@@ -376,6 +396,10 @@ def target_support(log: pd.DataFrame, target: pd.DataFrame, *, tol: float = 1e-1
     if missing:
         raise DataValidationError(f"target column {missing[0]!r} not found; it needs {need} "
                                   f"(optional 'context'), it has {list(target.columns)}")
+    target = target.assign(position=integer_positions(target["position"], "target"))
+    if "position" not in log.columns:
+        raise DataValidationError(f"log column 'position' not found; it has {list(log.columns)}")
+    log = log.assign(position=integer_positions(log["position"], "log"))
     keys = ["context", "position"] if "context" in target.columns and "context" in log.columns \
         else ["position"]
     logged = pd.MultiIndex.from_frame(log[keys + ["action"]].drop_duplicates())
