@@ -11,12 +11,20 @@ import pytest
 
 from fedcf import load_model
 from fedcf.cli import main, read_table
+from fedcf.cli.common import is_implicit
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.model_selection import PerUserSplit
 
 FAST = {"fedrecon": ["--rounds", "8"], "fedavg": ["--rounds", "8"], "furl": ["--rounds", "8"],
         "fedrecon-implicit": ["--rounds", "8"], "centralized": ["--epochs", "3"],
-        "implicit": ["--epochs", "3"]}
+        "implicit": ["--epochs", "3"], "fedmf": ["--rounds", "8"], "pfedrec": ["--rounds", "8"],
+        "fedncf": ["--rounds", "8", "--set", "layers=[4]"]}
+
+
+def test_the_cli_trains_every_registered_estimator():
+    from fedcf import registry
+
+    assert sorted(FAST) == registry.names("estimator")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +55,7 @@ def test_train_recommend_evaluate_plot(model, files, capsys, tmp_path):
                         str(out), "--factors", "3", "--seed", "0", "-q", *FAST[model]], capsys)
     assert code == 0, err
     fitted = load_model(out)
-    implicit = "implicit" in model
+    implicit = is_implicit(fitted)
     ratings = [] if implicit else ["--ratings", "5", "4", "1"]
     items = [str(i) for i in fitted.item_ids_[:3]]
     code, text, err = run(["recommend", "--model", str(out), "--items", *items, *ratings, "-n",
@@ -64,6 +72,9 @@ def test_train_recommend_evaluate_plot(model, files, capsys, tmp_path):
                                str(files / ("test.csv" if protocol == "recon" else "later.csv")),
                                "--protocol", protocol, "--history", str(files / "hist.csv"),
                                "--json"], capsys)
+        if model == "pfedrec" and protocol == "standard":  # its users' scores need fit data
+            assert code == 2 and "a model loaded from disk does not hold" in err, err
+            continue
         assert code == 0, err
         res = json.loads(text)
         key = "ndcg@10" if implicit else "rmse"
@@ -203,6 +214,22 @@ BAD = [
      "--duplicates mean"),
     (["train", "--data", "{d}/blank.csv", "--model", "fedrecon", "--out", "{o}"],
      "at row 2 (line 5 of blank.csv)"),
+    # a malformed JSON phase, a checkpoint folder that is not there, two flags for one
+    # parameter, a bad --set value named by --set, a bad bool, k = 0, more negatives than items
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--set",
+      'aggregator=[["median"'], "--set aggregator=[[\"median\": not valid JSON"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--set",
+      "checkpoint_path={d}/no/ck.npz"], "does not exist; create it or choose another "
+     "checkpoint_path"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--factors",
+      "4", "--set", "n_factors=abc"], "--factors and --set n_factors=... both set n_factors"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--set",
+      "n_factors=abc"], "--set n_factors=abc: n_factors must be an integer"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedrecon", "--out", "{o}", "--set",
+      "verbose=maybe"], "verbose must be True or False"),
+    (["evaluate", "--model", "{m}", "--data", "{d}/test.csv", "-k", "0"], "-k/--k: 0 is below 1"),
+    (["train", "--data", "{d}/train.csv", "--model", "fedmf", "--out", "{o}", "--set",
+      "negatives=1000"], "negatives=1000 per positive, but the catalog has only 80 items"),
 ]
 
 

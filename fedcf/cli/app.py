@@ -66,6 +66,11 @@ def _with_flag(parser, args, argv, msg: str) -> str:
         if action.option_strings:
             msg = re.sub(rf"(?<![\w-]){re.escape(action.dest)}='?([\w.-]+)'?",
                          rf"{action.option_strings[-1]} \1", msg)
+    for item in getattr(args, "set", None) or []:  # "--set n_factors=abc: n_factors must"
+        key = item.partition("=")[0]
+        named = re.search(rf"(?<![\w-]){re.escape(key)}(=| must\b)", msg)
+        if named and item not in msg and "--set" not in msg:
+            return f"--set {item}: {msg}"
     for action in actions:
         flags = [f for f in action.option_strings if f in argv]
         if not flags or flags[0] in msg:
@@ -90,7 +95,8 @@ def main(argv=None) -> int:
               file=sys.stderr)  # and user_errors() below imports
         return 130
     except (UsageError, *user_errors()) as exc:
-        msg = " ".join((str(exc.args[0]) if exc.args else type(exc).__name__).split())
+        msg = " ".join((str(exc) if isinstance(exc, OSError) and exc.filename else
+                        str(exc.args[0]) if exc.args else type(exc).__name__).split())
         msg = with_lines(_with_flag(parser, args, argv, msg), getattr(args, "tables_read", []))
         print(f"fedcf {args.command}: error: {msg}", file=sys.stderr)
         return 2

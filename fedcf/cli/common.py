@@ -25,9 +25,9 @@ SUMMARY = {"train": "train a model on a ratings file and save it",
 
 def is_implicit(model) -> bool:
     """Implicit-feedback estimators: ranking metrics, no ratings needed."""
-    from .._registry import IMPLICIT
+    from ..models.base import RankingScoreMixin
 
-    return isinstance(model, IMPLICIT)
+    return isinstance(model, RankingScoreMixin)
 
 
 def user_errors() -> tuple:
@@ -46,6 +46,17 @@ SHORTCUTS = {"factors": "n_factors", "rounds": "n_rounds", "epochs": "n_epochs",
 COLUMNS = {"user": ("user", "userId", "user_id", "userID"),
            "item": ("item", "movieId", "item_id", "itemId", "movie"),
            "rating": ("rating", "ratings", "score"), "timestamp": ("timestamp", "time", "ts")}
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (argparse names the flag when this refuses)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1; give an integer >= 1")
+    return value
 
 
 class UsageError(Exception):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .common import SUMMARY, UsageError, _data_options, _read, is_implicit
+from .common import SUMMARY, UsageError, _data_options, _read, is_implicit, positive_int
 
 
 def cmd_evaluate(args):
@@ -81,7 +81,8 @@ def add_parser(sub):
     p.add_argument("--history", help="(standard) the users' training rows, for models that keep "
                    "no user data")
     p.add_argument("--support-fraction", type=float, default=0.5)
-    p.add_argument("-k", "--k", type=int, default=10, help="cut-off of ranking metrics")
+    p.add_argument("-k", "--k", type=positive_int, default=10,
+                   help="cut-off of ranking metrics (an integer >= 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the support/query split")
     p.add_argument("--json", action="store_true")
     _data_options(p)

@@ -20,10 +20,17 @@ from .common import (
 )
 
 
-def _parse_value(text: str):
+def _parse_value(key: str, text: str):
+    """A --set value: JSON (numbers, true/false, null, objects), Python's True/False/None, or
+    else the text itself. A value that starts as a JSON object or list must be valid JSON."""
     for parse in (json.loads, {"True": True, "False": False, "None": None}.__getitem__):
         try:
             return parse(text)
+        except json.JSONDecodeError as exc:
+            if text.lstrip()[:1] in ("{", "["):
+                raise UsageError(f"--set {key}={text}: not valid JSON ({exc.msg} at character "
+                                 f"{exc.pos}); write a phase as a JSON object, e.g. "
+                                 f"{key}='{{\"name\": \"...\"}}'") from None
         except (ValueError, KeyError):
             pass
     return text
@@ -35,11 +42,15 @@ def build_estimator(name: str, args):
     cls = registry.lookup("estimator", name)
     est = cls()
     params = {SHORTCUTS[k]: getattr(args, k) for k in SHORTCUTS if getattr(args, k) is not None}
+    shortcut_of = {SHORTCUTS[k]: k for k in SHORTCUTS if getattr(args, k) is not None}
     for item in args.set or []:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise UsageError(f"--set takes key=value, got {item!r}")
-        value = _parse_value(value)
+        if key in shortcut_of:
+            raise UsageError(f"--{shortcut_of[key]} and --set {key}=... both set {key}; give "
+                             "one of them")
+        value = _parse_value(key, value)
         params[key] = registry.from_spec(key, value) if key in registry.phase_kinds() else value
     for kind in registry.phase_kinds():  # a phase by name as its object: nested keys are valid
         value = est.get_params(deep=False).get(kind)
@@ -51,7 +62,7 @@ def build_estimator(name: str, args):
             raise UsageError(f"unknown hyperparameter {key!r} for {name}; it takes: "
                              f"{', '.join(sorted(valid))}")
     est.set_params(**params)
-    if "verbose" in valid:  # progress bars on a terminal only (never in logs or pipes)
+    if "verbose" in valid and "verbose" not in params:  # bars on a terminal only (not in logs)
         est.set_params(verbose=not args.quiet and sys.stderr.isatty())
     return est.check_params()
 

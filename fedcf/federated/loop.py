@@ -14,6 +14,21 @@ from .phases import Cohort, GlobalDelta, server_update
 from .reports import Reports
 
 
+def check_writable(path) -> None:
+    """Refuse, before the first round, a checkpoint path whose folder is missing or read-only
+    (else the run would fail at its first checkpoint, its rounds lost)."""
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"checkpoint_path={str(path)!r} is a folder; name a file in it, "
+                                "e.g. folder/checkpoint.npz")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"checkpoint_path={str(path)!r}: its folder {folder!r} does not "
+                                "exist; create it or choose another checkpoint_path")
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"checkpoint_path={str(path)!r}: its folder {folder!r} is not "
+                              "writable; choose another checkpoint_path")
+
+
 class Checkpointer:
     """Saves a run's state atomically every ``every`` rounds and at the end, and resumes only
     into the run that wrote it (same class name, parameters ``run_params`` and data
@@ -24,6 +39,7 @@ class Checkpointer:
         self.path, self.every, self.cls, self.n_rounds = path, every, cls, n_rounds
         self.fingerprint, self.run_params = fingerprint, run_params
         self.last_saved = None
+        check_writable(path)
 
     def due(self, done: int) -> bool:
         return done % self.every == 0 or done == self.n_rounds
