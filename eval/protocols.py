@@ -72,49 +72,61 @@ def standard_eval(model, test: Interactions, *, n_repeats: int = 200, random_sta
                    random_state)
 
 
+def check_k(k) -> int:
+    """The cut-off of ranking metrics: an integer >= 1."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k (the cut-off of ranking metrics) must be an integer >= 1, got {k!r}")
+    return int(k)
+
+
 def known_user_eval(model, test: pd.DataFrame, *, history: pd.DataFrame | None = None,
                     k: int = 10) -> dict:
     """STANDARDEVAL from files: held-out rows (``test``: user, item[, rating] columns) of users
     the model knows — from its stored user rows, or, for a model that keeps none (FedRecon),
-    reconstructed from their training rows ``history``, as their devices would. Rating models
+    reconstructed from their training rows ``history`` (default: the fit data a model fitted
+    in this process holds; a loaded one needs ``history``), as their devices would. Rating models
     give RMSE, MAE and accuracy; implicit ones precision, recall and NDCG at ``k`` with the
     users' history filtered. Rows of unknown users (or, for implicit models, items) are left out.
     """
     from .._ranking import ranking_metrics
-    from ..federated import FedReconImplicitMF
-    from ..models import ImplicitMF
+    from ..models.base import RankingScoreMixin
 
     check_is_fitted(model, "item_factors_")
-    implicit = isinstance(model, (ImplicitMF, FedReconImplicitMF))
-    test_inter, P, c, seen = _known_users(model, test, history, implicit)
+    check_k(k)
+    implicit = isinstance(model, RankingScoreMixin)  # every implicit-feedback estimator
+    test_inter, users, seen = _known_users(model, test, history, implicit)
     if implicit:
-        res = ranking_metrics(lambda b: model.score_all_items(P[b], c[b]), seen, test_inter, k,
-                              with_auc=False)
+        res = ranking_metrics(users, seen, test_inter, k, with_auc=False)
         out = {f"{m}@{k}": res[m] for m in ("precision", "recall", "ndcg")}
     else:
-        out = rating_metrics(test_inter.values, model.predict_entries(test_inter, P, c),
+        out = rating_metrics(test_inter.values, model.predict_entries(test_inter, *users),
                              model.rating_scale_)
     return {**out, "users": test_inter.n_users, "rows": test_inter.nnz}
 
 
 def _known_users(model, test, history, implicit):
-    """(test rows as Interactions, P, c, the users' seen items or None) of ``known_user_eval``."""
+    """(test rows as Interactions, the users — (P, c) of a rating model, a score_fn of an
+    implicit one —, their seen items or None) of ``known_user_eval``."""
     if getattr(model, "user_factors_", None) is not None:
         known = model._user_index(test["user"].unique())
         users = np.sort(known[known >= 0])
-        P, c = model._user_params(users)
+        scored = (lambda b: model._dense_user_scores(users[b])) if implicit else \
+            model._user_params(users)
         seen = model._seen_interactions().subset_users(users) if implicit else None
         user_ids = model.user_ids_[users]
-    elif history is not None:
+    elif history is not None or model.interactions_ is not None:
+        if history is None:  # a model fitted in this process: its users' fit data
+            history = model.interactions_.to_dataframe()
         hist = history[model._item_index(history["item"]) >= 0]
         user_ids = np.array(sorted(set(hist["user"]) & set(test["user"])), dtype=object)
         hist = hist[hist["user"].isin(user_ids)]
         seen = Interactions.from_pairs(hist[["user", "item"]], None, rating_col=None,
                                        user_catalog=user_ids, item_catalog=model.item_ids_,
                                        duplicates="last")
-        P, c = model.reconstruct_users(Interactions.coerce(
-            hist, user_catalog=user_ids, item_catalog=model.item_ids_,
-            rating_col="rating" if "rating" in hist else None, duplicates="last"))
+        own = Interactions.coerce(hist, user_catalog=user_ids, item_catalog=model.item_ids_,
+                                  rating_col="rating" if "rating" in hist else None,
+                                  duplicates="last")
+        scored = model._held_out_scores(own) if implicit else model.reconstruct_users(own)
     else:
         raise ValueError(f"{type(model).__name__} keeps no user data; evaluating its known users "
                          "needs their training rows as history (or use recon_eval)")
@@ -126,7 +138,7 @@ def _known_users(model, test, history, implicit):
     test_inter = Interactions.coerce(
         test, user_catalog=user_ids, rating_col="rating" if "rating" in test else None,
         item_catalog=model.item_ids_ if implicit else None, duplicates="last")
-    return test_inter, P, c, seen
+    return test_inter, scored, seen
 
 
 def recon_eval(model, users: Interactions, *, split: str = "random", support_fraction: float = 0.5,

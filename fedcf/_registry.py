@@ -1,19 +1,13 @@
-"""Every estimator by its command-line name, and loading a saved model of any class."""
+"""Every estimator by its command-line name (``fedcf.registry``'s one list), and loading a saved
+model of any class."""
 
 from __future__ import annotations
 
 from . import registry
 from ._io import load_npz
-from .federated import FURLMF, FedAvgMF, FedMF, FedNCF, FedReconImplicitMF, FedReconMF
-from .models import CentralizedMF, ImplicitMF
 from .models.base import _META
 
-ESTIMATORS = {"fedrecon": FedReconMF, "fedavg": FedAvgMF, "furl": FURLMF,
-              "centralized": CentralizedMF, "implicit": ImplicitMF,
-              "fedrecon-implicit": FedReconImplicitMF, "fedmf": FedMF, "fedncf": FedNCF}
-IMPLICIT = (ImplicitMF, FedReconImplicitMF, FedMF, FedNCF)
-for _name, _cls in ESTIMATORS.items():  # the one registry: estimators by command-line name
-    registry.register("estimator", _name, _cls)
+ESTIMATORS = {name: registry.lookup("estimator", name) for name in registry.names("estimator")}
 
 
 def load_model(path):

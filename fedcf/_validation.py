@@ -191,3 +191,69 @@ def Dict():
 def check_params(est) -> dict:
     """Apply ``est._parameter_constraints``; returns {name: cleaned value}."""
     return {name: rule(name, getattr(est, name)) for name, rule in est._parameter_constraints.items()}
+
+
+# constructor names a user may reach for, and where each setting lives (by the parameter that
+# must exist on the class for the advice to apply)
+MOVED = {
+    "learning_rate": ("client_update", "client_update=ClientUpdate(learning_rate=...)"),
+    "batch_size": ("client_update", "client_update=ClientUpdate(batch_size=...)"),
+    "local_epochs": ("client_update", "client_update=ClientUpdate(epochs=...)"),
+    "client_epochs": ("client_update", "client_update=ClientUpdate(epochs=...)"),
+    "epochs": ("client_update", "client_update=ClientUpdate(epochs=...)"),
+    "update_steps": ("client_update", "client_update=ClientUpdate(steps=...)"),
+    "client_learning_rate": ("client_update", "client_update=ClientUpdate(learning_rate=...)"),
+    "server_learning_rate": ("server_optimizer",
+                             "server_optimizer=SGD(learning_rate=...) (or another optimizer)"),
+    "recon_regularization": ("reconstruction",
+                             "reconstruction=RidgeReconstruction(regularization=...)"),
+    "recon_steps": ("reconstruction", "reconstruction=SGDReconstruction(steps=...)"),
+    "recon_learning_rate": ("reconstruction",
+                            "reconstruction=SGDReconstruction(learning_rate=...)"),
+    "item_bias": ("biases", "biases=True/False"),
+    "user_bias": ("biases", "biases=True/False"),
+    "use_biases": ("biases", "biases=True/False"),
+    "biases": ("item_bias", "item_bias=... and user_bias=..."),
+    "n_epochs": ("n_rounds", "n_rounds=... (a federated fit counts rounds, not epochs)"),
+    "noise_multiplier": ("aggregator", "aggregator=DPGaussianMean(..., noise_multiplier=...)"),
+    "clip_norm": ("aggregator", "aggregator=DPGaussianMean(clip_norm=...) or NormClippedMean"),
+    "seed": ("random_state", "random_state=..."),
+    "factors": ("n_factors", "n_factors=..."),
+    "rounds": ("n_rounds", "n_rounds=..."),
+    "n_rounds": ("n_epochs", "n_epochs=... (a centralized fit counts epochs, not rounds)"),
+}
+
+
+def unknown_parameter(cls, name: str, known) -> str:
+    """Why ``cls(name=...)`` is refused, and where the setting lives now (or the closest names)."""
+    import difflib
+
+    known = list(known)
+    where, advice = MOVED.get(name, (None, None))
+    if where in known:
+        hint = f"set it with {advice}"
+    else:
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"did you mean {' or '.join(close)}?" if close else "it takes: " + ", ".join(known)
+    return f"{cls.__name__} has no parameter {name!r}; {hint}"
+
+
+def named_kwargs(init):
+    """``init`` refusing an unknown keyword with ``unknown_parameter``'s message instead of
+    Python's bare one (scikit-learn still reads the signature: ``__wrapped__``)."""
+    import functools
+    import inspect
+
+    params = [p for p in inspect.signature(init).parameters.values()][1:]
+    names = {p.name for p in params}
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return init
+
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        for key in kwargs:
+            if key not in names:
+                raise TypeError(unknown_parameter(type(self), key, [p.name for p in params]))
+        init(self, *args, **kwargs)
+
+    return checked

@@ -265,11 +265,11 @@ class ReconScorer:
             item_catalog=estimator.item_ids_ if ranking else None)
         support, query = support_query_split(inter, self.split, self.support_fraction,
                                              self.random_state)
-        P, c = estimator.reconstruct_users(support)
         if ranking:
-            res = ranking_metrics(lambda b: estimator.score_all_items(P[b], c[b]), support,
-                                  query, self.k, with_auc=False)
+            res = ranking_metrics(estimator._held_out_scores(support), support, query, self.k,
+                                  with_auc=False)
             return float(res[self.metric])
+        P, c = estimator.reconstruct_users(support)
         pred = estimator.predict_entries(query, P, c)
         if len(pred) == 0:
             raise ValueError(_no_query_advice(inter.counts(), self.support_fraction))

@@ -52,7 +52,7 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "full": "fedcf.federated.items:FullCatalog",
         "open": "fedcf.federated.items:OpenCatalog",
     },
-    "estimator": {  # by command-line name; fedcf._registry puts the classes in on import
+    "estimator": {  # by command-line name: the one list load_model, the CLI and the tests read
         "fedrecon": "fedcf.federated.fedrecon:FedReconMF",
         "fedavg": "fedcf.federated.stateful:FedAvgMF",
         "furl": "fedcf.federated.stateful:FURLMF",
@@ -60,6 +60,7 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "implicit": "fedcf.models.implicit_mf:ImplicitMF",
         "fedrecon-implicit": "fedcf.federated.implicit:FedReconImplicitMF",
         "fedmf": "fedcf.federated.sampled_mf:FedMF",
+        "pfedrec": "fedcf.federated.sampled_mf:PFedRec",
         "fedncf": "fedcf.federated.fedncf:FedNCF",
     },
 }

@@ -372,7 +372,7 @@ def test_no_node_or_bad_settings_fail_clearly(tmp_path):
         run(FakeGrid([{}]), tmp_path)
     with pytest.raises(ValueError, match="not JSON"):
         Settings.from_run_config({"fedcf-params": "{n_factors: 3"})
-    with pytest.raises(ValueError, match="unexpected keyword argument 'n_factor'"):
+    with pytest.raises(ValueError, match="no parameter 'n_factor'; did you mean n_factors"):
         Settings(params={"n_factor": 3}).check()
     with pytest.raises(ValueError, match="eval-fraction"):
         Settings(eval_fraction=1.0).check()

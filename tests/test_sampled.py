@@ -419,7 +419,8 @@ def test_divergence_is_named_and_keeps_the_previous_model(cls):
         m.set_params(learning_rate=1e8, item_learning_rate=1e12, n_rounds=40).fit(inter)
     for k in before:
         np.testing.assert_array_equal(before[k], _params(m)[k])
-    pairs = cls(2, n_rounds=2, random_state=0).fit([[1, 2], [1, 3], [2, 3], [2, 4]])
+    pairs = cls(2, n_rounds=2, negatives=2, random_state=0).fit([[1, 2], [1, 3], [2, 3],
+                                                                   [2, 4]])
     assert len(pairs.recommend(user=1, n=1)) == 1
 
 

@@ -109,8 +109,12 @@ def test_known_user_eval_equals_standard_eval_and_reconstructs_from_history():
                                         rel=1e-9)
     assert got["users"] == test.to_dataframe()["user"].nunique() and got["rows"] == test.nnz
     fed = FedReconMF(n_factors=3, n_rounds=3, clients_per_round=30, random_state=0).fit(train)
-    with pytest.raises(ValueError, match="keeps no user data"):
-        known_user_eval(fed, test.to_dataframe())
     via_history = known_user_eval(fed, test.to_dataframe(), history=train.to_dataframe())
     assert via_history["rmse"] == pytest.approx(standard_eval(fed, test, n_repeats=2)["rmse"],
                                                 rel=1e-6)
+    # fitted here, it holds its users' fit data: the documented default history=None uses it
+    assert known_user_eval(fed, test.to_dataframe())["rmse"] == pytest.approx(
+        via_history["rmse"], rel=1e-12)
+    fed.interactions_ = None  # as loaded from a file: no user data, so history is needed
+    with pytest.raises(ValueError, match="keeps no user data"):
+        known_user_eval(fed, test.to_dataframe())

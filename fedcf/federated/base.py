@@ -32,7 +32,7 @@ from .checkpoint import RESUME_FREE, data_fingerprint
 from .client_update import ClientUpdate
 from .contracts import Aggregator, Executor, Population, RunContext, phase_rule
 from .guard import STAGES, Diverged, DivergenceGuard
-from .hyper import HYPER_CONSTRAINTS, Hypergradients, HyperLearner, check_learnable
+from .hyper import HYPER_CONSTRAINTS, Hypergradients, HyperLearner, check_learnable, warn_pinned
 from .loop import Checkpointer, Run
 from .optimizers import ServerOptimizer
 from .phases import Cohort, RoundHyperparams, Selector
@@ -265,6 +265,7 @@ class FederatedMFBase(MFEstimatorBase):
         self.history_ = run.history
         if run.hyper is not None:
             self.learned_hyperparams_ = run.hyper.values()
+            warn_pinned(run.history, run.start, self.learned_hyperparams_)
         return self
 
     def client_uploads(self, X, clients, round_idx: int = 0):
@@ -435,14 +436,18 @@ class FederatedMFBase(MFEstimatorBase):
                                 _WEIGHT_EXPONENT[self.client_weighting])
 
     def _check_memory(self, inter, dtype):
+        check_memory(self._memory_need(inter, dtype),
+                     f"{type(self).__name__} with n_factors={self.n_factors}")
+
+    def _memory_need(self, inter, dtype) -> float:
+        """Bytes a fit's arrays take at most: parameters, optimizer state, a round's uploads."""
         K, m = self._row_width(), min(self.clients_per_round, inter.n_users)
         largest = np.sort(inter.counts())[::-1][:int(np.ceil(m * (1 + self.oversample)))]
         slots = float(largest.sum()) * (1 + self.negatives)
-        check_memory(inter.n_items * (K + 1) * (dtype.itemsize + 6 * 8)  # params, state, dense step
-                     + slots * (K + 2) * (dtype.itemsize + 8)  # uploads and their reduction
-                     + 2 * ((K + 2) ** 2 * 8 + float(largest[:1].sum()) * (K + 2) * 24)
-                     + (0 if self._local_state() is None else inter.n_users * K * dtype.itemsize),
-                     f"{type(self).__name__} with n_factors={K}")
+        return (inter.n_items * (K + 1) * (dtype.itemsize + 6 * 8)  # params, state, dense step
+                + slots * (K + 2) * (dtype.itemsize + 8)  # uploads and their reduction
+                + 2 * ((K + 2) ** 2 * 8 + float(largest[:1].sum()) * (K + 2) * 24)
+                + (0 if self._local_state() is None else inter.n_users * K * dtype.itemsize))
 
     def _set_globals(self, params):
         self.item_factors_ = params["Q"]

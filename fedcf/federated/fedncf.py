@@ -17,16 +17,21 @@ import numpy as np
 
 from .._kernels.neumf import neumf_clients, neumf_fold_in
 from .._validation import NoneOr, Real
-from .sampled_mf import FedMF, SampledProgram
+from ..models.base import check_memory
+from .sampled_mf import FedMF, SampledProgram, exclusion_csr
 from .sampled_nets import NeuMFNet
 
 
 def check_layers(layers) -> tuple:
     """``layers`` as a tuple of positive widths, or a ValueError naming it."""
+    given = layers
+    if isinstance(layers, np.ndarray) and layers.ndim == 1:
+        layers = layers.tolist()
     layers = tuple(layers) if isinstance(layers, (tuple, list)) else None
     if not layers or any(isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1
                          for w in layers):
-        raise ValueError(f"layers must be a non-empty tuple of widths >= 1, got {layers!r}")
+        raise ValueError(f"layers must be a non-empty tuple of widths >= 1, e.g. (32, 16), "
+                         f"got {given!r}")
     return tuple(int(w) for w in layers)
 
 
@@ -131,6 +136,14 @@ class FedNCF(FedMF):
     def _row_width(self) -> int:
         return 2 * self.n_factors
 
+    def _check_memory(self, inter, dtype):
+        """The matrix factorization's need, plus the MLP: its rows in the global state and a
+        copy in every upload of the cohort (each device uploads all of them)."""
+        m = min(self.clients_per_round, inter.n_users) * (1 + self.oversample)
+        dense = self._net().dense_size * (dtype.itemsize + 6 * 8 + m * (dtype.itemsize + 8))
+        check_memory(self._memory_need(inter, dtype) + dense, f"FedNCF with layers="
+                     f"{self.layers!r}, n_factors={self.n_factors}", "lower layers or n_factors")
+
     def _n_dense(self) -> int:
         """Rows of the global matrix that hold the dense parameters."""
         size = self._net().dense_size
@@ -164,8 +177,9 @@ class FedNCF(FedMF):
         return self._packed(self.item_factors_, self.dense_params_, self.item_factors_.dtype)
 
     def client_program(self, inter, mu):
-        return NeuMFProgram(self._cfg(inter.n_items), np.zeros(0, np.int64), self.exclusions_,
-                            inter.n_items, self._widths(), self._n_dense())
+        return NeuMFProgram(self._cfg(inter.n_items), np.zeros(0, np.int64),
+                            exclusion_csr(inter, self._exclude_arg), inter.n_items,
+                            self._widths(), self._n_dense())
 
     # ------------------------------------------------------------------ serving
     def _fold_in(self, indptr, items, excl, keys, epochs=None):

@@ -12,12 +12,12 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from .._kernels.neumf import USER, neumf_epochs, neumf_local
-from .._validation import Int, NoneOr, Real, check_int, check_params
+from .._validation import Int, NoneOr, Real, check_int, check_params, named_kwargs
 from ..datasets import DataValidationError, Interactions
-from ..models.base import atomic_fit, user_keys
+from ..models.base import atomic_fit, check_memory, user_keys
 from ..models.implicit_mf import coerce_implicit
 from .fedncf import check_layers
-from .sampled_mf import dense_users, exclusion_csr
+from .sampled_mf import check_negatives, dense_users, exclusion_csr
 from .sampled_nets import NeuMFNet
 
 
@@ -70,6 +70,7 @@ class NCF(BaseEstimator):
         "embedding_learning_rate": NoneOr(Real(0.0, low_open=True)),
         "negatives": Int(1, 1000), "regularization": Real(0.0)}
 
+    @named_kwargs
     def __init__(self, n_factors=32, *, layers=(32, 16), n_epochs=20, batch_size=256,
                  learning_rate=0.1, embedding_learning_rate=None, negatives=4,
                  regularization=0.0, random_state=None):
@@ -103,9 +104,14 @@ class NCF(BaseEstimator):
         inter = coerce_implicit(X, y)
         if inter.nnz == 0:
             raise DataValidationError("fit needs at least one interaction")
+        check_negatives(self.negatives, inter.n_items)
+        net = self._net()
+        check_memory(8 * (4 * (inter.n_users + inter.n_items) * 2 * self.n_factors
+                          + 4 * net.dense_size),
+                     f"NCF with layers={net.layers!r}, n_factors={self.n_factors}",
+                     "lower layers or n_factors")
         self.exclude_rows_ = _exclusion_rows(inter, exclude)
         rng = np.random.default_rng(check_random_state(self.random_state).randint(2**31))
-        net = self._net()
         self.net_ = net
         self.user_params_ = net.init_user(rng, inter.n_users)
         self.global_params_ = net.init_global(rng, inter.n_items)

@@ -64,6 +64,15 @@ def exclusion_csr(inter: Interactions, exclude=None) -> tuple:
     return own.indptr.astype(np.int64), own.indices.astype(np.int64)
 
 
+def check_negatives(negatives: int, n_items: int) -> None:
+    """Refuse more negatives per positive than the catalog has items: they would be the same
+    few items drawn again and again (with replacement), a silently different model."""
+    if negatives >= n_items:
+        raise ValueError(f"negatives={negatives} per positive, but the catalog has only "
+                         f"{n_items} items to draw them from; use negatives <= {max(n_items - 1, 1)} "
+                         "(the papers use 4)")
+
+
 def dense_users(users, n_users: int) -> np.ndarray:
     """``users`` as int64 dense ids in [0, n_users); anything else is refused, naming it."""
     users = np.asarray(users)
@@ -186,6 +195,7 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
 
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
     _stages = (USER | ITEMS,)
+    _exclude_arg = None  # fit's ``exclude`` while a fit runs
     _parameter_constraints = {
         **_OWN, "local_epochs": Int(1, 1000), "batch_size": Int(1, None),
         "learning_rate": Real(0.0, low_open=True),
@@ -234,7 +244,8 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
         """The training data as fit uses it, and this fit's exclusions (``exclusions_``: each
         device's items never drawn as negatives, kept for scoring)."""
         inter = super()._public_vocabulary(inter)
-        self.exclusions_ = exclusion_csr(inter, getattr(self, "_exclude_arg", None))
+        self.exclusions_ = exclusion_csr(inter, self._exclude_arg)
+        check_negatives(self.negatives, inter.n_items)
         return inter
 
     def _fit_inputs(self) -> dict:
@@ -259,7 +270,7 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
 
     def client_program(self, inter, mu):
         return SampledProgram(self._cfg(inter.n_items), np.array(self._stages, np.int64),
-                              self.exclusions_, inter.n_items)
+                              exclusion_csr(inter, self._exclude_arg), inter.n_items)
 
     def _release_mean_and_scale(self, stats):
         return 0.0, None  # logits: no global mean, no rating scale
@@ -422,3 +433,7 @@ class PFedRec(FedMF):
 
     def _dense_user_scores(self, users) -> np.ndarray:
         return self.user_scores(users)
+
+    def _held_out_scores(self, support: Interactions):
+        scores = self.score_new_users(support)
+        return lambda b: scores[b]

@@ -16,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._kernels.als import ridge_solve_rows
 from .._kernels.layout import ridge_cfg
 from .._ranking import ranking_metrics
-from .._validation import check_params, id_kind_mismatch, raw_ids
+from .._validation import check_params, id_kind_mismatch, named_kwargs, raw_ids
 from ..datasets import DataValidationError, Interactions
 from ..datasets._files import fits_in_ram
 from .persistence import _META, FORMAT_VERSION, Persistence, _ids_to_array  # noqa: F401
@@ -71,13 +71,13 @@ def check_callback(callback) -> None:
                         f"{type(callback).__name__}")
 
 
-def check_memory(nbytes: float, what: str) -> None:
+def check_memory(nbytes: float, what: str, advice: str = "lower n_factors (or the sizes "
+                 "that scale it)") -> None:
     """Refuse up front, with the figure, a fit whose arrays would not fit in this machine's RAM."""
     fits, gib = fits_in_ram(nbytes)
     if not fits:
         raise MemoryError(f"{what} needs about {nbytes / 2**30:.1f} GiB, more than this machine's "
-                          f"{gib:.1f} GiB of RAM allows; lower n_factors (or the sizes "
-                          "that scale it)")
+                          f"{gib:.1f} GiB of RAM allows; {advice}")
 
 
 class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
@@ -91,6 +91,11 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
 
     _parameter_constraints: dict = {}
     _fitted_attr = "item_factors_"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:  # an unknown keyword says where the setting lives
+            cls.__init__ = named_kwargs(cls.__init__)
     # name of the ridge regularization used for reconstruction; subclasses may override
     _recon_lam_attr = "regularization"
 
@@ -255,6 +260,13 @@ class RankingScoreMixin:
         """Scores of every item for dense users seen in fit (a model whose users score with
         more than a row of factors overrides it)."""
         return self.score_all_items(*self._user_params(users))
+
+    def _held_out_scores(self, support: Interactions):
+        """score_fn(batch) of every item for the users of ``support`` from their own data, as
+        their devices would score (reconstructed here; a model whose devices train more than
+        a user row overrides it)."""
+        P, c = self.reconstruct_users(support)
+        return lambda b: self.score_all_items(P[b], c[b])
 
     def _seen_interactions(self) -> Interactions:
         inter = getattr(self, "interactions_", None)

@@ -178,6 +178,7 @@ class Persistence:
         for name in cls._saved_arrays:
             if name in arrays:
                 setattr(model, name, arrays[name])
+        model.interactions_ = None  # a file holds no user's ratings: reconstruct from them
         model.user_ids_ = _ids_from_arrays(arrays, "user")
         model.item_ids_ = _ids_from_arrays(arrays, "item")
         if "seen_indptr" in arrays:
