@@ -165,7 +165,9 @@ def parse_ratings(data: bytes | str | os.PathLike, name: str | None = None) -> p
             missing = [c for c in want if c not in df.columns]
             if missing:
                 raise DataValidationError(
-                    f"{name}: column {missing[0]!r} not found; its columns are {list(df.columns)}"
+                    f"{name}: column {missing[0]!r} not found; its columns are {list(df.columns)}. "
+                    "A ratings .csv is read in MovieLens' form (userId,movieId,rating,timestamp): "
+                    "rename its columns, or read other columns with fedcf.cli.read_table"
                 )
             df = df[list(want)].rename(columns=want)
         else:

@@ -389,3 +389,51 @@ def test_each_public_evaluation_function_runs_with_its_documented_defaults(pop):
             args = inputs[name]
             args, kwargs = args if len(args) == 2 and isinstance(args[1], dict) else (args, {})
             getattr(ev, name)(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def sparse():  # MovieLens-like density (2.5 %); FedReconImplicitMF's defaults diverge on the
+    return make_synthetic_ratings(400, 600, 6000, n_factors=3, random_state=2)  # 25 % of pop
+
+
+@pytest.mark.parametrize("name", registry.names("estimator"))
+def test_each_estimator_and_its_serving_run_with_their_documented_defaults(name, sparse):
+    from fedcf.model_selection import PerUserSplit, UserKFold, UserShuffleSplit, recon_scorer
+
+    df = sparse.to_dataframe()
+    train, test = next(PerUserSplit().split(df))
+    held = df.iloc[next(UserShuffleSplit().split(df))[1]]  # rows of held-out users
+    assert len(list(UserKFold().split(df))) == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a default fit trains without a warning
+        m = registry.lookup("estimator", name)().fit(df.iloc[train])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        implicit = "ndcg" if name in ("implicit", "fedrecon-implicit", "fedmf", "pfedrec",
+                                      "fedncf") else None
+        score = m.score(df.iloc[test])
+        recs = m.recommend(user=df.user.iloc[train[0]])
+        held_out = recon_scorer("ndcg@10" if implicit else "rmse")(m, held)
+    assert np.isfinite(score) and np.isfinite(held_out) and len(recs) == 10
+
+
+def test_a_non_finite_reconstruction_names_the_blown_up_model_not_the_ratings(pop):
+    """(the batch warns, as a diverging SGD reconstruction does; one user's is refused)"""
+    from fedcf import FedReconImplicitMF
+
+    m = FedReconImplicitMF(**F).fit(pop)
+    m.item_factors_ = m.item_factors_ * np.float32(1e25)  # what a diverged fit leaves
+    with pytest.warns(RuntimeWarning, match="not finite for 3 of 3 users: the model's item "
+                      "factors reach .*e\\+2.*diverged"):
+        m.reconstruct_users(pop.subset_users(np.arange(3)))  # a batch: NaN rows, with a word
+    with pytest.raises(FloatingPointError, match="item factors reach .*fit diverged"):
+        m.recommend(list(pop.item_ids[:3]), n=3)  # was an empty list, without a word
+
+
+def test_a_ratings_file_in_another_column_form_says_which_form_it_reads(pop, tmp_path):
+    from fedcf.datasets import RatingsFile
+
+    path = tmp_path / "ratings.csv"
+    pop.to_dataframe().to_csv(path, index=False)  # user,item,rating,timestamp
+    with pytest.raises(DataValidationError, match="column 'userId' not found.*rename its columns"):
+        FedReconMF(**F).fit(RatingsFile(path))

@@ -111,7 +111,7 @@ class OpenScorer:
                                        rows.item_map(items), cfg, cc, hp,
                                        np.array([key], np.uint64))
         K = m.n_factors
-        check_reconstructed(x[:K], x[K], ratings, m.rating_scale_)
+        check_reconstructed(x[:K], x[K], ratings, m.rating_scale_, m.item_factors_)
         return CatalogLocalParams(x[:K].copy(), float(x[K]), lb, V, dv)
 
     def predict_local(self, local: LocalParams, items, *, clip: bool = True) -> np.ndarray:

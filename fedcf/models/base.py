@@ -27,6 +27,7 @@ from .prediction import (  # noqa: F401
     _as_ratings,
     content_key,
     user_keys,
+    warn_non_finite,
 )
 
 
@@ -164,6 +165,7 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
         cfg = ridge_cfg(self._recon_lam(), self._recon_lam0(), self.global_mean_,
                         bool(self.biases))
         ridge_solve_rows(indptr, items, values, self.item_factors_, self.item_biases_, cfg, P, c)
+        warn_non_finite(P, c, self.item_factors_)
         return P, c
 
     def _recon_lam(self) -> float:

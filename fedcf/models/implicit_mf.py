@@ -14,6 +14,7 @@ from .._kernels.layout import implicit_als_cfg
 from .._validation import Bool, Dtype, Int, RandomState, Real
 from ..datasets import Interactions
 from .base import MFEstimatorBase, RankingScoreMixin, atomic_fit, check_memory
+from .prediction import warn_non_finite
 
 
 def coerce_implicit(X, y=None, **data_kwargs) -> Interactions:
@@ -169,4 +170,5 @@ def implicit_fold_in(Q, indptr, items, values, alpha, lam, *, item_biases=None,
     c = np.zeros(len(P), Q.dtype)
     implicit_solve_rows(indptr, items, values, Q, implicit_side(Q, user_bias, item_biases),
                         implicit_als_cfg(alpha, lam), P, c)
+    warn_non_finite(P, c, Q)
     return P, c

@@ -100,16 +100,40 @@ def _as_ratings(ratings) -> np.ndarray:
     return r
 
 
-def check_reconstructed(factors, bias, ratings, scale) -> None:
-    """A reconstruction that came out non-finite is refused with its cause (ratings so large
-    that the model's arithmetic overflows), never returned as NaN."""
-    if np.isfinite(factors).all() and np.isfinite(bias):
+def check_reconstructed(factors, bias, ratings, scale, item_factors) -> None:
+    """A reconstruction that came out non-finite is refused with its measured cause, never
+    returned as NaN: ratings so large that the arithmetic overflows, or else a model whose item
+    factors blew up in fit (its divergence warnings said so)."""
+    if np.isfinite(factors).all() and np.isfinite(bias).all():
         return
     top = float(np.abs(ratings).max(initial=0.0))
-    where = "" if scale is None else f", far outside the model's rating scale {tuple(scale)}"
-    raise DataValidationError(f"reconstruction from these ratings is not finite: the largest "
-                              f"|rating| is {top:.3g}{where}; give ratings on the scale the "
-                              "model was fitted on")
+    span = 1.0 if scale is None else max(abs(scale[0]), abs(scale[1]), 1.0)
+    if top > 1e3 * span:
+        where = "" if scale is None else f", far outside the model's rating scale {tuple(scale)}"
+        raise DataValidationError(f"reconstruction from these ratings is not finite: the "
+                                  f"largest |rating| is {top:.3g}{where}; give ratings on the "
+                                  "scale the model was fitted on")
+    q = float(np.nanmax(np.abs(item_factors.astype(np.float64)), initial=0.0))
+    if q > 1e3:
+        raise FloatingPointError(f"reconstruction is not finite with ratings up to {top:.3g}: "
+                                 f"the model's item factors reach {q:.3g}, so its fit diverged "
+                                 "(it warned of non-finite uploads); refit with a smaller client "
+                                 "step (client_update__learning_rate)")
+    raise FloatingPointError(f"reconstruction is not finite with ratings up to {top:.3g} and item "
+                             f"factors up to {q:.3g}: the reconstruction's own steps diverged; "
+                             "lower reconstruction__learning_rate or use reconstruction='als'")
+
+
+def warn_non_finite(P, c, item_factors) -> None:
+    """Warn (RuntimeWarning) when an exact solve left users non-finite: the model's item
+    factors are large enough for its arithmetic to overflow (a fit that diverged)."""
+    bad = ~(np.isfinite(P).all(axis=1) & np.isfinite(c))
+    if bad.any():
+        q = float(np.nanmax(np.abs(item_factors.astype(np.float64)), initial=0.0))
+        warnings.warn(f"reconstruction is not finite for {int(bad.sum())} of {len(bad)} users: "
+                      f"the model's item factors reach {q:.3g}, so its fit diverged (it warned "
+                      "of non-finite uploads); refit with a smaller client step "
+                      "(client_update__learning_rate)", RuntimeWarning, stacklevel=4)
 
 
 class Prediction:
@@ -152,7 +176,8 @@ class Prediction:
         indptr = np.array([0, int(keep.sum())], dtype=np.int64)
         key = np.array([content_key(idx[keep], ratings[keep])], np.uint64)
         P, c = self._reconstruct_csr(indptr, idx[keep], ratings[keep], key)
-        check_reconstructed(P[0], c[0], ratings, getattr(self, "rating_scale_", None))
+        check_reconstructed(P[0], c[0], ratings, getattr(self, "rating_scale_", None),
+                            self.item_factors_)
         return LocalParams(P[0].copy(), float(c[0]))
 
     def predict(self, X, *, clip: bool = True, user_col: str = "user", item_col: str = "item"):
