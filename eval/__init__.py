@@ -21,6 +21,7 @@ from .metrics import (
 from .offline import (
     ESTIMATORS,
     PositionActionRewardModel,
+    ReplayBiasWarning,
     estimate_ctr,
     relative_errors,
     validate_log,
@@ -60,6 +61,7 @@ __all__ = [
     "training_exclusions",
     "SLATE_ESTIMATORS",
     "OverlapWarning",
+    "ReplayBiasWarning",
     "check_propensity_sums",
     "estimate_slate_ctr",
     "target_support",

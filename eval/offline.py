@@ -23,7 +23,9 @@ Estimators of the target's CTR (mean reward per impression), with w = π_e / π_
 
 - replay  : Σ π_e r / Σ π_e   (Li et al. 2011: the plain mean reward over the logged rows whose
             action the target would have taken — no propensity weighting; for a stochastic
-            target each row counts with the target's probability of its action)
+            target each row counts with the target's probability of its action). Unbiased only
+            when the logging policy is uniform over the actions: a log whose propensities
+            differ warns (``ReplayBiasWarning``); use snips or ips there.
 - ips     : mean(w r)
 - snips   : Σ w r / Σ w
 - dm      : mean(q_target)
@@ -53,6 +55,38 @@ from ..datasets._validation import show
 
 LOG_COLUMNS = ("action", "position", "reward", "propensity")
 ESTIMATORS = ("replay", "ips", "snips", "dm", "dr")
+
+
+class ReplayBiasWarning(UserWarning):
+    """replay was asked of a log whose logging policy is not uniform: it is biased there.
+
+    Raised (as a warning) with the range of the log's propensities.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import numpy as np
+    >>> from fedcf.eval import ReplayBiasWarning, estimate_ctr
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = estimate_ctr(np.ones(4), np.array([0.9, 0.1, 0.9, 0.1]), np.full(4, 0.5),
+    ...                      n_bootstrap=0, estimators=("replay",))
+    >>> caught[0].category is ReplayBiasWarning
+    True
+    """
+
+
+def warn_if_replay_biased(propensity: np.ndarray, estimators) -> None:
+    """replay ignores the propensities, which is right only for uniform logging (the same
+    propensity on every row of a context-free log): say so when they differ."""
+    if "replay" not in estimators or not len(propensity):
+        return
+    low, high = float(propensity.min()), float(propensity.max())
+    if high > low * (1 + 1e-9):
+        warnings.warn(f"replay assumes a uniform logging policy, but the log's propensities "
+                      f"range from {low:.4g} to {high:.4g}: its estimate is biased toward what "
+                      "the logging policy favoured; read snips or ips instead",
+                      ReplayBiasWarning, stacklevel=3)
 
 
 class OverlapWarning(UserWarning):
@@ -281,6 +315,7 @@ def estimate_ctr(reward, propensity, target_probs, *, q_logged=None, q_target=No
     need_model = {"dm", "dr"} & set(estimators)
     if need_model and ("q_logged" not in a or "q_target" not in a):
         raise ValueError(f"{sorted(need_model)} need a reward model: pass q_logged and q_target")
+    warn_if_replay_biased(a["propensity"], estimators)
     boots = None
     if interval == "bootstrap" and n_bootstrap:
         boots = np.random.default_rng(random_state).integers(0, n, size=(n_bootstrap, n))

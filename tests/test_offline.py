@@ -226,3 +226,27 @@ def test_poor_overlap_warns_with_the_numbers():
         est = estimate_ctr(np.ones(1000), np.full(1000, 0.01), pe, n_bootstrap=0,
                            estimators=("ips", "snips"))
     assert est.loc["ips", "matched_share"] == pytest.approx(0.003)
+
+
+def test_replay_warns_when_the_logging_policy_is_not_uniform():
+    """replay ignores propensities: unbiased under uniform logging only (Li et al. 2011). Under
+    a skewed logger its estimate moves toward what the logger favoured, and it says so."""
+    import warnings
+
+    from fedcf.eval import ReplayBiasWarning, estimate_ctr
+
+    rng = np.random.default_rng(0)
+    n, ctr = 40000, np.array([0.1, 0.5])  # action 1 clicks more; the target plays each half
+    target = np.full(n, 0.5)
+    for p1 in (0.5, 0.9):  # uniform, then a logger that shows action 1 nine times in ten
+        a = (rng.random(n) < p1).astype(int)
+        reward = (rng.random(n) < ctr[a]).astype(float)
+        prop = np.where(a == 1, p1, 1 - p1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            est = estimate_ctr(reward, prop, target, estimators=["replay", "snips"], n_bootstrap=0)
+        warned = [w for w in caught if issubclass(w.category, ReplayBiasWarning)]
+        assert bool(warned) == (p1 != 0.5)
+        assert est.loc["snips", "estimate"] == pytest.approx(0.3, abs=0.01)
+        biased = abs(est.loc["replay", "estimate"] - 0.3) > 0.1
+        assert biased == (p1 != 0.5)  # the warning is about a real bias
