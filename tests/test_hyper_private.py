@@ -72,7 +72,8 @@ def test_secure_report_mean_is_the_clipped_capped_weighted_mean_and_the_server_s
     for k, c in enumerate(r.clients):  # what reached the server is not the client's row
         assert not np.array_equal(seen[0][int(c)], plain[k])
     assert agg.report_stats == {"hyper_secagg_lost_round": False,
-                                "hyper_secagg_survivors": len(r.clients)}
+                                "hyper_secagg_survivors": len(r.clients),
+                                "hyper_rounding_error": pytest.approx(0.0, abs=1e-6)}
 
 
 def test_a_reporting_cohort_below_min_cohort_releases_nothing():
@@ -270,3 +271,35 @@ def test_a_report_clip_too_large_for_the_fixed_point_sum_is_named():
         agg.report_mean(_reports(), 1e12, 0)
     with pytest.raises(ValueError, match="value_bound=1e\\+12 with 12 clients does not fit"):
         SecureAggregation(min_cohort=5, value_bound=1e12).bind(_context()).encoding(12).scales()
+
+
+@pytest.mark.parametrize("clip, max_weight, jvp_scale", [(1.0, 100.0, 1.0), (50.0, 1e4, 0.01)])
+def test_the_reports_rounding_error_estimate_is_what_rounding_costs(clip, max_weight, jvp_scale):
+    """``rounding_error`` (what the server records and warns above 5 %) tracks the relative
+    error rounding really leaves in the decoded sum, over many draws."""
+    rng = np.random.default_rng(0)
+    m, H = 100, 2
+    enc = rep.ReportEncoding(H, m, clip, max_weight)
+    actual, estimated = [], []
+    for _ in range(30):
+        r = rep.Reports(np.arange(m), rng.random(m), rng.normal(0, jvp_scale, (m, H)),
+                        rng.integers(5, 40, m).astype(float))
+        exact = enc.rows(r)[:, :H].sum(axis=0)
+        total = enc.encode(r).astype(np.uint64).sum(axis=0) % 2 ** rep.MOD_BITS
+        got = enc.decode(total)[0]
+        actual.append(np.linalg.norm(got - exact) / np.linalg.norm(exact))
+        estimated.append(enc.rounding_error(got, m))
+    ratio = np.mean(actual) / np.mean(estimated)
+    assert 0.5 < ratio < 2.0, (np.mean(actual), np.mean(estimated))
+    assert (np.mean(estimated) > 0.05) == (max_weight > 1e3)  # the tiny-weight case is flagged
+
+
+def test_a_fit_whose_secure_reports_round_away_warns_and_records_it(pop):
+    kw = dict(n_factors=3, n_rounds=4, clients_per_round=30, random_state=0)
+    with pytest.warns(RuntimeWarning, match="hypergradient reports lose about .* rounding"):
+        m = FedReconMF(hypergradients=Hypergradients(clip_norm=100.0),
+                       aggregator=SecureAggregation(max_weight=1e5), **kw).fit(pop)
+    assert max(h.get("hyper_rounding_error", 0) for h in m.history_) > 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        FedReconMF(hypergradients=Hypergradients(), aggregator=SecureAggregation(), **kw).fit(pop)

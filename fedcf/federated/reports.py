@@ -133,6 +133,15 @@ class ReportEncoding:
         to the scale, which leaves 8σ√m of headroom)."""
         return np.round(self.rows(reports) * self.scales()).astype(np.int64).astype(np.uint32)
 
+    def rounding_error(self, values: np.ndarray, used: int) -> float:
+        """The relative error rounding to the fixed-point step leaves in the decoded sum of
+        ``used`` reports: the rounding noise's norm (each value of each client off by up to
+        half a step, std step/√12) over the sum's norm (0 for a zero sum)."""
+        step = 1.0 / self.scales()[0]
+        noise = step * np.sqrt(max(used, 1) * self.H / 12.0)
+        norm = float(np.linalg.norm(values))
+        return noise / norm if norm > 0 else 0.0
+
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, float, int]:
         """(Σ r·clip(g), Σ r, reports counted) from the unmasked sum."""
         got = signed_sum(total) / self.scales()

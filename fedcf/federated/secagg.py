@@ -183,6 +183,9 @@ def warn_if_masked_on_driver(executor, aggregator) -> None:
                       "masked vectors alone", UserWarning, stacklevel=4)
 
 
+REPORT_ROUNDING = 0.05  # relative rounding error of the hypergradient reports that warns
+
+
 class SecureAggregation(WeightedMean):
     """The weighted mean computed under secure aggregation (see the module docstring).
 
@@ -418,8 +421,15 @@ class SecureAggregation(WeightedMean):
         finally:
             self.round_stats = stats
         values, weight, used = enc.decode(total)
+        error = enc.rounding_error(values, used)
         self.report_stats = {"hyper_secagg_lost_round": False,
-                             "hyper_secagg_survivors": len(u3)}
+                             "hyper_secagg_survivors": len(u3), "hyper_rounding_error": error}
+        if error > REPORT_ROUNDING:
+            warnings.warn(f"the hypergradient reports lose about {error:.0%} to fixed-point "
+                          f"rounding in round {round_idx}: their weighted values are small "
+                          f"against the step the sum's range allows (clip {enc.clip:g}, "
+                          f"max_weight {enc.max_weight}); lower Hypergradients' clip_norm or "
+                          "SecureAggregation's max_weight", RuntimeWarning, stacklevel=2)
         if used < 1 or not (denominator or weight) > 0:
             return None
         return values / (denominator or weight)
