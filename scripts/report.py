@@ -26,9 +26,17 @@ TEMPLATES = ROOT / "eval" / "templates"
 
 
 # ---------------------------------------------------------------------- helpers
+MISSING: list[str] = []  # result files a document asked for and did not find
+
+
 def load(name):
+    """A committed result, or None (the document then says "not measured yet", and --check
+    fails: every document's evidence must be in the repository)."""
     path = RESULTS / name
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        MISSING.append(name)
+        return None
+    return json.loads(path.read_text())
 
 
 def render(template: str, values: dict) -> str:
@@ -1651,6 +1659,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     stale = []
     CLAIMS.clear()
+    MISSING.clear()
     for path, text in documents().items():
         if args.check:
             if not path.exists() or path.read_text() != text:
@@ -1664,7 +1673,11 @@ def main(argv=None) -> int:
               "template):\n  " + "\n  ".join(false))
     if stale:
         print("out of date (run python scripts/report.py): " + ", ".join(stale))
-    return 1 if stale or false else 0
+    missing = sorted(set(MISSING))
+    if missing:
+        print("result files missing from eval/results (their documents cannot be checked; "
+              "rerun the script that writes each): " + ", ".join(missing))
+    return 1 if stale or false or (args.check and missing) else 0
 
 
 if __name__ == "__main__":

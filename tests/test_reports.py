@@ -120,3 +120,20 @@ def test_the_figure8_sentences_are_checked_against_the_json(monkeypatch, capsys)
     out = capsys.readouterr().out
     assert "HYPER.md: uniform weighting ends ahead of example weighting" in out
     assert "HYPER.md: example weighting is ahead of uniform weighting early" in out
+
+
+def test_a_missing_result_file_fails_the_check(monkeypatch, capsys, tmp_path):
+    """Deleting a JSON must not leave its document unchecked (HYPER.md once went unchecked
+    with rc 0 when hyper.json was gone)."""
+    import shutil
+
+    report = load_script("report")
+    copy = tmp_path / "results"
+    shutil.copytree(report.RESULTS, copy)
+    (copy / "hyper.json").unlink()
+    monkeypatch.setattr(report, "RESULTS", copy)
+    assert report.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "result files missing from eval/results" in out and "hyper.json" in out
+    monkeypatch.setattr(report, "RESULTS", report.ROOT / "eval" / "results")
+    assert report.main(["--check"]) == 0
