@@ -109,12 +109,18 @@ class OverlapWarning(UserWarning):
     """
 
 
+def _unit(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """(x / max |x|, max |x|), or (x, 1) for an empty or all-zero x: sums of squares of the
+    scaled values cannot overflow however large the weights."""
+    top = float(np.max(np.abs(x))) if len(x) else 0.0
+    return (x / top, top) if top > 0 else (x, 1.0)
+
+
 def weight_diagnostics(w) -> dict:
     """ESS = (Σw)²/Σw², its share of the weights, the largest |weight|, the share of
     non-zero weights."""
     w = np.asarray(w, np.float64)
-    top = float(np.max(np.abs(w))) if len(w) else 0.0
-    u = w / top if top > 0 else w  # ESS is scale-free: no overflow for weights near 1e300
+    u, top = _unit(w)  # ESS is scale-free: no overflow for weights near 1e300
     ss = float(np.sum(u * u))
     ess = float(np.sum(u) ** 2 / ss) if ss > 0 else 0.0
     return {"ess": ess, "ess_share": ess / len(w) if len(w) else 0.0,
@@ -226,7 +232,7 @@ def _point(name, a, idx=None):
     if name == "ips":
         return float(np.mean(w * r))
     if name == "snips":  # scale-free too: divide by the largest weight first
-        u = w / w.max() if len(w) and w.max() > 0 else w
+        u = _unit(w)[0]
         s = u.sum()
         return float(np.sum(u * r) / s) if s > 0 else float("nan")
     if name == "replay":
@@ -263,9 +269,8 @@ def _normal(name, a, alpha):
     if name in ("snips", "replay") and not np.any(a["target_probs"] > 0):
         return (float("nan"),) * 3
     v = _influence(name, a)
-    top = float(np.max(np.abs(v))) if len(v) else 0.0
-    top = top if top > 0 else 1.0  # the spread of v / top, rescaled: no overflow near 1e300
-    sd = float(top * (v / top).std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+    u, top = _unit(v)  # the spread of v / top, rescaled: no overflow near 1e300
+    sd = float(top * u.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
     z = norm.ppf(1 - alpha / 2)
     return _point(name, a) - z * sd, _point(name, a) + z * sd, sd
 

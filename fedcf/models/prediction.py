@@ -113,15 +113,22 @@ def check_reconstructed(factors, bias, ratings, scale, item_factors) -> None:
         raise DataValidationError(f"reconstruction from these ratings is not finite: the "
                                   f"largest |rating| is {top:.3g}{where}; give ratings on the "
                                   "scale the model was fitted on")
-    q = float(np.nanmax(np.abs(item_factors.astype(np.float64)), initial=0.0))
+    q = _largest(item_factors)
     if q > 1e3:
         raise FloatingPointError(f"reconstruction is not finite with ratings up to {top:.3g}: "
-                                 f"the model's item factors reach {q:.3g}, so its fit diverged "
-                                 "(it warned of non-finite uploads); refit with a smaller client "
-                                 "step (client_update__learning_rate)")
+                                 + _diverged(q))
     raise FloatingPointError(f"reconstruction is not finite with ratings up to {top:.3g} and item "
                              f"factors up to {q:.3g}: the reconstruction's own steps diverged; "
                              "lower reconstruction__learning_rate or use reconstruction='als'")
+
+
+def _largest(item_factors) -> float:
+    return float(np.nanmax(np.abs(item_factors.astype(np.float64)), initial=0.0))
+
+
+def _diverged(q: float) -> str:
+    return (f"the model's item factors reach {q:.3g}, so its fit diverged (it warned of "
+            "non-finite uploads); refit with a smaller client step (client_update__learning_rate)")
 
 
 def warn_non_finite(P, c, item_factors) -> None:
@@ -129,11 +136,8 @@ def warn_non_finite(P, c, item_factors) -> None:
     factors are large enough for its arithmetic to overflow (a fit that diverged)."""
     bad = ~(np.isfinite(P).all(axis=1) & np.isfinite(c))
     if bad.any():
-        q = float(np.nanmax(np.abs(item_factors.astype(np.float64)), initial=0.0))
         warnings.warn(f"reconstruction is not finite for {int(bad.sum())} of {len(bad)} users: "
-                      f"the model's item factors reach {q:.3g}, so its fit diverged (it warned "
-                      "of non-finite uploads); refit with a smaller client step "
-                      "(client_update__learning_rate)", RuntimeWarning, stacklevel=4)
+                      + _diverged(_largest(item_factors)), RuntimeWarning, stacklevel=4)
 
 
 class Prediction:
