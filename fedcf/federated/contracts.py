@@ -1,4 +1,5 @@
-"""The declared contracts of a round's phases (DESIGN §12), and what every phase object shares.
+"""The declared contracts of a round's phases (README, "Architecture: the round's contracts"),
+and what every phase object shares.
 
     Population      the clients: per-user counts, value statistics, subsets; where they run
     ClientProgram   one algorithm's client work: output layout, the kernel call, tangents,

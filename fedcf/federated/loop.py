@@ -1,4 +1,4 @@
-"""The federated round loop: a short composition of the phases in phases.py (DESIGN §10)."""
+"""The federated round loop: a short composition of the phases in phases.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The phases of one federated round (DESIGN §10), each replaceable on its own:
+"""The phases of one federated round, each replaceable on its own:
 
     select(round)                       → Cohort
     executor.run(cohort, params, ids)   → ClientOutputs     (the only thing clients send up)
