@@ -28,11 +28,14 @@ from fedcf.federated import (
     ClientUpdate,
     CoordinateMedian,
     DPGaussianMean,
+    FedMF,
+    FedNCF,
     FoolsGoldMean,
     Hypergradients,
     Momentum,
     NormClippedMean,
     OpenCatalog,
+    PFedRec,
     SecureAggregation,
     SGDReconstruction,
     TrimmedMean,
@@ -90,7 +93,14 @@ CASES = {
     "centralized-sgd": lambda: CentralizedMF(n_factors=4, n_epochs=3, solver="sgd",
                                              random_state=0),
     "implicit-als": lambda: ImplicitMF(n_factors=4, n_epochs=3, random_state=0),
+    # the ranking baselines, recorded before their parameters moved into client_update
+    "fedmf": lambda: FedMF(**FED),
+    "pfedrec": lambda: PFedRec(**FED),
+    "fedncf": lambda: FedNCF(layers=(8, 4), **FED),
 }
+
+
+RANKING = {"fedmf", "pfedrec", "fedncf"}  # judged by their users' scores of every item
 
 
 def _data():
@@ -100,8 +110,9 @@ def _data():
 def fingerprint(name: str, df) -> dict:
     """The arrays a case is judged by: the global model, the losses, and predictions."""
     model = CASES[name]().fit(df)
+    pred = model.user_scores(np.arange(20)) if name in RANKING else model.predict(df.iloc[:300])
     out = {"Q": model.item_factors_, "b": model.item_biases_,
-           "pred": np.asarray(model.predict(df.iloc[:300]), np.float64)}
+           "pred": np.asarray(pred, np.float64)}
     losses = [r["loss"] for r in getattr(model, "history_", []) if "loss" in r]
     if losses:
         out["loss"] = np.asarray(losses, np.float64)
