@@ -59,6 +59,13 @@ class SyntheticPopulation:
     noise: float = 0.5
     random_state: int = 0
 
+    remote_vocabulary = False  # raw ids are the dense ids: nothing to learn from a worker
+
+    @property
+    def known_users(self) -> int:
+        """The number of users, known before any block is built."""
+        return self.n_users
+
     def __post_init__(self):
         for name, low in (("n_users", 1), ("n_items", 2), ("n_factors", 1)):
             v = getattr(self, name)

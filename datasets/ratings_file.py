@@ -47,6 +47,7 @@ class RatingsFile:
     sha256: str = field(default="", init=False, repr=False)  # of the file, read at creation
 
     remote_vocabulary = True  # the raw ids are learned from a worker, not read here
+    known_users = None  # the number of users is known once a worker has read the file
 
     def __post_init__(self):
         p = Path(str(self.path)).expanduser()

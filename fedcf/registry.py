@@ -11,7 +11,7 @@ import importlib
 
 _ENTRIES: dict[str, dict[str, object]] = {
     "aggregator": {
-        "mean": "fedcf.federated.phases:WeightedMean",
+        "mean": "fedcf.federated.weighted:WeightedMean",
         "norm-clipped": "fedcf.federated.aggregators:NormClippedMean",
         "dp": "fedcf.federated.dp:DPGaussianMean",
         "differential-privacy": "fedcf.federated.dp:DifferentialPrivacy",

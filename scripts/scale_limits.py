@@ -52,7 +52,7 @@ def selection(users: int, m: int, rounds: int) -> dict:
 def shard_memory(users: int, ratings_per_user: float, shard_counts) -> list[dict]:
     """Shard 0's held bytes for each shard count, and with an index over all users."""
     from fedcf.datasets import SyntheticPopulation
-    from fedcf.federated.ray_executor import Shard
+    from fedcf.federated.ray_shard import Shard
 
     spec = SyntheticPopulation(users, 10_000, ratings_per_user=ratings_per_user, random_state=0)
     rows = []

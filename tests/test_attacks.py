@@ -90,7 +90,7 @@ def _round_outputs(pop, **attack):
 
 
 def test_hidden_promotion_adds_a_bounded_push_to_honest_uploads(pop):
-    from fedcf.federated.phases import upload_norms
+    from fedcf.federated.weighted import upload_norms
 
     clean, cohort, out = _round_outputs(pop, kind="promote_hidden", fraction=0.3, scale=0.5,
                                         target_item=7)

@@ -194,7 +194,7 @@ def test_secure_learning_follows_the_plain_run_and_never_takes_a_report_in_the_c
     def refuse(reports):
         raise AssertionError("a report mean was taken in the clear")
 
-    monkeypatch.setattr("fedcf.federated.phases.weighted_mean", refuse)
+    monkeypatch.setattr("fedcf.federated.weighted.weighted_mean", refuse)
     m = FedReconMF(**kw, aggregator=SecureAggregation(min_cohort=5, max_weight=60.0)).fit(pop)
     got = [h["hypergrad_server_learning_rate"] for h in m.history_[1:]]
     want = [h["hypergrad_server_learning_rate"] for h in plain.history_[1:]]

@@ -102,7 +102,7 @@ def test_a_ray_shard_holds_only_its_users_and_answers_as_the_whole_population():
     import numba
 
     from fedcf.federated.phases import BoundLocalExecutor, Cohort
-    from fedcf.federated.ray_executor import Shard, shard_of
+    from fedcf.federated.ray_shard import Shard, shard_of
 
     threads = numba.get_num_threads()  # a Shard sets its process's threads; keep the suite's
     try:

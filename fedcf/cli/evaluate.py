@@ -63,7 +63,7 @@ def _standard_metrics(model, test, args, implicit):
     from ..eval import known_user_eval
 
     history = _read(args, args.history) if args.history is not None else None
-    if history is None and getattr(model, "user_factors_", None) is None:
+    if history is None and model._fitted("user_factors_") is None:
         raise UsageError(f"{type(model).__name__} keeps no user data; --protocol standard needs "
                          "the users' training rows as --history FILE (or use --protocol recon)")
     return known_user_eval(model, test, history=history, k=args.k)

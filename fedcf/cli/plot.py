@@ -16,7 +16,7 @@ def plot_history(model, out) -> Path:
     from ..datasets import atomic_write
 
     plt = _pyplot()
-    hist = pd.DataFrame(getattr(model, "history_", []) or [])
+    hist = pd.DataFrame(model._fitted("history_") or [])
     if hist.empty:
         raise UsageError("the model has no training history to plot")
     if "round" not in hist:

@@ -33,7 +33,6 @@ from .phases import (
     LocalExecutor,
     RoundHyperparams,
     Selector,
-    WeightedMean,
     server_update,
 )
 from .ray_executor import RayExecutor
@@ -43,6 +42,7 @@ from .sampled_mf import FedMF, PFedRec
 from .secagg import SecureAggregation
 from .split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit
 from .stateful import FURLMF, FedAvgMF
+from .weighted import WeightedMean
 
 __all__ = [
     # contracts

@@ -17,14 +17,11 @@ from .phases import (
     ClientOutputs,
     GlobalDelta,
     RoundHyperparams,
-    WeightedMean,
     client_weights,
-    clip_scale,
     empty_delta,
-    entries,
     summarize,
-    upload_norms,
 )
+from .weighted import WeightedMean, clip_scale, entries, upload_norms
 
 
 def _positive(name, value, *, upper=None):

@@ -21,7 +21,8 @@ import dataclasses
 import numpy as np
 
 from .contracts import Executor, RoundExecutor
-from .phases import ClientOutputs, LocalExecutor, upload_norms
+from .phases import ClientOutputs, LocalExecutor
+from .weighted import upload_norms
 
 KINDS = ("sign_flip", "noise", "promote", "promote_hidden")
 

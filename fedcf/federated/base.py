@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import numbers
-import warnings
 from functools import partial
 
 import numpy as np
@@ -24,18 +23,17 @@ from .._validation import (
     Real,
 )
 from ..datasets import DataValidationError, Interactions, RatingsFile, SyntheticPopulation
-from ..datasets._validation import show
 from ..models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from .accounting import epsilons
 from .blame import cause_of
 from .checkpoint import RESUME_FREE, data_fingerprint
 from .client_update import ClientUpdate
 from .contracts import Aggregator, Executor, Population, RunContext, phase_rule
-from .guard import STAGES, Diverged, DivergenceGuard
+from .guard import STAGES, Diverged, DivergenceGuard, warn_if_nothing_trained
 from .hyper import HYPER_CONSTRAINTS, Hypergradients, HyperLearner, check_learnable, warn_pinned
 from .loop import Checkpointer, Run
 from .optimizers import ServerOptimizer
-from .phases import Cohort, RoundHyperparams, Selector
+from .phases import Cohort, RoundHyperparams, Selector, reachable_users
 from .secagg import warn_if_masked_on_driver
 
 _WEIGHT_EXPONENT = {"num_examples": 1.0, "uniform": 0.0}
@@ -261,7 +259,8 @@ class FederatedMFBase(MFEstimatorBase):
             self.epsilons_ = None if self.epsilon_ is None else epsilons(run.accountant)
         self._set_globals(run.params)
         if run.local is not None:
-            self.__dict__.update(self._local_state().fitted(run.local))
+            for name, value in self._local_state().fitted(run.local).items():
+                setattr(self, name, value)
         self.history_ = run.history
         if run.hyper is not None:
             self.learned_hyperparams_ = run.hyper.values()
@@ -317,7 +316,7 @@ class FederatedMFBase(MFEstimatorBase):
         opt = self._server_optimizer()
         run = Run(seed=seed, params=params, opt=opt, local=local, program=program,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
-                                  self.dropout, _availability(availability, inter),
+                                  self.dropout, reachable_users(availability, inter),
                                   poisson=aggregator.sampling == "poisson",
                                   secret=aggregator.secret_sampling),
                   executor=self._make_executor(program, inter, local),
@@ -329,8 +328,7 @@ class FederatedMFBase(MFEstimatorBase):
                       reports=None if self._hypergradients() is None else
                       "cohort" if hyper_select is None else "holdout",
                       n_holdout=0 if hyper_select is None else len(hyper_select.eligible),
-                      learns_exponent="weight_exponent" in getattr(
-                          self._hypergradients(), "learn", ()))),
+                      learns_exponent=self._learns_exponent())),
                   hyperparams=self._round_hyperparams(), guard=self._guard(inter, mu, opt),
                   checkpointer=self._checkpointer(inter, seed),
                   observe=self._observer(callback), hyper=self._make_hyper(),
@@ -407,6 +405,10 @@ class FederatedMFBase(MFEstimatorBase):
         return eligible[~held], Selector(seed ^ 0x5A5A, eligible[held], self.clients_per_round,
                                          poisson=dp, secret=aggregator.secret_sampling)
 
+    def _learns_exponent(self) -> bool:
+        hyper = self._hypergradients()
+        return hyper is not None and "weight_exponent" in hyper.learn
+
     def _make_hyper(self):
         """Learned round hyperparameters (hyper.py), or None: the fixed ones."""
         hg = self._hypergradients()
@@ -454,25 +456,6 @@ class FederatedMFBase(MFEstimatorBase):
         self.item_biases_ = params["b"]
 
 
-def warn_if_nothing_trained(history: list, start: int) -> None:
-    """Say so when no round of this fit aggregated a single client: the model is then the one
-    it started from, whatever the fit returned. The reason is the rounds' own (secure
-    aggregation's abort, the cohort below its minimum, nobody reachable)."""
-    rounds = history[start:]
-    if not rounds or any(h.get("clients_used", 0) > 0 for h in rounds):
-        return
-    last = rounds[-1]
-    why = last.get("secagg_abort") or (
-        "the cohort was below SecureAggregation's min_cohort"
-        if last.get("secagg_below_min_cohort") else
-        "no client was reachable or had data" if not last.get("clients_sampled") else
-        "every sampled client's update was empty or non-finite")
-    warnings.warn(f"none of the {len(rounds)} rounds of this fit aggregated a client ({why}); "
-                  "the model is its initial state — check the population size against "
-                  "clients_per_round and the aggregator's thresholds", RuntimeWarning,
-                  stacklevel=3)
-
-
 def run_seed(random_state) -> int:
     """The run seed of a federated fit from its ``random_state``: an int as it is (63 bits),
     else one draw from the RandomState (or fresh entropy for None). Client streams, cohorts and
@@ -480,31 +463,3 @@ def run_seed(random_state) -> int:
     if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
         return int(random_state) & 0x7FFFFFFFFFFFFFFF
     return int(check_random_state(random_state).randint(0, 2**31 - 1))
-
-
-def _availability(availability, inter):
-    """Wrap ``availability(round) -> raw user ids`` into a function returning sorted dense ids;
-    anything else (a boolean mask, unknown ids, a non-1-D result) is refused, naming it."""
-    if availability is None:
-        return None
-    if not callable(availability):
-        raise TypeError(f"availability must be a function round -> raw user ids, got "
-                        f"{type(availability).__name__}")
-    index = pd.Index(inter.user_ids)
-
-    def dense(round_idx):
-        raw = np.asarray(availability(round_idx))
-        if raw.ndim != 1:
-            raise ValueError(f"availability({round_idx}) must return a 1-D array of raw user ids, "
-                             f"got shape {raw.shape}")
-        if raw.dtype == bool:
-            raise TypeError(f"availability({round_idx}) returned a boolean mask; return the raw "
-                            "ids of the reachable users instead (e.g. user_ids[mask])")
-        ids = index.get_indexer(pd.Index(raw))
-        if np.any(ids < 0):
-            bad = show(raw[ids < 0][0])
-            raise ValueError(f"availability({round_idx}) returned user id {bad}, which is not a "
-                             "user of the training data")
-        return np.unique(ids).astype(np.int64)
-
-    return dense

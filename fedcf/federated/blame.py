@@ -227,15 +227,14 @@ def cause_of(est, inter, availability, last_round: int, run) -> Finding | None:
     (same seed, no checkpoint, no callback) with a ``Probe`` on each round up to that one.
     None when the run cannot be replayed here (ratings elsewhere) or nothing is found."""
     if est._dp_release():
-        std = getattr(run.aggregator, "noise_std", None)
-        scale = est.rating_scale_ if getattr(est, "rating_scale_", None) else (1.0, 1.0)
+        std = run.aggregator.noise_std
+        scale = est.rating_scale_ or (1.0, 1.0)
         size = max(float(est.init_scale), float(np.sqrt(max(abs(x) for x in scale))))
         return None if not std else noise_finding(std, run.hyperparams.server_learning_rate,
                                                   last_round + 1, size)
-    finder = getattr(inter.executor, "node_finding", None)  # a Flower run: one wild node?
-    if finder is not None:
-        return finder()
-    if not inter.holds_ratings or inter.executor is not None or last_round >= REPLAY_ROUNDS:
+    if inter.executor is not None:  # a Flower run can name one wild node; else no replay here
+        return inter.executor.node_finding()
+    if not inter.holds_ratings or last_round >= REPLAY_ROUNDS:
         return None
     replay = copy.copy(est)
     replay.checkpoint_path, replay.eval_every, replay.verbose = None, 0, False

@@ -7,8 +7,10 @@ import json
 
 import numpy as np
 import pandas as pd
+from sklearn.base import BaseEstimator
 
 from .._io import atomic_savez, load_npz
+from .contracts import Params
 from .optimizers import state_from_arrays, state_to_arrays
 
 _META = "__meta__"
@@ -40,7 +42,7 @@ def setting(value) -> str:
     dtype and a hash of all its values, never numpy's shortened repr with "…"); phase objects by
     class and parameters."""
     def enc(x):
-        if hasattr(x, "get_params") and not isinstance(x, type):
+        if isinstance(x, (Params, BaseEstimator)):  # a phase object, or an estimator
             return {"class": f"{type(x).__module__}.{type(x).__qualname__}",
                     **{k: enc(v) for k, v in x.get_params(deep=False).items()}}
         if isinstance(x, (np.ndarray, pd.Index, pd.Series)):

@@ -250,6 +250,9 @@ class RoundExecutor(ABC):
     counts: np.ndarray  # examples per client (dense id)
     round_stats: dict = {}  # this round's measurements, merged into its history record
     supports_partials: ClassVar[bool] = False  # reduces its own clients (``partials``)
+    # runs the secure-aggregation protocol's client halves where its clients are
+    # (``secure_clients``, ``secure_reports``); else they run in the driver
+    supports_secure: ClassVar[bool] = False
 
     @abstractmethod
     def run(self, cohort, params: dict, ids: np.ndarray):
@@ -262,6 +265,30 @@ class RoundExecutor(ABC):
     def tangents(self, cohort, params: dict, tangents, ids: np.ndarray):
         raise NotImplementedError(f"{type(self).__name__} cannot compute hypergradient "
                                   "tangents; learned hyperparameters need another executor")
+
+    def set_program(self, program) -> RoundExecutor:
+        """Run ``program`` on this executor's clients (an executor that a population opened
+        before the fit built its program: Ray shards, Flower nodes)."""
+        raise NotImplementedError(f"{type(self).__name__} is bound to its program")
+
+    def secure_clients(self, cohort, params: dict, ids: np.ndarray, hp, enc, session: bytes,
+                       t: int, neighbours=None):
+        """Start the protocol's client halves of a secure round where the clients run: each
+        trains, encodes with ``enc`` and waits for the protocol's steps (``supports_secure``
+        only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run secure-aggregation "
+                                  "clients where they are")
+
+    def secure_reports(self, cohort, params: dict, tangents, ids: np.ndarray, enc,
+                       session: bytes, t: int, neighbours=None):
+        """As ``secure_clients``, for masked hypergradient reports."""
+        raise NotImplementedError(f"{type(self).__name__} does not run secure-aggregation "
+                                  "clients where they are")
+
+    def node_finding(self):
+        """The measured cause of a divergence that this executor can name from what it saw of
+        its nodes (a Flower run: one node's wild uploads), or None."""
+        return None
 
     def close(self) -> None:
         """Release what the run holds (actors, connections); nothing here."""
@@ -343,10 +370,11 @@ class Aggregator(Params, ABC):
     """
 
     linear: ClassVar[bool] = False
-    # masks uploads: on an executor with ``secure_clients`` the clients encode and mask where
+    # masks uploads: on an executor with ``supports_secure`` the clients encode and mask where
     # they run and the aggregator's ``remote_round`` sees protocol messages only
     secure: ClassVar[bool] = False
     round_stats: dict = {}
+    report_stats: dict = {}  # the last hypergradient report round's measurements
 
     @property
     def sampling(self) -> str:
@@ -354,7 +382,7 @@ class Aggregator(Params, ABC):
 
     def node_recipe(self) -> dict | None:
         """A linear aggregator's public rule for each client's factor, which a node running
-        several clients applies itself to send their sums (``phases.recipe_numerators``);
+        several clients applies itself to send their sums (``weighted.recipe_numerators``);
         None: the node sends every upload."""
         return None
 
@@ -412,6 +440,40 @@ class Aggregator(Params, ABC):
     def sigma(self) -> float | None:
         """The noise multiplier of a bound DP aggregator, else None."""
         return None
+
+    @property
+    def noise_std(self) -> float | None:
+        """The noise's standard deviation per value of the mean update of a bound DP
+        aggregator (public), else None."""
+        return None
+
+    @property
+    def inner(self) -> Aggregator:
+        """The summing aggregator a mechanism wraps (DP around secure aggregation); itself
+        when it wraps none."""
+        return self
+
+    def partials(self, out, hp):
+        """The PartialSums of some clients' outputs, which a node or shard running them sends
+        in place of their uploads (``linear`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not linear: it needs each "
+                                  "client's upload")
+
+    def reduce(self, parts, round_idx: int = 0):
+        """The GlobalDelta from PartialSums reduced where the clients ran (``linear`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not linear: it needs each "
+                                  "client's upload")
+
+    def remote_round(self, executor, cohort, params: dict, ids, hp, round_idx: int):
+        """The GlobalDelta of a ``secure`` round whose clients encode and mask where they run
+        (an executor with ``supports_secure``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not mask uploads")
+
+    def remote_reports(self, executor, cohort, params: dict, tangents, ids, clip: float,
+                       round_idx: int = 0):
+        """As ``report_mean``, the clients masking their reports where they run (``secure``
+        only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not mask reports")
 
 
 def phase_rule(kind: str, contract):

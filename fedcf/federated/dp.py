@@ -16,33 +16,11 @@ import pandas as pd
 from . import secret
 from .aggregators import _positive
 from .contracts import RunContext
-from .phases import (
-    ClientOutputs,
-    GlobalDelta,
-    RoundHyperparams,
-    WeightedMean,
-    clip_factors,
-)
+from .dp_plan import check_delta, report_plan, warn_if_noise_swamps
+from .phases import ClientOutputs, GlobalDelta, RoundHyperparams
 from .reports import clipped, dp_noise
 from .secagg import SecureAggregation
-
-# noise norm of a round's mean update, in units of the largest mean update the clipped clients
-# can send (its norm is at most the clip), above which a model is mostly noise: warn
-NOISE_SWAMP = 100.0
-
-
-def warn_if_noise_swamps(bound, context) -> None:
-    """Warn before training when each round's noise is ``NOISE_SWAMP`` times the largest signal
-    (σ·√d / the expected cohort, public figures only): the fit would return a noise model."""
-    d = context.n_items * (context.n_factors + 1)
-    ratio = bound.update_sigma_ * np.sqrt(d) / bound.denominator_
-    if ratio > NOISE_SWAMP:
-        warnings.warn(
-            f"the DP noise swamps the signal: each round's noise has about {ratio:.3g} times the "
-            f"norm of the largest mean update the clipped clients can send (noise multiplier "
-            f"{bound.sigma_:.4g}, about {bound.denominator_:.4g} clients per round, {d} "
-            "values), so the model will be mostly noise; allow a larger target_epsilon, take "
-            "more clients_per_round or fewer n_rounds", UserWarning, stacklevel=3)
+from .weighted import WeightedMean, clip_factors
 
 
 class DifferentialPrivacy(WeightedMean):
@@ -160,8 +138,13 @@ class DifferentialPrivacy(WeightedMean):
         self.noise = noise
         self.accounting = accounting
         self.insecure_seeded_noise = insecure_seeded_noise
-        self.context, self.sigma_ = None, None
+        self.context, self.sigma_, self.denominator_ = None, None, None
         self.validate()
+
+    @property
+    def inner(self):
+        """The summing aggregator the noise wraps: secure aggregation, or this mean itself."""
+        return self if self.aggregator is None else self.aggregator
 
     @property
     def linear(self) -> bool:  # the mean in the clear with a fixed clip: reducible from partials
@@ -239,13 +222,7 @@ class DifferentialPrivacy(WeightedMean):
 
         self.validate()
         n, m = context.n_eligible, context.clients_per_round
-        if self.delta >= 1.0 / n:
-            raise ValueError(f"delta={self.delta} must be below 1/n = {1.0 / n:.3g} for the "
-                             f"{n} clients (a delta of 1/n allows leaking one user outright)")
-        if self.delta > 0.1 / n:
-            warnings.warn(f"delta={self.delta} is above 1/(10·n) = {0.1 / n:.3g} for the {n} "
-                          "clients: with probability delta the mechanism may fail for some user; "
-                          "the usual choice is well below 1/n", UserWarning, stacklevel=2)
+        check_delta(self.delta, n)
         q = min(1.0, m / n)
         plan, report_clients = report_plan(context, q)
         sigma = self.noise_multiplier if self.noise_multiplier is not None else \
@@ -319,7 +296,7 @@ class DifferentialPrivacy(WeightedMean):
 
     def client_factors(self, out: ClientOutputs, w: np.ndarray):
         """(factor of each client's upload: clip to C times its capped weight; whether it was
-        at or below C) — ``phases.clip_factors`` with this round's clip."""
+        at or below C) — ``weighted.clip_factors`` with this round's clip."""
         return clip_factors(out, w, self.clip_, self.weight_cap)
 
     def node_recipe(self) -> dict | None:
@@ -358,7 +335,7 @@ class DifferentialPrivacy(WeightedMean):
     def noise_std(self) -> float | None:
         """The noise's standard deviation per value of the mean update (a bound run; None
         before ``bind``): public, from σ, the clip and the fixed denominator."""
-        if getattr(self, "denominator_", None) is None:
+        if self.denominator_ is None:
             return None
         return float(self.update_sigma_ * self.clip_ / self.denominator_)
 
@@ -443,7 +420,7 @@ class DifferentialPrivacy(WeightedMean):
 
     @property
     def report_stats(self) -> dict:
-        return getattr(self.aggregator, "report_stats", {})
+        return {} if self.aggregator is None else self.aggregator.report_stats
 
     def _report_kwargs(self, clip: float) -> dict:
         distributed = self.noise == "distributed"
@@ -464,18 +441,6 @@ class DifferentialPrivacy(WeightedMean):
     def sigma(self) -> float | None:
         """σ of the bound run (None before ``bind``)."""
         return self.sigma_
-
-
-def report_plan(context: RunContext, q: float) -> tuple[list, float]:
-    """(each round's mechanisms as (sampling rate, multiplier ÷ σ), the expected number of
-    reporting clients) for the run's hypergradient reports (``RunContext.reports``)."""
-    if context.reports is None:
-        return [(q, 1.0)], 0.0
-    expected = q * context.n_eligible
-    if context.reports == "cohort":
-        return [(q, 2.0 ** -0.5)], expected
-    q_h = min(1.0, context.clients_per_round / max(context.n_holdout, 1))
-    return [(q, 1.0), (q_h, 1.0)], q_h * context.n_holdout
 
 
 class DPGaussianMean(DifferentialPrivacy):

@@ -215,7 +215,7 @@ class FedNCF(FedMF):
 
     def _check_loaded(self, where: str):
         super()._check_loaded(where)
-        theta = getattr(self, "dense_params_", None)
+        theta = self._fitted("dense_params_")
         size = self._net().dense_size
         if theta is None or theta.shape != (size,) or theta.dtype.kind != "f":
             raise ValueError(f"{where}: the dense parameters ({None if theta is None else theta.shape}) "

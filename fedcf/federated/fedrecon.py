@@ -239,7 +239,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         """The item space the model was fitted with (a copy taken at fit, saved with the model):
         scoring reads it, so ``set_params(item_space=...)`` after fit changes the next fit,
         never this model's predictions."""
-        fitted = getattr(self, "item_space_", None)
+        fitted = self._fitted("item_space_")
         return fitted if fitted is not None else self._item_space()
 
     def _rows(self) -> ItemRows | None:
@@ -274,7 +274,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         outside the catalog left out, as the device leaves them out before it trains."""
         inter = super()._public_vocabulary(inter)
         space = self._item_space()
-        if not getattr(space, "drop_out_of_catalog", False):
+        if not space.drop_out_of_catalog:
             return inter
         if inter.executor is not None:
             raise ValueError("drop_out_of_catalog=True needs the training data in this process "

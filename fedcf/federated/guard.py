@@ -102,3 +102,22 @@ class DivergenceGuard:
             warnings.warn(f"{self.n_nonfinite} client uploads in {self.bad_rounds} rounds were "
                           f"non-finite and left out of the aggregate (first at round {t}); "
                           f"{advice}", RuntimeWarning, stacklevel=4)
+
+
+def warn_if_nothing_trained(history: list, start: int) -> None:
+    """Say so when no round of this fit aggregated a single client: the model is then the one
+    it started from, whatever the fit returned. The reason is the rounds' own (secure
+    aggregation's abort, the cohort below its minimum, nobody reachable)."""
+    rounds = history[start:]
+    if not rounds or any(h.get("clients_used", 0) > 0 for h in rounds):
+        return
+    last = rounds[-1]
+    why = last.get("secagg_abort") or (
+        "the cohort was below SecureAggregation's min_cohort"
+        if last.get("secagg_below_min_cohort") else
+        "no client was reachable or had data" if not last.get("clients_sampled") else
+        "every sampled client's update was empty or non-finite")
+    warnings.warn(f"none of the {len(rounds)} rounds of this fit aggregated a client ({why}); "
+                  "the model is its initial state — check the population size against "
+                  "clients_per_round and the aggregator's thresholds", RuntimeWarning,
+                  stacklevel=3)

@@ -36,7 +36,8 @@ from .._kernels.server import sum_sorted_runs
 from .._validation import NoneOr
 from .contracts import Params, check_number, phase_rule
 from .optimizers import SGD, Adam, ServerOptimizer
-from .phases import ClientOutputs, GlobalDelta, RoundHyperparams, WeightedMean, entries
+from .phases import ClientOutputs, GlobalDelta, RoundHyperparams
+from .weighted import WeightedMean, entries
 
 LEARNABLE = ("server_learning_rate", "momentum", "weight_exponent")
 

@@ -52,6 +52,7 @@ class ItemSpace(Params):
     """
 
     open: ClassVar[bool] = False
+    drop_out_of_catalog: bool = False  # entries of items outside the space left out on devices
 
     def bind(self, item_ids, counts, features) -> ItemRows | None:
         """The rows of this space for training items ``item_ids`` (with ``counts``

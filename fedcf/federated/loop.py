@@ -145,7 +145,7 @@ class Run:
             if self.hyper_select is not None:
                 cohort = self.hyper_select(int(ids[1]))
             rec = self.hyper.update(self.report_mean(cohort, ids))
-            rec.update(getattr(self.aggregator, "report_stats", {}))
+            rec.update(self.aggregator.report_stats)
             if self.accountant is None:  # under DP the cohort's size is not released
                 H, K = len(self.hyper.names), self.params["Q"].shape[1]
                 held = int(self.executor.counts[cohort.clients].sum())  # rows the clients hold
@@ -159,7 +159,7 @@ class Run:
         the clients run (a cluster's shards under secure aggregation), else from their
         reports (reports.py); None when no report counted."""
         agg, tangents, t = self.aggregator, self.hyper.tangents, int(ids[1])
-        if getattr(self.executor, "supports_secure", False) and agg.secure:
+        if self.executor.supports_secure and agg.secure:
             return agg.remote_reports(self.executor, cohort, self.params, tangents, ids,
                                       self.hyper.clip, t)
         losses, jvp, w = self.executor.tangents(cohort, self.params, tangents, ids)
@@ -174,8 +174,7 @@ class Run:
         outputs (the same bits)."""
         t0 = time.perf_counter()
         learns_exponent = self.hyper is not None and "weight_exponent" in self.hyper.names
-        if getattr(self.executor, "supports_secure", False) and \
-                hasattr(self.aggregator, "remote_round") and self.aggregator.secure:
+        if self.executor.supports_secure and self.aggregator.secure:
             outputs = None  # the clients encode and mask where they run
             delta = self.aggregator.remote_round(self.executor, cohort, self.params, ids, hp, t)
             t1 = time.perf_counter()

@@ -300,7 +300,7 @@ def _with_intercept(M) -> np.ndarray:
 def _check_model(model) -> None:
     """A fitted FedReconMF whose out-of-catalog items get no global term."""
     from .fedrecon import FedReconMF
-    if not isinstance(model, FedReconMF) or getattr(model, "item_factors_", None) is None:
+    if not isinstance(model, FedReconMF) or model._fitted("item_factors_") is None:
         raise TypeError(f"OOVExpansion.fit takes a fitted FedReconMF, got {model!r}")
     rows = model._rows()
     if rows is not None and (rows.n_adapter or rows.space.local_item_buckets):

@@ -75,10 +75,13 @@ class PartialSums:
         return cls(*(None if parts[0].rank is None and f.name == "rank" else np.concatenate(col)
                      for f, col in zip(fields(cls), columns)))
 
+    def arrays(self) -> dict:
+        """The arrays by field name (None for an absent rank map or levels)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # declared fields only
+
     def nbytes(self) -> int:
         """Bytes of the arrays (what a shard sends)."""
-        return int(sum(getattr(self, f.name).nbytes for f in fields(self)
-                       if getattr(self, f.name) is not None))
+        return int(sum(a.nbytes for a in self.arrays().values() if a is not None))
 
     def totals(self) -> dict:
         """Each counter summed over the groups one after another in group order, from 0

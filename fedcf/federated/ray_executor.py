@@ -28,7 +28,6 @@ with an error naming the shard.
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 import os
 import socket
@@ -38,12 +37,10 @@ import time
 import numpy as np
 
 from .contracts import Executor, RoundExecutor
-from .partials import REDUCE_GROUPS, PartialSums, reduce_group
-from .phases import BoundLocalExecutor, ClientOutputs, Cohort, cohort_order
-from .reports import Reports
-from .secagg_protocol import ClientHalves
-
-START_TIMEOUT = 300  # seconds for the shard actors to come up (Numba compiles on first use)
+from .partials import REDUCE_GROUPS, PartialSums
+from .phases import ClientOutputs, Cohort, cohort_order
+from .ray_population import RemotePopulation
+from .ray_shard import START_TIMEOUT, Shard, _own_rows, shard_groups, shard_of
 
 
 def _ray():
@@ -196,161 +193,6 @@ def _probe(address: str | None, timeout: float = 5.0):
                               "local one") from e
 
 
-def shard_of(clients, n_shards: int) -> np.ndarray:
-    """The shard holding each dense client id: shard s holds a contiguous range of reduce
-    groups (``shard_groups``), so it can sum whole subtrees of the reduction tree."""
-    return reduce_group(clients) * n_shards // REDUCE_GROUPS
-
-
-def shard_groups(shard: int, n_shards: int) -> tuple[int, int]:
-    """The reduce groups [a, b) of a shard."""
-    g = np.flatnonzero(np.arange(REDUCE_GROUPS) * n_shards // REDUCE_GROUPS == shard)
-    return int(g[0]), int(g[-1]) + 1
-
-
-class Shard:
-    """One actor's part of the population: the ratings of the users of its shard in a CSR
-    over those users only, so its memory falls as shards are added. The shard's users are every
-    dense id in its reduce groups [a, b), ascending: user u is row (u // 64)·(b − a) + u % 64 − a.
-    Each row's random stream is keyed by its dense user id (``rng.client_key``; ``keys`` =
-    [seed, round, id per row]), so client outputs are exactly the local executor's. ``data`` is
-    (users, indptr, items, values), the shard's rows cut on the driver, or a population spec
-    whose blocks it builds."""
-
-    def __init__(self, shard: int, n_shards: int, threads: int, data):
-        import numba
-
-        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-        self.shard, self.n_shards = shard, n_shards
-        if isinstance(data, tuple):
-            users, self.data, self.stats = data[0], data[1:], None
-        else:  # population blocks = reduce groups, so the shard's blocks are whole
-            blocks = list(range(*shard_groups(shard, n_shards)))
-            self.source = data
-            users, *rows = data.build_rows(blocks)
-            self.data = tuple(rows)
-            self.stats = _value_sums(users, self.data, blocks)
-        if not np.array_equal(self.rows_of(users), np.arange(len(users))):
-            raise ValueError(f"shard {shard} was given users that are not all the ids of its "
-                             "reduce groups, in order")
-        self.keys = np.empty(len(users) + 2, np.uint64)  # [seed, round, key per row]
-        self.keys[2:] = users
-        self.executor = None
-
-    def rows_of(self, clients) -> np.ndarray:
-        """The CSR rows of dense ids of this shard's groups."""
-        a, b = shard_groups(self.shard, self.n_shards)
-        clients = np.asarray(clients, np.int64)
-        return clients // REDUCE_GROUPS * (b - a) + clients % REDUCE_GROUPS - a
-
-    def held_bytes(self) -> int:
-        """Bytes of what the shard keeps for the run (stream keys, CSR index, items, ratings)."""
-        return int(self.keys.nbytes + sum(a.nbytes for a in self.data))
-
-    def set_program(self, program) -> int:
-        self.executor = BoundLocalExecutor(program, self.data)
-        return self.shard
-
-    def vocabulary(self):
-        """(raw user ids, raw item ids) of a spec that has them (a ``RatingsFile``)."""
-        return self.source.vocabulary()
-
-    def describe(self):
-        """(users, their counts, per-block value sums) of a shard built from a spec."""
-        return self.keys[2:].astype(np.int64), np.diff(self.data[0]), self.stats
-
-    def _rows(self, clients, ids):
-        """The CSR rows of dense ``clients`` (all must be this shard's) and the round's
-        stream keys."""
-        clients = np.asarray(clients, np.int64)
-        rows = self.rows_of(clients)
-        a, b = shard_groups(self.shard, self.n_shards)
-        group = clients % REDUCE_GROUPS
-        if len(clients) and ((clients < 0) | (group < a) | (group >= b) |
-                             (rows >= len(self.keys) - 2)).any():
-            raise ValueError(f"shard {self.shard} was sent clients it does not hold")
-        self.keys[:2] = np.asarray(ids, np.uint64)[:2]
-        return _cohort(rows), self.keys
-
-    def call(self, method: str, clients, args):
-        """One round's work: ``method`` on this shard's clients, with the round's arguments
-        (one object in the store for all shards)."""
-        calls = {"run": self.run, "partials": self.partials, "tangents": self.tangents,
-                 "secure_begin": self.secure_begin, "reports_begin": self.reports_begin}
-        return calls[method](clients, *args)
-
-    def secure_begin(self, clients, params, ids, hp, enc, session, t, neighbours=None):
-        """Secure aggregation, in this actor: run the clients, encode their uploads and make
-        their protocol halves (kept here). Returns their identity keys' public halves — never
-        an upload."""
-        out = self.run(clients, params, ids)
-        self.halves = ClientHalves(out.client_ids(), enc.encode(out, hp)[0], t, session,
-                                   neighbours)
-        return self.halves.verifying()
-
-    def reports_begin(self, clients, params, tangents, ids, enc, session, t, neighbours=None):
-        """As ``secure_begin`` for hypergradient reports: the clients compute, clip, weigh and
-        encode their reports here (``ReportEncoding``); only keys leave."""
-        reports = Reports(np.asarray(clients, np.int64),
-                          *self.tangents(clients, params, tangents, ids))
-        self.halves = ClientHalves(reports.clients, enc.encode(reports), t, session, neighbours)
-        return self.halves.verifying()
-
-    def secure(self, step: str, *args):
-        """One protocol step of this actor's client halves (``ClientHalves``' methods); an
-        actor restarted mid-round holds none, so its clients count as dropped."""
-        if step not in ("advertise", "share", "mask", "consistency", "unmask"):
-            raise ValueError(f"unknown protocol step {step!r}")
-        halves = getattr(self, "halves", None)
-        return [] if halves is None else getattr(halves, step)(*args)
-
-    def run(self, clients, params, ids) -> ClientOutputs:
-        cohort, keys = self._rows(clients, ids)
-        out = self.executor.run(cohort, params, keys)
-        return dataclasses.replace(out, clients=np.asarray(clients, np.int64))
-
-    def partials(self, clients, params, ids, aggregator, hp) -> tuple[int, PartialSums]:
-        """This shard's sums, added up its subtrees of the reduction tree, and their size in
-        bytes (two objects: the driver fetches the size, the sums go to the reducers)."""
-        parts = aggregator.partials(self.run(clients, params, ids), hp)
-        parts = parts.compact(*shard_groups(self.shard, self.n_shards))
-        return parts.nbytes(), parts
-
-    def tangents(self, clients, params, tangents, ids):
-        cohort, keys = self._rows(clients, ids)
-        return self.executor.tangents(cohort, params, tangents, keys)
-
-    def peak_memory(self) -> int:
-        """This worker's peak resident memory in bytes."""
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _own_rows(shard, n_shards, indptr, items, values):
-    """(users, indptr, items, values): the users of ``shard`` out of the driver's CSR, in a
-    CSR over those users only."""
-    users = np.flatnonzero(shard_of(np.arange(len(indptr) - 1), n_shards) == shard)
-    counts = np.diff(indptr)[users]
-    own = np.zeros(len(users) + 1, np.int64)
-    np.cumsum(counts, out=own[1:])
-    take = np.repeat(indptr[users] - own[:-1], counts) + np.arange(int(own[-1]))
-    return users, own, np.ascontiguousarray(items[take]), np.ascontiguousarray(values[take])
-
-
-def _value_sums(users, data, blocks) -> list:
-    """Per block: (block, nnz, Σv, Σv², min, max) of its ratings (exact sums for ratings on a
-    half-star grid, so μ does not depend on the shard count)."""
-    indptr, _, values = data
-    entry_block = np.repeat(users % REDUCE_GROUPS, np.diff(indptr))
-    out = []
-    for b in blocks:
-        v = values[entry_block == b]
-        out.append((b, len(v), float(v.sum()), float((v * v).sum()),
-                    float(v.min()) if len(v) else np.inf, float(v.max()) if len(v) else -np.inf))
-    return out
-
-
 def combine(left: PartialSums, right: PartialSums, a: int, b: int) -> PartialSums:
     """Two adjacent ranges' sums, added up the tree as far as groups [a, b) go."""
     return PartialSums.concat([left, right]).compact(a, b)
@@ -366,10 +208,6 @@ def _combine_task(ray):
     return _COMBINE["task"]
 
 
-def _cohort(clients) -> Cohort:
-    return Cohort(np.asarray(clients, np.int64), len(clients), 0, 0)
-
-
 class BoundRayExecutor(RoundExecutor):
     """The executor of one run (made by ``RayExecutor.bind``): ``LocalExecutor``'s ``run``,
     ``tangents`` and ``counts``, plus ``partials`` (the shards' sums, which the loop reduces),
@@ -381,7 +219,7 @@ class BoundRayExecutor(RoundExecutor):
     def __init__(self, spec: RayExecutor, data):
         ray = connect(spec.address)
         self.spec, self.ray = spec, ray
-        n_users = len(data[0]) - 1 if isinstance(data, tuple) else getattr(data, "n_users", None)
+        n_users = len(data[0]) - 1 if isinstance(data, tuple) else data.known_users
         if n_users is not None and spec.n_shards > n_users:  # (a file: checked once read)
             raise ValueError(f"n_shards={spec.n_shards} is more than the {n_users} users; "
                              "use fewer shards")
@@ -601,97 +439,3 @@ class ShardedHalves:
 
     def unmask(self, u3, sigs):
         return self._all("unmask", u3, sigs)
-
-
-class RemotePopulation:
-    """A population that lives in the shard actors of a run (built there from its spec): what
-    the driver knows of it is its sizes, each user's number of ratings (the sampling frame)
-    and the sums a fit needs of the ratings — never a rating. ``fit`` takes it where it takes
-    an Interactions; anything that needs users' ratings on the driver (evaluating seen users
-    after the fit) builds those users' blocks from the spec here."""
-
-    timestamps = None
-    holds_ratings = True  # (by building a user's block from the spec)
-
-    def __init__(self, source, executor: BoundRayExecutor):
-        self.source, self.executor = source, executor
-        try:
-            if getattr(source, "remote_vocabulary", False):  # the ids, from a worker's read
-                self.user_ids, self.item_ids = executor.ray.get(
-                    executor.actors[0].vocabulary.remote(), timeout=START_TIMEOUT)
-            else:  # raw ids = dense ids
-                self.user_ids = np.arange(source.n_users)
-                self.item_ids = np.arange(source.n_items)
-            self.n_users, self.n_items = len(self.user_ids), len(self.item_ids)
-            if executor.spec.n_shards > self.n_users:
-                raise ValueError(f"n_shards={executor.spec.n_shards} is more than the "
-                                 f"{self.n_users} users; use fewer shards")
-            parts = executor.ray.get([a.describe.remote() for a in executor.actors],
-                                     timeout=START_TIMEOUT)
-        except BaseException:
-            executor.close()
-            raise
-        self._counts = np.zeros(self.n_users, np.int64)
-        blocks = []
-        for users, counts, stats in parts:
-            self._counts[users] = counts
-            blocks.extend(stats)
-        executor.counts = self._counts
-        blocks.sort()  # block order: the sums do not depend on the shard count
-        self.nnz = sum(b[1] for b in blocks)
-        total, squares = sum(b[2] for b in blocks), sum(b[3] for b in blocks)
-        self._stats = {"mean": total / self.nnz, "mean_sq": squares / self.nnz,
-                       "min": min(b[4] for b in blocks), "max": max(b[5] for b in blocks)}
-
-    def __repr__(self):
-        return (f"RemotePopulation({self.source!r}: {self.n_users} users, {self.n_items} items, "
-                f"{self.nnz} ratings in {self.executor.spec.n_shards} Ray shards)")
-
-    def __getstate__(self):  # a fitted model keeps this; the run's actors do not travel
-        return {**self.__dict__, "executor": _Closed(self.executor.spec), "_local": None}
-
-    def counts(self) -> np.ndarray:
-        return self._counts
-
-    def value_stats(self) -> dict:
-        return dict(self._stats)
-
-    def subset_users(self, users):
-        """The given users' ratings, built here from the spec (their blocks only)."""
-        from ..datasets import Interactions
-
-        users = np.asarray(users, np.int64)
-        if users.size and (users.min() < 0 or users.max() >= self.n_users):
-            bad = users[(users < 0) | (users >= self.n_users)][0]
-            raise IndexError(f"user index {bad} out of range for {self.n_users} users")
-        held, indptr, items, values = self.source.build_rows(np.unique(users % REDUCE_GROUPS))
-        rows = Interactions(indptr, items, values, None, self.user_ids[held], self.item_ids)
-        return rows.subset_users(np.searchsorted(held, users))
-
-    @property
-    def _full(self):
-        if self.__dict__.get("_local") is None:
-            self._local = self.source.to_interactions()
-        return self._local
-
-    @property
-    def indptr(self):  # evaluating every seen user needs the whole population here
-        return self._full.indptr
-
-    @property
-    def items(self):
-        return self._full.items
-
-    @property
-    def values(self):
-        return self._full.values
-
-
-class _Closed:
-    """What a pickled RemotePopulation keeps of its run's executor: the settings."""
-
-    def __init__(self, spec):
-        self.spec, self.actors = spec, []
-
-    def close(self):
-        pass

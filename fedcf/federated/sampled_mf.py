@@ -196,6 +196,7 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
     _stages = (USER | ITEMS,)
     _exclude_arg = None  # fit's ``exclude`` while a fit runs
+    _fitted_extra = ("exclusions_",)
     _parameter_constraints = {
         **_OWN, "local_epochs": Int(1, 1000), "batch_size": Int(1, None),
         "learning_rate": Real(0.0, low_open=True),
@@ -233,7 +234,7 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
         try:
             super().fit(X, y, callback=callback, availability=availability, **data_kwargs)
         finally:
-            self.__dict__.pop("_exclude_arg", None)
+            del self._exclude_arg  # back to the class's None
         self.rating_scale_ = None
         return self
 
@@ -398,8 +399,8 @@ class PFedRec(FedMF):
                                self.user_factors_[users], self.user_biases_[users])
 
     def _fit_data(self, what: str) -> Interactions:
-        inter = getattr(self, "interactions_", None)
-        if inter is None or not hasattr(self, "exclusions_"):
+        inter = self._fitted("interactions_")
+        if inter is None or self._fitted("exclusions_") is None:
             raise ValueError(f"PFedRec's {what} finetunes each device's item embedding on its "
                              "fit data, which a model loaded from disk does not hold; refit it")
         return inter

@@ -36,13 +36,12 @@ from .phases import (
     GlobalDelta,
     RoundHyperparams,
     RoundSummary,
-    WeightedMean,
     client_weights,
-    clip_factors,
     empty_delta,
 )
 from .reports import ReportEncoding, Reports, fixed_point_scale, signed_sum
 from .secagg_protocol import ClientHalves, ProtocolAbort, SecAggServer, run_round
+from .weighted import WeightedMean, clip_factors
 
 CLIP_WARNING = 1e-3  # share of clipped coordinates above which a round warns
 
@@ -75,7 +74,7 @@ class Encoding:
     noise_std: float = 0.0
     secret_noise: bool = True
     seed: tuple = (0, 0)  # (run seed, round): only for insecure seeded noise
-    clip: float | None = None  # under DP: the round's clip norm C (``phases.clip_factors``)
+    clip: float | None = None  # under DP: the round's clip norm C (``weighted.clip_factors``)
     weight_cap: float | None = None  # under DP: the cap of the client weights, if any
     # learning the weight exponent α: each client also sends s'·Δ and s' = ∂s/∂α
     exponent: bool = False
@@ -174,9 +173,8 @@ class Encoding:
 def warn_if_masked_on_driver(executor, aggregator) -> None:
     """Say so when the clients run elsewhere (Ray shards) but the protocol's client halves
     run in the driver: each upload then travels to the driver in the clear."""
-    inner = getattr(aggregator, "aggregator", aggregator)
-    if isinstance(inner, SecureAggregation) and getattr(executor, "supports_partials", False) \
-            and not getattr(executor, "supports_secure", False):
+    if isinstance(aggregator.inner, SecureAggregation) and executor.supports_partials \
+            and not executor.supports_secure:
         warnings.warn("SecureAggregation with a remote executor: the protocol's client halves "
                       "run in the driver's process, so each client's upload travels from its "
                       "shard to the driver in the clear; only a server outside the driver sees "
@@ -241,8 +239,7 @@ class SecureAggregation(WeightedMean):
                 (isinstance(threshold, (int, np.integer)) and threshold < 2):
             raise ValueError(f"threshold must be a share in [0.5, 1) of the cohort (t = "
                              f"floor(share·m) + 1 > m/2) or a count >= 2, got {threshold!r}")
-        for name in ("value_bound", "max_weight"):
-            v = getattr(self, name)
+        for name, v in (("value_bound", self.value_bound), ("max_weight", self.max_weight)):
             if isinstance(v, bool) or not (isinstance(v, numbers.Real) and np.isfinite(v)
                                            and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
@@ -319,7 +316,7 @@ class SecureAggregation(WeightedMean):
 
         Plain: client k sends s_k·Δ_k and s_k with s_k = min(w_k, W)/W; the server divides
         the sum by Σ s_k. Under ``DifferentialPrivacy`` (``clip`` = (C, weight cap or None)):
-        client k sends its clipped, capped-weight upload (``phases.clip_factors``) and 1, the
+        client k sends its clipped, capped-weight upload (``weighted.clip_factors``) and 1, the
         sum is divided by the fixed
         ``denominator``, and with ``noise_scale`` = σC each client adds its share N(0,
         σ²C²/t) before quantization, from the OS's secure generator unless ``secret_noise``

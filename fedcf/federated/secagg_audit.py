@@ -25,6 +25,7 @@ from Crypto.Protocol.SecretSharing import Shamir
 
 from .secagg_protocol import (
     Identities,
+    MaskedInput,
     SecAggClient,
     SecAggServer,
     _x25519_from_seed,
@@ -100,9 +101,9 @@ def transcript_attacks(q: np.ndarray, rated: list[set], n_items: int, K: int, t:
     for the first ``victims`` clients, with the chance level and its interval."""
     m = q.shape[0]
     _, _, server = simulate(q, range(m), t)
-    ys = {msg.client: msg.y for msg in server.transcript if hasattr(msg, "y")}
+    ys = {msg.client: msg.y for msg in server.transcript if isinstance(msg, MaskedInput)}
     _, _, replay = simulate(np.zeros_like(q), range(m), t)  # same seed, zero inputs
-    masks = {msg.client: msg.y for msg in replay.transcript if hasattr(msg, "y")}
+    masks = {msg.client: msg.y for msg in replay.transcript if isinstance(msg, MaskedInput)}
     out = {name: [] for name in ("plain", "a", "b", "c", "d")}
     for v in range(victims):
         k = len(rated[v])

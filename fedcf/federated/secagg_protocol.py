@@ -277,6 +277,7 @@ class SecAggClient:
         self._s_seed, self._b_seed = os.urandom(SEED_BYTES), os.urandom(SEED_BYTES)
         self._s = _x25519_from_seed(self._s_seed, session)
         self._adverts, self._held, self._u2, self._answered = {}, {}, None, False
+        self._holders: list = []  # who holds this client's shares (set by ``share``)
 
     def trust(self, verifying: dict) -> None:
         """Add verifying keys of other clients (never replace this client's own)."""
@@ -284,17 +285,21 @@ class SecAggClient:
                                            if k == self.id}}
 
     def __getstate__(self):  # raw key bytes: kept by the device between messages
-        state = dict(self.__dict__)
-        state["_sign"], state["_c"] = _private_bytes(self._sign), _private_bytes(self._c)
-        state["_verifying"] = {c: k.public_bytes(*RAW) for c, k in self._verifying.items()}
-        del state["_s"]
-        return state
+        return {"id": self.id, "t": self.t, "session": self.session,
+                "neighbours": self.neighbours, "seeds": (self._s_seed, self._b_seed),
+                "sign": _private_bytes(self._sign), "c": _private_bytes(self._c),
+                "verifying": {c: k.public_bytes(*RAW) for c, k in self._verifying.items()},
+                "received": (self._adverts, self._held, self._u2, self._answered,
+                             self._holders)}
 
     def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._sign = Ed25519PrivateKey.from_private_bytes(state["_sign"])
-        self._c = X25519PrivateKey.from_private_bytes(state["_c"])
-        self._verifying = Identities.verifiers(state["_verifying"])
+        self.id, self.t, self.session = state["id"], state["t"], state["session"]
+        self.neighbours = state["neighbours"]
+        self._s_seed, self._b_seed = state["seeds"]
+        self._sign = Ed25519PrivateKey.from_private_bytes(state["sign"])
+        self._c = X25519PrivateKey.from_private_bytes(state["c"])
+        self._verifying = Identities.verifiers(state["verifying"])
+        self._adverts, self._held, self._u2, self._answered, self._holders = state["received"]
         self._s = _x25519_from_seed(self._s_seed, self.session)
 
     def advertise(self) -> Advert:

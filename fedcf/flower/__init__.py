@@ -11,8 +11,9 @@ ReconEval). The fitted model is an ordinary ``FedReconMF`` ``.npz``.
 """
 
 from .app import client_app, make_client_app, make_server_app, server_app, write_app
+from .directory import Directory, FlowerPopulation
 from .reference import fit_in_process
-from .server import Directory, FlowerExecutor, FlowerPopulation, serve
+from .server import FlowerExecutor, serve
 from .settings import Settings
 
 __all__ = ["Directory", "FlowerExecutor", "FlowerPopulation", "Settings", "client_app",

@@ -36,8 +36,8 @@ from ..federated.phases import (
     Cohort,
     RoundHyperparams,
     client_weights,
-    recipe_numerators,
 )
+from ..federated.weighted import recipe_numerators
 from .wire import arrays, client_estimator, encode_sums, encode_upload
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
@@ -235,7 +235,7 @@ def train(own: Interactions, config, glob) -> dict:
 
 def node_sums(out: ClientOutputs, recipe: dict) -> PartialSums:
     """The node's clients' sums for a linear aggregate: each client's factor from the public
-    recipe (``phases.recipe_numerators``), then the per-group sums a shard would send."""
+    recipe (``weighted.recipe_numerators``), then the per-group sums a shard would send."""
     hp = RoundHyperparams(1.0, {}, weight_exponent=recipe["exponent"])
     bad, w, _ = client_weights(out, hp)
     num = np.where(w > 0, recipe_numerators(out, w, recipe), 0.0)

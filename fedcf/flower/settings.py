@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import registry
+from ..federated.dp import DifferentialPrivacy
 from ..federated.fedrecon import FedReconMF
 from ..federated.hyper import check_learnable
 from ..federated.items import ItemSpace
@@ -148,8 +149,8 @@ class Settings:
         if self.params.get("aggregator") is None:  # robust by default: one node's wild
             self.params["aggregator"] = default_aggregator()  # uploads are clipped
         agg = self.params.get("aggregator")
-        if isinstance(getattr(agg, "aggregator", None), SecureAggregation) and \
-                agg.noise == "distributed" and agg.insecure_seeded_noise:
+        if isinstance(agg, DifferentialPrivacy) and isinstance(agg.inner, SecureAggregation) \
+                and agg.noise == "distributed" and agg.insecure_seeded_noise:
             raise ValueError("insecure_seeded_noise=True with distributed noise: in a Flower run "
                              "each device draws its share of the noise from its own secure "
                              "randomness; use noise='server' for a seeded test run")
@@ -174,7 +175,8 @@ class Settings:
                 raise ValueError(f"fedcf-params: {e}. In a Flower run the default aggregator is "
                                  "NormClippedMean; name the plain mean with "
                                  "\"aggregator\": {\"name\": \"mean\"}") from None
-        if est.dp_release and getattr(est.aggregator, "weight_cap", None) is not None:
+        if est.dp_release and isinstance(est.aggregator, DifferentialPrivacy) and \
+                est.aggregator.weight_cap is not None:
             raise ValueError("fedcf-params: weight_cap needs every user's rating count at the "
                              "server, which a Flower run under differential privacy never "
                              "sends (the nodes list only eligible users); leave weight_cap=None")

@@ -179,7 +179,8 @@ def encode_sums(parts: PartialSums) -> object:
     if parts.rank is not None:
         raise ValueError("a node sends the rank map of its clients only under secure "
                          "aggregation")
-    return arrays(**{f: getattr(parts, f) for f in SUM_FIELDS})
+    sums = parts.arrays()
+    return arrays(**{f: sums[f] for f in SUM_FIELDS})
 
 
 def decode_sums(content, *, clients: np.ndarray, n_items: int, K: int,

@@ -19,7 +19,12 @@ from .._ranking import ranking_metrics
 from .._validation import check_params, id_kind_mismatch, named_kwargs, raw_ids
 from ..datasets import DataValidationError, Interactions
 from ..datasets._files import fits_in_ram
-from .persistence import _META, FORMAT_VERSION, Persistence, _ids_to_array  # noqa: F401
+from .persistence import (  # noqa: F401
+    _META,
+    FORMAT_VERSION,
+    Persistence,
+    _ids_to_array,
+)
 from .prediction import (  # noqa: F401
     LocalParams,
     Prediction,
@@ -132,12 +137,12 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
         FedRecon keeps none, so its seen users are reconstructed from their fit data, the same
         way a device would.
         """
-        if getattr(self, "user_factors_", None) is not None:
+        if self._fitted("user_factors_") is not None:
             return self.user_factors_[users], self.user_biases_[users]
         dt = self.item_factors_.dtype
         if len(users) == 0:
             return np.zeros((0, self.item_factors_.shape[1]), dt), np.zeros(0, dt)
-        inter = getattr(self, "interactions_", None)
+        inter = self._fitted("interactions_")
         if inter is None:
             raise ValueError("this model was loaded from disk and holds no user data; "
                              "reconstruct users with reconstruct(items, ratings) or "
@@ -203,7 +208,7 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
         return self._item_index(inter.item_ids)[inter.items]
 
     def _clip(self, pred: np.ndarray, clip: bool) -> np.ndarray:
-        if clip and getattr(self, "rating_scale_", None) is not None:
+        if clip and self._fitted("rating_scale_") is not None:
             np.clip(pred, *self.rating_scale_, out=pred)
         return pred
 
@@ -271,10 +276,10 @@ class RankingScoreMixin:
         return lambda b: self.score_all_items(P[b], c[b])
 
     def _seen_interactions(self) -> Interactions:
-        inter = getattr(self, "interactions_", None)
+        inter = self._fitted("interactions_")
         if inter is not None:
             return inter
-        if getattr(self, "seen_indptr_", None) is None:
+        if self._fitted("seen_indptr_") is None:
             raise ValueError("this model was loaded from disk and holds no user data, so it "
                              "cannot rank for users seen in fit; score held-out users with "
                              "fedcf.model_selection.recon_scorer")

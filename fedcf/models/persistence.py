@@ -77,6 +77,24 @@ class Persistence:
 
     _saved_arrays: tuple[str, ...] = ("item_factors_", "item_biases_")
     _saved_objects: tuple[str, ...] = ()  # fitted phase objects (as specs in the metadata)
+    # the fitted state a model may hold besides its saved arrays and objects;
+    # ``_fitted`` reads only declared names, so a misspelt one raises instead of reading as
+    # "not fitted"; a subclass adds its own in ``_fitted_extra``
+    _fitted_state: tuple[str, ...] = (
+        "item_ids_", "user_ids_", "global_mean_", "rating_scale_", "history_", "interactions_",
+        "seen_indptr_", "seen_items_", "user_ids_withheld_", "user_factors_", "user_biases_",
+        *_FITTED_VALUES)
+    _fitted_extra: tuple[str, ...] = ()
+
+    def _fitted(self, name: str):
+        """The declared fitted attribute ``name``, or None when this model holds none (not
+        fitted yet, or loaded without it)."""
+        if name not in (*self._fitted_state, *self._saved_arrays, *self._saved_objects,
+                        *self._fitted_extra):
+            raise AttributeError(f"{name!r} is not a declared fitted attribute of "
+                                 f"{type(self).__name__}")
+        return getattr(self, name, None)  # the one read of fitted state that may find none
+
     # what a release under differential privacy keeps of history_ (covered by ε)
     _DP_HISTORY = ("epsilon", "clip_norm")  # the adaptive clip: from noised counts
 
@@ -116,7 +134,7 @@ class Persistence:
         keep_users = self._keep_user_ids(user_ids, private)
         if private:
             params["random_state"] = None
-        history = getattr(self, "history_", [])
+        history = self._fitted("history_") or []
         if private:
             history = [{k: h[k] for k in self._DP_HISTORY if k in h} for h in history]
         meta = {
@@ -128,22 +146,22 @@ class Persistence:
             "rating_scale": None if self.rating_scale_ is None else list(self.rating_scale_),
             "history": history,
             "user_ids_kept": keep_users,
-            "fitted_objects": {k: registry.encode(getattr(self, k)) for k in self._saved_objects
-                               if getattr(self, k, None) is not None},
-            "fitted_values": {k: _plain(getattr(self, k)) for k in _FITTED_VALUES
-                              if getattr(self, k, None) is not None
+            "fitted_objects": {k: registry.encode(self._fitted(k)) for k in self._saved_objects
+                               if self._fitted(k) is not None},
+            "fitted_values": {k: _plain(self._fitted(k)) for k in _FITTED_VALUES
+                              if self._fitted(k) is not None
                               and not (private and k == "learned_hyperparams_")},
         }
-        arrays = {a: getattr(self, a) for a in self._saved_arrays if getattr(self, a, None) is not None
+        arrays = {a: self._fitted(a) for a in self._saved_arrays if self._fitted(a) is not None
                   and not (not keep_users and a in ("user_factors_", "user_biases_"))}
         arrays.update(_ids_to_arrays(self.user_ids_ if keep_users else self.user_ids_[:0],
                                      "user"))
         arrays.update(_ids_to_arrays(self.item_ids_, "item"))
         if "user_factors_" in arrays:
-            inter = getattr(self, "interactions_", None)
+            inter = self._fitted("interactions_")
             if inter is not None:
                 arrays["seen_indptr"], arrays["seen_items"] = inter.indptr, inter.items
-            elif getattr(self, "seen_indptr_", None) is not None:
+            elif self._fitted("seen_indptr_") is not None:
                 arrays["seen_indptr"], arrays["seen_items"] = self.seen_indptr_, self.seen_items_
         return atomic_savez(path, arrays, meta, meta_key=_META)
 
@@ -155,7 +173,7 @@ class Persistence:
                              "trained under differential privacy, outside ε; a DP release "
                              "names no user (leave user_ids unset)")
         if user_ids is None:
-            return not private and getattr(self, "user_factors_", None) is not None
+            return not private and self._fitted("user_factors_") is not None
         return bool(user_ids)
 
     @classmethod
@@ -201,7 +219,7 @@ class Persistence:
         Q, b = self.item_factors_, self.item_biases_
         n_items = len(self.item_ids_)
         ok = Q.ndim == 2 and Q.shape[0] == n_items and b.shape == (n_items,)
-        P = getattr(self, "user_factors_", None)
+        P = self._fitted("user_factors_")
         if P is not None:
             ok = ok and P.shape == (len(self.user_ids_), Q.shape[1]) and \
                 self.user_biases_.shape == (len(self.user_ids_),)

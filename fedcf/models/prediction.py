@@ -180,7 +180,7 @@ class Prediction:
         indptr = np.array([0, int(keep.sum())], dtype=np.int64)
         key = np.array([content_key(idx[keep], ratings[keep])], np.uint64)
         P, c = self._reconstruct_csr(indptr, idx[keep], ratings[keep], key)
-        check_reconstructed(P[0], c[0], ratings, getattr(self, "rating_scale_", None),
+        check_reconstructed(P[0], c[0], ratings, self._fitted("rating_scale_"),
                             self.item_factors_)
         return LocalParams(P[0].copy(), float(c[0]))
 
@@ -215,7 +215,7 @@ class Prediction:
                       float(self.global_mean_), out)
 
     def _warn_withheld(self, n_pairs: int) -> None:
-        if getattr(self, "user_ids_withheld_", False) and n_pairs:
+        if self._fitted("user_ids_withheld_") and n_pairs:
             warnings.warn(_WITHHELD + "; every user scores as a new user (no personal term). "
                           "Reconstruct users from their ratings (reconstruct_users, "
                           "recon_predict) for personal scores", UserWarning, stacklevel=3)
@@ -308,7 +308,7 @@ class Prediction:
         if user is None:
             return -1
         u = self._user_index([user])[0]
-        if u < 0 and getattr(self, "user_ids_withheld_", False):
+        if u < 0 and self._fitted("user_ids_withheld_"):
             raise KeyError(f"user {user!r}: " + _WITHHELD + "; pass the user's items= (and "
                            "ratings=) to reconstruct them")
         if u < 0:
@@ -316,10 +316,10 @@ class Prediction:
         return u
 
     def _seen_items(self, u: int) -> np.ndarray:
-        inter = getattr(self, "interactions_", None)
+        inter = self._fitted("interactions_")
         if inter is not None:
             return inter.items[inter.indptr[u]:inter.indptr[u + 1]]
-        seen = getattr(self, "seen_indptr_", None)
+        seen = self._fitted("seen_indptr_")
         if seen is None:
             raise ValueError("this model was saved without its users' histories, so it cannot "
                              "filter their seen items; pass filter_seen=False, or items= to "

@@ -1,0 +1,260 @@
+"""Who the server may train: the directory of users the Flower nodes said they hold, checked
+before it is trusted, and the population ``fit`` sees over it; and the one exchange of messages
+with the nodes every stage uses (``exchange``), which keeps each refused reply with its reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from .wire import DIRECTORY_FIELDS, ReplyError, arrays, flwr, read_arrays
+
+log = logging.getLogger("fedcf.flower")
+
+
+class Refusals:
+    """Replies the server did not use, each with its reason (also logged)."""
+
+    def __init__(self):
+        self.items: list[dict] = []
+
+    def add(self, stage: str, node: int, reason: str, clients: int = 0):
+        self.items.append({"stage": stage, "node": int(node), "reason": reason,
+                           "clients": int(clients)})
+        log.warning("fedcf.flower: %s: refused the reply of node %s (%d clients): %s", stage,
+                    node, clients, reason)
+
+
+def message(content: dict, node: int, kind: str, group: str):
+    app = flwr()
+    return app.Message(content=app.RecordDict(content), dst_node_id=int(node), message_type=kind,
+                       group_id=group)
+
+
+def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals,
+             clients: dict | None = None):
+    """Send ``messages``; yield (node, content) for each reply, refusing error replies and
+    nodes that did not answer in time. A reply belongs to the node its message went to (by
+    ``reply_to_message_id``): the SuperLink answers for an unreachable node in its own name.
+    ``clients``: node -> how many clients its message was for (for the refusal record)."""
+    sent = {int(m.metadata.dst_node_id) for m in messages}
+    replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    to = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in messages}
+    answered = set()
+    for reply in replies:
+        node = to.get(reply.metadata.reply_to_message_id, int(reply.metadata.src_node_id))
+        answered.add(node)
+        if reply.has_error():
+            refusals.add(stage, node, f"the node reported an error: {reply.error.reason}",
+                         (clients or {}).get(node, 0))
+            continue
+        yield node, reply.content
+    for node in sorted(sent - answered):
+        refusals.add(stage, node, f"no reply within {timeout:g} s", (clients or {}).get(node, 0))
+
+
+@dataclass
+class Directory:
+    """Who holds which user, from the nodes' answers to the first (query) message: raw user ids
+    in sorted order, the node of each, rating counts and per-user sums, the item catalog.
+    Under differential privacy (``private_floor`` = the run's min_examples) the nodes list only
+    their eligible users and send no count or sum: ``counts`` and ``sums`` are None.
+
+    Parameters
+    ----------
+    user_ids : ndarray
+        Raw user ids, sorted.
+    node_of : ndarray
+        Position in ``nodes`` of each user's node.
+    nodes : list of int
+        Flower node ids.
+    counts : ndarray or None
+        Each user's number of ratings (None under DP).
+    sums : ndarray (n, 4) or None
+        Σv, Σv², min, max of each user's ratings (None under DP).
+    catalog : ndarray
+        The item catalog every node shares.
+    private_floor : int or None
+        Under DP, the least number of ratings every listed user has (the nodes' filter).
+    catalog_sent : bool
+        Whether the catalog is the server's, sent with the query (nodes holding their own
+        data), rather than the one the nodes reported.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.flower import Directory
+    >>> d = Directory(user_ids=np.array([7, 9]), node_of=np.array([0, 1]), nodes=[101, 202],
+    ...               counts=np.array([3, 5]), sums=np.zeros((2, 4)), catalog=np.arange(4))
+    >>> d.nodes[d.node_of[1]]
+    202
+    """
+
+    user_ids: np.ndarray
+    node_of: np.ndarray  # position in ``nodes`` of each user's node
+    nodes: list  # Flower node ids (uint64: kept as Python ints)
+    counts: np.ndarray | None
+    sums: np.ndarray | None  # (n, 4): Σv, Σv², min, max
+    catalog: np.ndarray
+    private_floor: int | None = None
+    catalog_sent: bool = False
+
+    @classmethod
+    def query(cls, grid, nodes, timeout: float, refusals: Refusals,
+              private_floor: int | None = None, catalog: np.ndarray | None = None
+              ) -> Directory:
+        """Ask every node for its entry. With ``catalog`` (the run's public item catalog) the
+        message carries it and each node maps its own items into it (a device holding its
+        own ratings); without, the nodes report theirs and must agree."""
+        private = private_floor is not None
+        config = {} if not private else \
+            {"config": flwr().ConfigRecord({"private-floor": int(private_floor)})}
+        if catalog is not None:
+            config["catalog"] = arrays(items=np.asarray(catalog, np.int64))
+        fields = ("users", "catalog") if private else DIRECTORY_FIELDS
+        if catalog is not None:
+            fields = tuple(f for f in fields if f != "catalog")
+        msgs = [message(config, n, flwr().MessageType.QUERY, "directory") for n in nodes]
+        entries, seen = [], set()
+        for node, content in sorted(exchange(grid, msgs, timeout, "directory", refusals),
+                                    key=lambda r: r[0]):
+            try:
+                d = read_arrays(content, "users", fields)
+                n = len(d["users"])
+                if not all(np.issubdtype(d[f].dtype, np.integer) for f in fields if f != "sums"):
+                    raise ReplyError(f"its {', '.join(f for f in fields if f != 'sums')} must "
+                                     "be integer arrays")
+                if not private and (d["counts"].shape != (n,) or d["sums"].shape != (n, 4) or (
+                        n and d["counts"].min() < 1) or not np.isfinite(d["sums"]).all()):
+                    raise ReplyError("its users, counts and sums do not line up")
+                if n == 0:
+                    raise ReplyError("it holds no users (an empty partition)")
+                if "catalog" not in fields:
+                    pass  # the run's catalog, sent with the query
+                elif catalog is None:
+                    catalog = d["catalog"]
+                elif not np.array_equal(d["catalog"], catalog):
+                    raise ReplyError(f"its item catalog ({len(d['catalog'])} items) is not the "
+                                     f"one of the other nodes ({len(catalog)} items)")
+                if len(np.unique(d["users"])) < n or seen.intersection(d["users"].tolist()):
+                    raise ReplyError("it lists users twice or users another node holds; give "
+                                     "each SuperNode its own partition-id")
+                seen.update(d["users"].tolist())
+                entries.append((node, d))
+            except ReplyError as e:
+                refusals.add("directory", node, str(e))
+        if not entries:
+            raise RuntimeError("no node answered the directory query with users; check that "
+                               "the SuperNodes have a partition (node config) and the data")
+        users = np.concatenate([d["users"] for _, d in entries])
+        order = np.argsort(users, kind="stable")
+        node_of = np.concatenate([np.full(len(d["users"]), k) for k, (_, d) in
+                                  enumerate(entries)])
+        def joined(f):
+            return None if private else np.concatenate([d[f] for _, d in entries])[order]
+
+        return cls(users[order], node_of[order], [n for n, _ in entries], joined("counts"),
+                   joined("sums"), catalog, private_floor, catalog is not None and
+                   "catalog" not in fields)
+
+    def admit(self, other: Directory, refusals: Refusals, connected=()) -> None:
+        """Nodes that joined during the run (``other``, their directory entries): a node
+        holding users this run knows serves them from now on (a device back with a new id) —
+        unless their node is still ``connected`` (a node claiming users another live node
+        serves is refused); users the run never listed are not added (the training population
+        is fixed) and the node is logged."""
+        if not np.array_equal(other.catalog, self.catalog):
+            for node in other.nodes:
+                refusals.add("directory", node, "it joined with another item catalog")
+            return
+        pos = np.searchsorted(self.user_ids, other.user_ids)
+        pos = np.minimum(pos, len(self.user_ids) - 1)
+        known = self.user_ids[pos] == other.user_ids
+        live = set(int(n) for n in connected)
+        for k, node in enumerate(other.nodes):
+            mine = other.node_of == k
+            held = [int(self.nodes[j]) for j in self.node_of[pos[mine & known]]]
+            if live.intersection(held):
+                refusals.add("directory", node, "it claims users a connected node serves")
+                continue
+            if (mine & ~known).any():
+                refusals.add("directory", node, f"it joined with {int((mine & ~known).sum())} "
+                             "users this run never listed; they are left out")
+            if (mine & known).any():
+                self.nodes.append(int(node))
+                self.node_of[pos[mine & known]] = len(self.nodes) - 1
+
+    def describe(self) -> dict:
+        h = hashlib.sha256()
+        for a in (self.user_ids, self.counts, self.sums, self.catalog):
+            if a is not None:
+                h.update(np.ascontiguousarray(a).tobytes())
+        return {"flower_directory": h.hexdigest(), "private_floor": self.private_floor}
+
+
+class FlowerPopulation:
+    """The training users of a Flower run, as ``fit`` sees them: sizes, counts and value sums
+    from the directory, client work by messages to the nodes. The ratings stay on the nodes.
+
+    Parameters
+    ----------
+    directory : Directory
+    users : ndarray
+        Positions in the directory of the training users.
+    executor : FlowerExecutor or None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.flower import Directory
+    >>> d = Directory(user_ids=np.array([7, 9]), node_of=np.array([0, 1]), nodes=[101, 202],
+    ...               counts=np.array([3, 5]), sums=np.zeros((2, 4)), catalog=np.arange(4))
+    >>> from fedcf.flower import FlowerPopulation
+    >>> pop = FlowerPopulation(d, users=np.array([0, 1]), executor=None)
+    >>> pop.n_users, pop.holds_ratings
+    (2, False)
+    """
+
+    holds_ratings = False
+    timestamps = None
+
+    def __init__(self, directory: Directory, users: np.ndarray, executor):
+        self.source, self.executor = directory, executor
+        self.user_ids = directory.user_ids[users]
+        self.item_ids = directory.catalog
+        self.n_users, self.n_items = len(users), len(directory.catalog)
+        self._stats = None
+        if directory.counts is None:  # under DP: only the public floor every user passes
+            self._counts = np.full(len(users), directory.private_floor, np.int64)
+        else:
+            self._counts = directory.counts[users]
+            s = directory.sums[users]
+            total = max(int(self._counts.sum()), 1)
+            self._stats = {"mean": float(s[:, 0].sum()) / total,
+                           "mean_sq": float(s[:, 1].sum()) / total,
+                           "min": float(s[:, 2].min()), "max": float(s[:, 3].max())}
+        self.nnz = int(self._counts.sum())
+
+    def counts(self) -> np.ndarray:
+        """Each user's rating count; under DP the public floor (the nodes listed only users
+        with at least that many and sent no count)."""
+        return self._counts
+
+    def value_stats(self) -> dict:
+        if self._stats is None:
+            raise RuntimeError("under differential privacy the Flower nodes send no rating "
+                               "statistics; μ and the rating scale are the public ones")
+        return dict(self._stats)
+
+    def subset_users(self, users):
+        raise RuntimeError("the ratings of a Flower run stay on the nodes; the server cannot "
+                           "read a user's ratings")
+
+    def __getstate__(self):  # a fitted model keeps this; the grid does not travel
+        return {"source": self.source, "executor": None, "user_ids": self.user_ids,
+                "item_ids": self.item_ids, "n_users": self.n_users, "n_items": self.n_items,
+                "_stats": self._stats, "_counts": self._counts, "nnz": self.nnz}
