@@ -196,13 +196,15 @@ def check_params(est) -> dict:
 # constructor names a user may reach for, and where each setting lives (by the parameter that
 # must exist on the class for the advice to apply)
 MOVED = {
-    "learning_rate": ("client_update", "client_update=ClientUpdate(learning_rate=...)"),
-    "batch_size": ("client_update", "client_update=ClientUpdate(batch_size=...)"),
-    "local_epochs": ("client_update", "client_update=ClientUpdate(epochs=...)"),
-    "client_epochs": ("client_update", "client_update=ClientUpdate(epochs=...)"),
-    "epochs": ("client_update", "client_update=ClientUpdate(epochs=...)"),
+    "learning_rate": ("client_update", "client_update={update}(learning_rate=...)"),
+    "batch_size": ("client_update", "client_update={update}(batch_size=...)"),
+    "item_learning_rate": ("client_update", "client_update={update}(item_learning_rate=...)"),
+    "regularization": ("client_update", "client_update={update}(regularization=...)"),
+    "local_epochs": ("client_update", "client_update={update}(epochs=...)"),
+    "client_epochs": ("client_update", "client_update={update}(epochs=...)"),
+    "epochs": ("client_update", "client_update={update}(epochs=...)"),
     "update_steps": ("client_update", "client_update=ClientUpdate(steps=...)"),
-    "client_learning_rate": ("client_update", "client_update=ClientUpdate(learning_rate=...)"),
+    "client_learning_rate": ("client_update", "client_update={update}(learning_rate=...)"),
     "server_learning_rate": ("server_optimizer",
                              "server_optimizer=SGD(learning_rate=...) (or another optimizer)"),
     "recon_regularization": ("reconstruction",
@@ -230,8 +232,8 @@ def unknown_parameter(cls, name: str, known) -> str:
 
     known = list(known)
     where, advice = MOVED.get(name, (None, None))
-    if where in known:
-        hint = f"set it with {advice}"
+    if where in known:  # the client update's class: ClientUpdate, or FedMF's SampledUpdate
+        hint = f"set it with {advice.format(update=cls._client_update_name)}"
     else:
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"did you mean {' or '.join(close)}?" if close else "it takes: " + ", ".join(known)

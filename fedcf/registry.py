@@ -44,6 +44,7 @@ _ENTRIES: dict[str, dict[str, object]] = {
     },
     "client_update": {
         "sgd": "fedcf.federated.client_update:ClientUpdate",
+        "sampled": "fedcf.federated.client_update:SampledUpdate",
     },
     "hypergradients": {
         "default": "fedcf.federated.hyper:Hypergradients",
@@ -98,16 +99,25 @@ def name_of(kind: str, cls) -> str | None:
 
 def resolve(kind: str, value, contract, param: str):
     """``value`` as a ``contract`` instance: a registered name builds its class with defaults,
-    an instance is taken as is; anything else raises naming ``param``."""
+    an instance is taken as is; anything else (a name of a class this parameter cannot take
+    too) raises naming ``param`` and the names it takes."""
+    given = value
     if isinstance(value, str):
         try:
-            return lookup(kind, value)()
+            value = lookup(kind, value)()
         except ValueError as e:
             raise ValueError(f"{param}={value!r}: {e}") from None
-    if isinstance(value, contract):
+        given = f"{given!r} (a {type(value).__name__})"
+        if isinstance(value, contract):
+            return value
+    elif isinstance(value, contract):
         return value
-    raise TypeError(f"{param} must be one of {names(kind)} or an object of a "
-                    f"fedcf.federated.{contract.__name__} subclass, got {value!r}")
+    else:
+        given = repr(given)
+    allowed = [n for n in names(kind) if isinstance(lookup(kind, n), type)
+               and issubclass(lookup(kind, n), contract)]
+    raise TypeError(f"{param} must be one of {allowed} or an object of a "
+                    f"fedcf.federated.{contract.__name__} subclass, got {given}")
 
 
 def from_spec(kind: str, spec):

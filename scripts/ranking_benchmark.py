@@ -55,7 +55,7 @@ from fedcf.eval.loo import (
     training_exclusions,
 )
 from fedcf.eval.splits import user_split_indices
-from fedcf.federated import NCF, FedMF, FedNCF, PFedRec
+from fedcf.federated import NCF, FedMF, FedNCF, PFedRec, SampledUpdate
 from fedcf.provenance import report_result, run_meta
 
 SAMPLED = {"FedMF": FedMF, "FedNCF": FedNCF, "PFedRec": PFedRec, "NCF": NCF}
@@ -212,7 +212,7 @@ def _run_task(name, seed, args):
         if name == "PFedRec" and args.probe:  # seen users only: it has no federation to join
             for mode, proto in (("paper-compat", "federation-off-paper"),
                                 ("clean", "federation-off-clean")):
-                off = PFedRec(args.factors, n_rounds=1, local_epochs=args.rounds,
+                off = PFedRec(args.factors, n_rounds=1, client_update=SampledUpdate(epochs=args.rounds),
                               upload_items=False, random_state=seed)
                 record((proto,), *train(off, runs[mode][1]), with_unseen=False)
     return rows

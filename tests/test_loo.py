@@ -14,7 +14,7 @@ from fedcf.eval.loo import (
     sample_negatives,
     training_exclusions,
 )
-from fedcf.federated import PFedRec
+from fedcf.federated import PFedRec, SampledUpdate
 
 
 def _tiny():
@@ -176,8 +176,8 @@ def test_the_papers_sampler_leaks_and_the_clean_one_does_not():
     neg = sample_negatives(sp, 30, random_state=0)
     hr = {}
     for mode in ("paper-compat", "clean"):
-        m = PFedRec(8, n_rounds=1, local_epochs=15, upload_items=False, random_state=0).fit(
-            sp.train, exclude=training_exclusions(sp, mode, neg))
+        m = PFedRec(8, n_rounds=1, client_update=SampledUpdate(epochs=15), upload_items=False,
+                    random_state=0).fit(sp.train, exclude=training_exclusions(sp, mode, neg))
         hr[mode] = loo_metrics(m.user_scores, sp, negatives=neg, k=3)["hr@3"]
     assert hr["paper-compat"] > 0.9
     assert hr["clean"] < 0.5  # chance is 3/31

@@ -10,7 +10,7 @@ from fedcf._kernels import sampled as kern
 from fedcf._reference import sampled as ref
 from fedcf.datasets import DataValidationError, Interactions
 from fedcf.eval.loo import leave_one_out, loo_metrics, sample_negatives, training_exclusions
-from fedcf.federated import DPGaussianMean, LocalExecutor, SecureAggregation
+from fedcf.federated import DPGaussianMean, LocalExecutor, SampledUpdate, SecureAggregation
 from fedcf.federated.fedncf import FedNCF, NeuMFProgram
 from fedcf.federated.phases import Cohort
 from fedcf.federated.sampled import NCF
@@ -221,7 +221,11 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="layers"):
         FedNCF(4, layers=()).fit(inter)
     with pytest.raises(ValueError, match="item_learning_rate"):
-        PFedRec(4, item_learning_rate=-1.0).fit(inter)
+        PFedRec(4, client_update=SampledUpdate(item_learning_rate=-1.0)).fit(inter)
+    with pytest.raises(TypeError, match="client_update=SampledUpdate\\(item_learning_rate"):
+        PFedRec(4, item_learning_rate=1.0)
+    with pytest.raises(TypeError, match="one of \\['sampled'\\].*got 'sgd' \\(a ClientUpdate\\)"):
+        FedMF(4, client_update="sgd").fit(inter)
     with pytest.raises(DataValidationError, match="same 48 users"):
         FedMF(4).fit(inter, exclude=inter.subset_users(np.array([0, 1])))
     tiny = Interactions.from_arrays(["a", "b"], [1, 2])
@@ -415,8 +419,9 @@ def test_divergence_is_named_and_keeps_the_previous_model(cls):
     inter = _data()
     m = cls(4, n_rounds=2, random_state=0).fit(inter)
     before = {k: v.copy() for k, v in _params(m).items()}
-    with pytest.raises(FloatingPointError, match="lower learning_rate"):
-        m.set_params(learning_rate=1e8, item_learning_rate=1e12, n_rounds=40).fit(inter)
+    with pytest.raises(FloatingPointError, match="lower client_update's learning_rate"):
+        m.set_params(client_update=SampledUpdate(1e8, item_learning_rate=1e12),
+                     n_rounds=40).fit(inter)
     for k in before:
         np.testing.assert_array_equal(before[k], _params(m)[k])
     pairs = cls(2, n_rounds=2, negatives=2, random_state=0).fit([[1, 2], [1, 3], [2, 3],
@@ -479,7 +484,8 @@ def test_results_do_not_depend_on_the_thread_count():
             numba.set_num_threads(threads)
             out = []
             for cls in (FedMF, PFedRec, FedNCF):
-                m = cls(4, n_rounds=3, local_epochs=2, random_state=0).fit(sp.train)
+                m = cls(4, n_rounds=3, client_update=SampledUpdate(epochs=2),
+                        random_state=0).fit(sp.train)
                 out += [m.item_factors_, m.user_factors_, m.user_scores(np.arange(48)),
                         m.score_new_users(new)]
             results.append(out)
@@ -560,3 +566,32 @@ def test_fedncf_refuses_bad_layers_and_a_damaged_file(tmp_path):
         FedNCF.load(tmp_path / "bad.npz")
     refit = back.set_params(n_rounds=2).fit(inter)  # a loaded model refits from scratch
     assert refit.history_[-1]["round"] == 1 and refit.dense_params_.shape == m.dense_params_.shape
+
+
+@pytest.mark.parametrize("cls", [FedMF, PFedRec, FedNCF])
+def test_a_model_saved_with_the_flat_update_names_loads_with_them_moved(cls, tmp_path):
+    """Before ``client_update``, these models took learning_rate, local_epochs, ... flat; a
+    file saved then (its metadata rewritten here to that form) loads into client_update."""
+    import json
+
+    from fedcf import load_model
+    from fedcf._io import atomic_savez, load_npz
+
+    inter = _data()
+    upd = SampledUpdate(0.05, item_learning_rate=3.0, epochs=2, batch_size=64,
+                        regularization=0.01)
+    m = cls(4, n_rounds=2, client_update=upd, random_state=0).fit(inter)
+    path = m.save(tmp_path / "new.npz")
+    arrays, meta = load_npz(path, meta_key="metadata", what="model")
+    meta["params"].pop("client_update")
+    meta["params"].update(learning_rate=0.05, item_learning_rate=3.0, local_epochs=2,
+                          batch_size=64, regularization=0.01)
+    old = atomic_savez(tmp_path / "old.npz", arrays, json.loads(json.dumps(meta)),
+                       meta_key="metadata")
+    back = load_model(old)
+    assert back.client_update == upd
+    np.testing.assert_array_equal(back.item_factors_, m.item_factors_)
+    np.testing.assert_array_equal(back._cfg(50), m._cfg(50))  # the device trains as it did
+    if cls is not PFedRec:  # (PFedRec scores from the fit data, which a loaded model lacks)
+        np.testing.assert_array_equal(back.user_scores(np.arange(5)),
+                                      m.user_scores(np.arange(5)))

@@ -247,7 +247,8 @@ def test_sgd_reconstruction_divergence_blames_the_reconstruction(client_lr, pop)
     (lambda: FedReconMF(recon_regularization=1.0),
      "reconstruction=RidgeReconstruction\\(regularization="),
     (lambda: FedReconMF(n_factor=3), "did you mean n_factors"),
-    (lambda: FedMF(epochs=2), "did you mean local_epochs"),
+    (lambda: FedMF(epochs=2), "client_update=SampledUpdate\\(epochs="),
+    (lambda: FedNCF(learning_rate=0.1), "client_update=SampledUpdate\\(learning_rate="),
     (lambda: NCF(lr=1), "NCF has no parameter 'lr'; it takes: n_factors"),
 ])
 def test_an_unknown_constructor_name_says_where_the_setting_lives(make, match):

@@ -9,7 +9,7 @@ from .aggregators import (
     NormClippedMean,
     TrimmedMean,
 )
-from .client_update import ClientUpdate
+from .client_update import ClientUpdate, SampledUpdate
 from .contracts import (
     Aggregator,
     ClientProgram,
@@ -55,7 +55,7 @@ __all__ = [
     "WeightedMean", "NormClippedMean", "DifferentialPrivacy", "DPGaussianMean",
     "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean", "ItemNormalizedMean",
     # client update
-    "ClientUpdate",
+    "ClientUpdate", "SampledUpdate",
     # reconstruction
     "Reconstruction", "RidgeReconstruction", "SGDReconstruction",
     # support/query split

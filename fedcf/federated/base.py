@@ -69,6 +69,8 @@ class FederatedMFBase(MFEstimatorBase):
     negatives = 0
 
     # ------------------------------------------------------------------ hooks
+    _client_update_name = "ClientUpdate"  # what ``client_update=`` takes (errors name it)
+
     def _init_globals(self, inter, rng, dtype) -> dict:
         """g(0): item factors uniform in ±init_scale, zero item biases."""
         Q = rng.uniform(-self.init_scale, self.init_scale, (inter.n_items, self.n_factors))

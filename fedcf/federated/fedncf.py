@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._kernels.neumf import neumf_clients, neumf_fold_in
-from .._validation import NoneOr, Real
 from ..models.base import check_memory
 from .sampled_mf import FedMF, SampledProgram, exclusion_csr
 from .sampled_nets import NeuMFNet
@@ -71,16 +70,15 @@ class FedNCF(FedMF):
         Width of each branch's embeddings (a row of ``item_factors_`` holds both: 2 × n_factors).
     layers : tuple of int, default (32, 16)
         Widths of the MLP branch's ReLU layers.
-    learning_rate : float, default 0.5
-        SGD step of the mean batch loss for the user embeddings and the dense layers (FedMF's
-        0.1 trains them too slowly).
-    item_learning_rate : float or None, default None
-        None: 2 × n_items × learning_rate (PFedRec's factor 80 makes the MLP branch diverge).
+    client_update : "sampled" or SampledUpdate, default "sampled"
+        As FedMF's, with step 0.5 for the user embeddings and the dense layers (FedMF's 0.1
+        trains them too slowly) and 2 × n_items × that step for the item rows (PFedRec's
+        factor 80 makes the MLP branch diverge), unless set.
     init_scale : float, default 0.1
         Standard deviation of the normal initial embeddings (the MLP is He-initialised).
-    n_rounds, clients_per_round, local_epochs, batch_size, negatives, regularization,
-    upload_items, server_optimizer, client_weighting, min_examples, oversample, dropout,
-    eval_every, checkpoint_path, checkpoint_every, dtype, aggregator, random_state, verbose
+    n_rounds, clients_per_round, negatives, upload_items, server_optimizer, client_weighting,
+    min_examples, oversample, dropout, eval_every, checkpoint_path, checkpoint_every, dtype,
+    aggregator, random_state, verbose
         As in FedMF (``upload_items=False`` switches federation off).
 
     Attributes
@@ -105,20 +103,18 @@ class FedNCF(FedMF):
 
     _saved_arrays = FedMF._saved_arrays + ("dense_params_",)
     _parameter_constraints = {**FedMF._parameter_constraints,
-                              "layers": lambda name, v: check_layers(v),
-                              "item_learning_rate": NoneOr(Real(0.0, low_open=True))}
+                              "layers": lambda name, v: check_layers(v)}
+    _default_learning_rate = 0.5
+    _item_rate_factor = 2.0
 
     def __init__(self, n_factors=32, *, layers=(32, 16), n_rounds=100, clients_per_round=1000,
-                 local_epochs=1, batch_size=256, learning_rate=0.5, item_learning_rate=None,
-                 negatives=4, regularization=0.0, upload_items=True, server_optimizer="sgd",
+                 client_update="sampled", negatives=4, upload_items=True, server_optimizer="sgd",
                  client_weighting="uniform", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, random_state=None, verbose=False):
         super().__init__(
             n_factors, n_rounds=n_rounds, clients_per_round=clients_per_round,
-            local_epochs=local_epochs, batch_size=batch_size, learning_rate=learning_rate,
-            item_learning_rate=item_learning_rate, negatives=negatives,
-            regularization=regularization, upload_items=upload_items,
+            client_update=client_update, negatives=negatives, upload_items=upload_items,
             server_optimizer=server_optimizer, client_weighting=client_weighting,
             min_examples=min_examples, oversample=oversample, dropout=dropout,
             init_scale=init_scale, eval_every=eval_every, checkpoint_path=checkpoint_path,
@@ -148,11 +144,6 @@ class FedNCF(FedMF):
         """Rows of the global matrix that hold the dense parameters."""
         size = self._net().dense_size
         return -(-size // self._row_width())
-
-    def _item_lr(self, n_items: int) -> float:
-        if self.item_learning_rate is not None:
-            return float(self.item_learning_rate)
-        return 2.0 * n_items * self.learning_rate
 
     def _init_globals(self, inter, rng, dtype) -> dict:
         emb = rng.normal(0.0, self.init_scale, (inter.n_items, self._row_width()))
@@ -184,7 +175,7 @@ class FedNCF(FedMF):
     # ------------------------------------------------------------------ serving
     def _fold_in(self, indptr, items, excl, keys, epochs=None):
         """User rows of new devices trained on each device, everything global frozen."""
-        epochs = self.n_rounds * self.local_epochs if epochs is None else epochs
+        epochs = self.n_rounds * self._client_update().epochs if epochs is None else epochs
         n, Q = len(indptr) - 1, self._global_params()["Q"].astype(np.float64)
         P = np.zeros((n, self._row_width()))
         neumf_fold_in(np.asarray(indptr, np.int64), np.asarray(items, np.int64), excl, Q,

@@ -3,7 +3,8 @@ cross-entropy, user parts kept on the devices — so differential privacy, secur
 robust aggregators, checkpoints and the divergence guard apply to them as to FedRecon.
 
 A round: the selector draws the cohort; each device draws ``negatives`` negatives per positive
-(never one of its own items, nor one of ``exclude``'s), runs ``local_epochs`` of mini-batch SGD
+(never one of its own items, nor one of ``exclude``'s), runs its client update (``SampledUpdate``:
+epochs of mini-batch SGD)
 on its copy of the touched global rows and on its own user part (kept on the device between
 rounds), and uploads the change of the item rows and biases it touched; the aggregator averages
 the uploads (uniformly over the round's devices by default, a row a device did not touch
@@ -27,12 +28,13 @@ from .._kernels.sampled import (
     sampled_clients,
     sampled_fold_in,
 )
-from .._validation import Bool, Int, NoneOr, Real, check_int
+from .._validation import Bool, Int, check_int
 from ..datasets import DataValidationError, Interactions
 from ..models.base import RankingScoreMixin, _plain, user_keys
 from ..models.implicit_mf import coerce_implicit
 from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
-from .contracts import WholeModelBroadcast
+from .client_update import SampledUpdate
+from .contracts import WholeModelBroadcast, phase_rule
 
 # ---------------------------------------------------------------------- what a device may draw
 
@@ -152,17 +154,12 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
     n_rounds : int, default 100
     clients_per_round : int, default 1000
         Devices per round (all of them when there are fewer, as the papers' default).
-    local_epochs : int, default 1
-    batch_size : int, default 256
-    learning_rate : float, default 0.1
-        SGD step of the mean batch loss for the user part.
-    item_learning_rate : float or None, default None
-        SGD step for the item rows; None: 80 × n_items × learning_rate, PFedRec's rule (the
-        mean loss gives each row a gradient about batch_size times smaller).
+    client_update : "sampled" or SampledUpdate, default "sampled"
+        The device's local training: epochs of mini-batch SGD (batch 256) with step 0.1 for
+        the user part and, for the item rows, 80 × n_items × that step (PFedRec's rule), unless
+        set (``client_update__learning_rate``, ``client_update__item_learning_rate``, ...).
     negatives : int, default 4
         Negatives drawn per positive each time a device trains.
-    regularization : float, default 0.0
-        L2 weight decay on every parameter a device updates.
     upload_items : bool, default True
         False: devices upload nothing, so the global rows keep their initial values and every
         device learns only from its own data (the PFedRec authors' "federation off" probe).
@@ -198,23 +195,21 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
     _exclude_arg = None  # fit's ``exclude`` while a fit runs
     _fitted_extra = ("exclusions_",)
     _parameter_constraints = {
-        **_OWN, "local_epochs": Int(1, 1000), "batch_size": Int(1, None),
-        "learning_rate": Real(0.0, low_open=True),
-        "item_learning_rate": NoneOr(Real(0.0, low_open=True)), "negatives": Int(1, 1000),
-        "regularization": Real(0.0), "upload_items": Bool(),
+        **_OWN, "client_update": phase_rule("client_update", SampledUpdate),
+        "negatives": Int(1, 1000), "upload_items": Bool(),
     }
+    _client_update_name = "SampledUpdate"
+    _default_learning_rate = 0.1  # the user part's step when client_update names none
+    _item_rate_factor = 80.0  # the item rows' step: this × n_items × the user part's
 
-    def __init__(self, n_factors=32, *, n_rounds=100, clients_per_round=1000, local_epochs=1,
-                 batch_size=256, learning_rate=0.1, item_learning_rate=None, negatives=4,
-                 regularization=0.0, upload_items=True, server_optimizer="sgd",
+    def __init__(self, n_factors=32, *, n_rounds=100, clients_per_round=1000,
+                 client_update="sampled", negatives=4, upload_items=True, server_optimizer="sgd",
                  client_weighting="uniform", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, random_state=None, verbose=False):
         self.n_factors, self.n_rounds = n_factors, n_rounds
-        self.clients_per_round, self.local_epochs = clients_per_round, local_epochs
-        self.batch_size, self.learning_rate = batch_size, learning_rate
-        self.item_learning_rate, self.negatives = item_learning_rate, negatives
-        self.regularization, self.upload_items = regularization, upload_items
+        self.clients_per_round, self.client_update = clients_per_round, client_update
+        self.negatives, self.upload_items = negatives, upload_items
         self.server_optimizer, self.client_weighting = server_optimizer, client_weighting
         self.min_examples, self.oversample, self.dropout = min_examples, oversample, dropout
         self.init_scale, self.eval_every = init_scale, eval_every
@@ -259,15 +254,28 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
     def _local_state(self) -> DeviceRows:
         return DeviceRows(self.init_scale)
 
-    def _item_lr(self, n_items: int) -> float:
-        if self.item_learning_rate is not None:
-            return float(self.item_learning_rate)
-        return 80.0 * n_items * self.learning_rate
+    # FedMF, PFedRec and FedNCF took their client update's settings flat before they moved
+    # into ``client_update``; a model saved then loads with them moved
+    _FLAT_UPDATE = {"learning_rate": "learning_rate", "item_learning_rate": "item_learning_rate",
+                    "local_epochs": "epochs", "batch_size": "batch_size",
+                    "regularization": "regularization"}
+
+    @classmethod
+    def _saved_params(cls, params: dict) -> dict:
+        flat = {new: params.pop(old) for old, new in cls._FLAT_UPDATE.items() if old in params}
+        if flat:
+            params["client_update"] = SampledUpdate(**flat)
+        return params
+
+    def _client_update(self) -> SampledUpdate:
+        return phase_rule("client_update", SampledUpdate)("client_update", self.client_update)
 
     def _cfg(self, n_items: int, epochs: int | None = None) -> np.ndarray:
-        return np.array([self.negatives, self.local_epochs if epochs is None else epochs,
-                         self.batch_size, self.learning_rate, self._item_lr(n_items),
-                         self.regularization, float(bool(self.upload_items))])
+        upd, lr = self._client_update(), self._default_learning_rate
+        return np.array([self.negatives, upd.epochs if epochs is None else epochs,
+                         upd.batch_size, upd.rate(lr),
+                         upd.item_rate(lr, self._item_rate_factor, n_items),
+                         upd.regularization, float(bool(self.upload_items))])
 
     def client_program(self, inter, mu):
         return SampledProgram(self._cfg(inter.n_items), np.array(self._stages, np.int64),
@@ -281,25 +289,26 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
 
     def _blame(self, stage: str) -> str:
         if stage == "client update":
-            return (f"lower learning_rate (now {self.learning_rate}) or item_learning_rate "
-                    f"(now {self.item_learning_rate}; None is 80 × n_items × learning_rate)")
+            upd = self._client_update()
+            return (f"lower client_update's learning_rate (now {upd.learning_rate}; None is "
+                    f"{self._default_learning_rate}) or item_learning_rate (now "
+                    f"{upd.item_learning_rate}; None is {self._item_rate_factor:g} × n_items × "
+                    "learning_rate)")
         return super()._blame(stage)
 
     def _damped(self, stage: str, factor: float):
         if stage != "client update":
             return None
         damped = copy.copy(self)
-        damped.learning_rate = self.learning_rate / factor
-        if self.item_learning_rate is not None:
-            damped.item_learning_rate = self.item_learning_rate / factor
+        damped.client_update = self._client_update().damped(self._default_learning_rate, factor)
         return damped
 
     # ------------------------------------------------------------------ serving
     def _fold_in(self, indptr, items, excl, keys, epochs=None):
         """User parts of new devices (rows of a CSR over model items), trained on each device
         with the global rows frozen; ``epochs`` default: as many passes as a device made in
-        fit (n_rounds × local_epochs)."""
-        epochs = self.n_rounds * self.local_epochs if epochs is None else epochs
+        fit (n_rounds × the update's epochs)."""
+        epochs = self.n_rounds * self._client_update().epochs if epochs is None else epochs
         n, K = len(indptr) - 1, self.item_factors_.shape[1]
         P, c = np.zeros((n, K)), np.zeros(n)
         Q, b = self.item_factors_.astype(np.float64), self.item_biases_.astype(np.float64)
@@ -327,11 +336,11 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
     def score_new_users(self, inter: Interactions, exclude=None, *, epochs=None) -> np.ndarray:
         """Scores of every item (model item order) for users unseen in fit, each trained on
         their own device from ``inter`` (same item map as fit) with the global rows frozen, for
-        ``epochs`` local epochs (default n_rounds × local_epochs; 0: no training). ``exclude``
+        ``epochs`` local epochs (default n_rounds × the update's epochs; 0: no training). ``exclude``
         as in fit. A user's scores depend only on their own data and raw id."""
         self._check_fitted()
-        epochs = check_int("epochs", self.n_rounds * self.local_epochs if epochs is None
-                           else epochs, low=0)
+        epochs = check_int("epochs", self.n_rounds * self._client_update().epochs
+                           if epochs is None else epochs, low=0)
         if not isinstance(inter, Interactions) or not np.array_equal(inter.item_ids,
                                                                      self.item_ids_):
             raise DataValidationError("score_new_users needs Interactions over the model's item "
@@ -362,7 +371,8 @@ class PFedRec(FedMF):
 
     Parameters
     ----------
-    As FedMF (``item_learning_rate`` None is the authors' 80 × n_items × learning_rate).
+    As FedMF (``client_update__item_learning_rate`` None is the authors' 80 × n_items ×
+    learning_rate).
 
     Examples
     --------

@@ -98,6 +98,12 @@ class Persistence:
     # what a release under differential privacy keeps of history_ (covered by ε)
     _DP_HISTORY = ("epsilon", "clip_norm")  # the adaptive clip: from noised counts
 
+    @classmethod
+    def _saved_params(cls, params: dict) -> dict:
+        """The constructor parameters of a saved model, any a former version named otherwise
+        moved to where they live now (a subclass that renamed a parameter says how)."""
+        return params
+
     def _dp_release(self) -> bool:
         """Whether this model was trained under differential privacy (federated subclasses)."""
         return False
@@ -188,7 +194,8 @@ class Persistence:
         if meta.get("class") != cls.__name__:
             raise ValueError(f"{where} holds a {meta.get('class')}, not a {cls.__name__}; load it "
                              f"with fedcf.{meta.get('class')}.load")
-        model = cls(**{k: registry.decode(v, k) for k, v in meta["params"].items()})
+        params = cls._saved_params({k: registry.decode(v, k) for k, v in meta["params"].items()})
+        model = cls(**params)
         missing = [a for a in ("item_factors_", "item_biases_", "user_ids", "item_ids")
                    if a not in arrays]
         if missing:
