@@ -11,17 +11,22 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {"load_model": "._registry", "FURLMF": ".federated", "FedAvgMF": ".federated",
-         "FedReconImplicitMF": ".federated", "FedReconMF": ".federated",
-         "CentralizedMF": ".models", "ImplicitMF": ".models", "LocalParams": ".models"}
+         "FedReconImplicitMF": ".federated", "FedReconMF": ".federated", "FedMF": ".federated",
+         "PFedRec": ".federated", "FedNCF": ".federated", "CentralizedMF": ".models",
+         "ImplicitMF": ".models", "NCF": ".models", "LocalParams": ".models"}
 
 __all__ = [
     "CentralizedMF",
     "FURLMF",
     "FedAvgMF",
+    "FedMF",
+    "FedNCF",
     "FedReconImplicitMF",
     "FedReconMF",
     "ImplicitMF",
     "LocalParams",
+    "NCF",
+    "PFedRec",
     "__version__",
     "load_model",
 ]

@@ -91,8 +91,8 @@ MUTANTS = [
      "poisson=dp, secret=aggregator.secret_sampling)",
      "poisson=False, secret=aggregator.secret_sampling)"),
     ("reports: secure mean taken in the clear", FED + "secagg.py",
-     "        return self.report_round(halves, session, enc, reports.clients, round_idx, "
-     "denominator)",
+     "        return self.report_round(job.begin_reports(reports), job.session, enc, "
+     "reports.clients,\n                                 round_idx, denominator)",
      "        return (reports.weights @ reports.jvp) / reports.weights.sum()"),
     ("reports: weighed by query size under DP", FED + "reports.py",
      "        r = np.ones(len(ok)) if self.max_weight is None else \\",
@@ -118,7 +118,7 @@ MUTANTS = [
     ("secagg: min_cohort ignored", FED + "secagg.py",
      "return t if h / 2 < t <= h and m >= self.min_cohort else None",
      "return t if h / 2 < t <= h else None"),
-    ("secagg: clipping not counted", FED + "secagg.py",
+    ("secagg: clipping not counted", FED + "secagg_client.py",
      "q[:, -1] = np.count_nonzero(clipped != rows, axis=1)", "q[:, -1] = 0"),
 ]
 

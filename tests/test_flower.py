@@ -510,7 +510,7 @@ SEC_PARAMS = {**PARAMS, "aggregator": SECAGG, "n_rounds": 2}
 def _encoded_rows(monkeypatch):
     """Record every row a node encodes (the plain, quantized uploads) as the test's ground
     truth of what must never reach the server."""
-    from fedcf.federated.secagg import Encoding
+    from fedcf.federated.secagg_client import Encoding
 
     rows, real = [], Encoding.encode
 
@@ -673,7 +673,7 @@ def test_a_hostile_node_is_refused_and_the_others_aggregate(tmp_path, tamper, re
 def test_a_node_refuses_what_a_device_must_not_do(tmp_path):
     """The node side decides for its device: no seeded noise share, no step without the
     round's state (a restart), no key registry that replaces its own clients' keys."""
-    from fedcf.federated.secagg import Encoding
+    from fedcf.federated.secagg_client import Encoding
     from fedcf.flower.secure import NodeProtocolError, node_step, read_encoding
 
     seeded = json.dumps({**Encoding(50, 6, 10, 1.0, 10.0, noise_std=0.1,

@@ -13,9 +13,9 @@ from fedcf.eval.loo import leave_one_out, loo_metrics, sample_negatives, trainin
 from fedcf.federated import DPGaussianMean, LocalExecutor, SampledUpdate, SecureAggregation
 from fedcf.federated.fedncf import FedNCF, NeuMFProgram
 from fedcf.federated.phases import Cohort
-from fedcf.federated.sampled import NCF
 from fedcf.federated.sampled_mf import FedMF, PFedRec
-from fedcf.federated.sampled_nets import DotNet, NeuMFNet
+from fedcf.models.ncf import NCF
+from fedcf.models.sampled_nets import DotNet, NeuMFNet
 
 NETS = [DotNet(4), NeuMFNet(3, (5, 4)), NeuMFNet(2, (3,))]
 
@@ -120,7 +120,8 @@ def test_round_kernel_matches_its_twin_device_by_device(stages, share):
     P, c = rng.normal(0, 0.3, (12, 4)), rng.normal(0, 0.1, 12)
     excl_ptr = np.arange(13, dtype=np.int64) * 2
     excl_items = np.sort(np.c_[np.arange(12) * 5 % 60, np.arange(12) * 5 % 60 + 1], axis=1)
-    from fedcf.federated.sampled_mf import SampledProgram, exclusion_csr
+    from fedcf.federated.sampled_mf import SampledProgram
+    from fedcf.models.negatives import exclusion_csr
     ex = Interactions.from_arrays(np.repeat(inter.user_ids, 2), excl_items.ravel(),
                                   user_catalog=inter.user_ids, item_catalog=inter.item_ids,
                                   duplicates="last")
@@ -287,7 +288,7 @@ def test_fedncf_round_kernel_matches_its_twin_device_by_device(layers, lam, shar
     # float32, as FedNCF's default dtype: the kernel then compiles once for the whole suite
     Q, b = Q.astype(np.float32), np.zeros(60 + R, np.float32)
     P, c = rng.normal(0, 0.3, (12, 2 * d)).astype(np.float32), np.zeros(12, np.float32)
-    from fedcf.federated.sampled_mf import exclusion_csr
+    from fedcf.models.negatives import exclusion_csr
     excl = exclusion_csr(inter)
     cfg = np.array([3.0, 2, 7, 0.2, 3.0, lam, share])
     program = NeuMFProgram(cfg, np.zeros(0, np.int64), excl, 60, np.array(layers), R)

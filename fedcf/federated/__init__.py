@@ -2,6 +2,7 @@
 the ranking papers' baselines (FedMF, FedNCF, PFedRec), and the phases a round is composed of
 (to replace one: a custom executor or aggregator)."""
 
+from ..models.ncf import NCF
 from .aggregators import (
     CoordinateMedian,
     FoolsGoldMean,
@@ -37,7 +38,6 @@ from .phases import (
 )
 from .ray_executor import RayExecutor
 from .reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
-from .sampled import NCF
 from .sampled_mf import FedMF, PFedRec
 from .secagg import SecureAggregation
 from .split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit

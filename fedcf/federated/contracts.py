@@ -271,16 +271,15 @@ class RoundExecutor(ABC):
         before the fit built its program: Ray shards, Flower nodes)."""
         raise NotImplementedError(f"{type(self).__name__} is bound to its program")
 
-    def secure_clients(self, cohort, params: dict, ids: np.ndarray, hp, enc, session: bytes,
-                       t: int, neighbours=None):
-        """Start the protocol's client halves of a secure round where the clients run: each
-        trains, encodes with ``enc`` and waits for the protocol's steps (``supports_secure``
+    def secure_clients(self, cohort, params: dict, ids: np.ndarray, hp, job):
+        """Begin a secure round where the clients run: they train, then begin the
+        aggregator's ``job`` (a ``SecureJob``: encode, mask) and wait for the protocol's
+        steps; returns their halves as the server half talks to them (``supports_secure``
         only)."""
         raise NotImplementedError(f"{type(self).__name__} does not run secure-aggregation "
                                   "clients where they are")
 
-    def secure_reports(self, cohort, params: dict, tangents, ids: np.ndarray, enc,
-                       session: bytes, t: int, neighbours=None):
+    def secure_reports(self, cohort, params: dict, tangents, ids: np.ndarray, job):
         """As ``secure_clients``, for masked hypergradient reports."""
         raise NotImplementedError(f"{type(self).__name__} does not run secure-aggregation "
                                   "clients where they are")

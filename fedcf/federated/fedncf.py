@@ -17,21 +17,9 @@ import numpy as np
 
 from .._kernels.neumf import neumf_clients, neumf_fold_in
 from ..models.base import check_memory
-from .sampled_mf import FedMF, SampledProgram, exclusion_csr
-from .sampled_nets import NeuMFNet
-
-
-def check_layers(layers) -> tuple:
-    """``layers`` as a tuple of positive widths, or a ValueError naming it."""
-    given = layers
-    if isinstance(layers, np.ndarray) and layers.ndim == 1:
-        layers = layers.tolist()
-    layers = tuple(layers) if isinstance(layers, (tuple, list)) else None
-    if not layers or any(isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1
-                         for w in layers):
-        raise ValueError(f"layers must be a non-empty tuple of widths >= 1, e.g. (32, 16), "
-                         f"got {given!r}")
-    return tuple(int(w) for w in layers)
+from ..models.negatives import check_layers, exclusion_csr
+from ..models.sampled_nets import NeuMFNet
+from .sampled_mf import FedMF, SampledProgram
 
 
 @dataclass(frozen=True)

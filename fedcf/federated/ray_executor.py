@@ -354,16 +354,14 @@ class BoundRayExecutor(RoundExecutor):
 
     supports_secure = True
 
-    def secure_clients(self, cohort, params, ids, hp, enc, session, t, neighbours=None):
-        """The shards' client halves as one ``ShardedHalves``: each shard runs, encodes and
-        masks its own clients."""
-        return self._halves("secure_begin", cohort, params, ids, hp, enc, session, t,
-                            neighbours)
+    def secure_clients(self, cohort, params, ids, hp, job):
+        """The shards' client halves as one ``ShardedHalves``: each shard runs its own clients
+        and begins the aggregator's ``job`` on them."""
+        return self._halves("secure_begin", cohort, params, ids, hp, job)
 
-    def secure_reports(self, cohort, params, tangents, ids, enc, session, t, neighbours=None):
+    def secure_reports(self, cohort, params, tangents, ids, job):
         """The shards' client halves for a round of hypergradient reports (``reports_begin``)."""
-        return self._halves("reports_begin", cohort, params, tangents, ids, enc, session, t,
-                            neighbours)
+        return self._halves("reports_begin", cohort, params, tangents, ids, job)
 
     def _halves(self, method, cohort, *args):
         res, _ = self._map(method, cohort, *args)

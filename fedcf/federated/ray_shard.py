@@ -10,7 +10,6 @@ import numpy as np
 from .partials import REDUCE_GROUPS, PartialSums, reduce_group
 from .phases import BoundLocalExecutor, ClientOutputs, Cohort
 from .reports import Reports
-from .secagg_protocol import ClientHalves
 
 START_TIMEOUT = 300  # seconds for the shard actors to come up (Numba compiles on first use)
 
@@ -99,21 +98,19 @@ class Shard:
                  "secure_begin": self.secure_begin, "reports_begin": self.reports_begin}
         return calls[method](clients, *args)
 
-    def secure_begin(self, clients, params, ids, hp, enc, session, t, neighbours=None):
-        """Secure aggregation, in this actor: run the clients, encode their uploads and make
-        their protocol halves (kept here). Returns their identity keys' public halves — never
-        an upload."""
-        out = self.run(clients, params, ids)
-        self.halves = ClientHalves(out.client_ids(), enc.encode(out, hp)[0], t, session,
-                                   neighbours)
+    def secure_begin(self, clients, params, ids, hp, job):
+        """Secure aggregation, in this actor: run the clients and begin the aggregator's
+        ``job`` on their outputs (encode, make the protocol halves, kept here). Returns their
+        identity keys' public halves — never an upload."""
+        self.halves = job.begin_updates(self.run(clients, params, ids), hp)
         return self.halves.verifying()
 
-    def reports_begin(self, clients, params, tangents, ids, enc, session, t, neighbours=None):
-        """As ``secure_begin`` for hypergradient reports: the clients compute, clip, weigh and
-        encode their reports here (``ReportEncoding``); only keys leave."""
+    def reports_begin(self, clients, params, tangents, ids, job):
+        """As ``secure_begin`` for hypergradient reports: the clients compute their reports
+        here and begin the job on them; only keys leave."""
         reports = Reports(np.asarray(clients, np.int64),
                           *self.tangents(clients, params, tangents, ids))
-        self.halves = ClientHalves(reports.clients, enc.encode(reports), t, session, neighbours)
+        self.halves = job.begin_reports(reports)
         return self.halves.verifying()
 
     def secure(self, step: str, *args):

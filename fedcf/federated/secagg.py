@@ -25,149 +25,23 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 
-from . import secret
 from .contracts import RunContext
 from .phases import (
     ClientOutputs,
     GlobalDelta,
     RoundHyperparams,
     RoundSummary,
-    client_weights,
     empty_delta,
 )
-from .reports import ReportEncoding, Reports, fixed_point_scale, signed_sum
-from .secagg_protocol import ClientHalves, ProtocolAbort, SecAggServer, run_round
-from .weighted import WeightedMean, clip_factors
+from .reports import ReportEncoding, Reports
+from .secagg_client import Encoding, SecureJob
+from .secagg_protocol import ProtocolAbort, SecAggServer, run_round
+from .weighted import WeightedMean
 
 CLIP_WARNING = 1e-3  # share of clipped coordinates above which a round warns
-
-
-STATS = ("loss", "weight", "unclipped", "used", "empty", "nonfinite", "nonfinite_recon")
-
-
-@dataclass(frozen=True)
-class Encoding:
-    """What every client of a round needs to turn its upload into the integers it masks — all
-    public: the catalog shape, the number of clients asked (m), the bounds, and under DP the
-    clip rule and the share of distributed noise. ``encode`` runs where the clients run.
-
-    Every client asked takes part; one with nothing to send (an empty query set, a non-finite
-    update) sends zeros, so the server cannot tell it apart. Row layout: [s·Δ over every item
-    row (K factors and the bias) | r·loss | r | not-clipped bit | used | empty bit | non-finite
-    bit | non-finite-reconstruction bit | count of clipped values], u = min(w, W)/W the
-    normalised weight, r = min(n, W)/W the normalised query size (the loss is weighted by
-    query size as in the plain round; sizes above W weigh as W), both 0 for a client not
-    used; s = u (plain) or the DP factor; "used" = s (plain) or 1 (DP: counts the clients in
-    the fixed-denominator sum). Each column has its own fixed-point scale, so that m clients
-    sum without overflow modulo 2³²."""
-
-    n_items: int
-    K: int
-    m: int
-    value_bound: float
-    max_weight: float
-    loss_bound: float = 1e3
-    noise_std: float = 0.0
-    secret_noise: bool = True
-    seed: tuple = (0, 0)  # (run seed, round): only for insecure seeded noise
-    clip: float | None = None  # under DP: the round's clip norm C (``weighted.clip_factors``)
-    weight_cap: float | None = None  # under DP: the cap of the client weights, if any
-    # learning the weight exponent α: each client also sends s'·Δ and s' = ∂s/∂α
-    exponent: bool = False
-
-    @property
-    def n_values(self) -> int:
-        return self.n_items * (self.K + 1)
-
-    @property
-    def n_dense(self) -> int:
-        """The dense part of a row: s·Δ, and with ``exponent`` s'·Δ after it."""
-        return self.n_values * (2 if self.exponent else 1)
-
-    @property
-    def stats(self) -> tuple:
-        return STATS + (("dweight",) if self.exponent else ())
-
-    @property
-    def log_bound(self) -> float:
-        """|ln n| of a weight below the cap W: the bound of s'/s."""
-        return max(1.0, float(np.log(self.max_weight)))
-
-    @property
-    def width(self) -> int:
-        """Words per client row: the dense part, ``stats`` and the clip count."""
-        return self.n_dense + len(self.stats) + 1
-
-    def scales(self) -> np.ndarray:
-        """Fixed-point scale of each column (the values, then ``STATS``, then the clip count)."""
-        def scale(reach):
-            return fixed_point_scale(reach, f"value_bound={self.value_bound:g} with {self.m} "
-                                            "clients")
-        values = scale(self.m * self.value_bound + 8.0 * self.noise_std * np.sqrt(self.m))
-        unit = scale(self.m)
-        dense = np.full(self.n_values, values)
-        stats = [scale(self.m * self.loss_bound), unit, 1, unit, 1, 1, 1]
-        if self.exponent:
-            dense = np.concatenate([dense, np.full(self.n_values, scale(
-                self.m * self.value_bound * self.log_bound))])
-            stats.append(scale(self.m * self.log_bound))
-        return np.concatenate([dense, stats, [1]])
-
-    def encode(self, out: ClientOutputs, hp: RoundHyperparams):
-        """(uint32 rows of every client of ``out``, the float rows before clipping and
-        rounding — a simulation's diagnostic only)."""
-        bad, w, _ = client_weights(out, hp)
-        used = w > 0
-        u = np.minimum(w, self.max_weight) / self.max_weight
-        rows = np.zeros((out.n_clients, self.n_dense + len(self.stats)))
-        s, bit = (u, np.zeros(len(w))) if self.clip is None else \
-            clip_factors(out, w, self.clip, self.weight_cap)
-        ds = np.where(used & (w < self.max_weight),
-                      u * np.log(np.where(used, out.weights, 1.0)), 0.0)
-        for k in np.flatnonzero(used):
-            lo, hi = out.offsets[k], out.offsets[k + 1]
-            ok = out.items[lo:hi] >= 0
-            for start, f in ((0, s[k]), (self.n_values, ds[k])) if self.exponent else \
-                    ((0, s[k]),):
-                block = rows[k, start:start + self.n_values].reshape(self.n_items, self.K + 1)
-                np.add.at(block, (out.items[lo:hi][ok], slice(0, self.K)),
-                          f * out.d_Q[lo:hi][ok])
-                np.add.at(block[:, self.K], out.items[lo:hi][ok], f * out.d_b[lo:hi][ok])
-        loss = np.where(used, np.minimum(np.nan_to_num(out.losses), self.loss_bound), 0.0)
-        recon_bad = bad & ~np.isfinite(out.losses)
-        r = np.where(used, np.minimum(out.weights, self.max_weight) / self.max_weight, 0.0)
-        rows[:, self.n_dense:] = np.column_stack([  # the loss is weighted by query size
-            r * loss, r, np.where(used, bit, 0.0),
-            np.where(used, s if self.clip is None else 1.0, 0.0), ~used & ~bad,
-            bad & ~recon_bad, recon_bad, *((ds,) if self.exponent else ())])
-        if self.noise_std > 0:  # each client's own share, drawn where the client runs
-            for k in range(out.n_clients):
-                rows[k, :self.n_values] += secret.normal(self.n_values, self.noise_std) \
-                    if self.secret_noise else np.random.default_rng(
-                        [*self.seed, 0x5EC, int(out.client_ids()[k])]).normal(
-                        0.0, self.noise_std, self.n_values)
-        return self.quantize(rows), rows
-
-    def quantize(self, rows: np.ndarray) -> np.ndarray:
-        clipped = rows.copy()
-        clipped[:, :self.n_values] = np.clip(rows[:, :self.n_values], -self.value_bound,
-                                             self.value_bound)
-        bound = self.value_bound * self.log_bound
-        clipped[:, self.n_values:self.n_dense] = np.clip(rows[:, self.n_values:self.n_dense],
-                                                         -bound, bound)
-        q = np.empty((rows.shape[0], rows.shape[1] + 1), np.uint32)
-        q[:, :-1] = np.round(clipped * self.scales()[:-1]).astype(np.int64).astype(np.uint32)
-        q[:, -1] = np.count_nonzero(clipped != rows, axis=1)  # summed inside the protocol
-        return q
-
-    def decode(self, total: np.ndarray) -> tuple[np.ndarray, dict]:
-        """(the summed dense part, the summed ``stats`` and clip count by name)."""
-        got = signed_sum(total) / self.scales()
-        return got[:self.n_dense], dict(zip(self.stats + ("clipped",), got[self.n_dense:]))
 
 
 def warn_if_masked_on_driver(executor, aggregator) -> None:
@@ -325,10 +199,9 @@ class SecureAggregation(WeightedMean):
                             secret_noise=secret_noise)
         q, rows = enc.encode(out, hp)
         ids = out.client_ids()
-        session = os.urandom(16)
-        halves = ClientHalves(ids, q, self.threshold_for(out.n_clients) or 2, session,
-                              self.neighbours)
-        delta = self.secure_round(halves, session, enc, ids, round_idx, denominator)
+        job = self.job(enc, out.n_clients)
+        delta = self.secure_round(job.begin(ids, q), job.session, enc, ids, round_idx,
+                                  denominator)
         if delta.summary.n_used:
             got = enc.decode(self._last_total)[0]
             exact = rows[delta.client_weights > 0, :enc.n_dense].sum(axis=0)
@@ -343,11 +216,14 @@ class SecureAggregation(WeightedMean):
         they encode and mask there, and only protocol messages come back."""
         enc = self.encoding(len(cohort.clients), round_idx, clip=clip, noise_scale=noise_scale,
                             secret_noise=secret_noise)
-        session = os.urandom(16)
-        t = self.threshold_for(len(cohort.clients)) or 2
-        clients = executor.secure_clients(cohort, params, ids, hp, enc, session, t,
-                                          self.neighbours)
-        return self.secure_round(clients, session, enc, cohort.clients, round_idx, denominator)
+        job = self.job(enc, len(cohort.clients))
+        clients = executor.secure_clients(cohort, params, ids, hp, job)
+        return self.secure_round(clients, job.session, enc, cohort.clients, round_idx,
+                                 denominator)
+
+    def job(self, enc, m: int) -> SecureJob:
+        """The clients' part of a round of ``m`` clients, in a fresh session."""
+        return SecureJob(enc, self.threshold_for(m) or 2, os.urandom(16), self.neighbours)
 
     def secure_round(self, clients, session: bytes, enc: Encoding, cohort_ids: np.ndarray,
                      round_idx: int, denominator=None) -> GlobalDelta:
@@ -387,10 +263,9 @@ class SecureAggregation(WeightedMean):
         ``denominator``). None when the round is not aggregated or no report counts."""
         m, H = len(reports.clients), reports.jvp.shape[1]
         enc = self.report_encoding(m, H, clip, round_idx, **encoding)
-        session = os.urandom(16)
-        halves = ClientHalves(reports.clients, enc.encode(reports),
-                              self.threshold_for(m) or 2, session, self.neighbours)
-        return self.report_round(halves, session, enc, reports.clients, round_idx, denominator)
+        job = self.job(enc, m)
+        return self.report_round(job.begin_reports(reports), job.session, enc, reports.clients,
+                                 round_idx, denominator)
 
     def remote_reports(self, executor, cohort, params, tangents, ids, clip: float,
                        round_idx: int = 0, *, denominator=None, **encoding):
@@ -398,10 +273,10 @@ class SecureAggregation(WeightedMean):
         they compute, encode and mask their reports there."""
         m = len(cohort.clients)
         enc = self.report_encoding(m, tangents[0].shape[0], clip, round_idx, **encoding)
-        session, t = os.urandom(16), self.threshold_for(m) or 2
-        clients = executor.secure_reports(cohort, params, tangents, ids, enc, session, t,
-                                          self.neighbours)
-        return self.report_round(clients, session, enc, cohort.clients, round_idx, denominator)
+        job = self.job(enc, m)
+        clients = executor.secure_reports(cohort, params, tangents, ids, job)
+        return self.report_round(clients, job.session, enc, cohort.clients, round_idx,
+                                 denominator)
 
     def report_round(self, clients, session, enc: ReportEncoding, cohort_ids, round_idx: int,
                      denominator=None) -> np.ndarray | None:

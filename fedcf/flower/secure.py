@@ -37,7 +37,7 @@ import numpy as np
 
 from ..federated.phases import RoundHyperparams
 from ..federated.reports import ReportEncoding, Reports
-from ..federated.secagg import Encoding
+from ..federated.secagg_client import Encoding, SecureJob
 from ..federated.secagg_protocol import (
     Advert,
     ClientHalves,
@@ -205,22 +205,30 @@ def read_report_encoding(text: str, H: int) -> ReportEncoding:
     return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))
 
 
-def _encoded_reports(own, content_config, content) -> tuple:
-    """(client ids, uint32 rows) of the asked users' hypergradient reports, clipped, weighed
-    and quantized as the message's ReportEncoding says (reports.py), never sent in the clear."""
-    from .node import report_arrays
+def _begin(own, config, content, session: bytes) -> ClientHalves:
+    """The asked users' protocol halves: they train (or compute their hypergradient reports)
+    and begin the job the message's public fields describe — the encoding (clip, weigh, noise
+    share, quantize) and the session — as any executor's clients do (``SecureJob``)."""
+    from .node import client_estimator, client_outputs, global_model, message_number, report_arrays
 
-    clients, losses, jvp, weights = report_arrays(own, content_config, content["global"],
-                                                  content["tangents"])
-    enc = read_report_encoding(content_config["report-encoding"], jvp.shape[1])
-    return clients, enc.encode(Reports(clients, losses, jvp, weights))
+    k = int(config["neighbours"])
+    t, neighbours = int(config["t"]), None if k < 0 else k
+    if "report-encoding" in config:  # the hypergradient reports' own session
+        clients, losses, jvp, weights = report_arrays(own, config, content["global"],
+                                                      content["tangents"])
+        enc = read_report_encoding(config["report-encoding"], jvp.shape[1])
+        job = SecureJob(enc, t, session, neighbours)
+        return job.begin_reports(Reports(clients, losses, jvp, weights))
+    est = client_estimator(config["params"])
+    Q, _ = global_model(own, est, content["global"])
+    job = SecureJob(read_encoding(config["encoding"], *Q.shape), t, session, neighbours)
+    hp = RoundHyperparams(1.0, {}, weight_exponent=message_number(config, "weight-exponent"))
+    return job.begin_updates(client_outputs(own, config, content["global"]), hp)
 
 
 def node_step(own, content, state) -> dict:
     """This node's answer (named arrays) to one protocol message; ``state`` is the run's
     ``context.state``, where the clients' halves wait for the next message."""
-    from .node import client_estimator, client_outputs, global_model, message_number
-
     config = content["config"]
     step, session = str(config.get("step")), bytes(config.get("session", b""))
     if step not in STEPS or len(session) != 16:
@@ -228,18 +236,7 @@ def node_step(own, content, state) -> dict:
                                 f"16-byte session, got {step!r}")
     if step == "begin":
         state.pop(STATE_KEY, None)  # a new round: whatever was left of an old one goes
-        if "report-encoding" in config:  # the hypergradient reports' own session
-            clients, rows = _encoded_reports(own, config, content)
-        else:
-            est = client_estimator(config["params"])
-            Q, _ = global_model(own, est, content["global"])
-            enc = read_encoding(config["encoding"], *Q.shape)
-            out = client_outputs(own, config, content["global"])
-            hp = RoundHyperparams(1.0, {},
-                                  weight_exponent=message_number(config, "weight-exponent"))
-            clients, rows = out.client_ids(), enc.encode(out, hp)[0]
-        k = int(config["neighbours"])
-        halves = ClientHalves(clients, rows, int(config["t"]), session, None if k < 0 else k)
+        halves = _begin(own, config, content, session)
         adverts = halves.advertise(halves.verifying())
         reply = {**pack("keys", [(c,) for c in halves.verifying()],
                         list(halves.verifying().values())),
@@ -289,9 +286,9 @@ class FlowerHalves:
     that fails or is silent drops out with its clients. ``received`` lists the records and
     fields of every reply (for the test that no upload arrives)."""
 
-    def __init__(self, executor, cohort, params, ids, hp, enc, session, t, neighbours,
-                 tangents=None):
-        self.ex, self.session, self.dim = executor, session, enc.width
+    def __init__(self, executor, cohort, params, ids, hp, job, tangents=None):
+        enc, t, neighbours = job.enc, job.t, job.neighbours
+        self.ex, self.session, self.dim = executor, job.session, enc.width
         self.group = f"round-{int(ids[1])}" + ("-hyper" if tangents is not None else "")
         self.asked = {n: {int(c) for c in cl} for n, cl in executor.node_clients(cohort).items()}
         self.live, self.received = set(self.asked), []

@@ -261,13 +261,13 @@ class FlowerExecutor(RoundExecutor):
 
     supports_secure = True
 
-    def secure_clients(self, cohort, params, ids, hp, enc, session, t, neighbours=None):
-        """Secure aggregation: the nodes run, encode and mask their own clients
-        (``secure.FlowerHalves``); only protocol messages come back."""
+    def secure_clients(self, cohort, params, ids, hp, job):
+        """Secure aggregation: the nodes run their own clients and begin the aggregator's
+        ``job`` on them (``secure.FlowerHalves``); only protocol messages come back."""
         from .secure import FlowerHalves
 
         self.new_round_stats()
-        halves = FlowerHalves(self, cohort, params, ids, hp, enc, session, t, neighbours)
+        halves = FlowerHalves(self, cohort, params, ids, hp, job)
         self.round_stats["flower_clients_refused"] = len(cohort.clients) - len(halves.registry)
         self.last_halves = halves
         return halves
@@ -302,15 +302,14 @@ class FlowerExecutor(RoundExecutor):
             (losses[idx], jvp[idx]), answered[idx] = got, True
         return losses, jvp, np.where(answered, weights, 0.0)
 
-    def secure_reports(self, cohort, params, tangents, ids, enc, session, t, neighbours=None):
+    def secure_reports(self, cohort, params, tangents, ids, job):
         """Hypergradient reports under secure aggregation: the nodes compute, clip, weigh and
         encode their users' reports (``secure.node_step`` with a report encoding) and mask them
         in the reports' own protocol session; only protocol messages come back."""
         from .secure import FlowerHalves
 
         self.new_round_stats(hyper=True)
-        return FlowerHalves(self, cohort, params, ids, None, enc, session, t, neighbours,
-                            tangents=tangents)
+        return FlowerHalves(self, cohort, params, ids, None, job, tangents=tangents)
 
     def close(self):
         pass

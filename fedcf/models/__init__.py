@@ -1,7 +1,9 @@
-"""Centralized matrix-factorization baselines and the user-side parameter container."""
+"""Centralized baselines (matrix factorization, implicit ALS, NeuMF) and the user-side
+parameter container."""
 
 from .base import LocalParams
 from .centralized import CentralizedMF
 from .implicit_mf import ImplicitMF
+from .ncf import NCF
 
-__all__ = ["CentralizedMF", "ImplicitMF", "LocalParams"]
+__all__ = ["CentralizedMF", "ImplicitMF", "LocalParams", "NCF"]

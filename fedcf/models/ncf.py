@@ -1,4 +1,4 @@
-"""Centralized NCF (NeuMF, He et al. 2017): FedNCF's network (``fedncf.py``) trained on one
+"""Centralized NCF (NeuMF, He et al. 2017): FedNCF's network (``sampled_nets.NeuMFNet``) trained on one
 server, every user's examples shuffled together; a Numba epoch kernel
 (``_kernels.neumf.neumf_epochs``) whose twin is ``NCF._numpy_epoch``. New users are folded in
 on their own device, everything global frozen (``_kernels.neumf.neumf_local``).
@@ -14,10 +14,9 @@ from sklearn.utils.validation import check_is_fitted
 from .._kernels.neumf import USER, neumf_epochs, neumf_local
 from .._validation import Int, NoneOr, Real, check_int, check_params, named_kwargs
 from ..datasets import DataValidationError, Interactions
-from ..models.base import atomic_fit, check_memory, user_keys
-from ..models.implicit_mf import coerce_implicit
-from .fedncf import check_layers
-from .sampled_mf import check_negatives, dense_users, exclusion_csr
+from .base import atomic_fit, check_memory, user_keys
+from .implicit_mf import coerce_implicit
+from .negatives import check_layers, check_negatives, dense_users, exclusion_csr
 from .sampled_nets import NeuMFNet
 
 
