@@ -100,7 +100,7 @@ class Interactions:
     user_ids: np.ndarray
     item_ids: np.ndarray
 
-    # as a population of a federated fit (fedcf.federated.contracts.Population): its ratings
+    # as a population of a federated fit (fedcf.federated.round.contracts.Population): its ratings
     # are here, and its clients run wherever the estimator's executor says
     executor = None
     holds_ratings = True

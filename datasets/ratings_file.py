@@ -18,7 +18,7 @@ import numpy as np
 
 from .interactions import Interactions
 
-BLOCKS = 64  # = fedcf.federated.partials.REDUCE_GROUPS: user u is in block u % 64
+BLOCKS = 64  # = fedcf.federated.round.partials.REDUCE_GROUPS: user u is in block u % 64
 
 _LOADED: dict = {}  # (path, sha256) -> Interactions, one file per process
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from numba.core import event
 
 from ._numba_cache import cache_dir  # noqa: F401  (public here: where the compiled kernels live)
-from .federated.client_update import ClientUpdate
-from .federated.hyper import Hypergradients
-from .federated.reconstruction import SGDReconstruction
+from .federated.algorithms.client_update import ClientUpdate
+from .federated.algorithms.hyper import Hypergradients
+from .federated.algorithms.reconstruction import SGDReconstruction
 
 
 def _tiny():

@@ -27,6 +27,7 @@ from threadpoolctl import threadpool_limits
 from fedcf import FedReconImplicitMF, ImplicitMF
 from fedcf.datasets import Interactions, load_movielens, load_ratings_file
 from fedcf.eval import random_split, ranking_metrics, support_query_split, user_split
+from fedcf.federated import RidgeReconstruction
 from fedcf.provenance import run_meta, write_json
 
 METRICS = ("precision", "recall", "ndcg", "map", "hit_rate", "auc")
@@ -120,7 +121,8 @@ def main(argv=None):
     for full, biases in ((False, False), (True, False), (False, True)):
         t0 = time.perf_counter()
         fed = FedReconImplicitMF(args.factors, alpha=args.alpha,
-                                 recon_regularization=args.regularization, n_rounds=args.rounds,
+                                 reconstruction=RidgeReconstruction(args.regularization),
+                                 n_rounds=args.rounds,
                                  clients_per_round=args.clients, full_negatives=full,
                                  item_bias=biases, user_bias=biases,
                                  random_state=args.seed).fit(tr_u)

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from fedcf.federated.hyper import HyperLearner
-from fedcf.federated.phases import RoundHyperparams
+from fedcf.federated.algorithms.hyper import HyperLearner
+from fedcf.federated.round.phases import RoundHyperparams
 from fedcf.provenance import run_meta, save_result
 
 DIM, CLASSES = 60, 10

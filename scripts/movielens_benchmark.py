@@ -81,8 +81,8 @@ def estimator(cls, params: dict):
     if cls is not CentralizedMF:
         client = {CLIENT[k]: p.pop(k) for k in list(p) if k in CLIENT}
         p["client_update"] = ClientUpdate(**client)
-    if cls is FedReconMF:
-        rec = {RECON[k]: p.pop(k) for k in list(p) if k in RECON}
+    rec = {RECON[k]: p.pop(k) for k in list(p) if k in RECON}
+    if cls is FedReconMF or (rec and cls is not CentralizedMF):
         p["reconstruction"] = lookup("reconstruction", p.get("reconstruction", "als"))(**rec)
     return cls(**p)
 

@@ -40,10 +40,10 @@ from fedcf.federated import (
     SecureAggregation,
     Selector,
     TrimmedMean,
-    secagg_audit,
 )
-from fedcf.federated.attacks import attacked
-from fedcf.federated.implicit import FedReconImplicitMF
+from fedcf.federated.aggregators import secagg_audit
+from fedcf.federated.aggregators.attacks import attacked
+from fedcf.federated.algorithms.implicit import FedReconImplicitMF
 from fedcf.models.implicit_mf import implicit_fold_in
 from fedcf.provenance import run_meta, write_json
 
@@ -155,7 +155,7 @@ def _round(train, args, m):
 
 
 def transcript_rows(train, args):
-    """Attacks (a)–(d) of ``fedcf.federated.secagg_audit`` on a real round's transcript: the
+    """Attacks (a)–(d) of ``fedcf.federated.aggregators.secagg_audit`` on a real round's transcript: the
     clients quantize their uploads as ``SecureAggregation`` does (dense over the catalog,
     weights normalised by the public maximum)."""
     m = args.secagg_clients
@@ -197,7 +197,7 @@ def embedding_row(train, args):
     out = m.client_uploads(train, cohort.clients, round_idx=999)
     sub = train.subset_users(cohort.clients)
     P_true, _ = implicit_fold_in(m.item_factors_, sub.indptr, sub.items, sub.values, m.alpha,
-                                 m.recon_regularization)
+                                 m._recon_lam())
     cos = []
     for k in range(len(cohort.clients)):
         vals, vecs = np.linalg.eigh(out.rank_terms[k])

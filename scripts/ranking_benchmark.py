@@ -55,7 +55,7 @@ from fedcf.eval.loo import (
     training_exclusions,
 )
 from fedcf.eval.splits import user_split_indices
-from fedcf.federated import NCF, FedMF, FedNCF, PFedRec, SampledUpdate
+from fedcf.federated import NCF, FedMF, FedNCF, PFedRec, RidgeReconstruction, SampledUpdate
 from fedcf.provenance import report_result, run_meta
 
 SAMPLED = {"FedMF": FedMF, "FedNCF": FedNCF, "PFedRec": PFedRec, "NCF": NCF}
@@ -154,7 +154,7 @@ def _build(name, args, seed):
                           n_epochs=15, random_state=seed)
     if name == "FedReconImplicitMF":
         return FedReconImplicitMF(args.factors, alpha=args.recon_alpha,
-                                  recon_regularization=args.recon_regularization,
+                                  reconstruction=RidgeReconstruction(args.recon_regularization),
                                   n_rounds=args.recon_rounds, clients_per_round=args.recon_clients,
                                   random_state=seed)
     if name == "NCF":

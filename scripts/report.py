@@ -811,14 +811,19 @@ def promotion_verdict(att) -> str:
 
 
 # ---------------------------------------------------------------------- HYPER.md
-def _bench_constant(name, script="hypergradient_benchmark"):
-    """A setting of one of the benchmark scripts (not a measured figure)."""
+def _script(script: str):
+    """One of the scripts beside this one, as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"_{script}", ROOT / "scripts" / f"{script}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return getattr(mod, name)
+    return mod
+
+
+def _bench_constant(name, script="hypergradient_benchmark"):
+    """A setting of one of the benchmark scripts (not a measured figure)."""
+    return vars(_script(script))[name]
 
 
 def hyper_summary(doc):
@@ -1637,6 +1642,7 @@ def documents() -> dict[Path, str]:
         ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), {
             **readme_blocks(paper, cold, random_rows, impl, ctr, bench),
             "tune": tune_block(tuned), "cli": cli_block(load("cli_session.json")),
+            "architecture": _script("architecture").block(),  # drawn from the code
             **({"install": install_block(load("install.json"))} if load("install.json")
                else {}),
             **({"grid": grid_block(load("grid_search.json"))} if load("grid_search.json")

@@ -42,7 +42,7 @@ def fit_once(args) -> dict:
               clients_per_round=args.clients_per_round, random_state=0)
     executor, data, build = None, spec, None
     if args.executor == "ray":
-        from fedcf.federated.ray_executor import LOOPBACK, connect
+        from fedcf.federated.executors.ray_executor import LOOPBACK, connect
 
         if args.address:  # a running cluster (see eval/SCALE.md)
             connect(args.address)

@@ -52,7 +52,7 @@ def selection(users: int, m: int, rounds: int) -> dict:
 def shard_memory(users: int, ratings_per_user: float, shard_counts) -> list[dict]:
     """Shard 0's held bytes for each shard count, and with an index over all users."""
     from fedcf.datasets import SyntheticPopulation
-    from fedcf.federated.ray_shard import Shard
+    from fedcf.federated.executors.ray_shard import Shard
 
     spec = SyntheticPopulation(users, 10_000, ratings_per_user=ratings_per_user, random_state=0)
     rows = []
@@ -77,7 +77,7 @@ def reduce_bytes(users: int, m: int, rounds: int, shard_counts, cpus: int) -> li
     from fedcf import FedReconMF
     from fedcf.datasets import SyntheticPopulation
     from fedcf.federated import RayExecutor
-    from fedcf.federated.ray_executor import LOOPBACK
+    from fedcf.federated.executors.ray_executor import LOOPBACK
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, **LOOPBACK)

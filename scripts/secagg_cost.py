@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What secure aggregation costs: one aggregation of m clients' dense uploads over a catalog of
 n items (K factors, a bias and a weight per row, as FedRecon's uploads) with fedcf's protocol
-(``fedcf.federated.secagg_protocol``), every client half in this process.
+(``fedcf.federated.aggregators.secagg_protocol``), every client half in this process.
 
 Per configuration: seconds in all client halves divided by m (what one device spends: key
 agreement, Shamir sharing, share encryption, m − 1 ChaCha20 mask expansions over the whole
@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from fedcf.federated.secagg import SecureAggregation
-from fedcf.federated.secagg_protocol import simulate
+from fedcf.federated.aggregators.secagg import SecureAggregation
+from fedcf.federated.aggregators.secagg_protocol import simulate
 from fedcf.provenance import run_meta, write_json
 
 

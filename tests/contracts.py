@@ -24,8 +24,8 @@ from fedcf.federated import (
     RunContext,
     WeightedMean,
 )
-from fedcf.federated.partials import PartialSums, reduce_group
-from fedcf.federated.phases import Cohort
+from fedcf.federated.round.partials import PartialSums, reduce_group
+from fedcf.federated.round.phases import Cohort
 
 HP = RoundHyperparams(1.0, {}, 1.0)
 N_ITEMS, K = 40, 3

@@ -14,7 +14,7 @@ from fedcf.federated import (
     TrimmedMean,
     WeightedMean,
 )
-from fedcf.federated.attacks import AttackedExecutor
+from fedcf.federated.aggregators.attacks import AttackedExecutor
 
 
 def _example():

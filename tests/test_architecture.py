@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from fedcf.federated.contracts import Aggregator, RoundExecutor
+from fedcf.federated.round.contracts import Aggregator, RoundExecutor
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBES = ("getattr", "hasattr", "vars")  # calls; and any use of ``__dict__``
 
 # Probes the round's machinery (fedcf/federated, fedcf/flower) may hold, each with its reason.
 ROUND_ALLOWED = {
-    ("fedcf/federated/contracts.py", "Params._param_values", "getattr"):
+    ("fedcf/federated/round/contracts.py", "Params._param_values", "getattr"):
         "reads the constructor's own parameter names (scikit-learn's get_params)",
-    ("fedcf/federated/partials.py", "PartialSums.arrays", "getattr"):
+    ("fedcf/federated/round/partials.py", "PartialSums.arrays", "getattr"):
         "reads the dataclass's declared fields by name",
 }
 ROUND_LIMIT = 5
@@ -44,8 +44,6 @@ PACKAGE_ALLOWED = {
         "whether a subclass defines its own __init__",
     ("fedcf/models/base.py", "MFEstimatorBase.set_params", "__dict__"):
         "a phase parameter's current value (scikit-learn's set_params)",
-    ("fedcf/models/base.py", "MFEstimatorBase._recon_lam", "getattr"):
-        "the regularization parameter the class names",
     ("fedcf/models/prediction.py", "_as_pairs", "getattr"): "a bad input's shape in an error",
     ("fedcf/cli/app.py", "_with_flag", "getattr"): "argparse namespace of any command",
     ("fedcf/cli/app.py", "main", "getattr"): "argparse namespace; the command's function",
@@ -117,11 +115,13 @@ def test_probe_counter_sees_each_kind(tmp_path):
 # --------------------------------------------------------------------- declared members
 # Modules that handle any aggregator or any round executor (not one concrete class), and the
 # names under which they hold them.
-AGGREGATOR_USERS = ("federated/loop.py", "federated/blame.py", "federated/base.py",
-                    "federated/hyper.py", "federated/secagg.py", "federated/ray_executor.py",
+AGGREGATOR_USERS = ("federated/round/loop.py", "federated/round/blame.py",
+                    "federated/algorithms/base.py", "federated/algorithms/hyper.py",
+                    "federated/aggregators/secagg.py", "federated/executors/ray_executor.py",
                     "flower/server.py", "flower/node.py")
-EXECUTOR_USERS = ("federated/loop.py", "federated/blame.py", "federated/base.py",
-                  "federated/hyper.py", "federated/secagg.py")
+EXECUTOR_USERS = ("federated/round/loop.py", "federated/round/blame.py",
+                  "federated/algorithms/base.py", "federated/algorithms/hyper.py",
+                  "federated/aggregators/secagg.py")
 AGGREGATOR_NAMES = {"aggregator", "agg"}
 EXECUTOR_NAMES = {"executor"}
 
@@ -174,3 +174,15 @@ def test_no_source_file_over_500_lines():
     long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "fedcf").rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these files (at most {MAX_LINES} lines each): {long}"
+
+
+def test_every_package_folder_is_installed():
+    """A folder of the package missing from pyproject's list would be left out of a wheel (an
+    editable install hides it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fedcf").rglob(
+        "__init__.py")}
+    assert found <= listed, f"add to pyproject's packages: {sorted(found - listed)}"

@@ -6,7 +6,7 @@ from conftest import load_script
 
 from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
-from fedcf.federated.attacks import AttackedExecutor, attacked, malicious
+from fedcf.federated.aggregators.attacks import AttackedExecutor, attacked, malicious
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def _round_outputs(pop, **attack):
 
 
 def test_hidden_promotion_adds_a_bounded_push_to_honest_uploads(pop):
-    from fedcf.federated.weighted import upload_norms
+    from fedcf.federated.aggregators.weighted import upload_norms
 
     clean, cohort, out = _round_outputs(pop, kind="promote_hidden", fraction=0.3, scale=0.5,
                                         target_item=7)
@@ -117,7 +117,7 @@ def test_hidden_promotion_adds_a_bounded_push_to_honest_uploads(pop):
 
 def test_foolsgold_weights_follow_the_papers_mapping():
     from fedcf.federated import ClientOutputs
-    from fedcf.federated.aggregators import sybil_scores
+    from fedcf.federated.aggregators.robust import sybil_scores
 
     # A, B: nothing in common; C, D: identical; E, F: cosine 0.5 (E = (1, √3)/2 on items 3, 5)
     items = np.array([0, 1, 2, 2, 3, 5, 3])
@@ -133,7 +133,7 @@ def test_foolsgold_weights_follow_the_papers_mapping():
 
 def test_foolsgold_stops_a_promotion_the_mean_lets_through():
     from fedcf.federated import FoolsGoldMean, RoundHyperparams, WeightedMean
-    from fedcf.federated.aggregators import sybil_scores
+    from fedcf.federated.aggregators.robust import sybil_scores
 
     pop = make_synthetic_ratings(300, 400, 6000, n_factors=3, random_state=3)
     _, cohort, out = _round_outputs(pop, kind="promote", fraction=0.2, scale=5.0, target_item=7)
@@ -154,7 +154,7 @@ def test_foolsgold_pardons_an_honest_client_that_resembles_a_sybil():
     sybil pair (0, 1) as 0.6, but its own largest similarity is below theirs, so it is pardoned
     to full weight; without the pardon it would lose a quarter of it."""
     from fedcf.federated import ClientOutputs
-    from fedcf.federated.aggregators import sybil_scores
+    from fedcf.federated.aggregators.robust import sybil_scores
 
     V = np.array([[1, 0, 0], [0.99, 0.141, 0], [0.6, 0.8, 0], [0, 0.6, 0.8]])
     out = ClientOutputs(np.arange(5), np.zeros(4, np.int64), V[:, :2].copy(), V[:, 2].copy(),

@@ -202,7 +202,7 @@ def aggregators():
 
 def executors():
     from fedcf.federated import LocalExecutor
-    from fedcf.federated.attacks import AttackedExecutor
+    from fedcf.federated.aggregators.attacks import AttackedExecutor
 
     return {"local": LocalExecutor(), "attacked": AttackedExecutor("noise", fraction=0.1,
                                                                     executor=LocalExecutor())}

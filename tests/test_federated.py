@@ -20,7 +20,7 @@ from fedcf.federated import (
     Selector,
     WeightedMean,
 )
-from fedcf.federated.reconstruction import SGDReconstruction
+from fedcf.federated.algorithms.reconstruction import SGDReconstruction
 from fedcf.registry import lookup
 
 

@@ -510,7 +510,7 @@ SEC_PARAMS = {**PARAMS, "aggregator": SECAGG, "n_rounds": 2}
 def _encoded_rows(monkeypatch):
     """Record every row a node encodes (the plain, quantized uploads) as the test's ground
     truth of what must never reach the server."""
-    from fedcf.federated.secagg_client import Encoding
+    from fedcf.federated.aggregators.secagg_client import Encoding
 
     rows, real = [], Encoding.encode
 
@@ -559,7 +559,7 @@ def test_hypergradients_under_secure_aggregation_stay_masked_on_the_nodes(tmp_pa
     session (group round-<t>-hyper); no train.tangents message and no report record reaches the
     server, no masked vector equals an encoded report row, and the learned rate and the model
     are the in-process run's bit for bit."""
-    from fedcf.federated.reports import ReportEncoding
+    from fedcf.federated.round.reports import ReportEncoding
 
     rows, real = [], ReportEncoding.encode
 
@@ -673,7 +673,7 @@ def test_a_hostile_node_is_refused_and_the_others_aggregate(tmp_path, tamper, re
 def test_a_node_refuses_what_a_device_must_not_do(tmp_path):
     """The node side decides for its device: no seeded noise share, no step without the
     round's state (a restart), no key registry that replaces its own clients' keys."""
-    from fedcf.federated.secagg_client import Encoding
+    from fedcf.federated.aggregators.secagg_client import Encoding
     from fedcf.flower.secure import NodeProtocolError, node_step, read_encoding
 
     seeded = json.dumps({**Encoding(50, 6, 10, 1.0, 10.0, noise_std=0.1,
@@ -687,7 +687,7 @@ def test_a_node_refuses_what_a_device_must_not_do(tmp_path):
         node_step(None, msg, RecordDict())
     with pytest.raises(NodeProtocolError, match="step in"):
         node_step(None, RecordDict({"config": ConfigRecord({"step": "peek"})}), RecordDict())
-    from fedcf.federated.secagg_protocol import ClientHalves, ProtocolAbort
+    from fedcf.federated.aggregators.secagg_protocol import ClientHalves, ProtocolAbort
 
     halves = ClientHalves([1, 2], np.zeros((2, 3), np.uint32), 2, b"s" * 16)
     halves.advertise(halves.verifying())
@@ -754,7 +754,7 @@ def test_a_node_sizes_its_arrays_by_its_own_users_and_uploads_what_the_simulatio
     for the same clients, and a client id of 10^8 costs no 10^8-sized array."""
     import tracemalloc
 
-    from fedcf.federated.phases import BoundLocalExecutor, Cohort
+    from fedcf.federated.round.phases import BoundLocalExecutor, Cohort
     from fedcf.flower.node import client_outputs
 
     own = load_dataset(DATA).subset_users(np.arange(4))
@@ -992,7 +992,7 @@ def test_each_round_samples_the_connected_nodes_and_a_returning_node_rejoins(tmp
     with the same availability, bit for bit; a newcomer claiming users a live node serves is
     refused."""
     from fedcf.eval.splits import user_split_indices
-    from fedcf.federated.base import run_seed
+    from fedcf.federated.algorithms.base import run_seed
 
     parts = partitions(3)
     back = BIG + 7  # node 2's device, restarted: a new node id, the same partition

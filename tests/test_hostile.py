@@ -455,7 +455,7 @@ def _numpy_scalar_cases():
         SecureAggregation,
         TrimmedMean,
     )
-    from fedcf.federated.items import OpenCatalog
+    from fedcf.federated.algorithms.items import OpenCatalog
 
     f32, f64, i64, i32 = np.float32, np.float64, np.int64, np.int32
     return [

@@ -14,7 +14,7 @@ from fedcf._kernels.hypergrad import fedrecon_tangent_clients
 from fedcf._kernels.layout import client_cfg, sgd_hp
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import SGD, Adam, Hypergradients, Momentum, SGDReconstruction
-from fedcf.federated.phases import server_update
+from fedcf.federated.round.phases import server_update
 
 
 @pytest.fixture(scope="module")
@@ -271,9 +271,9 @@ def test_aggregators_refuse_learning(pop):
 
 
 def test_hyperparams_of_a_round_follow_the_learner():
-    from fedcf.federated.hyper import HyperLearner
-    from fedcf.federated.phases import RoundHyperparams
-    from fedcf.federated.reports import Reports, weighted_mean
+    from fedcf.federated.algorithms.hyper import HyperLearner
+    from fedcf.federated.round.phases import RoundHyperparams
+    from fedcf.federated.round.reports import Reports, weighted_mean
 
     hp = RoundHyperparams(0.5, {"momentum": 0.9}, 1.0)
     h = HyperLearner.start(("server_learning_rate", "momentum", "weight_exponent"), hp, 0.1, "sgd")

@@ -18,9 +18,9 @@ from fedcf.federated import (
     SecureAggregation,
     TrimmedMean,
 )
-from fedcf.federated import reports as rep
-from fedcf.federated.accounting import RdpAccountant
-from fedcf.federated.secagg_protocol import SecAggServer
+from fedcf.federated.aggregators.accounting import RdpAccountant
+from fedcf.federated.aggregators.secagg_protocol import SecAggServer
+from fedcf.federated.round import reports as rep
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_secure_learning_follows_the_plain_run_and_never_takes_a_report_in_the_c
     def refuse(reports):
         raise AssertionError("a report mean was taken in the clear")
 
-    monkeypatch.setattr("fedcf.federated.weighted.weighted_mean", refuse)
+    monkeypatch.setattr("fedcf.federated.aggregators.weighted.weighted_mean", refuse)
     m = FedReconMF(**kw, aggregator=SecureAggregation(min_cohort=5, max_weight=60.0)).fit(pop)
     got = [h["hypergrad_server_learning_rate"] for h in m.history_[1:]]
     want = [h["hypergrad_server_learning_rate"] for h in plain.history_[1:]]
@@ -207,8 +207,8 @@ def test_secure_sums_carry_the_exponent_derivative():
     """Under secure aggregation learning α, the masked sums give ∂Δ̄/∂α: equal (to the
     fixed-point step) to the plain mean's derivative from every upload, when no weight
     reaches the cap W. Leaving s' out of the encoding fails here."""
-    from fedcf.federated.hyper import exponent_derivative
-    from fedcf.federated.phases import ClientOutputs, RoundHyperparams
+    from fedcf.federated.algorithms.hyper import exponent_derivative
+    from fedcf.federated.round.phases import ClientOutputs, RoundHyperparams
 
     rng = np.random.default_rng(3)
     m, n_items, K = 12, 30, 3

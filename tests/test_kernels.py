@@ -649,7 +649,7 @@ def test_non_finite_guards_match_numpy(dtype):
 
 
 def test_tree_sums_rejects_nodes_outside_the_tree():
-    from fedcf.federated.partials import REDUCE_GROUPS, tree_sums
+    from fedcf.federated.round.partials import REDUCE_GROUPS, tree_sums
 
     items, lo, lv = np.array([5, 5]), np.array([0, REDUCE_GROUPS + 6]), np.zeros(2, np.int64)
     with pytest.raises(ValueError, match="outside groups"):

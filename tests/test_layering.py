@@ -22,8 +22,9 @@ def files():
     """(layer, module name, path) of every source file of the package."""
     for layer, folder in FOLDERS.items():
         for path in sorted(folder.rglob("*.py")):
-            name = f"fedcf.{layer}" + ("" if path.stem == "__init__" else f".{path.stem}")
-            yield layer, name, path
+            parts = path.relative_to(folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            yield layer, ".".join(("fedcf", layer, *parts)), path
     for layer in MODULES:
         yield layer, f"fedcf.{layer}", ROOT / "fedcf" / f"{layer}.py"
 
@@ -83,3 +84,35 @@ def test_no_import_circles():
         if node not in state:
             visit(node, [node])
     assert not cycles, cycles
+
+
+# The rooms of fedcf.federated: each may import only the rooms listed (and itself). The round
+# knows no algorithm, aggregator or executor; an executor knows nothing of secure aggregation
+# (it carries the aggregator's client job); aggregators know no algorithm or executor.
+ROOMS = {"round": set(), "aggregators": {"round"}, "executors": {"round"},
+         "algorithms": {"round", "aggregators"}}
+
+
+def room_of(module: str):
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["fedcf", "federated"] else None
+
+
+def test_federated_rooms_import_only_the_rooms_below():
+    bad = []
+    for layer, name, path in files():
+        room = room_of(name)
+        if layer != "federated" or room is None:
+            continue
+        for mod in imports(name, path, ast.walk(ast.parse(path.read_text()))):
+            target = room_of(mod)
+            if target is not None and target != room and target not in ROOMS[room]:
+                bad.append(f"{path.relative_to(ROOT)} ({room}) imports {mod} ({target})")
+    assert not bad, bad
+
+
+def test_every_federated_module_lives_in_a_room():
+    loose = [p.name for p in (ROOT / "fedcf" / "federated").glob("*.py") if p.name != "__init__.py"]
+    assert not loose, f"modules outside the rooms of fedcf.federated: {loose}"
+    assert {p.name for p in (ROOT / "fedcf" / "federated").iterdir() if p.is_dir()
+            and not p.name.startswith("__")} == set(ROOMS)

@@ -9,7 +9,7 @@ from fedcf import FedReconMF
 from fedcf.datasets import DataValidationError, Interactions
 from fedcf.eval import support_query_split
 from fedcf.federated import OOVExpansion, OOVLocalParams, OpenCatalog
-from fedcf.federated.oov import adapter_init, adapter_loss_grad
+from fedcf.federated.algorithms.oov import adapter_init, adapter_loss_grad
 
 
 def _population(n_users=400, n_items=80, seed=0):

@@ -9,7 +9,7 @@ import pytest
 from fedcf import FedReconImplicitMF, FedReconMF
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import SGD, ClientOutputs, LocalExecutor, RoundHyperparams, WeightedMean
-from fedcf.federated.contracts import RoundExecutor
+from fedcf.federated.round.contracts import RoundExecutor
 
 FAST = dict(n_factors=3, n_rounds=4, clients_per_round=40, random_state=3)
 
@@ -92,7 +92,7 @@ def test_weight_exponent_interpolates_between_uniform_and_by_examples():
 
 
 def _one_round_outputs(pop, n_clients=120):
-    from fedcf.federated.phases import Cohort
+    from fedcf.federated.round.phases import Cohort
 
     m = FedReconMF(**FAST)
     m._check_params()
@@ -103,7 +103,7 @@ def _one_round_outputs(pop, n_clients=120):
 
 
 def test_partial_sums_of_whole_groups_merge_to_the_same_bits_in_any_split(pop):
-    from fedcf.federated.partials import PartialSums, reduce_group
+    from fedcf.federated.round.partials import PartialSums, reduce_group
 
     run, cohort, ids = _one_round_outputs(pop)
     hp, agg = run.hyperparams, WeightedMean()
@@ -126,7 +126,7 @@ def test_nodes_whose_clients_share_groups_add_up_to_the_cohorts_sums(pop):
     """Flower nodes hold any users, so a reduce group's clients are split over nodes:
     ``add_nodes`` adds their level-0 sums row by row — one node gives the same bits, several
     give the in-process aggregate up to rounding, with the same counters and worst client."""
-    from fedcf.federated.partials import add_nodes
+    from fedcf.federated.round.partials import add_nodes
 
     run, cohort, ids = _one_round_outputs(pop)
     hp, agg, ex = run.hyperparams, WeightedMean(), run.executor

@@ -7,7 +7,7 @@ import pytest
 from fedcf import FedReconMF
 from fedcf.datasets import Interactions, SyntheticPopulation
 from fedcf.datasets.population import BLOCKS
-from fedcf.federated.partials import REDUCE_GROUPS
+from fedcf.federated.round.partials import REDUCE_GROUPS
 
 
 def test_blocks_are_the_reduce_groups():
@@ -101,8 +101,8 @@ def test_a_ray_shard_holds_only_its_users_and_answers_as_the_whole_population():
     population: each row's stream is keyed by the dense user id."""
     import numba
 
-    from fedcf.federated.phases import BoundLocalExecutor, Cohort
-    from fedcf.federated.ray_shard import Shard, shard_of
+    from fedcf.federated.executors.ray_shard import Shard, shard_of
+    from fedcf.federated.round.phases import BoundLocalExecutor, Cohort
 
     threads = numba.get_num_threads()  # a Shard sets its process's threads; keep the suite's
     try:

@@ -19,7 +19,7 @@ from fedcf.federated import (
     SecureAggregation,
     TrimmedMean,
 )
-from fedcf.federated.ray_executor import BoundRayExecutor, ShardedHalves
+from fedcf.federated.executors.ray_executor import BoundRayExecutor, ShardedHalves
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray

@@ -77,7 +77,7 @@ def _without_single_machine() -> dict:
 
 
 def test_a_local_instance_started_by_fedcf_listens_on_loopback_only():
-    code = ("from fedcf.federated.ray_executor import connect\n"
+    code = ("from fedcf.federated.executors.ray_executor import connect\n"
             "ray = connect(None)\n"
             "print('NODE', ray.util.get_node_ip_address())\n"
             "ray.shutdown()\n")

@@ -11,9 +11,9 @@ from fedcf._reference import sampled as ref
 from fedcf.datasets import DataValidationError, Interactions
 from fedcf.eval.loo import leave_one_out, loo_metrics, sample_negatives, training_exclusions
 from fedcf.federated import DPGaussianMean, LocalExecutor, SampledUpdate, SecureAggregation
-from fedcf.federated.fedncf import FedNCF, NeuMFProgram
-from fedcf.federated.phases import Cohort
-from fedcf.federated.sampled_mf import FedMF, PFedRec
+from fedcf.federated.algorithms.fedncf import FedNCF, NeuMFProgram
+from fedcf.federated.algorithms.sampled_mf import FedMF, PFedRec
+from fedcf.federated.round.phases import Cohort
 from fedcf.models.ncf import NCF
 from fedcf.models.sampled_nets import DotNet, NeuMFNet
 
@@ -120,7 +120,7 @@ def test_round_kernel_matches_its_twin_device_by_device(stages, share):
     P, c = rng.normal(0, 0.3, (12, 4)), rng.normal(0, 0.1, 12)
     excl_ptr = np.arange(13, dtype=np.int64) * 2
     excl_items = np.sort(np.c_[np.arange(12) * 5 % 60, np.arange(12) * 5 % 60 + 1], axis=1)
-    from fedcf.federated.sampled_mf import SampledProgram
+    from fedcf.federated.algorithms.sampled_mf import SampledProgram
     from fedcf.models.negatives import exclusion_csr
     ex = Interactions.from_arrays(np.repeat(inter.user_ids, 2), excl_items.ravel(),
                                   user_catalog=inter.user_ids, item_catalog=inter.item_ids,

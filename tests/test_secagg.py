@@ -21,10 +21,9 @@ from fedcf.federated import (
     SecureAggregation,
     TrimmedMean,
     WeightedMean,
-    secagg_audit,
-    secagg_protocol,
 )
-from fedcf.federated.secagg_protocol import (
+from fedcf.federated.aggregators import secagg_audit, secagg_protocol
+from fedcf.federated.aggregators.secagg_protocol import (
     Advert,
     EncryptedShares,
     Identities,

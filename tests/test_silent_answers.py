@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedcf import FedReconMF, load_model, registry
+from fedcf import FURLMF, FedReconImplicitMF, FedReconMF, load_model, registry
 from fedcf.datasets import DataValidationError, make_synthetic_ratings
 from fedcf.federated import (
     NCF,
@@ -141,7 +141,7 @@ def test_load_model_and_the_cli_know_pfedrec(pop, tmp_path):
 
 # ------------------------------------------------------------------ bounded accounting
 def test_pld_accounting_at_a_tiny_sigma_is_bounded_in_memory():
-    from fedcf.federated.accounting import PldAccountant, RdpAccountant, noise_for_epsilon
+    from fedcf.federated.aggregators.accounting import PldAccountant, RdpAccountant, noise_for_epsilon
 
     tracemalloc.start()
     try:
@@ -159,7 +159,7 @@ def test_pld_accounting_at_a_tiny_sigma_is_bounded_in_memory():
 
 
 def test_a_coarser_pld_grid_only_at_small_sigma_and_still_an_upper_bound():
-    from fedcf.federated.accounting import PLD_DISCRETIZATION, PldAccountant, pld_interval
+    from fedcf.federated.aggregators.accounting import PLD_DISCRETIZATION, PldAccountant, pld_interval
 
     assert pld_interval(1.0, 10.0) == PLD_DISCRETIZATION  # the usual runs keep the fine grid
     assert pld_interval(0.01) > 10 * PLD_DISCRETIZATION
@@ -167,7 +167,7 @@ def test_a_coarser_pld_grid_only_at_small_sigma_and_still_an_upper_bound():
     fine, coarse = PldAccountant(1e-5), PldAccountant(1e-5)
     for a in (fine, coarse):
         a.compose(0.05, 0.3, rounds=50)
-    import fedcf.federated.accounting as accounting
+    import fedcf.federated.aggregators.accounting as accounting
 
     old = accounting.PLD_POINTS
     accounting.PLD_POINTS = 2e3  # a much coarser grid: pessimistic, so ε can only grow
@@ -245,6 +245,10 @@ def test_sgd_reconstruction_divergence_blames_the_reconstruction(client_lr, pop)
 @pytest.mark.parametrize("make, match", [
     (lambda: FedReconMF(learning_rate=0.1), "client_update=ClientUpdate\\(learning_rate="),
     (lambda: FedReconMF(recon_regularization=1.0),
+     "reconstruction=RidgeReconstruction\\(regularization="),
+    (lambda: FedReconImplicitMF(recon_regularization=1.0),
+     "reconstruction=RidgeReconstruction\\(regularization="),
+    (lambda: FURLMF(recon_regularization=1.0),
      "reconstruction=RidgeReconstruction\\(regularization="),
     (lambda: FedReconMF(n_factor=3), "did you mean n_factors"),
     (lambda: FedMF(epochs=2), "client_update=SampledUpdate\\(epochs="),
@@ -438,3 +442,37 @@ def test_a_ratings_file_in_another_column_form_says_which_form_it_reads(pop, tmp
     pop.to_dataframe().to_csv(path, index=False)  # user,item,rating,timestamp
     with pytest.raises(DataValidationError, match="column 'userId' not found.*rename its columns"):
         FedReconMF(**F).fit(RatingsFile(path))
+
+
+@pytest.mark.parametrize("cls, lam", [(FedReconImplicitMF, 0.01), (FURLMF, 0.1)])
+def test_reconstruction_lambda_moved_into_reconstruction(cls, lam, tmp_path):
+    """``recon_regularization`` lives in ``reconstruction=RidgeReconstruction(...)``: None there
+    is the estimator's own λ; a model saved with the flat name loads with it moved."""
+    import json
+
+    from fedcf._io import atomic_savez, load_npz
+    from fedcf.datasets import make_synthetic_ratings
+    from fedcf.federated import RidgeReconstruction
+
+    assert cls()._recon_lam() == lam
+    assert cls(reconstruction=RidgeReconstruction(0.3))._recon_lam() == 0.3
+    data = make_synthetic_ratings(40, 15, 400, random_state=0)
+    m = cls(n_factors=3, n_rounds=2, clients_per_round=10,
+            reconstruction=RidgeReconstruction(0.3), random_state=0).fit(data)
+    arrays, meta = load_npz(m.save(tmp_path / "m.npz"), meta_key="metadata", what="model")
+    meta["params"].pop("reconstruction")
+    meta["params"]["recon_regularization"] = 0.3
+    back = load_model(atomic_savez(tmp_path / "old.npz", arrays, json.loads(json.dumps(meta)),
+                                   meta_key="metadata"))
+    assert back.reconstruction == RidgeReconstruction(0.3) and back._recon_lam() == 0.3
+
+
+def test_implicit_reconstruction_needs_a_positive_lambda():
+    from fedcf.datasets import make_synthetic_ratings
+    from fedcf.federated import RidgeReconstruction
+
+    with pytest.raises(ValueError, match="regularization > 0"):
+        FedReconImplicitMF(reconstruction=RidgeReconstruction(0.0), n_rounds=1).fit(
+            make_synthetic_ratings(20, 10, 100, random_state=0))
+    with pytest.raises(TypeError, match="one of \\['als'\\]"):
+        FedReconImplicitMF(reconstruction="sgd").check_params()

@@ -3,15 +3,29 @@ the ranking papers' baselines (FedMF, FedNCF, PFedRec), and the phases a round i
 (to replace one: a custom executor or aggregator)."""
 
 from ..models.ncf import NCF
-from .aggregators import (
+from .aggregators.dp import DifferentialPrivacy, DPGaussianMean
+from .aggregators.robust import (
     CoordinateMedian,
     FoolsGoldMean,
     ItemNormalizedMean,
     NormClippedMean,
     TrimmedMean,
 )
-from .client_update import ClientUpdate, SampledUpdate
-from .contracts import (
+from .aggregators.secagg import SecureAggregation
+from .aggregators.weighted import WeightedMean
+from .algorithms.client_update import ClientUpdate, SampledUpdate
+from .algorithms.fedncf import FedNCF
+from .algorithms.fedrecon import FedReconMF
+from .algorithms.hyper import Hypergradients
+from .algorithms.implicit import FedReconImplicitMF
+from .algorithms.items import CatalogLocalParams, FullCatalog, ItemRows, ItemSpace, OpenCatalog
+from .algorithms.oov import OOVExpansion, OOVLocalParams
+from .algorithms.reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
+from .algorithms.sampled_mf import FedMF, PFedRec
+from .algorithms.split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit
+from .algorithms.stateful import FURLMF, FedAvgMF
+from .executors.ray_executor import RayExecutor
+from .round.contracts import (
     Aggregator,
     ClientProgram,
     Executor,
@@ -19,15 +33,8 @@ from .contracts import (
     RoundExecutor,
     RunContext,
 )
-from .dp import DifferentialPrivacy, DPGaussianMean
-from .fedncf import FedNCF
-from .fedrecon import FedReconMF
-from .hyper import Hypergradients
-from .implicit import FedReconImplicitMF
-from .items import CatalogLocalParams, FullCatalog, ItemRows, ItemSpace, OpenCatalog
-from .oov import OOVExpansion, OOVLocalParams
-from .optimizers import OPTIMIZERS, SGD, Adagrad, Adam, Momentum, ServerOptimizer, Yogi
-from .phases import (
+from .round.optimizers import OPTIMIZERS, SGD, Adagrad, Adam, Momentum, ServerOptimizer, Yogi
+from .round.phases import (
     ClientOutputs,
     Cohort,
     GlobalDelta,
@@ -36,13 +43,6 @@ from .phases import (
     Selector,
     server_update,
 )
-from .ray_executor import RayExecutor
-from .reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
-from .sampled_mf import FedMF, PFedRec
-from .secagg import SecureAggregation
-from .split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit
-from .stateful import FURLMF, FedAvgMF
-from .weighted import WeightedMean
 
 __all__ = [
     # contracts

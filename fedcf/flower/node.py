@@ -29,15 +29,15 @@ import numpy as np
 
 from ..datasets import Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
 from ..eval.protocols import recon_sums
-from ..federated.partials import PartialSums, group_sums
-from ..federated.phases import (
+from ..federated.aggregators.weighted import recipe_numerators
+from ..federated.round.partials import PartialSums, group_sums
+from ..federated.round.phases import (
     BoundLocalExecutor,
     ClientOutputs,
     Cohort,
     RoundHyperparams,
     client_weights,
 )
-from ..federated.weighted import recipe_numerators
 from .wire import arrays, client_estimator, encode_sums, encode_upload
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process

@@ -6,8 +6,8 @@ import time
 
 from ..eval.protocols import federated_recon_eval
 from ..eval.splits import user_split_indices
-from ..federated.base import run_seed
-from ..federated.fedrecon import FedReconMF
+from ..federated.algorithms.base import run_seed
+from ..federated.algorithms.fedrecon import FedReconMF
 from .node import load_dataset
 from .settings import Settings
 

@@ -1,4 +1,4 @@
-"""Secure aggregation in a Flower run: the protocol of ``federated.secagg_protocol`` over Flower
+"""Secure aggregation in a Flower run: the protocol of ``federated.aggregators.secagg_protocol`` over Flower
 messages, its client halves on the nodes (``node_step``), its server half in the ServerApp
 (``FlowerHalves``, driven by the same ``run_round`` as a simulation).
 
@@ -35,10 +35,8 @@ import pickle
 
 import numpy as np
 
-from ..federated.phases import RoundHyperparams
-from ..federated.reports import ReportEncoding, Reports
-from ..federated.secagg_client import Encoding, SecureJob
-from ..federated.secagg_protocol import (
+from ..federated.aggregators.secagg_client import Encoding, SecureJob
+from ..federated.aggregators.secagg_protocol import (
     Advert,
     ClientHalves,
     ConsistencySignature,
@@ -47,6 +45,8 @@ from ..federated.secagg_protocol import (
     ProtocolAbort,
     UnmaskShares,
 )
+from ..federated.round.phases import RoundHyperparams
+from ..federated.round.reports import ReportEncoding, Reports
 from .wire import ReplyError, arrays, flwr
 
 STEPS = ("begin", "share", "mask", "consistency", "unmask")

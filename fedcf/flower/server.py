@@ -15,12 +15,12 @@ import numpy as np
 
 from ..eval.protocols import finish_recon_sums
 from ..eval.splits import user_split_indices
-from ..federated.base import run_seed
-from ..federated.contracts import RoundExecutor
-from ..federated.fedrecon import FedReconMF
-from ..federated.partials import PartialSums, add_nodes
-from ..federated.phases import ClientOutputs, cohort_order
-from ..federated.weighted import upload_norms
+from ..federated.aggregators.weighted import upload_norms
+from ..federated.algorithms.base import run_seed
+from ..federated.algorithms.fedrecon import FedReconMF
+from ..federated.round.contracts import RoundExecutor
+from ..federated.round.partials import PartialSums, add_nodes
+from ..federated.round.phases import ClientOutputs, cohort_order
 from .directory import Directory, FlowerPopulation, Refusals, exchange, message
 from .settings import Settings
 from .wire import (
@@ -98,7 +98,7 @@ class FlowerExecutor(RoundExecutor):
         than ``NODE_BLOWUP`` times the median of the other nodes' — a node sending wild
         deltas. None when no node stands out (or the
         uploads were masked: secure aggregation records none)."""
-        from ..federated.blame import Finding
+        from ..federated.round.blame import Finding
 
         for t in sorted(self.node_norms):
             norms = self.node_norms[t]

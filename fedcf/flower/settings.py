@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import registry
-from ..federated.dp import DifferentialPrivacy
-from ..federated.fedrecon import FedReconMF
-from ..federated.hyper import check_learnable
-from ..federated.items import ItemSpace
-from ..federated.secagg import SecureAggregation
+from ..federated.aggregators.dp import DifferentialPrivacy
+from ..federated.aggregators.secagg import SecureAggregation
+from ..federated.algorithms.fedrecon import FedReconMF
+from ..federated.algorithms.hyper import check_learnable
+from ..federated.algorithms.items import ItemSpace
 
 
 @dataclass
@@ -187,7 +187,7 @@ def default_aggregator():
     """A Flower run's aggregator when the run config names none: uploads clipped to 3× the
     round's median norm (NormClippedMean("median")), so a node sending scaled or wild deltas
     moves the model no more than an honest client. Name {"name": "mean"} for the plain mean."""
-    from ..federated.aggregators import NormClippedMean
+    from ..federated.aggregators.robust import NormClippedMean
 
     return NormClippedMean("median")
 

@@ -28,9 +28,9 @@ from operator import attrgetter
 import numpy as np
 
 from .. import registry
-from ..federated.base import run_seed
-from ..federated.partials import STATS, PartialSums, reduce_group
-from ..federated.phases import ClientOutputs
+from ..federated.algorithms.base import run_seed
+from ..federated.round.partials import STATS, PartialSums, reduce_group
+from ..federated.round.phases import ClientOutputs
 
 UPLOAD_FIELDS = ("offsets", "items", "d_Q", "d_b", "weights", "losses", "clients")
 SUM_FIELDS = ("groups", "items", "s_Q", "s_b", "stat_groups", "stats", "worst_client",
@@ -88,7 +88,7 @@ def client_params(est) -> str:
 def client_estimator(params_json: str):
     """The FedReconMF a node computes with, from ``client_params``' JSON (phase objects as saved
     specs, or as the run config's ``{"name": ...}`` specs)."""
-    from ..federated.fedrecon import FedReconMF
+    from ..federated.algorithms.fedrecon import FedReconMF
 
     kinds = registry.phase_kinds()
     try:

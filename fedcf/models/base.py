@@ -102,8 +102,6 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
         super().__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:  # an unknown keyword says where the setting lives
             cls.__init__ = named_kwargs(cls.__init__)
-    # name of the ridge regularization used for reconstruction; subclasses may override
-    _recon_lam_attr = "regularization"
 
     def _check_params(self) -> dict:
         """Every declared parameter rule (named errors); returns the cleaned values."""
@@ -174,7 +172,8 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
         return P, c
 
     def _recon_lam(self) -> float:
-        return float(getattr(self, self._recon_lam_attr))
+        """The ridge λ per rating of a reconstruction (the centralized models' own)."""
+        return float(self.regularization)
 
     def _recon_lam0(self) -> float:
         return 1e-3 * self._recon_lam() + 1e-6

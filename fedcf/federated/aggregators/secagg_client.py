@@ -1,0 +1,165 @@
+"""The device's part of secure aggregation: how a client turns its upload (or its
+hypergradient report) into the integers it masks — clipped, weighed, a noise share added,
+quantized, all from public figures (``Encoding``) — and the job that begins the protocol's
+client half on them (``SecureJob``), run where the client runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..round import secret
+from ..round.phases import ClientOutputs, RoundHyperparams, client_weights
+from ..round.reports import ReportEncoding, Reports, fixed_point_scale, signed_sum
+from .secagg_protocol import ClientHalves
+from .weighted import clip_factors
+
+STATS = ("loss", "weight", "unclipped", "used", "empty", "nonfinite", "nonfinite_recon")
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """What every client of a round needs to turn its upload into the integers it masks — all
+    public: the catalog shape, the number of clients asked (m), the bounds, and under DP the
+    clip rule and the share of distributed noise. ``encode`` runs where the clients run.
+
+    Every client asked takes part; one with nothing to send (an empty query set, a non-finite
+    update) sends zeros, so the server cannot tell it apart. Row layout: [s·Δ over every item
+    row (K factors and the bias) | r·loss | r | not-clipped bit | used | empty bit | non-finite
+    bit | non-finite-reconstruction bit | count of clipped values], u = min(w, W)/W the
+    normalised weight, r = min(n, W)/W the normalised query size (the loss is weighted by
+    query size as in the plain round; sizes above W weigh as W), both 0 for a client not
+    used; s = u (plain) or the DP factor; "used" = s (plain) or 1 (DP: counts the clients in
+    the fixed-denominator sum). Each column has its own fixed-point scale, so that m clients
+    sum without overflow modulo 2³²."""
+
+    n_items: int
+    K: int
+    m: int
+    value_bound: float
+    max_weight: float
+    loss_bound: float = 1e3
+    noise_std: float = 0.0
+    secret_noise: bool = True
+    seed: tuple = (0, 0)  # (run seed, round): only for insecure seeded noise
+    clip: float | None = None  # under DP: the round's clip norm C (``weighted.clip_factors``)
+    weight_cap: float | None = None  # under DP: the cap of the client weights, if any
+    # learning the weight exponent α: each client also sends s'·Δ and s' = ∂s/∂α
+    exponent: bool = False
+
+    @property
+    def n_values(self) -> int:
+        return self.n_items * (self.K + 1)
+
+    @property
+    def n_dense(self) -> int:
+        """The dense part of a row: s·Δ, and with ``exponent`` s'·Δ after it."""
+        return self.n_values * (2 if self.exponent else 1)
+
+    @property
+    def stats(self) -> tuple:
+        return STATS + (("dweight",) if self.exponent else ())
+
+    @property
+    def log_bound(self) -> float:
+        """|ln n| of a weight below the cap W: the bound of s'/s."""
+        return max(1.0, float(np.log(self.max_weight)))
+
+    @property
+    def width(self) -> int:
+        """Words per client row: the dense part, ``stats`` and the clip count."""
+        return self.n_dense + len(self.stats) + 1
+
+    def scales(self) -> np.ndarray:
+        """Fixed-point scale of each column (the values, then ``STATS``, then the clip count)."""
+        def scale(reach):
+            return fixed_point_scale(reach, f"value_bound={self.value_bound:g} with {self.m} "
+                                            "clients")
+        values = scale(self.m * self.value_bound + 8.0 * self.noise_std * np.sqrt(self.m))
+        unit = scale(self.m)
+        dense = np.full(self.n_values, values)
+        stats = [scale(self.m * self.loss_bound), unit, 1, unit, 1, 1, 1]
+        if self.exponent:
+            dense = np.concatenate([dense, np.full(self.n_values, scale(
+                self.m * self.value_bound * self.log_bound))])
+            stats.append(scale(self.m * self.log_bound))
+        return np.concatenate([dense, stats, [1]])
+
+    def encode(self, out: ClientOutputs, hp: RoundHyperparams):
+        """(uint32 rows of every client of ``out``, the float rows before clipping and
+        rounding — a simulation's diagnostic only)."""
+        bad, w, _ = client_weights(out, hp)
+        used = w > 0
+        u = np.minimum(w, self.max_weight) / self.max_weight
+        rows = np.zeros((out.n_clients, self.n_dense + len(self.stats)))
+        s, bit = (u, np.zeros(len(w))) if self.clip is None else \
+            clip_factors(out, w, self.clip, self.weight_cap)
+        ds = np.where(used & (w < self.max_weight),
+                      u * np.log(np.where(used, out.weights, 1.0)), 0.0)
+        for k in np.flatnonzero(used):
+            lo, hi = out.offsets[k], out.offsets[k + 1]
+            ok = out.items[lo:hi] >= 0
+            for start, f in ((0, s[k]), (self.n_values, ds[k])) if self.exponent else \
+                    ((0, s[k]),):
+                block = rows[k, start:start + self.n_values].reshape(self.n_items, self.K + 1)
+                np.add.at(block, (out.items[lo:hi][ok], slice(0, self.K)),
+                          f * out.d_Q[lo:hi][ok])
+                np.add.at(block[:, self.K], out.items[lo:hi][ok], f * out.d_b[lo:hi][ok])
+        loss = np.where(used, np.minimum(np.nan_to_num(out.losses), self.loss_bound), 0.0)
+        recon_bad = bad & ~np.isfinite(out.losses)
+        r = np.where(used, np.minimum(out.weights, self.max_weight) / self.max_weight, 0.0)
+        rows[:, self.n_dense:] = np.column_stack([  # the loss is weighted by query size
+            r * loss, r, np.where(used, bit, 0.0),
+            np.where(used, s if self.clip is None else 1.0, 0.0), ~used & ~bad,
+            bad & ~recon_bad, recon_bad, *((ds,) if self.exponent else ())])
+        if self.noise_std > 0:  # each client's own share, drawn where the client runs
+            for k in range(out.n_clients):
+                rows[k, :self.n_values] += secret.normal(self.n_values, self.noise_std) \
+                    if self.secret_noise else np.random.default_rng(
+                        [*self.seed, 0x5EC, int(out.client_ids()[k])]).normal(
+                        0.0, self.noise_std, self.n_values)
+        return self.quantize(rows), rows
+
+    def quantize(self, rows: np.ndarray) -> np.ndarray:
+        clipped = rows.copy()
+        clipped[:, :self.n_values] = np.clip(rows[:, :self.n_values], -self.value_bound,
+                                             self.value_bound)
+        bound = self.value_bound * self.log_bound
+        clipped[:, self.n_values:self.n_dense] = np.clip(rows[:, self.n_values:self.n_dense],
+                                                         -bound, bound)
+        q = np.empty((rows.shape[0], rows.shape[1] + 1), np.uint32)
+        q[:, :-1] = np.round(clipped * self.scales()[:-1]).astype(np.int64).astype(np.uint32)
+        q[:, -1] = np.count_nonzero(clipped != rows, axis=1)  # summed inside the protocol
+        return q
+
+    def decode(self, total: np.ndarray) -> tuple[np.ndarray, dict]:
+        """(the summed dense part, the summed ``stats`` and clip count by name)."""
+        got = signed_sum(total) / self.scales()
+        return got[:self.n_dense], dict(zip(self.stats + ("clipped",), got[self.n_dense:]))
+
+
+@dataclass(frozen=True)
+class SecureJob:
+    """The clients' part of one secure round, as the aggregator's public recipe fixes it:
+    encode each upload (clip, weigh, add a noise share, quantize: ``enc``), then mask it in
+    the protocol's session (threshold ``t``, ``neighbours``). An executor carries the job to
+    where its clients run and calls ``begin_updates`` or ``begin_reports`` there; it needs to
+    know nothing else of secure aggregation. The same code runs in process, on a Ray shard and
+    on a Flower node (which rebuilds the job from the message's public fields)."""
+
+    enc: Encoding | ReportEncoding
+    t: int
+    session: bytes
+    neighbours: int | None = None
+
+    def begin_updates(self, out: ClientOutputs, hp: RoundHyperparams) -> ClientHalves:
+        """The protocol halves of the clients of ``out``, their encoded uploads inside."""
+        return self.begin(out.client_ids(), self.enc.encode(out, hp)[0])
+
+    def begin_reports(self, reports: Reports) -> ClientHalves:
+        """The protocol halves of a reporting cohort, their encoded reports inside."""
+        return self.begin(reports.clients, self.enc.encode(reports))
+
+    def begin(self, clients, rows: np.ndarray) -> ClientHalves:
+        return ClientHalves(clients, rows, self.t, self.session, self.neighbours)

@@ -1,0 +1,202 @@
+"""FedNCF (federated NeuMF) on the federated round (phases.py), so differential privacy, secure
+aggregation, robust aggregators, checkpoints and the divergence guard apply to it as to FedMF.
+
+The global parameters travel as one matrix of width 2·n_factors: item row i is [q_g | q_m] (the
+GMF and MLP embeddings) and R more rows hold the MLP and output layer packed row after row
+(``_kernels.neumf.dense_layout``'s order, zero padded) — the way OpenCatalog carries its
+adapter rows. Every device touches the dense rows, so each round's mean includes them; a clip
+bounds a device's whole upload, item and dense rows together. A device keeps its user row
+[p_g | p_m] between rounds (``DeviceRows``) and never uploads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..._kernels.neumf import neumf_clients, neumf_fold_in
+from ...models.base import check_memory
+from ...models.negatives import check_layers, exclusion_csr
+from ...models.sampled_nets import NeuMFNet
+from .sampled_mf import FedMF, SampledProgram
+
+
+@dataclass(frozen=True)
+class NeuMFProgram(SampledProgram):
+    """FedNCF's client work (``_kernels.neumf.neumf_clients``): SampledProgram's, plus the MLP
+    widths and the R dense rows every device uploads."""
+
+    widths: np.ndarray
+    n_dense: int
+
+    def layout(self, counts):
+        weight, slots = super().layout(counts)
+        return weight, slots + self.n_dense
+
+    def run(self, data, clients, params, local, ids, out):
+        neumf_clients(data, clients, (params["Q"], params["b"]), local, self.excl, self.cfg,
+                      self.widths, self.n_items, ids, out)
+        return None
+
+    def tangents(self, data, clients, params, local, tangents, ids):
+        raise ValueError("FedNCF does not learn round hyperparameters")
+
+
+class FedNCF(FedMF):
+    """Federated NeuMF (FedNCF, Perifanis & Efraimidis, 2022) on fedcf's federated round: a GMF
+    branch p_g ⊙ q_g and an MLP branch over [p_m, q_m] (ReLU layers ``layers``) joined into one
+    logit, trained by binary cross-entropy on each device's positives and sampled negatives.
+    The user embeddings stay on the device; the item embeddings, the MLP and the output layer
+    are global, aggregated by any aggregator (differential privacy, secure aggregation, robust
+    means). Users unseen in fit are served by training their embeddings on their own device
+    with everything global frozen.
+
+    Parameters
+    ----------
+    n_factors : int, default 32
+        Width of each branch's embeddings (a row of ``item_factors_`` holds both: 2 × n_factors).
+    layers : tuple of int, default (32, 16)
+        Widths of the MLP branch's ReLU layers.
+    client_update : "sampled" or SampledUpdate, default "sampled"
+        As FedMF's, with step 0.5 for the user embeddings and the dense layers (FedMF's 0.1
+        trains them too slowly) and 2 × n_items × that step for the item rows (PFedRec's
+        factor 80 makes the MLP branch diverge), unless set.
+    init_scale : float, default 0.1
+        Standard deviation of the normal initial embeddings (the MLP is He-initialised).
+    n_rounds, clients_per_round, negatives, upload_items, server_optimizer, client_weighting,
+    min_examples, oversample, dropout, eval_every, checkpoint_path, checkpoint_every, dtype,
+    aggregator, random_state, verbose
+        As in FedMF (``upload_items=False`` switches federation off).
+
+    Attributes
+    ----------
+    item_factors_ : ndarray (n_items, 2 × n_factors), each item's [q_g | q_m]
+    item_biases_ : ndarray (n_items,), zero (NeuMF has no item bias)
+    dense_params_ : ndarray, the MLP and output layer packed (``NeuMFNet.unpack`` reads it)
+    user_factors_ : ndarray (n_users, 2 × n_factors), each device's kept [p_g | p_m]
+    user_biases_ : ndarray (n_users,), zero
+    user_ids_, item_ids_, interactions_, history_
+        As in FedMF.
+
+    Examples
+    --------
+    >>> from fedcf.datasets import make_synthetic_ratings
+    >>> from fedcf.federated import FedNCF
+    >>> data = make_synthetic_ratings(60, 20, 600, random_state=0)
+    >>> model = FedNCF(n_factors=4, layers=(8, 4), n_rounds=3, random_state=0).fit(data)
+    >>> model.user_scores([0]).shape
+    (1, 20)
+    """
+
+    _saved_arrays = FedMF._saved_arrays + ("dense_params_",)
+    _parameter_constraints = {**FedMF._parameter_constraints,
+                              "layers": lambda name, v: check_layers(v)}
+    _default_learning_rate = 0.5
+    _item_rate_factor = 2.0
+
+    def __init__(self, n_factors=32, *, layers=(32, 16), n_rounds=100, clients_per_round=1000,
+                 client_update="sampled", negatives=4, upload_items=True, server_optimizer="sgd",
+                 client_weighting="uniform", min_examples=1, oversample=0.0, dropout=0.0,
+                 init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
+                 dtype="float32", aggregator=None, random_state=None, verbose=False):
+        super().__init__(
+            n_factors, n_rounds=n_rounds, clients_per_round=clients_per_round,
+            client_update=client_update, negatives=negatives, upload_items=upload_items,
+            server_optimizer=server_optimizer, client_weighting=client_weighting,
+            min_examples=min_examples, oversample=oversample, dropout=dropout,
+            init_scale=init_scale, eval_every=eval_every, checkpoint_path=checkpoint_path,
+            checkpoint_every=checkpoint_every, dtype=dtype, aggregator=aggregator,
+            random_state=random_state, verbose=verbose)
+        self.layers = layers
+
+    # ------------------------------------------------------------------ the round
+    def _net(self) -> NeuMFNet:
+        return NeuMFNet(self.n_factors, check_layers(self.layers))
+
+    def _widths(self) -> np.ndarray:
+        return np.array(check_layers(self.layers), np.int64)
+
+    def _row_width(self) -> int:
+        return 2 * self.n_factors
+
+    def _check_memory(self, inter, dtype):
+        """The matrix factorization's need, plus the MLP: its rows in the global state and a
+        copy in every upload of the cohort (each device uploads all of them)."""
+        m = min(self.clients_per_round, inter.n_users) * (1 + self.oversample)
+        dense = self._net().dense_size * (dtype.itemsize + 6 * 8 + m * (dtype.itemsize + 8))
+        check_memory(self._memory_need(inter, dtype) + dense, f"FedNCF with layers="
+                     f"{self.layers!r}, n_factors={self.n_factors}", "lower layers or n_factors")
+
+    def _n_dense(self) -> int:
+        """Rows of the global matrix that hold the dense parameters."""
+        size = self._net().dense_size
+        return -(-size // self._row_width())
+
+    def _init_globals(self, inter, rng, dtype) -> dict:
+        emb = rng.normal(0.0, self.init_scale, (inter.n_items, self._row_width()))
+        theta = self._net().pack(self._net().init_dense(rng))
+        return self._packed(emb, theta, dtype)
+
+    def _packed(self, emb, theta, dtype) -> dict:
+        """The round's parameters: item rows, then theta row after row (zero padded)."""
+        n, W, R = len(emb), self._row_width(), self._n_dense()
+        Q = np.zeros((n + R, W), dtype)
+        Q[:n] = emb
+        Q[n:].reshape(-1)[:len(theta)] = theta
+        return {"Q": Q, "b": np.zeros(n + R, dtype)}
+
+    def _set_globals(self, params):
+        n = len(params["b"]) - self._n_dense()
+        self.item_factors_, self.item_biases_ = params["Q"][:n], params["b"][:n]
+        size = self._net().dense_size
+        self.dense_params_ = params["Q"][n:].reshape(-1)[:size].copy()
+
+    def _global_params(self) -> dict:
+        return self._packed(self.item_factors_, self.dense_params_, self.item_factors_.dtype)
+
+    def client_program(self, inter, mu):
+        return NeuMFProgram(self._cfg(inter.n_items), np.zeros(0, np.int64),
+                            exclusion_csr(inter, self._exclude_arg), inter.n_items,
+                            self._widths(), self._n_dense())
+
+    # ------------------------------------------------------------------ serving
+    def _fold_in(self, indptr, items, excl, keys, epochs=None):
+        """User rows of new devices trained on each device, everything global frozen."""
+        epochs = self.n_rounds * self._client_update().epochs if epochs is None else epochs
+        n, Q = len(indptr) - 1, self._global_params()["Q"].astype(np.float64)
+        P = np.zeros((n, self._row_width()))
+        neumf_fold_in(np.asarray(indptr, np.int64), np.asarray(items, np.int64), excl, Q,
+                      len(self.item_ids_), self._widths(), self._cfg(len(self.item_ids_), epochs),
+                      int(epochs), self._seed(), np.asarray(keys, np.uint64), P)
+        return P, np.zeros(n)
+
+    def _parts(self, P, Qi):
+        """(user, item, dense) dicts of NeuMFNet from user rows P and item rows Qi."""
+        d = self.n_factors
+        P, Qi = np.asarray(P, np.float64), np.asarray(Qi, np.float64)
+        return ({"pg": P[:, :d], "pm": P[:, d:]}, {"qg": Qi[:, :d], "qm": Qi[:, d:]},
+                self._net().unpack(np.asarray(self.dense_params_, np.float64)))
+
+    def score_all_items(self, factors, biases) -> np.ndarray:
+        """(n_users, n_items) NeuMF logits for the user rows ``factors`` (biases unused)."""
+        users, items, dense = self._parts(factors, self.item_factors_)
+        return self._net().all_scores(users, items, dense)
+
+    def _pair_scores(self, users, items, P, c, out) -> None:
+        """NeuMF logits of pairs; an unknown user or item (−1) has zero embeddings."""
+        P = np.vstack([np.asarray(P, np.float64), np.zeros((1, self._row_width()))])
+        Qi = np.vstack([np.asarray(self.item_factors_, np.float64),
+                        np.zeros((1, self._row_width()))])
+        if len(out):
+            user, rows, dense = self._parts(P[np.asarray(users)], Qi[np.asarray(items)])
+            out[:] = self._net().logits(user, rows, dense)
+
+    def _check_loaded(self, where: str):
+        super()._check_loaded(where)
+        theta = self._fitted("dense_params_")
+        size = self._net().dense_size
+        if theta is None or theta.shape != (size,) or theta.dtype.kind != "f":
+            raise ValueError(f"{where}: the dense parameters ({None if theta is None else theta.shape}) "
+                             f"do not match a FedNCF with n_factors={self.n_factors} and "
+                             f"layers={self.layers} ({size} numbers): damaged or edited")
