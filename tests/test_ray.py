@@ -375,3 +375,67 @@ def test_a_stuck_actor_is_restarted_after_the_shard_timeout(pop):
     assert restarts[:2] == [0, 0] and restarts[2] >= 1 and restarts[3] == 0, restarts
     with pytest.raises(ValueError, match="shard_timeout must be"):
         RayExecutor(shard_timeout=0)
+
+
+def _stateful_cases():
+    from fedcf.federated import FURLMF, FedAvgMF, FedMF, FedNCF, PFedRec
+
+    small = dict(n_factors=3, n_rounds=3, clients_per_round=40, random_state=0)
+    return {"fedavg": lambda **kw: FedAvgMF(**small, **kw),
+            "furl": lambda **kw: FURLMF(**small, **kw),
+            "fedmf": lambda **kw: FedMF(**small, **kw),
+            "pfedrec": lambda **kw: PFedRec(**small, **kw),
+            "fedncf": lambda **kw: FedNCF(layers=(4,), **small, **kw)}
+
+
+@pytest.mark.parametrize("name", sorted(_stateful_cases()))
+def test_a_stateful_estimator_on_ray_is_the_local_model(name, pop):
+    """The stateful baselines' user rows stay in the driver between rounds (as in process);
+    each round ships the cohort's rows to their shards and takes the updated rows back: the
+    item rows, the user rows and the losses are the in-process run's, bit for bit, for 1 and 3
+    shards."""
+    make = _stateful_cases()[name]
+    ref = make().fit(pop)
+    for n_shards in (1, 3):
+        m = make(executor=RayExecutor(n_shards)).fit(pop)
+        np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+        np.testing.assert_array_equal(m.user_factors_, ref.user_factors_)
+        np.testing.assert_array_equal(m.user_biases_, ref.user_biases_)
+        assert [h["loss"] for h in m.history_] == [h["loss"] for h in ref.history_]
+
+
+def test_a_stateful_run_survives_a_killed_actor(pop):
+    """A shard restarted mid-run is sent its clients' rows as the driver kept them, so the
+    retried round starts from the rows the round began with: the in-process model still."""
+    from fedcf.federated import FURLMF
+
+    bound = {}
+
+    class Captured(RayExecutor):
+        def bind(self, program, data, local_state=None):
+            bound["ex"] = super().bind(program, data, local_state)
+            return bound["ex"]
+
+    def kill(model, done):
+        if done == 1:
+            kill_now(bound["ex"].actors[0])
+
+    kw = dict(n_factors=3, n_rounds=3, clients_per_round=40, random_state=0)
+    ref = FURLMF(**kw).fit(pop)
+    m = FURLMF(**kw, eval_every=1, executor=Captured(2)).fit(pop, callback=kill)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    np.testing.assert_array_equal(m.user_factors_, ref.user_factors_)
+    assert [h["shard_restarts"] for h in m.history_] == [0, 1, 0]
+
+
+def test_a_stateful_estimator_under_secure_aggregation_on_ray(pop):
+    """The shards' clients run from the rows sent, encode and mask where they run; the model is
+    the in-process one (secure aggregation sums the same quantized uploads)."""
+    from fedcf.federated import FedMF
+
+    kw = dict(n_factors=3, n_rounds=2, clients_per_round=40, random_state=0,
+              aggregator=SecureAggregation(max_weight=100.0))
+    ref = FedMF(**kw).fit(pop)
+    m = FedMF(**kw, executor=RayExecutor(2)).fit(pop)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    np.testing.assert_array_equal(m.user_factors_, ref.user_factors_)

@@ -112,7 +112,12 @@ class FlowerExecutor(RoundExecutor):
                                            f"{len(others)} nodes'")
         return None
 
-    def set_program(self, program) -> FlowerExecutor:
+    def set_program(self, program, local_state=None) -> FlowerExecutor:
+        if local_state is not None:
+            raise ValueError("a Flower run trains stateless clients (Federated "
+                             "Reconstruction); a stateful estimator's user rows would have to "
+                             "live on the nodes between rounds, which the Flower app does not "
+                             "keep yet")
         self.program = program
         return self
 

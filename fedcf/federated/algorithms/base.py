@@ -65,7 +65,7 @@ class FederatedMFBase(MFEstimatorBase):
     biases = True
     rating_scale = None
     # parameters that only some federated estimators take, at their "off" value for the rest
-    executor = None  # estimators with stateful clients run them in this process
+    executor = None  # where the clients run (None: this process)
     hypergradients = None
     negatives = 0
 
@@ -393,7 +393,7 @@ class FederatedMFBase(MFEstimatorBase):
         """Phase 2 (client work): where the population's clients already run (a Ray or
         Flower population), else the ``executor`` parameter's, bound to this run."""
         if inter.executor is not None:
-            return inter.executor.set_program(program)
+            return inter.executor.set_program(program, local)
         return self._executor().bind(program, (inter.indptr, inter.items, inter.values), local)
 
     def _executor(self) -> Executor:

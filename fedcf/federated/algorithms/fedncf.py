@@ -66,7 +66,7 @@ class FedNCF(FedMF):
         Standard deviation of the normal initial embeddings (the MLP is He-initialised).
     n_rounds, clients_per_round, negatives, upload_items, server_optimizer, client_weighting,
     min_examples, oversample, dropout, eval_every, checkpoint_path, checkpoint_every, dtype,
-    aggregator, random_state, verbose
+    aggregator, executor, random_state, verbose
         As in FedMF (``upload_items=False`` switches federation off).
 
     Attributes
@@ -99,7 +99,8 @@ class FedNCF(FedMF):
                  client_update="sampled", negatives=4, upload_items=True, server_optimizer="sgd",
                  client_weighting="uniform", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
-                 dtype="float32", aggregator=None, random_state=None, verbose=False):
+                 dtype="float32", aggregator=None, executor=None, random_state=None,
+                 verbose=False):
         super().__init__(
             n_factors, n_rounds=n_rounds, clients_per_round=clients_per_round,
             client_update=client_update, negatives=negatives, upload_items=upload_items,
@@ -107,7 +108,7 @@ class FedNCF(FedMF):
             min_examples=min_examples, oversample=oversample, dropout=dropout,
             init_scale=init_scale, eval_every=eval_every, checkpoint_path=checkpoint_path,
             checkpoint_every=checkpoint_every, dtype=dtype, aggregator=aggregator,
-            random_state=random_state, verbose=verbose)
+            executor=executor, random_state=random_state, verbose=verbose)
         self.layers = layers
 
     # ------------------------------------------------------------------ the round

@@ -14,6 +14,7 @@ counting as no change, as in the authors' code) and the server optimizer applies
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ from ...models.base import RankingScoreMixin, user_keys
 from ...models.implicit_mf import coerce_implicit
 from ...models.negatives import check_negatives, dense_users, exclusion_csr
 from ..round.contracts import WholeModelBroadcast, phase_rule
-from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
+from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .client_update import SampledUpdate
 
 
@@ -54,6 +55,16 @@ class SampledProgram(WholeModelBroadcast):
     stages: np.ndarray
     excl: tuple
     n_items: int
+
+    def for_users(self, users: np.ndarray) -> SampledProgram:
+        """The exclusion rows of ``users`` only, renumbered in that order."""
+        ptr, items = self.excl
+        users = np.asarray(users, np.int64)
+        counts = ptr[users + 1] - ptr[users]
+        own = np.zeros(len(users) + 1, np.int64)
+        np.cumsum(counts, out=own[1:])
+        take = np.repeat(ptr[users] - own[:-1], counts) + np.arange(int(own[-1]))
+        return dataclasses.replace(self, excl=(own, items[take]))
 
     def layout(self, counts):
         """Weight: the device's positives; slots: every item it can touch."""
@@ -122,7 +133,7 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
     init_scale : float, default 0.1
         Standard deviation of the normal initial item rows and user parts.
     min_examples, oversample, dropout, eval_every, checkpoint_path, checkpoint_every, dtype,
-    aggregator, random_state, verbose
+    aggregator, executor, random_state, verbose
         As in FedReconMF.
 
     Attributes
@@ -147,7 +158,8 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
     _exclude_arg = None  # fit's ``exclude`` while a fit runs
     _fitted_extra = ("exclusions_",)
     _parameter_constraints = {
-        **_OWN, "client_update": phase_rule("client_update", SampledUpdate),
+        **_OWN, **EXECUTOR_CONSTRAINTS,
+        "client_update": phase_rule("client_update", SampledUpdate),
         "negatives": Int(1, 1000), "upload_items": Bool(),
     }
     _client_update_name = "SampledUpdate"
@@ -158,7 +170,8 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
                  client_update="sampled", negatives=4, upload_items=True, server_optimizer="sgd",
                  client_weighting="uniform", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
-                 dtype="float32", aggregator=None, random_state=None, verbose=False):
+                 dtype="float32", aggregator=None, executor=None, random_state=None,
+                 verbose=False):
         self.n_factors, self.n_rounds = n_factors, n_rounds
         self.clients_per_round, self.client_update = clients_per_round, client_update
         self.negatives, self.upload_items = negatives, upload_items
@@ -166,7 +179,7 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
         self.min_examples, self.oversample, self.dropout = min_examples, oversample, dropout
         self.init_scale, self.eval_every = init_scale, eval_every
         self.checkpoint_path, self.checkpoint_every = checkpoint_path, checkpoint_every
-        self.dtype, self.aggregator = dtype, aggregator
+        self.dtype, self.aggregator, self.executor = dtype, aggregator, executor
         self.random_state, self.verbose = random_state, verbose
 
     # ------------------------------------------------------------------ fit

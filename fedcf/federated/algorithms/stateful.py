@@ -12,7 +12,7 @@ from ..._kernels.layout import HP_OFFSET
 from ..._validation import Bool, RatingScale
 from ...models.base import RatingScoreMixin
 from ..round.contracts import WholeModelBroadcast, phase_rule
-from .base import FEDERATED_CONSTRAINTS, FederatedMFBase
+from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .hyper import HYPER_CONSTRAINTS
 from .reconstruction import RidgeReconstruction
 
@@ -36,7 +36,8 @@ _PARAMS_DOC = """
     rating_scale : (low, high) or None
     reconstruction : "als" or RidgeReconstruction, default "als"
         The exact ridge reconstruction that serves users unseen in fit (λ 0.1 unless set).
-    eval_every, checkpoint_path, checkpoint_every, dtype, aggregator, random_state, verbose
+    eval_every, checkpoint_path, checkpoint_every, dtype, aggregator, executor, random_state,
+    verbose
         As in FedReconMF.
     hypergradients : Hypergradients or None, default None
         As in FedReconMF; its holdout must stay 0 (None): the clients report the loss of their
@@ -131,7 +132,8 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
     _reconstruction_kind = RidgeReconstruction  # new users: the exact ridge solve
     _default_learning_rate = 0.1
-    _parameter_constraints = {**FEDERATED_CONSTRAINTS, **HYPER_CONSTRAINTS, "biases": Bool(),
+    _parameter_constraints = {**FEDERATED_CONSTRAINTS, **HYPER_CONSTRAINTS,
+                              **EXECUTOR_CONSTRAINTS, "biases": Bool(),
                               "rating_scale": RatingScale(),
                               "reconstruction": phase_rule("reconstruction", RidgeReconstruction)}
 
@@ -141,7 +143,7 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
                  oversample=0.0, dropout=0.0, init_scale=0.05, rating_scale=None,
                  reconstruction="als", eval_every=0, checkpoint_path=None,
                  checkpoint_every=50, dtype="float32", aggregator=None, hypergradients=None,
-                 random_state=None, verbose=False):
+                 executor=None, random_state=None, verbose=False):
         self.n_factors = n_factors
         self.biases = biases
         self.n_rounds = n_rounds
@@ -161,6 +163,7 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
         self.dtype = dtype
         self.aggregator = aggregator
         self.hypergradients = hypergradients
+        self.executor = executor
         self.random_state = random_state
         self.verbose = verbose
 

@@ -124,11 +124,10 @@ class RayExecutor(Executor):
             raise ValueError(f"shard_timeout must be a number of seconds > 0 or None, got {t!r}")
 
     def bind(self, program, data, local_state=None) -> BoundRayExecutor:
-        """Connect, ship the shards once, and start the actors for one run."""
-        if local_state is not None:
-            raise ValueError("RayExecutor runs stateless clients only (Federated "
-                             "Reconstruction): the stateful baselines keep user rows here")
-        return BoundRayExecutor(self, data).set_program(program)
+        """Connect, ship the shards once, and start the actors for one run. ``local_state``:
+        the stateful clients' rows (P, c), kept here between rounds as in process; each round
+        ships the cohort's rows to their shards and takes the updated rows back."""
+        return BoundRayExecutor(self, data).set_program(program, local_state)
 
     def open(self, source) -> RemotePopulation:
         """Start the actors on a population *spec* (``fedcf.datasets.SyntheticPopulation``, or
@@ -236,17 +235,18 @@ class BoundRayExecutor(RoundExecutor):
             [data] * spec.n_shards
         self.actor_cls = ray.remote(Shard).options(num_cpus=self.num_cpus,
                                                    resources=spec.resources or {})
-        self.program, self.round_stats, self.counts = None, {}, None
+        self.program, self.round_stats, self.counts, self.local = None, {}, None, None
         self.actors = [self._start(s) for s in range(spec.n_shards)]
         if isinstance(data, tuple):
             self.counts = np.diff(data[0])
 
-    def set_program(self, program) -> BoundRayExecutor:
-        """Give every actor the client program of this run (and wait until all are up)."""
-        self.program = program
+    def set_program(self, program, local_state=None) -> BoundRayExecutor:
+        """Give every actor the client program of this run (and wait until all are up);
+        ``local_state``: the stateful clients' rows, kept here (see ``RayExecutor.bind``)."""
+        self.program, self.local = program, local_state
         try:
-            self.ray.get([a.set_program.remote(program) for a in self.actors],
-                         timeout=START_TIMEOUT)
+            self.ray.get([a.set_program.remote(program, self._local_layout())
+                          for a in self.actors], timeout=START_TIMEOUT)
         except self.ray.exceptions.GetTimeoutError as e:
             self.close()
             raise RuntimeError(f"the {self.spec.n_shards} Ray shard actors did not start within "
@@ -258,8 +258,16 @@ class BoundRayExecutor(RoundExecutor):
         actor = self.actor_cls.remote(s, self.spec.n_shards, int(self.num_cpus) or 1,
                                       self.data_refs[s])
         if self.program is not None:  # a restarted actor: calls to it run in order
-            actor.set_program.remote(self.program)
+            actor.set_program.remote(self.program, self._local_layout())
         return actor
+
+    def _local_layout(self):
+        """(width, dtype) of the stateful clients' rows, or None (stateless clients)."""
+        return None if self.local is None else (self.local[0].shape[1], self.local[0].dtype)
+
+    def _rows_of(self, clients):
+        """The stateful rows of ``clients`` (what their shard runs them from), or None."""
+        return None if self.local is None else tuple(a[clients] for a in self.local)
 
     def _split(self, clients) -> list[np.ndarray]:
         where = shard_of(clients, self.spec.n_shards)
@@ -276,7 +284,7 @@ class BoundRayExecutor(RoundExecutor):
 
         def send(s):
             call = self.actors[s].call.options(num_returns=2) if two else self.actors[s].call
-            return call.remote(method, parts[s], ref)
+            return call.remote(method, parts[s], ref, self._rows_of(parts[s]))
 
         pending = {s: send(s) for s in range(len(parts))}
         results, restarts = {}, 0
@@ -305,7 +313,19 @@ class BoundRayExecutor(RoundExecutor):
         t2 = time.perf_counter()
         self.round_stats = {"shard_restarts": restarts, "broadcast_seconds": t1 - t0,
                             "client_seconds": t2 - t1}
-        return [results[s] for s in range(len(parts))], parts
+        out = [results[s] for s in range(len(parts))]
+        if self.local is not None:  # every shard answered: the round's rows, kept here
+            out = [self._keep_rows(parts[s], r, two) for s, r in enumerate(out)]
+        return out, parts
+
+    def _keep_rows(self, clients, result, two: bool):
+        """A stateful shard's answer without the updated rows of its clients, which go into
+        the rows kept here (a round retried after a failure starts again from the old rows,
+        which are replaced only once every shard answered)."""
+        (head, rows), rest = (result[0], result[1]) if two else (result, None)
+        for kept, new in zip(self.local, rows):
+            kept[clients] = new
+        return (head, rest) if two else head
 
     def partials(self, cohort, params, ids, aggregator, hp) -> PartialSums:
         """The cohort's sums: each shard's subtree sums, added pairwise by reducer tasks up a

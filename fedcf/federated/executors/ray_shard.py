@@ -54,6 +54,7 @@ class Shard:
         self.keys = np.empty(len(users) + 2, np.uint64)  # [seed, round, key per row]
         self.keys[2:] = users
         self.executor = None
+        self.local = None  # stateful clients: the rows of this round's clients, as sent
         self.halves = None  # the protocol's client halves of a secure round in progress
 
     def rows_of(self, clients) -> np.ndarray:
@@ -66,8 +67,14 @@ class Shard:
         """Bytes of what the shard keeps for the run (stream keys, CSR index, items, ratings)."""
         return int(self.keys.nbytes + sum(a.nbytes for a in self.data))
 
-    def set_program(self, program) -> int:
-        self.executor = BoundLocalExecutor(program, self.data)
+    def set_program(self, program, local_layout=None) -> int:
+        """Run ``program`` from now on; ``local_layout`` = (width, dtype) of stateful clients'
+        rows, which each call brings (the driver keeps them between rounds)."""
+        if local_layout is not None:
+            n, (K, dtype) = len(self.keys) - 2, local_layout
+            self.local = (np.zeros((n, K), dtype), np.zeros(n, dtype))
+        program = program.for_users(self.keys[2:].astype(np.int64))  # its own users only
+        self.executor = BoundLocalExecutor(program, self.data, self.local)
         return self.shard
 
     def vocabulary(self):
@@ -91,12 +98,26 @@ class Shard:
         self.keys[:2] = np.asarray(ids, np.uint64)[:2]
         return _cohort(rows), self.keys
 
-    def call(self, method: str, clients, args):
+    def call(self, method: str, clients, args, rows=None):
         """One round's work: ``method`` on this shard's clients, with the round's arguments
-        (one object in the store for all shards)."""
+        (one object in the store for all shards). Stateful clients: ``rows`` are their rows,
+        set before they run; the answer carries their rows after it (beside the size of a
+        ``partials`` answer, whose sums stay in the store)."""
         calls = {"run": self.run, "partials": self.partials, "tangents": self.tangents,
                  "secure_begin": self.secure_begin, "reports_begin": self.reports_begin}
-        return calls[method](clients, *args)
+        if rows is None:
+            return calls[method](clients, *args)
+        if self.local is None:
+            raise ValueError(f"shard {self.shard} was sent client rows but runs a stateless "
+                             "program")
+        at = self.rows_of(clients)
+        for kept, given in zip(self.local, rows):
+            kept[at] = given
+        result = calls[method](clients, *args)
+        new = tuple(a[at].copy() for a in self.local)
+        if method == "partials":
+            return (result[0], new), result[1]
+        return result, new
 
     def secure_begin(self, clients, params, ids, hp, job):
         """Secure aggregation, in this actor: run the clients and begin the aggregator's

@@ -213,6 +213,10 @@ class ClientProgram(Protocol):
     def values_up_local(self, n_used: int, K: int) -> int:
         """Numbers the used clients send besides their row deltas (e.g. a default's delta)."""
 
+    def for_users(self, users: np.ndarray):
+        """This program for the given users of the population only, renumbered 0, 1, ... in
+        that order (a Ray shard's users): a program that holds data per user cuts it."""
+
 
 class WholeModelBroadcast:
     """Communication of a client program whose clients download the whole global model (and a
@@ -230,6 +234,9 @@ class WholeModelBroadcast:
 
     def values_up_local(self, n_used: int, K: int) -> int:
         return 0
+
+    def for_users(self, users: np.ndarray):
+        return self  # nothing held per user
 
 
 # ---------------------------------------------------------------------- executors
@@ -266,9 +273,10 @@ class RoundExecutor(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot compute hypergradient "
                                   "tangents; learned hyperparameters need another executor")
 
-    def set_program(self, program) -> RoundExecutor:
+    def set_program(self, program, local_state=None) -> RoundExecutor:
         """Run ``program`` on this executor's clients (an executor that a population opened
-        before the fit built its program: Ray shards, Flower nodes)."""
+        before the fit built its program: Ray shards, Flower nodes); ``local_state``: the
+        stateful clients' rows, or None."""
         raise NotImplementedError(f"{type(self).__name__} is bound to its program")
 
     def secure_clients(self, cohort, params: dict, ids: np.ndarray, hp, job):
