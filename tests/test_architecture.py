@@ -186,3 +186,26 @@ def test_every_package_folder_is_installed():
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fedcf").rglob(
         "__init__.py")}
     assert found <= listed, f"add to pyproject's packages: {sorted(found - listed)}"
+
+
+def test_one_list_of_estimators():
+    """The registry's estimators are the package's: each is exported at the top level and
+    takes the federated vocabulary when it is federated; every estimator class exported at
+    the top level is registered (load_model and the command line read the registry)."""
+    import inspect
+
+    import fedcf
+    from fedcf import registry
+    from fedcf.federated.algorithms.base import FederatedMFBase
+    from fedcf.models.base import MFEstimatorBase
+
+    registered = {registry.lookup("estimator", n) for n in registry.names("estimator")}
+    exported = {getattr(fedcf, n) for n in fedcf.__all__ if n[0].isupper()}
+    assert registered <= exported
+    assert {c for c in exported if inspect.isclass(c) and issubclass(c, MFEstimatorBase)} \
+        == registered
+    for cls in registered:
+        if issubclass(cls, FederatedMFBase):
+            params = set(inspect.signature(cls).parameters)
+            assert {"client_update", "server_optimizer", "aggregator", "executor"} <= params, \
+                cls.__name__

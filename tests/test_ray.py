@@ -383,6 +383,8 @@ def _stateful_cases():
     small = dict(n_factors=3, n_rounds=3, clients_per_round=40, random_state=0)
     return {"fedavg": lambda **kw: FedAvgMF(**small, **kw),
             "furl": lambda **kw: FURLMF(**small, **kw),
+            "furl-learned-rate": lambda **kw: FURLMF(  # the tangents run from the rows sent
+                **small, hypergradients=Hypergradients(["server_learning_rate"]), **kw),
             "fedmf": lambda **kw: FedMF(**small, **kw),
             "pfedrec": lambda **kw: PFedRec(**small, **kw),
             "fedncf": lambda **kw: FedNCF(layers=(4,), **small, **kw)}
