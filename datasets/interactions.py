@@ -64,6 +64,25 @@ def _factorize(raw: np.ndarray, catalog: np.ndarray | None, column: str):
     return codes.astype(np.int64), uniques
 
 
+def csr_take(indptr: np.ndarray, rows: np.ndarray, counts: np.ndarray | None = None) -> tuple:
+    """(indptr, positions) of ``rows`` of a CSR taken in that order: the new row pointers and,
+    for each entry of the new CSR, its position in the old one (``counts``: entries to take
+    per row, default each row's own).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.datasets.interactions import csr_take
+    >>> csr_take(np.array([0, 2, 3, 6]), np.array([2, 0]))
+    (array([0, 3, 5]), array([3, 4, 5, 0, 1]))
+    """
+    rows = np.asarray(rows, np.int64)
+    counts = indptr[rows + 1] - indptr[rows] if counts is None else counts
+    new = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(counts, out=new[1:])
+    return new, np.repeat(indptr[rows] - new[:-1], counts) + np.arange(int(new[-1]))
+
+
 @dataclass(frozen=True, eq=False)
 class Interactions:
     """User-grouped CSR of (item, value, timestamp) with raw-id maps.
@@ -434,12 +453,7 @@ class Interactions:
         if users.size and (users.min() < 0 or users.max() >= self.n_users):
             bad = users[(users < 0) | (users >= self.n_users)][0]
             raise IndexError(f"user index {bad} out of range for {self.n_users} users")
-        counts = self.counts()[users]
-        indptr = np.zeros(len(users) + 1, dtype=np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        starts = self.indptr[users]
-        # gather positions of every selected entry, vectorized
-        pos = np.repeat(starts - indptr[:-1], counts) + np.arange(indptr[-1])
+        indptr, pos = csr_take(self.indptr, users)
         return Interactions(
             indptr=indptr,
             items=self.items[pos],

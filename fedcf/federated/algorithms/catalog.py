@@ -14,6 +14,7 @@ import pandas as pd
 from ..._kernels.catalog import base_vectors, catalog_recon_predict, reconstruct_one
 from ..._validation import raw_ids
 from ...datasets import DataValidationError, Interactions, hash_buckets
+from ...datasets.interactions import csr_take
 from ...models.base import LocalParams, _as_pairs, _as_ratings, content_key, user_keys
 from ...models.prediction import check_reconstructed, inference_keys
 from .items import CatalogLocalParams, ItemRows
@@ -159,9 +160,7 @@ class OpenScorer:
             return np.zeros(len(dense) + 1, np.int64), self.rows.catalog_ids[:0], np.zeros(0)
         known = np.where(dense >= 0, dense, 0)
         counts = np.where(dense >= 0, inter.indptr[known + 1] - inter.indptr[known], 0)
-        indptr = np.zeros(len(dense) + 1, np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        take = np.repeat(inter.indptr[known] - indptr[:-1], counts) + np.arange(indptr[-1])
+        indptr, take = csr_take(inter.indptr, known, counts)
         return indptr, inter.item_ids[inter.items[take]], inter.values[take]
 
     def recommend(self, items=None, ratings=None, *, user=None, n: int = 10,

@@ -30,6 +30,7 @@ from ..._kernels.sampled import (
 )
 from ..._validation import Bool, Int, check_int
 from ...datasets import DataValidationError, Interactions
+from ...datasets.interactions import csr_take
 from ...models.base import RankingScoreMixin, user_keys
 from ...models.implicit_mf import coerce_implicit
 from ...models.negatives import check_negatives, dense_users, exclusion_csr
@@ -59,11 +60,7 @@ class SampledProgram(WholeModelBroadcast):
     def for_users(self, users: np.ndarray) -> SampledProgram:
         """The exclusion rows of ``users`` only, renumbered in that order."""
         ptr, items = self.excl
-        users = np.asarray(users, np.int64)
-        counts = ptr[users + 1] - ptr[users]
-        own = np.zeros(len(users) + 1, np.int64)
-        np.cumsum(counts, out=own[1:])
-        take = np.repeat(ptr[users] - own[:-1], counts) + np.arange(int(own[-1]))
+        own, take = csr_take(ptr, users)
         return dataclasses.replace(self, excl=(own, items[take]))
 
     def layout(self, counts):

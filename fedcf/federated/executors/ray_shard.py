@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 
+from ...datasets.interactions import csr_take
 from ..round.partials import REDUCE_GROUPS, PartialSums, reduce_group
 from ..round.phases import BoundLocalExecutor, ClientOutputs, Cohort
 from ..round.reports import Reports
@@ -172,10 +173,7 @@ def _own_rows(shard, n_shards, indptr, items, values):
     """(users, indptr, items, values): the users of ``shard`` out of the driver's CSR, in a
     CSR over those users only."""
     users = np.flatnonzero(shard_of(np.arange(len(indptr) - 1), n_shards) == shard)
-    counts = np.diff(indptr)[users]
-    own = np.zeros(len(users) + 1, np.int64)
-    np.cumsum(counts, out=own[1:])
-    take = np.repeat(indptr[users] - own[:-1], counts) + np.arange(int(own[-1]))
+    own, take = csr_take(indptr, users)
     return users, own, np.ascontiguousarray(items[take]), np.ascontiguousarray(values[take])
 
 
