@@ -354,7 +354,7 @@ def _train_reply(users=(0,), clients=(0,), Q=(50, 6), dtype=np.float32, ids=2, p
     ({"ids": 3}, "ids must be two integers"),
     ({"users": [0, 2], "clients": [0, 0]}, "clients must be distinct"),
     ({"clients": [-1]}, "clients must be distinct ids >= 0"),
-    ({"params": "{"}, "FedReconMF parameters are refused"),
+    ({"params": "{"}, "estimator parameters are refused"),
     ({"params": '{"n_factors": -1}'}, "n_factors"),
     ({"Q": (49, 6), "kind": "evaluate"}, "need Q (50, 6)"),
 ])
@@ -1036,3 +1036,47 @@ def test_a_divergence_caused_by_one_node_names_the_node(tmp_path, aggregator, re
     with pytest.raises(FloatingPointError, match=rf"one node's uploads dwarf.*node {BIG + 1}'s "
                                                  r"updates had norm"):
         run(FakeGrid(partitions(4), tamper=wild), tmp_path, {**PARAMS, "aggregator": aggregator})
+
+
+@pytest.mark.parametrize("aggregator", [None, {"name": "secure", "min_cohort": 2}])
+def test_an_implicit_model_over_messages_is_the_in_process_model(tmp_path, aggregator):
+    """fedcf-model="fedrecon-implicit": the nodes run FedReconImplicitMF's client program from
+    the message's parameters (the ``model`` field names it), plain or under secure
+    aggregation; the fitted model is the in-process one bit for bit."""
+    from fedcf import FedReconImplicitMF, load_model
+
+    params = {"n_factors": 4, "n_rounds": 3, "clients_per_round": 30, "random_state": 0,
+              "aggregator": aggregator}
+    settings = Settings(params=dict(params), model="fedrecon-implicit", eval_fraction=0.0,
+                        model_path=str(tmp_path / "m.npz")).check()
+    res = serve(FakeGrid(partitions(3)), settings)
+    model = load_model(res["model_path"])
+    ref, evaluation, _ = fit_in_process(params, DATA, 0.0, model="fedrecon-implicit")
+    assert isinstance(model, FedReconImplicitMF) and evaluation is None
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    assert [h["loss"] for h in res["history"]] == [h["loss"] for h in ref.history_]
+    assert res["params"]["model"] == "fedrecon-implicit" and res["refusals"] == []
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(model="fedavg"), "a Flower run trains one of"),
+    (dict(model="fedrecon-implicit", eval_fraction=0.2), "eval-fraction=0.2 with fedcf-model"),
+    (dict(model="fedrecon-implicit", params={"biases": True}), "FedReconImplicitMF has no "
+                                                               "parameter 'biases'"),
+])
+def test_a_flower_model_setting_is_checked(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Settings(**{"params": {}, **kw}).check()
+
+
+def test_a_node_refuses_parameters_its_model_does_not_take():
+    """The device checks what it is asked to compute with: an unknown model, or a parameter the
+    model does not take, is refused."""
+    import json
+
+    from fedcf.flower.wire import client_estimator
+
+    with pytest.raises(ValueError, match="not one a node runs"):
+        client_estimator(json.dumps({"model": "furl"}))
+    with pytest.raises(ValueError, match="FedReconImplicitMF has no parameter 'biases'"):
+        client_estimator(json.dumps({"model": "fedrecon-implicit", "biases": True}))

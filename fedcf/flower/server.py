@@ -17,7 +17,6 @@ from ..eval.protocols import finish_recon_sums
 from ..eval.splits import user_split_indices
 from ..federated.aggregators.weighted import upload_norms
 from ..federated.algorithms.base import run_seed
-from ..federated.algorithms.fedrecon import FedReconMF
 from ..federated.round.contracts import RoundExecutor
 from ..federated.round.partials import PartialSums, add_nodes
 from ..federated.round.phases import ClientOutputs, cohort_order
@@ -382,14 +381,15 @@ def wait_for_nodes(grid, min_nodes: int, seconds: float) -> list[int]:
 
 
 def serve(grid, settings: Settings) -> dict:
-    """The whole server program: directory, user split, FedReconMF fit over the nodes,
+    """The whole server program: directory, user split, the fit over the nodes (FedReconMF, or
+    ``settings.model``'s estimator),
     federated ReconEval, saved model and result. Returns the result (also written to
     ``settings.result_path``); its ``received`` names every record and field the server got
     in the training replies, by message type."""
     t0 = time.perf_counter()
     refusals = Refusals()
     nodes = wait_for_nodes(grid, int(settings.min_nodes), float(settings.wait_seconds))
-    est = FedReconMF(**settings.params)
+    est = settings.estimator()
     floor = max(int(est.min_examples), 1) if est.dp_release else None
     directory = Directory.query(grid, nodes, settings.reply_timeout, refusals, floor,
                                 settings.catalog())

@@ -25,7 +25,12 @@ class Settings:
     Parameters
     ----------
     params : dict
-        FedReconMF parameters (JSON in the run config; phase objects as {"name": ...} specs).
+        The estimator's parameters (JSON in the run config ``fedcf-params``; phase objects as
+        {"name": ...} specs).
+    model : {"fedrecon", "fedrecon-implicit"}, default "fedrecon"
+        The estimator (run config ``fedcf-model``): FedReconMF or FedReconImplicitMF, whose
+        clients keep nothing between rounds. Federated ReconEval (``eval_fraction``) reports
+        rating errors, so an implicit run takes eval_fraction=0.
     eval_fraction : float in [0, 1), default 0.1
         Share of the users held out for federated ReconEval.
     eval_support_fraction : float in (0, 1), default 0.5
@@ -52,7 +57,8 @@ class Settings:
     (8, 2)
     """
 
-    params: dict = field(default_factory=dict)  # FedReconMF parameters
+    params: dict = field(default_factory=dict)  # the estimator's parameters
+    model: str = "fedrecon"  # the estimator, by registered name (a stateless one)
     eval_fraction: float = 0.1  # share of the users held out for federated ReconEval
     eval_support_fraction: float = 0.5
     min_nodes: int = 1  # wait for this many nodes before the directory query
@@ -63,7 +69,7 @@ class Settings:
     result_path: str | None = None  # a JSON of the run (history, evaluation, refusals, bytes)
     catalog_path: str | None = None  # the run's public item catalog (one integer id per line)
 
-    KEYS = {"fedcf-params": "params", "eval-fraction": "eval_fraction",
+    KEYS = {"fedcf-params": "params", "fedcf-model": "model", "eval-fraction": "eval_fraction",
             "eval-support-fraction": "eval_support_fraction", "min-nodes": "min_nodes",
             "wait-seconds": "wait_seconds", "reply-timeout": "reply_timeout",
             "min-replies": "min_replies",
@@ -72,7 +78,7 @@ class Settings:
 
     @classmethod
     def from_run_config(cls, run_config) -> Settings:
-        """Keys: fedcf-params (JSON of FedReconMF parameters), eval-fraction,
+        """Keys: fedcf-params (JSON of the estimator's parameters), fedcf-model, eval-fraction,
         eval-support-fraction, min-nodes, min-replies, wait-seconds, reply-timeout, model-path,
         result-path; others (the nodes' dataset keys) are ignored here."""
         kw = {cls.KEYS[k]: v for k, v in dict(run_config).items() if k in cls.KEYS}
@@ -115,7 +121,7 @@ class Settings:
 
     def check(self) -> Settings:
         if not isinstance(self.params, dict):
-            raise TypeError(f"fedcf-params must be a JSON object of FedReconMF parameters, got "
+            raise TypeError(f"fedcf-params must be a JSON object of the estimator's parameters, got "
                             f"{type(self.params).__name__}")
         if self.params.get("executor"):
             raise ValueError(f"fedcf-params executor={self.params['executor']!r} is not "
@@ -154,11 +160,37 @@ class Settings:
             raise ValueError("insecure_seeded_noise=True with distributed noise: in a Flower run "
                              "each device draws its share of the noise from its own secure "
                              "randomness; use noise='server' for a seeded test run")
+        est = self.estimator()
+        if isinstance(est, FedReconMF):
+            self._check_fedrecon(est)
+        elif float(self.eval_fraction) > 0:
+            raise ValueError(f"eval-fraction={self.eval_fraction} with fedcf-model="
+                             f"{self.model!r}: federated ReconEval reports rating errors, which "
+                             "an implicit model does not predict; set eval-fraction=0 and rank "
+                             "held-out users in process")
+        if est.dp_release and isinstance(est.aggregator, DifferentialPrivacy) and \
+                est.aggregator.weight_cap is not None:
+            raise ValueError("fedcf-params: weight_cap needs every user's rating count at the "
+                             "server, which a Flower run under differential privacy never "
+                             "sends (the nodes list only eligible users); leave weight_cap=None")
+        return self
+
+    def estimator(self):
+        """The run's estimator (``model``: a stateless federated one), its parameters checked;
+        a bad name or parameter is refused, naming it."""
+        if self.model not in FLOWER_MODELS:
+            raise ValueError(f"fedcf-model={self.model!r}: a Flower run trains one of "
+                             f"{list(FLOWER_MODELS)} (their clients keep nothing between "
+                             "rounds)")
+        cls = registry.lookup("estimator", self.model)
         try:
-            est = FedReconMF(**self.params)
-            est.check_params()  # names a bad parameter now, not mid-run
+            return cls(**self.params).check_params()  # names a bad parameter now, not mid-run
         except TypeError as e:
-            raise ValueError(f"fedcf-params: {e}; see help(fedcf.FedReconMF) for the names") from e
+            raise ValueError(f"fedcf-params: {e}; see help(fedcf.{cls.__name__}) for the "
+                             "names") from e
+
+    def _check_fedrecon(self, est) -> None:
+        """What a Flower run of FedReconMF cannot do yet, refused before it starts."""
         if registry.resolve("item_space", est.item_space, ItemSpace, "item_space").open:
             raise ValueError("fedcf-params: an open item space (item_space=OpenCatalog) is not "
                              "available in a Flower run yet (its nodes run FedReconMF's "
@@ -175,12 +207,10 @@ class Settings:
                 raise ValueError(f"fedcf-params: {e}. In a Flower run the default aggregator is "
                                  "NormClippedMean; name the plain mean with "
                                  "\"aggregator\": {\"name\": \"mean\"}") from None
-        if est.dp_release and isinstance(est.aggregator, DifferentialPrivacy) and \
-                est.aggregator.weight_cap is not None:
-            raise ValueError("fedcf-params: weight_cap needs every user's rating count at the "
-                             "server, which a Flower run under differential privacy never "
-                             "sends (the nodes list only eligible users); leave weight_cap=None")
-        return self
+
+
+# the estimators a Flower run trains: stateless clients, whose nodes keep nothing between rounds
+FLOWER_MODELS = ("fedrecon", "fedrecon-implicit")
 
 
 def default_aggregator():

@@ -37,9 +37,15 @@ SUM_FIELDS = ("groups", "items", "s_Q", "s_b", "stat_groups", "stats", "worst_cl
               "worst_loss")
 DIRECTORY_FIELDS = ("users", "counts", "sums", "catalog")
 RECON_FIELDS = ("sse", "sae", "hits", "n", "users")
-# FedReconMF parameters that decide what a client computes (everything else is the server's)
-CLIENT_PARAMS = ("n_factors", "biases", "client_update", "init_scale", "split", "reconstruction",
-                 "joint", "dtype", "random_state")
+# per estimator (registered name), the parameters that decide what a client computes
+# (everything else is the server's)
+CLIENT_PARAMS = {
+    "fedrecon": ("n_factors", "biases", "client_update", "init_scale", "split",
+                 "reconstruction", "joint", "dtype", "random_state"),
+    "fedrecon-implicit": ("n_factors", "alpha", "reconstruction", "client_update", "negatives",
+                          "negative_weight", "full_negatives", "item_bias", "user_bias", "split",
+                          "init_scale", "dtype", "random_state"),
+}
 
 
 class ReplyError(ValueError):
@@ -77,26 +83,32 @@ def read_arrays(content, record: str, fields) -> dict:
 
 
 def client_params(est) -> str:
-    """The JSON of the FedReconMF parameters a client needs."""
+    """The JSON of the estimator (its registered name, ``model``) and of the parameters its
+    clients need."""
+    model = registry.name_of("estimator", type(est))
     params = est.get_params(deep=False)
-    out = {k: registry.encode(params[k]) for k in CLIENT_PARAMS}  # phase objects as specs
+    out = {k: registry.encode(params[k]) for k in CLIENT_PARAMS[model]}  # phase objects: specs
+    out["model"] = model
     out["dtype"] = np.dtype(out["dtype"]).name
     out["random_state"] = run_seed(est.random_state)
     return json.dumps(out, sort_keys=True)
 
 
 def client_estimator(params_json: str):
-    """The FedReconMF a node computes with, from ``client_params``' JSON (phase objects as saved
-    specs, or as the run config's ``{"name": ...}`` specs)."""
-    from ..federated.algorithms.fedrecon import FedReconMF
-
+    """The estimator a node computes with, from ``client_params``' JSON (phase objects as saved
+    specs, or as the run config's ``{"name": ...}`` specs): one of ``CLIENT_PARAMS``' stateless
+    estimators; a parameter it does not take is refused, naming it."""
     kinds = registry.phase_kinds()
     try:
         params = {k: registry.decode(v, k) for k, v in json.loads(params_json).items()}
-        return FedReconMF(**{k: registry.from_spec(k, v) if k in kinds else v
-                             for k, v in params.items()}).check_params()
+        model = params.pop("model", "fedrecon")
+        if model not in CLIENT_PARAMS:
+            raise ValueError(f"model {model!r} is not one a node runs ({sorted(CLIENT_PARAMS)})")
+        cls = registry.lookup("estimator", model)
+        return cls(**{k: registry.from_spec(k, v) if k in kinds else v
+                      for k, v in params.items()}).check_params()
     except (TypeError, ValueError) as e:  # a device checks what it is asked to compute with
-        raise ValueError(f"the message's FedReconMF parameters are refused: {e}") from e
+        raise ValueError(f"the message's estimator parameters are refused: {e}") from e
 
 
 def encode_upload(out: ClientOutputs) -> object:

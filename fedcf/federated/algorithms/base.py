@@ -114,7 +114,11 @@ class FederatedMFBase(MFEstimatorBase):
                 raise ValueError(f"executor={self.executor!r} cannot run the clients of a "
                                  f"{type(X).__name__}, which has its own; leave executor=None")
             return X
-        return opened if opened is not None else Interactions.coerce(X, y, **data_kwargs)
+        return opened if opened is not None else self._coerce_data(X, y, **data_kwargs)
+
+    def _coerce_data(self, X, y, **data_kwargs) -> Interactions:
+        """Data held here as Interactions (ratings; the implicit estimators read strengths)."""
+        return Interactions.coerce(X, y, **data_kwargs)
 
     def _usable_loss(self, inter) -> float:
         """A mean query loss above this means the model is no longer usable: 10⁴ × the loss of

@@ -180,7 +180,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
                              "default weighted mean aggregates; use aggregator=None or sampled "
                              "negatives")
 
-    def _coerce(self, X, y, **data_kwargs):
+    def _coerce_data(self, X, y, **data_kwargs):
         return coerce_implicit(X, y, **data_kwargs)
 
     def _usable_loss(self, inter) -> float:

@@ -195,7 +195,7 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
         self.rating_scale_ = None
         return self
 
-    def _coerce(self, X, y, **data_kwargs):
+    def _coerce_data(self, X, y, **data_kwargs):
         return coerce_implicit(X, y, **data_kwargs)
 
     def _public_vocabulary(self, inter):
