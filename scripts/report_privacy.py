@@ -1,0 +1,189 @@
+"""eval/PRIVACY.md: privacy attacks, DP utility, secure aggregation cost, mutants."""
+
+from __future__ import annotations
+
+from report_common import pct, provenance, signed_pct, table
+
+
+def population_values(rows) -> dict:
+    st = rows[0]["meta"]["settings"]
+    plain = next(r for r in rows if r.get("delta") is None)
+    dp = next(r for r in rows if r.get("delta") is not None and not r.get("adaptive") and
+              r.get("target_epsilon", st["target_epsilon"]) == st["target_epsilon"])
+    rel = dp["rmse"] / plain["rmse"] - 1
+    met = dp["epsilon"] <= st["target_epsilon"] * 1.001 and rel <= 0.03
+    return {
+        "population_provenance": provenance(rows[0]["meta"], "privacy_population.json"),
+        "population_data": f"{st['population']:,} users, {rows[0]['train_users']:,} in training",
+        "population_test": f"{20_000:,}", "population_rounds": st["population_rounds"],
+        "population_clip": st.get("population_clip"),
+        "population_weight_cap": f"{st.get('population_weight_cap', st['weight_cap']):g}",
+        "population_clients": f"{st['population_clients']:,}",
+        "table_population": table(
+            ["run", "RMSE", "accuracy", "ε", "ε by RDP", "δ", "noise multiplier σ", "seconds"],
+            [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
+              "" if r["epsilon"] is None else f"{r['epsilon']:.3f}",
+              "" if r.get("epsilon_rdp") is None else f"{r['epsilon_rdp']:.3f}",
+              "" if r.get("delta") is None else f"{r['delta']:g}",
+              "" if r.get("noise_multiplier") is None else f"{r['noise_multiplier']:.3f}",
+              f"{r['seconds']:.1f}") for r in rows]),
+        "population_verdict": (f"{'met' if met else 'missed'}: ε = {dp['epsilon']:.3f}, RMSE "
+                               f"{signed_pct(rel)} against the non-private run"),
+    }
+
+
+def privacy_values(rows) -> dict:
+    def num(x, fmt=".4f"):
+        return "" if x is None else format(x, fmt)
+
+    st = rows[0]["meta"]["settings"]
+    util = [r for r in rows if "rmse" in r and "attack" not in r]
+    leak = [r for r in rows if r["name"].startswith("leakage")]
+    att = [r for r in rows if "attack" in r]
+    return {
+        "provenance": provenance(rows[0]["meta"], "privacy.json"), "K": st["factors"],
+        "rounds": st["rounds"], "clip": st["clip"], "delta": f"{st['delta']:g}",
+        "weight_cap": f"{st['weight_cap']:g}",
+        "attackers": pct(st["attackers"], 0), "row_clip": f"{st.get('row_clip', 0.3):g}",
+        "target": next((r["target_item"] for r in att), ""),
+        "table_utility": table(["row", "RMSE", "accuracy", "ε", "numbers up / round", "seconds"],
+                               [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
+                                 num(r.get("epsilon"), ".3g"), f"{r['values_up']:,.0f}",
+                                 f"{r['seconds']:.1f}") for r in util]),
+        "table_leakage": table(["server's view", "rated-set recall", "rated-set precision",
+                                "chance (95 % interval)", "embedding cosine (abs)"],
+                               [(r["name"].removeprefix("leakage: "),
+                                 num(r.get("rated_set_recall"), ".3f"),
+                                 num(r.get("rated_set_precision"), ".3f"),
+                                 _chance(r), num(r.get("embedding_abs_cosine"), ".3f"))
+                                for r in leak if "lift" not in r]),
+        "table_sum": table(["cohort", "rated-set precision of the sum's rows",
+                            "rated-set recall", "× chance"],
+                           [(f"{r['cohort']:,}", f"{r['rated_set_precision']:.3f}",
+                             f"{r['rated_set_recall']:.3f}", f"{r['lift']:.2f}")
+                            for r in leak if "lift" in r]),
+        "secagg_verdict": secagg_verdict(rows),
+        "table_attacks": table(["attack + aggregator", "RMSE", "accuracy", "target hit rate"],
+                               [(r["name"], f"{r['rmse']:.4f}", pct(r["accuracy"]),
+                                 pct(r["target_hit_rate"])) for r in att]),
+        "promotion_verdict": promotion_verdict(att),
+    }
+
+
+def _chance(r) -> str:
+    if r.get("chance") is None:
+        return ""
+    if r.get("chance_halfwidth") is None:
+        return f"{r['chance']:.3f}"
+    return f"{r['chance']:.3f} ± {r['chance_halfwidth']:.3f}"
+
+
+def secagg_verdict(rows) -> str:
+    """Issue 31's targets on the transcript attacks and the utility of secure aggregation."""
+    attacks = [r for r in rows if r["name"].startswith("leakage: secure aggregation, (")]
+    if not attacks:
+        return "not measured in this JSON (it predates the protocol's transcript audit)"
+    inside = [r for r in attacks if abs(r["rated_set_recall"] - r["chance"])
+              <= r["chance_halfwidth"]]
+    out = [f"{len(inside)} of {len(attacks)} attacks within the chance interval"]
+    plain = next((r for r in rows if r["name"].startswith("plain mean, ")), None)
+    sec = next((r for r in rows if r["name"].startswith("secure aggregation, ")), None)
+    if plain and sec:
+        out.append(f"secure aggregation's RMSE {sec['rmse']:.4f} against the plain row's "
+                   f"{plain['rmse']:.4f} ({signed_pct(sec['rmse'] / plain['rmse'] - 1)})")
+    return "; ".join(out)
+
+
+def secagg_cost_values(rows) -> dict:
+    """PRIVACY.md's cost of secure aggregation (scripts/secagg_cost.py)."""
+    if not rows:
+        return {"secagg_cost": "Not measured yet: run `python scripts/secagg_cost.py --json "
+                               "eval/results/secagg_cost.json`."}
+    body = table(["clients m", "graph", "items", "threshold t", "dropped", "seconds per client",
+                  "server seconds", "MiB up per client", "plain vector, MiB"],
+                 [(f"{r['clients']:,}", "every pair" if not r.get("neighbours") else
+                   f"SecAgg+, k = {r['neighbours']}", f"{r['n_items']:,}",
+                   f"{r['threshold']} of {r.get('holders', r['clients'])}", r["dropped"],
+                   f"{r['client_seconds']:.3f}", f"{r['server_seconds']:.2f}",
+                   f"{r['bytes_up_per_client'] / 2**20:.2f}", f"{r['plain_bytes'] / 2**20:.2f}")
+                  for r in rows])
+    big = max(rows, key=lambda r: (r["n_items"], -r["clients"]))
+    phone = (f" For the largest catalog measured, {big['n_items']:,} items at K = {big['K']} "
+             f"in a cohort of {big['clients']}, one device spends "
+             f"{big['client_seconds']:.3f} s of protocol work on this machine "
+             f"and uploads {big['bytes_up_per_client'] / 2**20:.2f} MiB per "
+             "round, besides downloading the item matrix.")
+    return {"secagg_cost": provenance(rows[0]["meta"], "secagg_cost.json") + "\n\n" + body +
+            "\n\nConfigurations over the script's budgets (mask words, share holders) are not "
+            "run; the script prints which." + phone}
+
+
+def flower_secagg_values(dep) -> dict:
+    """PRIVACY.md's Flower deployment under secure aggregation (scripts/flower_deploy.py
+    --secure-aggregation)."""
+    cmd = ("`python scripts/flower_deploy.py --dataset ml-100k --nodes 4 --rounds 3 "
+           "--clients-per-round 30 --intruders 1 --secure-aggregation --kill-after-masking "
+           "--json eval/results/flower_deploy_secagg.json`")
+    if not dep:
+        return {"flower_secagg": f"Not measured yet: run {cmd}."}
+    hist, kill = dep["secagg"], dep.get("killed_node_at")
+    rows = [(r + 1, f"{sec}", f"{dep['round_seconds'][r]:.1f}",
+             dep["messages_per_round"][r], f"{dep['bytes_down_per_round'][r] / 2**20:.2f}",
+             f"{dep['bytes_up_per_round'][r] / 2**20:.2f}",
+             f"{h['secagg_bytes_per_client'] / 2**20:.3f}", h["secagg_survivors"],
+             "no" if h["secagg_lost_round"] else "yes")
+            for r, (h, sec) in enumerate(zip(hist, [h["secagg_threshold"] for h in hist]))]
+    body = table(["round", "threshold t", "seconds", "messages", "MiB down (all nodes)",
+                  "MiB up (all nodes)", "protocol MiB per client", "survivors", "aggregated"],
+                 rows)
+    lost = "" if not kill else (
+        f" The last node was killed (SIGKILL) when the `{kill['group']}` message reached it, "
+        f"after it had sent its masked vectors; the refusals logged against it: "
+        f"{sum(1 for r in dep['refusals'] if 'secagg' in r['stage'])} in training, "
+        f"{sum(1 for r in dep['refusals'] if r['stage'] == 'recon eval')} in the evaluation.")
+    fields = sorted({f.split('.')[0] for recs in dep["received"].values()
+                     for fs in recs.values() for f in fs})
+    return {"flower_secagg": provenance(dep["meta"], "flower_deploy_secagg.json") + "\n\n" +
+            f"SuperLink and {dep['nodes']} SuperNodes on {dep['dataset']} (TLS and node "
+            f"authentication {'on' if dep['tls_and_node_auth'] else 'off'}; "
+            f"{dep.get('intruders_turned_away', 0)} of {dep['intruders']} unregistered nodes "
+            f"turned away), {len(hist)} rounds under `SecureAggregation` (threshold share 0.5): "
+            f"item factors {'identical' if dep['identical_item_factors'] else 'different'} to "
+            f"the in-process secure-aggregation fit; message types the server received: "
+            f"{', '.join(sorted(dep['received']))} (protocol tables: {', '.join(fields)})."
+            f"{lost}\n\n" + body + "\n\nBytes are Flower's serialized messages, all steps "
+            "of a round; the protocol column is the server half's count of what one client "
+            "sent."}
+
+
+def mutants_values(doc) -> dict:
+    """PRIVACY.md's mutation-testing section (scripts/mutants.py)."""
+    if doc is None:
+        return {"mutants": "Not measured yet: run `python scripts/mutants.py --json "
+                           "eval/results/mutants.json`."}
+    rows = doc["rows"]
+    killed = sum(r["killed"] for r in rows)
+    return {"mutants": provenance(doc["meta"], "mutants.json") + "\n\n" +
+            f"{killed} of {len(rows)} mutants killed by " +
+            ", ".join(f"`{t}`" for t in doc["tests"]) + ".\n\n" +
+            table(["mutant", "file", "killed", "first failing run"],
+                  [(r["mutant"], f"`{r['file']}`", "yes" if r["killed"] else "**no**",
+                    r["summary"]) for r in rows])}
+
+
+def promotion_verdict(att) -> str:
+    """The issue's promotion target (hit rate at least halved) for each promotion attack: the
+    plain mean against the aggregator that holds the item's hit rate lowest."""
+    lines = []
+    runs = dict.fromkeys((r["attack"], r.get("attack_scale")) for r in att
+                         if (r["attack"] or "").startswith("promote"))
+    for kind, scale in runs:
+        rows = [r for r in att if (r["attack"], r.get("attack_scale")) == (kind, scale)]
+        mean = next(r for r in rows if r["name"].endswith("+ mean"))
+        best = min(rows, key=lambda r: r["target_hit_rate"])
+        met = best["target_hit_rate"] <= 0.5 * mean["target_hit_rate"] and \
+            mean["target_hit_rate"] > 0
+        lines.append(f"- {mean['name'].rsplit(' + ', 1)[0]}: {pct(mean['target_hit_rate'])} "
+                     f"with the plain mean, {pct(best['target_hit_rate'])} at best "
+                     f"({best['name'].split(' + ', 1)[1]}) — {'met' if met else 'missed'}")
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""README.md's generated blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+from report_common import ms, pct, provenance, rmse_acc, signed_pct, table
+from report_results import cold_sentence, random_table
+
+
+def tune_block(tuned) -> str:
+    grid = [r for r in tuned if r["protocol"] == "paper-recon-val"]
+    best = next(r for r in grid if r.get("selected"))
+    chosen = next(r for r in tuned if "tuned on validation" in r["name"])
+    n_div = sum(not np.isfinite(r["rmse"]) for r in grid)
+    return (provenance(tuned[0]["meta"], "movielens_tuned.json") + "\n\n" +
+            f"Selected from {len(grid)} settings ({n_div} diverged): " +
+            ", ".join(f"{k} = {v}" for k, v in best["params"].items()) +
+            f" (validation ReconEval RMSE {best['rmse']:.4f}); on the test users "
+            f"{rmse_acc(chosen)}. The whole grid is in [eval/RESULTS.md](eval/RESULTS.md).")
+
+
+def grid_block(doc) -> str:
+    """README's GridSearchCV over phase parameters (scripts/grid_search.py)."""
+    names = list(dict.fromkeys(n for r in doc["rows"] for n in r["params"]))
+
+    def cell(r, n):
+        if n not in r["params"]:
+            return "fixed"
+        return f"{r['params'][n]:g}"
+    rows = sorted(doc["rows"], key=lambda r: tuple(r["params"].get(n, -1) for n in names))
+    s = doc["settings"]
+    data = {"100k": "MovieLens-100K"}.get(doc["dataset"], doc["dataset"])
+    return (provenance(doc["meta"], "grid_search.json") + "\n\n" +
+            f"{data}, {doc['n_users']} users; K = {s['n_factors']}, {s['rounds']} "
+            f"rounds × {s['clients_per_round']} clients (Poisson-sampled), DP noise multiplier "
+            f"{doc['noise_multiplier']}, ε = {doc['epsilon']:.2f} at δ = {doc['delta']:g} per "
+            f"training run; {s['splits']} held-out user draws per setting; the whole search took "
+            f"{doc['search_seconds']:.0f} s.\n\n" + table(
+                [*(f"`{n}`" for n in names), "ReconEval RMSE (± SD over draws)", "selected"],
+                [(*(cell(r, n) for n in names), f"{r['rmse']:.4f} ± {r['rmse_sd']:.4f}",
+                  "✓" if r["params"] == doc["best"] else "") for r in rows]))
+
+
+def cli_block(session) -> str:
+    lines = [f"Recorded {session['meta']['date'][:10]} on "
+             f"{session['meta']['machine'].split(',')[0]} by `{session['meta']['command']}` "
+             "(`eval/results/cli_session.json`).", "", "```console"]
+    for step in session["steps"]:
+        lines += [f"$ {step['command']}", *step["output"].splitlines()]
+    return "\n".join([*lines, "```"])
+
+
+def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
+    by = {r["name"]: r for r in paper}
+    keep = ["centralized + StandardEval", "centralized + ReconEval", "FedAvg + ReconEval",
+            "FedRecon (ALS reconstruction, biases)", "FedRecon (paper config, SGD reconstruction)"]
+    blocks = {
+        "timing": (f"The main job took {paper[0]['meta']['total_seconds']:.0f} s with warm Numba "
+                   f"caches and {cold_sentence(paper, cold)}, {paper[0]['meta']['date'][:10]}, "
+                   f"{paper[0]['meta']['machine'].split(',')[0]}, "
+                   f"{paper[0]['meta']['machine'].split(',')[1].strip()}." + "".join(
+                       f" Peak memory {r['peak_rss_mib']:,.0f} MiB (scripts/bench.py, "
+                       f"{r['meta']['date'][:10]})." for r in bench
+                       if r["name"].startswith("peak memory, main job"))),
+        "movielens": provenance(paper[0]["meta"], "movielens_paper.json") + "\n\n" + table(
+            ["row (unseen users unless noted)", "RMSE", "accuracy"],
+            [(n, f"{by[n]['rmse']:.3f}", pct(by[n]["accuracy"])) for n in keep]),
+        "centralized": provenance(random_rows[0]["meta"], "movielens_random.json") + "\n\n" +
+        random_table(random_rows)}
+    pick = [r for r in bench if r.get("speedup") is not None]
+    blocks["speed"] = provenance(bench[0]["meta"], "bench.json") + "\n\n" + table(
+        ["row", "fedcf", "peer", "speedup"],
+        [(r["name"], ms(r["fedcf_seconds"]), r.get("peer") or "", f"{r['speedup']:.3g}×")
+         for r in pick])
+    ib = {(r["name"], r["protocol"]): r for r in impl}
+    blocks["ctr"] = "\n".join([
+        provenance(impl[0]["meta"], "implicit.json"), "",
+        *(f"- {n} ({p} users): precision@10 {r['precision']:.3f}" for (n, p), r in ib.items()),
+        "", provenance(ctr["meta"], "ctr.json"), "",
+        f"- online CTR lift of FedRecon over popularity on the simulated population: "
+        f"{signed_pct(ctr['lift'])} (95 % interval {signed_pct(ctr['lift_low'])} … "
+        f"{signed_pct(ctr['lift_high'])})."])
+    return blocks
+
+
+def install_block(doc) -> str:
+    """README's sentence on what the two commands install (scripts/install_footprint.py)."""
+    base, test = doc["rows"]
+    top = ", ".join(f"{n} {m:,.0f} MiB" for n, m in test["largest"][:3])
+    return (f"The first command installs {base['distributions']} packages besides fedcf "
+            f"({base['mib']:,.0f} MiB on disk); the test extras bring the environment to "
+            f"{test['distributions']} packages and {test['mib']:,.0f} MiB (largest: {top}), "
+            f"measured {doc['meta']['date'][:10]}, Python {doc['meta']['python']}, "
+            f"{doc['meta']['machine'].split(',')[0]} (scripts/install_footprint.py).")
+
+
+def deploy_lines(dep) -> list[str]:
+    """A real deployment's bullet points (scripts/flower_deploy.py)."""
+    d, dl = dep["recon_eval"], dep["local_recon_eval"]
+    where = ("each SuperNode holding its own users' ratings file, the run config naming no "
+             "dataset" if dep.get("device_data") else "each SuperNode keeping a partition")
+    lines = [f"- SuperLink and {dep['nodes']} SuperNodes as separate processes on "
+             f"{dep['dataset']} ({where}), {len(dep['round_seconds'])} rounds via `flwr run`: "
+             f"item factors {'identical' if dep['identical_item_factors'] else 'different'} "
+             f"to the in-process fit; ReconEval RMSE {d['rmse']:.4f} (in process "
+             f"{dl['rmse']:.4f}); rounds took "
+             f"{min(dep['round_seconds']):.1f}–{max(dep['round_seconds']):.1f} s; "
+             f"{len(dep['listening'])} listening sockets, all on 127.0.0.1: "
+             f"{all(a.startswith('127.0.0.1:') for a in dep['listening'])}; processes "
+             f"left after shutdown: {len(dep['left_running'])}; whole deployment "
+             f"{dep['deploy_seconds']:.0f} s."]
+    if dep.get("device_data"):
+        msgs = np.mean(dep["messages_per_round"])
+        down = np.mean(dep["bytes_down_per_round"]) / msgs / 1024
+        up = np.mean(dep["bytes_up_per_round"]) / msgs / 1024
+        users = (dep["n_train_users"] + dep["n_eval_users"]) / dep["nodes"]
+        lines.append(f"- What a node paid per training round (means over the rounds; a node "
+                     f"here holds about {users:,.0f} users): {down:,.0f} KiB down (the global "
+                     f"model) and {up:,.0f} KiB up, one message each way.")
+    cost = (dep.get("device_cost") or {}).get("train")
+    if cost:
+        lines.append(
+            f"- What a training message cost a node, as the node logged it on its own machine "
+            f"(medians over {cost['messages']} messages): {cost['startup_seconds']:.2f} s of "
+            f"start-up (a fresh `flwr-clientapp` process under Flower's subprocess isolation: "
+            f"Python, NumPy, fedcf and Numba's cached kernels), then "
+            f"{cost['handler_seconds'] * 1e3:,.0f} ms to load its ratings and run its users; "
+            f"peak memory {cost['peak_rss_mib']:,.0f} MiB. The same users' work in a warm "
+            f"process (no isolation, measured in the same run): "
+            f"{cost['warm_process_seconds'] * 1e3:,.1f} ms.")
+    if "tls_and_node_auth" in dep:
+        lines.append(f"- TLS and SuperNode authentication: "
+                     f"{'on' if dep['tls_and_node_auth'] else 'off'}; SuperNodes started "
+                     f"with unregistered keys: {dep['intruders']} (turned away by the "
+                     f"SuperLink: {dep.get('intruders_turned_away', 'not recorded')}); "
+                     f"nodes the server saw: {dep['n_nodes']}.")
+    return lines
+
+
+def flower_block(sim, dep, devices=None) -> str:
+    """README "Deploying with Flower": the simulation on ML-100K and the real deployments."""
+    f, loc = sim["flower_recon_eval"], sim["local_recon_eval"]
+    same = "identical bit for bit" if sim["identical_item_factors"] and \
+        sim["identical_item_biases"] else f"max |difference| {sim['max_abs_difference']:.3g}"
+    vb = sim["value_bytes"]
+    lines = [provenance(sim["meta"], "flower.json"), "",
+             f"- Simulation engine, {sim['partitions']} nodes holding {sim['dataset']} partitions "
+             f"({sim['n_train_users']} training users, {sim['n_eval_users']} held out), "
+             f"{sim['params']['n_rounds']} rounds of {sim['params']['clients_per_round']} users: "
+             f"item factors {same} with FedReconMF in process; federated ReconEval RMSE "
+             f"{f['rmse']:.4f} vs {loc['rmse']:.4f} in process (accuracy {pct(f['accuracy'])} vs "
+             f"{pct(loc['accuracy'])}); {len(sim['refusals'])} replies refused; message fields "
+             f"outside the wire format: {len(sim['unexpected_fields'])}.",
+             f"- Bytes per message through Flower: down {sim['bytes_down_per_message']:,.0f} "
+             f"(fedcf's accounting: {sim['values_down_per_client_round']:,.0f} values × {vb} B = "
+             f"{sim['values_down_per_client_round'] * vb:,.0f} B per client), up "
+             f"{sim['bytes_up_per_message']:,.0f} for {sim['clients_per_message']:.2f} users on "
+             f"average ({sim['values_up_per_client_round']:,.0f} values × {vb} B = "
+             f"{sim['values_up_per_client_round'] * vb:,.0f} B per user); per user asked: "
+             f"{sim['bytes_down_per_client_round']:,.0f} B down, "
+             f"{sim['bytes_up_per_client_round']:,.0f} B up.",
+             f"- Simulation wall time {sim['flower_seconds']:.0f} s (the in-process fit: "
+             f"{sim['local_seconds']:.1f} s)."]
+    for name, d in (("flower_deploy.json", dep), ("flower_deploy_devices.json", devices)):
+        if d is not None:
+            lines += ["", provenance(d["meta"], name), "", *deploy_lines(d)]
+    return "\n".join(lines)
+
+
