@@ -596,3 +596,21 @@ def test_a_model_saved_with_the_flat_update_names_loads_with_them_moved(cls, tmp
     if cls is not PFedRec:  # (PFedRec scores from the fit data, which a loaded model lacks)
         np.testing.assert_array_equal(back.user_scores(np.arange(5)),
                                       m.user_scores(np.arange(5)))
+
+
+def test_a_program_for_some_users_holds_their_exclusions_only():
+    """What a Ray shard runs: FedMF's program cut to some users, renumbered in their order,
+    holds exactly those users' exclusion rows (a shard indexing the whole population's rows
+    with its own numbering drew other users' negatives)."""
+    from fedcf.models.negatives import exclusion_csr
+
+    inter = _data()
+    m = FedMF(4, n_rounds=1, random_state=0)
+    program = m.client_program(inter, 0.0)
+    users = np.array([5, 0, 17, 3])
+    cut = program.for_users(users)
+    want = exclusion_csr(inter.subset_users(users))
+    np.testing.assert_array_equal(cut.excl[0], want[0])
+    np.testing.assert_array_equal(cut.excl[1], want[1])
+    whole = program.for_users(np.arange(inter.n_users))
+    np.testing.assert_array_equal(whole.excl[1], program.excl[1])

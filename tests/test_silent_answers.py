@@ -476,3 +476,12 @@ def test_implicit_reconstruction_needs_a_positive_lambda():
             make_synthetic_ratings(20, 10, 100, random_state=0))
     with pytest.raises(TypeError, match="one of \\['als'\\]"):
         FedReconImplicitMF(reconstruction="sgd").check_params()
+
+
+def test_fitted_state_is_read_by_declared_names_only():
+    """``_fitted`` reads declared fitted attributes (None when absent); a name no class declares
+    raises instead of reading as "not fitted"."""
+    m = FedReconMF(n_factors=2)
+    assert m._fitted("item_factors_") is None and m._fitted("item_space_") is None
+    with pytest.raises(AttributeError, match="not a declared fitted attribute of FedReconMF"):
+        m._fitted("item_factor_")
