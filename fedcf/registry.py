@@ -72,6 +72,13 @@ def register(kind: str, name: str, target) -> None:
     _ENTRIES.setdefault(kind, {})[name] = target
 
 
+def unregister(kind: str, name: str) -> None:
+    """Forget ``name`` of ``kind`` (a class registered for a while, e.g. by a test)."""
+    if name not in _ENTRIES.get(kind, {}):
+        raise KeyError(f"{name!r} is not a registered {kind}")
+    del _ENTRIES[kind][name]
+
+
 def names(kind: str) -> list[str]:
     return sorted(_ENTRIES.get(kind, {}))
 

@@ -89,6 +89,22 @@ def tiny_df():
     })
 
 
+@pytest.fixture
+def custom_estimator():
+    """examples/custom_estimator.py's NormalInitMF, registered while the test runs (the
+    registry's list is as before afterwards)."""
+    from fedcf import registry
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "custom_estimator.py"
+    spec = importlib.util.spec_from_file_location("custom_estimator", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        yield module.NormalInitMF
+    finally:
+        registry.unregister("estimator", "normal-init-mf")
+
+
 def load_script(name):
     """Import scripts/<name>.py as a module (the scripts are not part of the package)."""
     path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"

@@ -10,6 +10,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"
 EXPECT = {"quickstart.py": "ReconEval on", "federated_checkpoints.py": "uninterrupted one: True",
           "tune_on_unseen_users.py": "best:", "implicit_recommend.py": "ndcg@10",
           "offline_ctr.py": "true CTR", "custom_phases.py": "custom phases: ok",
+          "custom_estimator.py": "custom estimator: ok",
           "slate_ope.py": "exact CTR of the target"}
 
 

@@ -1059,7 +1059,8 @@ def test_an_implicit_model_over_messages_is_the_in_process_model(tmp_path, aggre
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(model="fedavg"), "a Flower run trains one of"),
+    (dict(model="fedavg"), "a Flower run trains estimators whose clients keep nothing"),
+    (dict(model="nope"), "fedcf-model=.nope.: .nope. is not a registered estimator"),
     (dict(model="fedrecon-implicit", eval_fraction=0.2), "eval-fraction=0.2 with fedcf-model"),
     (dict(model="fedrecon-implicit", params={"biases": True}), "FedReconImplicitMF has no "
                                                                "parameter 'biases'"),
@@ -1076,7 +1077,23 @@ def test_a_node_refuses_parameters_its_model_does_not_take():
 
     from fedcf.flower.wire import client_estimator
 
-    with pytest.raises(ValueError, match="not one a node runs"):
+    with pytest.raises(ValueError, match="FURLMF is not one"):
         client_estimator(json.dumps({"model": "furl"}))
     with pytest.raises(ValueError, match="FedReconImplicitMF has no parameter 'biases'"):
         client_estimator(json.dumps({"model": "fedrecon-implicit", "biases": True}))
+
+
+def test_a_new_estimator_runs_over_flower_unchanged(custom_estimator, tmp_path):
+    """examples/custom_estimator.py's NormalInitMF, registered on the server and the nodes,
+    trains over Flower messages (run config fedcf-model) as in process, with nothing in the
+    Flower app written for it; the saved model loads as that class."""
+    from fedcf import load_model
+
+    settings = Settings(params=dict(PARAMS), model="normal-init-mf", eval_fraction=0.2,
+                        model_path=str(tmp_path / "m.npz")).check()
+    res = serve(FakeGrid(partitions(3)), settings)
+    ref, ref_eval, _ = fit_in_process(PARAMS, DATA, 0.2, model="normal-init-mf")
+    model = load_model(res["model_path"])
+    assert type(model) is custom_estimator and res["params"]["model"] == "normal-init-mf"
+    np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
+    assert res["recon_eval"]["rmse"] == pytest.approx(ref_eval["rmse"], rel=1e-12)

@@ -441,3 +441,13 @@ def test_a_stateful_estimator_under_secure_aggregation_on_ray(pop):
     m = FedMF(**kw, executor=RayExecutor(2)).fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
     np.testing.assert_array_equal(m.user_factors_, ref.user_factors_)
+
+
+def test_a_new_estimator_runs_on_ray_unchanged(custom_estimator, pop):
+    """examples/custom_estimator.py's NormalInitMF (one class: a new initialisation) trains on
+    Ray shards as in process, with nothing in the executor written for it."""
+    kw = dict(n_factors=3, n_rounds=3, clients_per_round=40, random_state=0)
+    ref = custom_estimator(**kw).fit(pop)
+    m = custom_estimator(**kw, executor=RayExecutor(2)).fit(pop)
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    assert not np.array_equal(ref.item_factors_, FedReconMF(**kw).fit(pop).item_factors_)

@@ -21,8 +21,8 @@ def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
     for bit."""
     inter = load_dataset(data)
     est = Settings(params=dict(params), model=model,  # the run's defaults too
-                   eval_fraction=eval_fraction if model == "fedrecon" else 0.0).check().estimator()
-    f = eval_fraction if model == "fedrecon" else 0.0
+                   eval_fraction=eval_fraction).check().estimator()
+    f = eval_fraction
     train, test = user_split_indices(inter.n_users, (1 - f, f), run_seed(est.random_state)) \
         if f else (np.arange(inter.n_users), np.zeros(0, np.int64))  # as the ServerApp splits
     t0 = time.perf_counter()

@@ -16,6 +16,7 @@ from ..federated.aggregators.secagg import SecureAggregation
 from ..federated.algorithms.fedrecon import FedReconMF
 from ..federated.algorithms.hyper import check_learnable
 from ..federated.algorithms.items import ItemSpace
+from .wire import flower_estimator
 
 
 @dataclass
@@ -27,10 +28,11 @@ class Settings:
     params : dict
         The estimator's parameters (JSON in the run config ``fedcf-params``; phase objects as
         {"name": ...} specs).
-    model : {"fedrecon", "fedrecon-implicit"}, default "fedrecon"
-        The estimator (run config ``fedcf-model``): FedReconMF or FedReconImplicitMF, whose
-        clients keep nothing between rounds. Federated ReconEval (``eval_fraction``) reports
-        rating errors, so an implicit run takes eval_fraction=0.
+    model : str, default "fedrecon"
+        The estimator by registered name (run config ``fedcf-model``): one whose clients keep
+        nothing between rounds ("fedrecon", "fedrecon-implicit", or a registered subclass).
+        Federated ReconEval (``eval_fraction``) reports rating errors, so an implicit run
+        takes eval_fraction=0.
     eval_fraction : float in [0, 1), default 0.1
         Share of the users held out for federated ReconEval.
     eval_support_fraction : float in (0, 1), default 0.5
@@ -178,11 +180,7 @@ class Settings:
     def estimator(self):
         """The run's estimator (``model``: a stateless federated one), its parameters checked;
         a bad name or parameter is refused, naming it."""
-        if self.model not in FLOWER_MODELS:
-            raise ValueError(f"fedcf-model={self.model!r}: a Flower run trains one of "
-                             f"{list(FLOWER_MODELS)} (their clients keep nothing between "
-                             "rounds)")
-        cls = registry.lookup("estimator", self.model)
+        cls = flower_estimator(self.model)
         try:
             return cls(**self.params).check_params()  # names a bad parameter now, not mid-run
         except TypeError as e:
@@ -207,10 +205,6 @@ class Settings:
                 raise ValueError(f"fedcf-params: {e}. In a Flower run the default aggregator is "
                                  "NormClippedMean; name the plain mean with "
                                  "\"aggregator\": {\"name\": \"mean\"}") from None
-
-
-# the estimators a Flower run trains: stateless clients, whose nodes keep nothing between rounds
-FLOWER_MODELS = ("fedrecon", "fedrecon-implicit")
 
 
 def default_aggregator():

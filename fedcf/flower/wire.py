@@ -28,7 +28,7 @@ from operator import attrgetter
 import numpy as np
 
 from .. import registry
-from ..federated.algorithms.base import run_seed
+from ..federated.algorithms.base import FederatedMFBase, run_seed
 from ..federated.round.partials import STATS, PartialSums, reduce_group
 from ..federated.round.phases import ClientOutputs
 
@@ -37,15 +37,23 @@ SUM_FIELDS = ("groups", "items", "s_Q", "s_b", "stat_groups", "stats", "worst_cl
               "worst_loss")
 DIRECTORY_FIELDS = ("users", "counts", "sums", "catalog")
 RECON_FIELDS = ("sse", "sae", "hits", "n", "users")
-# per estimator (registered name), the parameters that decide what a client computes
-# (everything else is the server's)
-CLIENT_PARAMS = {
-    "fedrecon": ("n_factors", "biases", "client_update", "init_scale", "split",
-                 "reconstruction", "joint", "dtype", "random_state"),
-    "fedrecon-implicit": ("n_factors", "alpha", "reconstruction", "client_update", "negatives",
-                          "negative_weight", "full_negatives", "item_bias", "user_bias", "split",
-                          "init_scale", "dtype", "random_state"),
-}
+
+
+def flower_estimator(model):
+    """The estimator class registered as ``model``, if a Flower run can train it: stateless
+    clients (nothing kept between rounds) that declare the parameters they compute with
+    (``_client_params``); anything else is refused, naming it."""
+    try:
+        cls = registry.lookup("estimator", model)
+    except ValueError as e:
+        raise ValueError(f"fedcf-model={model!r}: {e}") from None
+    if not isinstance(cls, type) or not issubclass(cls, FederatedMFBase) or \
+            cls._client_params is None or cls()._local_state() is not None:
+        raise ValueError(f"fedcf-model={model!r}: a Flower run trains estimators whose clients "
+                         "keep nothing between rounds and declare their client parameters "
+                         f"(FedReconMF, FedReconImplicitMF, or a subclass); {cls.__name__} is "
+                         "not one")
+    return cls
 
 
 class ReplyError(ValueError):
@@ -86,8 +94,11 @@ def client_params(est) -> str:
     """The JSON of the estimator (its registered name, ``model``) and of the parameters its
     clients need."""
     model = registry.name_of("estimator", type(est))
+    if model is None:
+        raise ValueError(f"{type(est).__name__} is not registered: register it (fedcf.registry."
+                         "register('estimator', name, cls)) on the server and the nodes")
     params = est.get_params(deep=False)
-    out = {k: registry.encode(params[k]) for k in CLIENT_PARAMS[model]}  # phase objects: specs
+    out = {k: registry.encode(params[k]) for k in flower_estimator(model)._client_params}
     out["model"] = model
     out["dtype"] = np.dtype(out["dtype"]).name
     out["random_state"] = run_seed(est.random_state)
@@ -96,15 +107,12 @@ def client_params(est) -> str:
 
 def client_estimator(params_json: str):
     """The estimator a node computes with, from ``client_params``' JSON (phase objects as saved
-    specs, or as the run config's ``{"name": ...}`` specs): one of ``CLIENT_PARAMS``' stateless
-    estimators; a parameter it does not take is refused, naming it."""
+    specs, or as the run config's ``{"name": ...}`` specs): a registered stateless estimator
+    (``flower_estimator``); a parameter it does not take is refused, naming it."""
     kinds = registry.phase_kinds()
     try:
         params = {k: registry.decode(v, k) for k, v in json.loads(params_json).items()}
-        model = params.pop("model", "fedrecon")
-        if model not in CLIENT_PARAMS:
-            raise ValueError(f"model {model!r} is not one a node runs ({sorted(CLIENT_PARAMS)})")
-        cls = registry.lookup("estimator", model)
+        cls = flower_estimator(params.pop("model", "fedrecon"))
         return cls(**{k: registry.from_spec(k, v) if k in kinds else v
                       for k, v in params.items()}).check_params()
     except (TypeError, ValueError) as e:  # a device checks what it is asked to compute with

@@ -71,6 +71,9 @@ class FederatedMFBase(MFEstimatorBase):
 
     # ------------------------------------------------------------------ hooks
     _client_update_name = "ClientUpdate"  # what ``client_update=`` takes (errors name it)
+    # the parameters that decide what a stateless client computes (a Flower node builds the
+    # estimator from them); None: the clients cannot run over Flower
+    _client_params: tuple[str, ...] | None = None
     reconstruction = "als"  # how a user part is rebuilt from a support set (new users too)
     _reconstruction_kind = Reconstruction  # what ``reconstruction=`` takes
     _default_recon_lam = 0.1  # the ridge λ when the reconstruction names none

@@ -173,6 +173,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         "item_space": phase_rule("item_space", ItemSpace),
     }
     _saved_arrays = (*FederatedMFBase._saved_arrays, *OPEN_ARRAYS)
+    _client_params = ("n_factors", "biases", "client_update", "init_scale", "split",
+                      "reconstruction", "joint", "dtype", "random_state")
     _saved_objects = ("item_space_",)
     # fitted with an open item space only (see items.OPEN_ARRAYS)
     adapter_factors_ = adapter_biases_ = default_params_ = None

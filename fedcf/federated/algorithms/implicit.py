@@ -114,6 +114,9 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     """
 
     _reconstruction_kind = RidgeReconstruction  # the confidence-weighted ridge solve
+    _client_params = ("n_factors", "alpha", "reconstruction", "client_update", "negatives",
+                      "negative_weight", "full_negatives", "item_bias", "user_bias", "split",
+                      "init_scale", "dtype", "random_state")
     _default_recon_lam = 0.01
     _parameter_constraints = {
         **FEDERATED_CONSTRAINTS, **EXECUTOR_CONSTRAINTS,
