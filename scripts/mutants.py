@@ -118,7 +118,7 @@ MUTANTS = [
     ("secagg: min_cohort ignored", FED + "aggregators/secagg.py",
      "return t if h / 2 < t <= h and m >= self.min_cohort else None",
      "return t if h / 2 < t <= h else None"),
-    ("secagg: clipping not counted", FED + "aggregators/secagg_client.py",
+    ("secagg: clipping not counted", FED + "round/client_steps.py",
      "q[:, -1] = np.count_nonzero(clipped != rows, axis=1)", "q[:, -1] = 0"),
 ]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..round import secret
+from ..round.client_steps import NoiseShare, Quantize
 from ..round.phases import ClientOutputs, RoundHyperparams, client_weights
 from ..round.reports import ReportEncoding, Reports, fixed_point_scale, signed_sum
 from .secagg_protocol import ClientHalves
@@ -113,25 +113,17 @@ class Encoding:
             r * loss, r, np.where(used, bit, 0.0),
             np.where(used, s if self.clip is None else 1.0, 0.0), ~used & ~bad,
             bad & ~recon_bad, recon_bad, *((ds,) if self.exponent else ())])
-        if self.noise_std > 0:  # each client's own share, drawn where the client runs
-            for k in range(out.n_clients):
-                rows[k, :self.n_values] += secret.normal(self.n_values, self.noise_std) \
-                    if self.secret_noise else np.random.default_rng(
-                        [*self.seed, 0x5EC, int(out.client_ids()[k])]).normal(
-                        0.0, self.noise_std, self.n_values)
-        return self.quantize(rows), rows
+        noise, quantize = self.steps()  # each client's own share, then its words
+        noise(rows, out.client_ids())
+        return quantize(rows, out.client_ids()), rows
 
-    def quantize(self, rows: np.ndarray) -> np.ndarray:
-        clipped = rows.copy()
-        clipped[:, :self.n_values] = np.clip(rows[:, :self.n_values], -self.value_bound,
-                                             self.value_bound)
+    def steps(self) -> tuple:
+        """The device's steps after its row is weighed, clipped and spread over the catalog:
+        its share of the noise, then quantization (values clipped to ±value_bound)."""
         bound = self.value_bound * self.log_bound
-        clipped[:, self.n_values:self.n_dense] = np.clip(rows[:, self.n_values:self.n_dense],
-                                                         -bound, bound)
-        q = np.empty((rows.shape[0], rows.shape[1] + 1), np.uint32)
-        q[:, :-1] = np.round(clipped * self.scales()[:-1]).astype(np.int64).astype(np.uint32)
-        q[:, -1] = np.count_nonzero(clipped != rows, axis=1)  # summed inside the protocol
-        return q
+        return (NoiseShare(self.n_values, self.noise_std, self.secret_noise, (*self.seed, 0x5EC)),
+                Quantize(self.scales()[:-1], ((0, self.n_values, self.value_bound),
+                                              (self.n_values, self.n_dense, bound))))
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, dict]:
         """(the summed dense part, the summed ``stats`` and clip count by name)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import secret
+from .client_steps import NoiseShare, Quantize
 
 MOD_BITS = 32  # masked sums are taken modulo 2**MOD_BITS
 
@@ -122,16 +123,18 @@ class ReportEncoding:
         r = np.where(ok, r, 0.0)
         g = clipped(np.where(ok[:, None], reports.jvp, 0.0), self.clip)
         rows = np.column_stack([r[:, None] * g, r, ok.astype(np.float64)])
-        if self.noise_std > 0:  # each client's own share, drawn where the client runs
-            for k, c in enumerate(reports.clients):
-                rows[k, :self.H] += dp_noise(self.H, self.noise_std, self.secret_noise,
-                                             (*self.seed, int(c)))
-        return rows
+        return self.steps()[0](rows, reports.clients)
+
+    def steps(self) -> tuple:
+        """The device's steps after its report is clipped and weighed: its share of the noise,
+        then the words (the clip bounds the values: nothing is clipped there)."""
+        return (NoiseShare(self.H, self.noise_std, self.secret_noise, self.seed, (0x4E9,)),
+                Quantize(self.scales(), count=False))
 
     def encode(self, reports: Reports) -> np.ndarray:
         """uint32 rows of every client of ``reports`` (noise shares are bounded by rounding
         to the scale, which leaves 8σ√m of headroom)."""
-        return np.round(self.rows(reports) * self.scales()).astype(np.int64).astype(np.uint32)
+        return self.steps()[1](self.rows(reports), reports.clients)
 
     def rounding_error(self, values: np.ndarray, used: int) -> float:
         """The relative error rounding to the fixed-point step leaves in the decoded sum of
