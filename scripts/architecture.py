@@ -114,9 +114,45 @@ def sequence(run: ast.ClassDef) -> list[str]:
             party = _party(call)
             if party is not None:
                 lines.append(f"Run->>{party[0]}: {party[1]}")
+                if party == ("Aggregator", "client_round"):
+                    lines += aggregator_round()
         return lines
 
+    def aggregator_round() -> list[str]:
+        """How the aggregator takes the client work (the contract's ``client_round``): its
+        branches and what it asks of the executor."""
+        return sequence_of(_method(_contract("Aggregator"), "client_round").body)
+
     return emit(_method(run, "round").body, 0)
+
+
+def _contract(name: str) -> ast.ClassDef:
+    tree = ast.parse((FED / "round" / "contracts.py").read_text())
+    return next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == name)
+
+
+def sequence_of(stmts) -> list[str]:
+    """Mermaid lines of an aggregator method: its calls on the executor (and on itself, as
+    notes), branches as alt/else/end."""
+    lines = []
+    for st in stmts:
+        if isinstance(st, ast.If):
+            lines += [f"alt {_text(st.test)}", *sequence_of(st.body)]
+            if st.orelse:
+                lines += ["else", *sequence_of(st.orelse)]
+            lines.append("end")
+            continue
+        for call in sorted((n for n in ast.walk(st) if isinstance(n, ast.Call)),
+                           key=lambda n: (n.lineno, n.col_offset)):
+            f = call.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+                if f.value.id == "executor":
+                    lines.append(f"Aggregator->>Executor: {f.attr}")
+                elif f.value.id == "self":
+                    lines.append(f"Note over Aggregator: {f.attr}")
+            elif isinstance(f, ast.Name) and f.id == "self":
+                lines.append("Note over Aggregator: aggregate the uploads")
+    return lines
 
 
 def block() -> str:

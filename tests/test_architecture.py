@@ -15,7 +15,7 @@ PROBES = ("getattr", "hasattr", "vars")  # calls; and any use of ``__dict__``
 
 # Probes the round's machinery (fedcf/federated, fedcf/flower) may hold, each with its reason.
 ROUND_ALLOWED = {
-    ("fedcf/federated/round/contracts.py", "Params._param_values", "getattr"):
+    ("fedcf/federated/round/params.py", "Params._param_values", "getattr"):
         "reads the constructor's own parameter names (scikit-learn's get_params)",
     ("fedcf/federated/round/partials.py", "PartialSums.arrays", "getattr"):
         "reads the dataclass's declared fields by name",

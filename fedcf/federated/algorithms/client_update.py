@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..._kernels.layout import sgd_hp
-from ..round.contracts import Params
-from ..round.contracts import check_number as _check
+from ..round.params import Params
+from ..round.params import check_number as _check
 
 
 class ClientUpdate(Params):

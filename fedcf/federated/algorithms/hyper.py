@@ -35,8 +35,9 @@ import numpy as np
 from ..._kernels.server import sum_sorted_runs
 from ..._validation import NoneOr
 from ..aggregators.weighted import WeightedMean, entries
-from ..round.contracts import Params, check_number, phase_rule
+from ..round.contracts import phase_rule
 from ..round.optimizers import SGD, Adam, ServerOptimizer
+from ..round.params import Params, check_number
 from ..round.phases import ClientOutputs, GlobalDelta, RoundHyperparams
 
 LEARNABLE = ("server_learning_rate", "momentum", "weight_exponent")

@@ -33,7 +33,8 @@ from ...datasets import ItemFeatures, hash_buckets
 from ...datasets._validation import show
 from ...models.base import LocalParams
 from ...models.persistence import _ids_to_array
-from ..round.contracts import Params, WholeModelBroadcast
+from ..round.contracts import WholeModelBroadcast
+from ..round.params import Params
 
 FEATURE_ARRAYS = ("feature_item_ids_", "feature_indptr_", "feature_indices_", "feature_values_",
                   "feature_shape_")

@@ -8,7 +8,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..round.contracts import Params, phase_rule
+from ..round.contracts import phase_rule
+from ..round.params import Params
 
 
 class SupportQuerySplit(Params):

@@ -10,8 +10,8 @@ import pandas as pd
 from sklearn.base import BaseEstimator
 
 from ..._io import atomic_savez, load_npz
-from .contracts import Params
 from .optimizers import state_from_arrays, state_to_arrays
+from .params import Params
 
 _META = "__meta__"
 # parameters that may differ between a checkpoint and the run that resumes it: they do not

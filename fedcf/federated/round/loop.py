@@ -166,28 +166,15 @@ class Run:
         return agg.report_mean(Reports(cohort.clients, losses, jvp, w), self.hyper.clip, t)
 
     def client_work(self, cohort, ids, hp, t):
-        """Phases 2 and 3: (per-client outputs or None, the aggregate). On a cluster (an
-        executor with ``partials``), a linear aggregator is reduced from the shards' partial
-        sums: no single upload travels to the driver. The others, learning the
-        client-weighting exponent (its derivative is a sum the partial sums do not carry yet),
-        and an executor whose outputs are here anyway give the aggregator the per-client
-        outputs (the same bits)."""
+        """Phases 2 and 3: (per-client outputs or None, the aggregate), as the aggregator takes
+        its inputs (``Aggregator.client_round``: masked or summed where the clients ran, or
+        every upload). Learning the client-weighting exponent needs the uploads (its
+        derivative is a sum the partial sums do not carry yet)."""
         t0 = time.perf_counter()
         learns_exponent = self.hyper is not None and "weight_exponent" in self.hyper.names
-        if self.executor.supports_secure and self.aggregator.secure:
-            outputs = None  # the clients encode and mask where they run
-            delta = self.aggregator.remote_round(self.executor, cohort, self.params, ids, hp, t)
-            t1 = time.perf_counter()
-        elif self.executor.supports_partials and self.aggregator.linear and not learns_exponent:
-            outputs = None
-            parts = self.executor.partials(cohort, self.params, ids, self.aggregator, hp)
-            t1 = time.perf_counter()
-            delta = self.aggregator.reduce(parts, t)
-        else:
-            outputs = self.executor.run(cohort, self.params, ids)
-            t1 = time.perf_counter()
-            delta = self.aggregator(outputs, hp, t)
-        self.timing = {"work_seconds": t1 - t0, "reduce_seconds": time.perf_counter() - t1}
+        outputs, delta, work = self.aggregator.client_round(
+            self.executor, cohort, self.params, ids, hp, t, uploads=learns_exponent)
+        self.timing = {"work_seconds": work, "reduce_seconds": time.perf_counter() - t0 - work}
         return outputs, delta
 
     def round(self, t: int, probe=None) -> dict:

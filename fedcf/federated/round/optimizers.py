@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..._kernels.server import adagrad_rows, sgd_rows
-from .contracts import Params
+from .params import Params
 
 # (low, high, high is excluded): momentum or beta of 1 never forgets and Adam's bias correction
 # 1/(1 − β₁ᵗ) divides by zero; epsilon must keep the step finite
