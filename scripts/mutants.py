@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FED = "fedcf/federated/"
 TESTS = ["tests/test_privacy.py", "tests/test_secagg.py", "tests/test_attacks.py",
          "tests/test_aggregator_contract.py", "tests/test_phases.py",
-         "tests/test_hyper_private.py"]
+         "tests/test_hyper_private.py", "tests/test_device.py"]
 
 # (name, file, original text, mutated text)
 MUTANTS = [
@@ -91,8 +91,8 @@ MUTANTS = [
      "poisson=dp, secret=aggregator.secret_sampling)",
      "poisson=False, secret=aggregator.secret_sampling)"),
     ("reports: secure mean taken in the clear", FED + "aggregators/secagg.py",
-     "        return self.report_round(job.begin_reports(reports), job.session, enc, "
-     "reports.clients,\n                                 round_idx, denominator)",
+     "        return self.report_round(halves, job.session, enc, reports.clients, round_idx,\n"
+     "                                 denominator)",
      "        return (reports.weights @ reports.jvp) / reports.weights.sum()"),
     ("reports: weighed by query size under DP", FED + "round/reports.py",
      "        r = np.ones(len(ok)) if self.max_weight is None else \\",
@@ -119,7 +119,37 @@ MUTANTS = [
      "return t if h / 2 < t <= h and m >= self.min_cohort else None",
      "return t if h / 2 < t <= h else None"),
     ("secagg: clipping not counted", FED + "round/client_steps.py",
-     "q[:, -1] = np.count_nonzero(clipped != rows, axis=1)", "q[:, -1] = 0"),
+     "out[:, -1] = np.count_nonzero(out[:, :-1] != rows, axis=1)", "out[:, -1] = 0"),
+    ("secagg: the self-mask key independent of b_u", FED + "aggregators/secagg_protocol.py",
+     "prg(self_mask_key(self._b_seed, self.session), len(x))",
+     "prg(self_mask_key(bytes(SEED_BYTES), self.session), len(x))"),
+    ("secagg: the pair key independent of the X25519 secret",
+     FED + "aggregators/secagg_protocol.py",
+     "    shared = private.exchange(X25519PublicKey.from_public_bytes(peer_pk))",
+     "    shared = bytes(32)"),
+    ("secagg: consistency signatures not verified", FED + "aggregators/secagg_protocol.py",
+     '            self._verify(sig.client, sig.signature, msg, "consistency signature")',
+     "            pass"),
+    ("secagg: a share reflected to its sender accepted", FED + "aggregators/secagg_protocol.py",
+     "            if plain[:16] != _ints([v, self.id]):", "            if False:"),
+    ("dp: the adaptive clip count released without noise", FED + "aggregators/dp.py",
+     "        share = (self.unclipped_ + noise) / (self.q * self.context.n_eligible) + 0.5",
+     "        share = self.unclipped_ / (self.q * self.context.n_eligible) + 0.5"),
+    ("dp: the clip count's device noise share dropped", FED + "aggregators/secagg_client.py",
+     "                NoiseShare(1, self.count_noise_std, self.secret_noise, (*self.seed, 0xC1),",
+     "                NoiseShare(1, 0.0, self.secret_noise, (*self.seed, 0xC1),"),
+    # the device's own policy against a server that deviates
+    ("device: a cohort below its minimum shared with", FED + "round/device.py",
+     "        if advertised < self.min_cohort:", "        if False:"),
+    ("device: a threshold below 2h/3 accepted", FED + "round/device.py",
+     "        if t < self.least_threshold(holders):", "        if False:"),
+    ("device: a second answer to a round or model", FED + "round/device.py",
+     '            why = "one_answer" if seen & set(keys) else \\',
+     '            why = None if seen & set(keys) else \\'),
+    ("device: a noise share below its sigma accepted", FED + "round/device.py",
+     "        if enc.noise_std < need * (1 - 1e-9):", "        if False:"),
+    ("device: too few survivors unmasked", FED + "round/device.py",
+     "        if survivors < self.min_cohort:", "        if False:"),
 ]
 
 

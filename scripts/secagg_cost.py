@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from fedcf.federated.aggregators.secagg import SecureAggregation
-from fedcf.federated.aggregators.secagg_protocol import simulate
+from fedcf.federated.aggregators.secagg_client import simulate
 from fedcf.provenance import run_meta, write_json
 
 

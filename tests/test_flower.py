@@ -7,6 +7,7 @@ simulation engine (Ray) on ML-100K, test_flower_deployment a SuperLink and Super
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import warnings
@@ -22,6 +23,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedcf import FedReconMF  # noqa: E402
+from fedcf.federated import DevicePolicy  # noqa: E402
 from fedcf.flower import Settings, fit_in_process, make_client_app, serve, write_app  # noqa: E402
 from fedcf.flower.node import NodeDataError, load_dataset, tangent_reports  # noqa: E402
 from fedcf.flower.wire import SUM_FIELDS, UPLOAD_FIELDS, arrays, client_params  # noqa: E402
@@ -72,12 +74,15 @@ class FakeGrid:
         return replies
 
 
-def partitions(n):
-    return [{"partition-id": k, "num-partitions": n} for k in range(n)]
+def partitions(n, **policy):
+    """Node configs of n partitions; ``policy``: each device's own rules (node config keys
+    such as ``threshold``, ``min-cohort``)."""
+    return [{"partition-id": k, "num-partitions": n, **policy} for k in range(n)]
 
 
-def reference(params, eval_fraction=0.2):
-    model, evaluation, _ = fit_in_process(params, DATA, eval_fraction)
+def reference(params, eval_fraction=0.2, device=None):
+    model, evaluation, _ = fit_in_process(params, DATA, eval_fraction, device_policy=None if
+                                          device is None else DevicePolicy.from_config(device))
     return model, evaluation
 
 
@@ -503,7 +508,7 @@ def test_flower_deployment_superlink_and_supernodes(tmp_path):
 
 
 # ------------------------------------------------------------------ secure aggregation
-SECAGG = {"name": "secure", "threshold": 0.5, "min_cohort": 5, "value_bound": 10.0}
+SECAGG = {"name": "secure", "min_cohort": 5, "value_bound": 10.0}
 SEC_PARAMS = {**PARAMS, "aggregator": SECAGG, "n_rounds": 2}
 
 
@@ -687,7 +692,8 @@ def test_a_node_refuses_what_a_device_must_not_do(tmp_path):
         node_step(None, msg, RecordDict())
     with pytest.raises(NodeProtocolError, match="step in"):
         node_step(None, RecordDict({"config": ConfigRecord({"step": "peek"})}), RecordDict())
-    from fedcf.federated.aggregators.secagg_protocol import ClientHalves, ProtocolAbort
+    from fedcf.federated.aggregators.secagg_client import ClientHalves
+    from fedcf.federated.aggregators.secagg_protocol import ProtocolAbort
 
     halves = ClientHalves([1, 2], np.zeros((2, 3), np.uint32), 2, b"s" * 16)
     halves.advertise(halves.verifying())
@@ -1097,3 +1103,41 @@ def test_a_new_estimator_runs_over_flower_unchanged(custom_estimator, tmp_path):
     assert type(model) is custom_estimator and res["params"]["model"] == "normal-init-mf"
     np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
     assert res["recon_eval"]["rmse"] == pytest.approx(ref_eval["rmse"], rel=1e-12)
+
+
+# ------------------------------------------------------------------ a server that deviates
+def test_nodes_refuse_a_threshold_below_their_policy(tmp_path, monkeypatch, caplog):
+    """A ServerApp that asks for t = 2 of 30 share holders (two colluders would rebuild a
+    client's secrets): every device refuses to share, so no round is unmasked, and each
+    device's log names the rule; nothing was aggregated."""
+    from fedcf.federated import SecureAggregation
+
+    monkeypatch.setattr(SecureAggregation, "threshold_for", lambda self, m: 2)
+    with caplog.at_level(logging.WARNING, "fedcf.device"):
+        res, model = run(FakeGrid(partitions(3)), tmp_path, SEC_PARAMS)
+    assert all(h["secagg_lost_round"] for h in res["history"])
+    assert "device refused (threshold)" in caplog.text
+
+
+def test_a_node_answers_one_begin_per_round_and_model(tmp_path, caplog):
+    """The difference attack over messages: the server replays a round's begin (same model,
+    same round, a fresh session, the cohort without one user) — the node answers with no
+    client, and logs why."""
+    from fedcf.flower.node import node_data
+    from fedcf.flower.secure import node_step
+
+    grid = FakeGrid(partitions(3))
+    run(grid, tmp_path, {**SEC_PARAMS, "n_rounds": 1})
+    msg = next(m for m, _ in grid.sent if m.metadata.message_type == "train.secagg"
+               and m.content["config"]["step"] == "begin")
+    node = int(msg.metadata.dst_node_id)
+    config = dict(msg.content["config"])
+    config.update(session=os.urandom(16), users=list(config["users"])[1:],
+                  clients=list(config["clients"])[1:])
+    content = RecordDict({**{k: v for k, v in msg.content.items() if k != "config"},
+                          "config": ConfigRecord(config)})
+    own = node_data(grid.run_config, grid.nodes[node], grid.state[node])
+    with caplog.at_level(logging.WARNING, "fedcf.device"):
+        reply = node_step(own, content, grid.state[node], grid.nodes[node])
+    assert len(reply["keys.client"]) == 0 and len(reply["adverts.client"]) == 0
+    assert "device refused (one_answer)" in caplog.text

@@ -10,10 +10,12 @@ import pytest
 from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import (
+    DevicePolicy,
     DifferentialPrivacy,
     DPGaussianMean,
     FedReconImplicitMF,
     Hypergradients,
+    LocalExecutor,
     Momentum,
     RayExecutor,
     SecureAggregation,
@@ -135,7 +137,8 @@ def test_a_shard_lost_after_masking_counts_as_its_clients_dropping(pop, monkeypa
     that would have been (the sum is exact); the restart is recorded."""
     kw = dict(KW, clients_per_round=20, n_rounds=2, rating_scale=(1, 5))
     agg = SecureAggregation(threshold=0.5, min_cohort=5)
-    ref = FedReconMF(**kw, aggregator=agg).fit(pop)
+    half = DevicePolicy(threshold=0.5, min_cohort=5)  # devices that accept t = m/2 + 1
+    ref = FedReconMF(**kw, aggregator=agg, executor=LocalExecutor(half)).fit(pop)
     real, killed = ShardedHalves.unmask, []
 
     def unmask(self, u3, sigs):
@@ -144,7 +147,7 @@ def test_a_shard_lost_after_masking_counts_as_its_clients_dropping(pop, monkeypa
         return real(self, u3, sigs)
 
     monkeypatch.setattr(ShardedHalves, "unmask", unmask)
-    m = FedReconMF(**kw, aggregator=agg, executor=RayExecutor(3)).fit(pop)
+    m = FedReconMF(**kw, aggregator=agg, executor=RayExecutor(3, device_policy=half)).fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
     assert m.history_[0]["shard_restarts"] == 1 and m.history_[1]["shard_restarts"] == 0
     assert not m.history_[0]["secagg_lost_round"]

@@ -14,6 +14,8 @@ from fedcf import FedReconMF
 from fedcf.datasets import make_synthetic_ratings
 from fedcf.federated import (
     ClientOutputs,
+    Device,
+    DevicePolicy,
     DifferentialPrivacy,
     DPGaussianMean,
     RoundHyperparams,
@@ -23,6 +25,7 @@ from fedcf.federated import (
     WeightedMean,
 )
 from fedcf.federated.aggregators import secagg_audit, secagg_protocol
+from fedcf.federated.aggregators.secagg_client import simulate
 from fedcf.federated.aggregators.secagg_protocol import (
     Advert,
     EncryptedShares,
@@ -31,7 +34,6 @@ from fedcf.federated.aggregators.secagg_protocol import (
     ProtocolAbort,
     SecAggClient,
     SecAggServer,
-    simulate,
 )
 
 HP = RoundHyperparams(1.0, {}, 1.0)
@@ -243,7 +245,7 @@ def test_clipping_is_counted_against_the_unclipped_sum_and_warned():
 def test_clients_that_drop_after_setup_are_unmasked_from_the_survivors_shares():
     out = cohort(seed=3)
     agg = bound(drop_after_setup=0.2, max_weight=8.0, min_cohort=5, threshold=0.5)
-    got = agg(out, HP, 2)
+    got = agg.masked_mean(out, HP, 2, device=Device(DevicePolicy(min_cohort=5, threshold=0.5)))
     assert 7 <= agg.round_stats["secagg_survivors"] < 12
     survivors = np.flatnonzero(got.client_weights > 0)
     kept = np.isin(np.repeat(np.arange(12), 4), survivors)
@@ -343,7 +345,7 @@ def test_secure_aggregation_with_server_noise_dp():
         DifferentialPrivacy(TrimmedMean(0.1), 1.0, 1.0)
 
 
-@pytest.mark.parametrize("threshold", [12, 7])
+@pytest.mark.parametrize("threshold", [12, 8])
 def test_distributed_noise_comes_from_the_clients_and_covers_the_threshold(threshold):
     out = cohort()
     ctx = RunContext(n_items=2000, seed=1, clients_per_round=12, n_eligible=1000,
@@ -465,6 +467,33 @@ def test_adaptive_clipping_learns_only_the_cohorts_count_from_the_secure_sum(noi
     norms = np.sqrt(np.add.reduceat((out.d_Q ** 2).sum(axis=1) + out.d_b ** 2,
                                     out.offsets[:-1]))
     agg(out, HP, 0)
-    assert agg.unclipped_ == int((norms <= 0.2).sum()) > 0
+    centred = int((norms <= 0.2).sum()) - 12 / 2  # Σ (b − ½): one user moves it by ½
+    assert 0 < (norms <= 0.2).sum() < 12
+    assert agg.unclipped_ == pytest.approx(centred, abs=1e-6 if noise == "server" else 6.0)
     assert agg.aggregator.round_stats["secagg_indicator_sum"] == agg.unclipped_
     assert agg.clip_ != 0.2 and agg.used_clip_ == 0.2
+
+
+@pytest.mark.parametrize("noise", ["server", "distributed"])
+def test_the_adaptive_clip_count_carries_the_accounted_noise(noise):
+    """The count the clip step reads is Σ (b − ½) plus noise of std σ_b (the accounted
+    clip_count_stddev): added by the server, or in shares N(0, σ_b²/t) by the clients, so
+    that any t survivors carry at least σ_b. Read back from the clip's step over 60 rounds."""
+    out = cohort()
+    ctx = RunContext(n_items=N_ITEMS, seed=1, clients_per_round=12, n_eligible=1000,
+                     n_rounds=3, n_factors=K, biases=True)
+    norms = np.sqrt(np.add.reduceat((out.d_Q ** 2).sum(axis=1) + out.d_b ** 2,
+                                    out.offsets[:-1]))
+    centred = int((norms <= 0.2).sum()) - 6
+    noise_seen = []
+    for _ in range(60):
+        agg = DifferentialPrivacy(SecureAggregation(min_cohort=2), 0.2, 1.0, delta=1e-4,
+                                  noise=noise, target_quantile=0.5, clip_learning_rate=0.2,
+                                  clip_count_stddev=2.0).bind(ctx)
+        agg(out, HP, 0)
+        share = -np.log(agg.clip_ / 0.2) / 0.2 + 0.5  # the share the step moved toward
+        noise_seen.append((share - 0.5) * agg.q * ctx.n_eligible - centred)
+    t = agg.aggregator.threshold_for(12)
+    want = 2.0 * (np.sqrt(12 / t) if noise == "distributed" else 1.0)
+    assert np.std(noise_seen) == pytest.approx(want, rel=0.3)
+    assert abs(np.mean(noise_seen)) < 4 * want / np.sqrt(60)

@@ -33,6 +33,7 @@ from .round.contracts import (
     RoundExecutor,
     RunContext,
 )
+from .round.device import Device, DevicePolicy, DeviceRefusal
 from .round.optimizers import OPTIMIZERS, SGD, Adagrad, Adam, Momentum, ServerOptimizer, Yogi
 from .round.phases import (
     ClientOutputs,
@@ -66,8 +67,8 @@ __all__ = [
     "ItemSpace", "FullCatalog", "OpenCatalog", "ItemRows", "CatalogLocalParams",
     # out-of-catalog items on the device (OOV expansion)
     "OOVExpansion", "OOVLocalParams",
-    # executors
-    "LocalExecutor", "RayExecutor",
+    # executors, and the device's own rules where its clients run
+    "LocalExecutor", "RayExecutor", "DevicePolicy", "Device", "DeviceRefusal",
     # the round
     "ClientOutputs", "Cohort", "GlobalDelta", "RoundHyperparams", "Selector", "server_update",
     # server optimizers

@@ -110,7 +110,8 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
     @capp.train("secagg")
     def secagg(msg, context):  # secure aggregation: one protocol step (secure.node_step)
         return _answer(msg, lambda: {"secagg": arrays(**node_step(own(context), msg.content,
-                                                                   context.state))})
+                                                                   context.state,
+                                                                   context.node_config))})
 
     @capp.train("tangents")
     def tangents(msg, context):  # learned hyperparameters: the users' hypergradient reports

@@ -9,19 +9,23 @@ import numpy as np
 from ..eval.protocols import federated_recon_eval
 from ..eval.splits import user_split_indices
 from ..federated.algorithms.base import run_seed
+from ..federated.round.phases import LocalExecutor
 from .node import load_dataset
 from .settings import Settings
 
 
 def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
-                   support_fraction: float = 0.5, model: str = "fedrecon") -> tuple:
+                   support_fraction: float = 0.5, model: str = "fedrecon",
+                   device_policy=None) -> tuple:
     """(model, federated ReconEval or None, fit seconds) of the ``model`` estimator with
     ``params`` fitted here on the training users a Flower run with these settings and data
     config (``node.load_dataset`` keys) would train on — what the ServerApp must reproduce bit
-    for bit."""
+    for bit. ``device_policy``: the simulated devices' (as the nodes' node configs give
+    theirs)."""
     inter = load_dataset(data)
     est = Settings(params=dict(params), model=model,  # the run's defaults too
                    eval_fraction=eval_fraction).check().estimator()
+    est.set_params(executor=LocalExecutor(device_policy=device_policy))
     f = eval_fraction
     train, test = user_split_indices(inter.n_users, (1 - f, f), run_seed(est.random_state)) \
         if f else (np.arange(inter.n_users), np.zeros(0, np.int64))  # as the ServerApp splits

@@ -35,22 +35,23 @@ import pickle
 
 import numpy as np
 
-from ..federated.aggregators.secagg_client import Encoding, SecureJob
+from ..federated.aggregators.secagg_client import ClientHalves, Encoding, SecureJob
 from ..federated.aggregators.secagg_protocol import (
     Advert,
-    ClientHalves,
     ConsistencySignature,
     EncryptedShares,
     MaskedInput,
     ProtocolAbort,
     UnmaskShares,
 )
+from ..federated.round.device import Device, DevicePolicy, DeviceRefusal
 from ..federated.round.phases import RoundHyperparams
 from ..federated.round.reports import ReportEncoding, Reports
 from .wire import ReplyError, arrays, flwr
 
 STEPS = ("begin", "share", "mask", "consistency", "unmask")
 STATE_KEY = "fedcf-secagg"
+DEVICE_KEY = "fedcf-device"  # the device's ledger for the run (what it answered)
 CT_BYTES = 78  # nonce 12 ‖ AES-GCM of (sender, receiver, index, two 16-byte shares) ‖ tag 16
 WIDTH = {"keys": 32, "adverts": 128, "shares": CT_BYTES, "sigs": 64, "unmask": 16}
 INTS = {"keys": ("client",), "adverts": ("client",), "shares": ("sender", "receiver"),
@@ -205,7 +206,24 @@ def read_report_encoding(text: str, H: int) -> ReportEncoding:
     return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))
 
 
-def _begin(own, config, content, session: bytes) -> ClientHalves:
+def node_device(state, node_config) -> Device:
+    """This node's device: its policy from its own node config (``DevicePolicy.from_config``:
+    ``min-cohort``, ``min-holders``, ``threshold``, ``noise-multiplier``, ``max-clip``,
+    ``max-participations``), never from a message, and its ledger kept in the run's state."""
+    policy = DevicePolicy.from_config(node_config or {})
+    rec = state.get(DEVICE_KEY) if state is not None else None
+    if rec is None:
+        return Device(policy)
+    answered, participations = pickle.loads(bytes(rec["ledger"]))  # the node's own state
+    return Device(policy, answered, participations)
+
+
+def _keep_device(state, device: Device) -> None:
+    state[DEVICE_KEY] = flwr().ConfigRecord({"ledger": pickle.dumps(
+        (device.answered, device.participations))})
+
+
+def _begin(own, config, content, session: bytes, device: Device) -> ClientHalves:
     """The asked users' protocol halves: they train (or compute their hypergradient reports)
     and begin the job the message's public fields describe — the encoding (clip, weigh, noise
     share, quantize) and the session — as any executor's clients do (``SecureJob``)."""
@@ -213,22 +231,27 @@ def _begin(own, config, content, session: bytes) -> ClientHalves:
 
     k = int(config["neighbours"])
     t, neighbours = int(config["t"]), None if k < 0 else k
-    if "report-encoding" in config:  # the hypergradient reports' own session
-        clients, losses, jvp, weights = report_arrays(own, config, content["global"],
-                                                      content["tangents"])
-        enc = read_report_encoding(config["report-encoding"], jvp.shape[1])
-        job = SecureJob(enc, t, session, neighbours)
-        return job.begin_reports(Reports(clients, losses, jvp, weights))
+    glob = content["global"]
     est = client_estimator(config["params"])
-    Q, _ = global_model(own, est, content["global"])
+    Q, b = global_model(own, est, glob)
+    params = {"Q": Q, "b": b}
+    if "report-encoding" in config:  # the hypergradient reports' own session
+        clients, losses, jvp, weights = report_arrays(own, config, glob, content["tangents"])
+        ids = glob["ids"].numpy()  # checked by report_arrays
+        enc = read_report_encoding(config["report-encoding"], jvp.shape[1])
+        tangents = (content["tangents"]["TQ"].numpy(), content["tangents"]["Tb"].numpy())
+        return device.begin_reports(SecureJob(enc, t, session, neighbours),
+                                    Reports(clients, losses, jvp, weights), params, tangents, ids)
     job = SecureJob(read_encoding(config["encoding"], *Q.shape), t, session, neighbours)
     hp = RoundHyperparams(1.0, {}, weight_exponent=message_number(config, "weight-exponent"))
-    return job.begin_updates(client_outputs(own, config, content["global"]), hp)
+    out = client_outputs(own, config, glob)  # checks the message's ids too
+    return device.begin_updates(job, out, hp, params, glob["ids"].numpy())
 
 
-def node_step(own, content, state) -> dict:
+def node_step(own, content, state, node_config=None) -> dict:
     """This node's answer (named arrays) to one protocol message; ``state`` is the run's
-    ``context.state``, where the clients' halves wait for the next message."""
+    ``context.state``, where the clients' halves wait for the next message and the device's
+    ledger stays for the run; ``node_config`` holds the device's policy."""
     config = content["config"]
     step, session = str(config.get("step")), bytes(config.get("session", b""))
     if step not in STEPS or len(session) != 16:
@@ -236,7 +259,9 @@ def node_step(own, content, state) -> dict:
                                 f"16-byte session, got {step!r}")
     if step == "begin":
         state.pop(STATE_KEY, None)  # a new round: whatever was left of an old one goes
-        halves = _begin(own, config, content, session)
+        device = node_device(state, node_config)
+        halves = _begin(own, config, content, session, device)
+        _keep_device(state, device)
         adverts = halves.advertise(halves.verifying())
         reply = {**pack("keys", [(c,) for c in halves.verifying()],
                         list(halves.verifying().values())),
@@ -259,7 +284,7 @@ def node_step(own, content, state) -> dict:
             answers = halves.unmask(_u3(config), _sigs(a))
             state.pop(STATE_KEY, None)  # the round is over for this node: its secrets go
             return pack("unmask", *_unmask_rows(answers))
-    except (ProtocolAbort, ReplyError) as e:
+    except (ProtocolAbort, DeviceRefusal, ReplyError) as e:
         state.pop(STATE_KEY, None)
         raise NodeProtocolError(str(e)) from None
     return _keep(state, session, halves, reply)

@@ -23,6 +23,11 @@ from .secagg import SecureAggregation
 from .weighted import WeightedMean, clip_factors
 
 
+def centred_count(unclipped: np.ndarray, w: np.ndarray) -> float:
+    """Σ (b − ½) over the clients used (w > 0): the adaptive clip's count, sensitivity ½."""
+    return float(np.where(w > 0, unclipped - 0.5, 0.0).sum())
+
+
 class DifferentialPrivacy(WeightedMean):
     """User-level differential privacy around a summing aggregator (DP-FedAvg, McMahan et al.
     2018): the weighted mean (``aggregator=None``) or ``SecureAggregation``.
@@ -277,10 +282,11 @@ class DifferentialPrivacy(WeightedMean):
     def secure_kwargs(self) -> dict:
         """How the clients encode under secure aggregation: clipped by this rule, divided by
         the fixed denominator, with their share of the noise in the distributed mode."""
-        distributed = self.noise == "distributed"
+        distributed, adaptive = self.noise == "distributed", self.target_quantile is not None
         return dict(clip=(self.clip_, self.weight_cap), denominator=self.denominator_,
                     noise_scale=self.update_sigma_ * self.clip_ if distributed else 0.0,
-                    secret_noise=not self.insecure_seeded_noise)
+                    secret_noise=not self.insecure_seeded_noise, adaptive=adaptive,
+                    count_noise_scale=self.count_std_ if distributed and adaptive else 0.0)
 
     def after_secure(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
         """The server's step after the unmasked sum: the clients' not-clipped bits arrive as
@@ -289,8 +295,8 @@ class DifferentialPrivacy(WeightedMean):
         self.unclipped_ = self.aggregator.round_stats.get("secagg_indicator_sum", 0)
         if delta.summary.n_used == 0:  # a round not aggregated: no release, no clip step
             return delta
-        if self.noise == "distributed":
-            self.adapt_clip(round_idx)
+        if self.noise == "distributed":  # the clients noised the count too
+            self.adapt_clip(round_idx, noised=True)
             return delta
         return self.finish(delta, round_idx)
 
@@ -308,7 +314,7 @@ class DifferentialPrivacy(WeightedMean):
 
     def client_numerators(self, out: ClientOutputs, w: np.ndarray):
         clip, unclipped = self.client_factors(out, w)
-        self.unclipped_ = int(unclipped.sum())
+        self.unclipped_ = centred_count(unclipped, w)
         return clip
 
     def denominator(self, totals: dict) -> float:
@@ -339,16 +345,19 @@ class DifferentialPrivacy(WeightedMean):
             return None
         return float(self.update_sigma_ * self.clip_ / self.denominator_)
 
-    def adapt_clip(self, round_idx: int) -> None:
+    def adapt_clip(self, round_idx: int, noised: bool = False) -> None:
         """Adaptive clipping's geometric step toward the target quantile, from the noised
-        share of unclipped clients (a no-op with a fixed clip)."""
+        share of unclipped clients (a no-op with a fixed clip). The released count is of
+        centred bits, Σ (b − ½) (Andrew et al. 2021, as tf-privacy's quantile estimator):
+        one user moves it by ½, the sensitivity the accountant's σ/(2σ_b) assumes. With
+        ``noised`` the clients already added the count's noise (distributed DP)."""
         self.used_clip_ = self.clip_
         if self.target_quantile is None:
             return
-        noise = np.random.default_rng([self.context.seed, round_idx, 0xC1]).normal(
-            0.0, self.count_std_) if self.insecure_seeded_noise else \
-            float(secret.normal(1, self.count_std_)[0])
-        share = (self.unclipped_ + noise) / (self.q * self.context.n_eligible)
+        noise = 0.0 if noised else np.random.default_rng(
+            [self.context.seed, round_idx, 0xC1]).normal(0.0, self.count_std_) \
+            if self.insecure_seeded_noise else float(secret.normal(1, self.count_std_)[0])
+        share = (self.unclipped_ + noise) / (self.q * self.context.n_eligible) + 0.5
         self.clip_ = float(self.clip_ * np.exp(-self.clip_learning_rate *
                                                (share - self.target_quantile)))
 

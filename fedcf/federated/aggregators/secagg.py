@@ -29,6 +29,7 @@ import warnings
 import numpy as np
 
 from ..round.contracts import RunContext
+from ..round.device import Device, DeviceRefusal, model_digest
 from ..round.phases import (
     ClientOutputs,
     GlobalDelta,
@@ -165,14 +166,19 @@ class SecureAggregation(WeightedMean):
         return t if h / 2 < t <= h and m >= self.min_cohort else None
 
     def encoding(self, m: int, round_idx: int = 0, *, clip=None, noise_scale: float = 0.0,
-                 secret_noise: bool = True) -> Encoding:
+                 secret_noise: bool = True, adaptive: bool = False,
+                 count_noise_scale: float = 0.0) -> Encoding:
         """The public encoding of a round whose cohort has m clients (see ``Encoding``);
-        distributed noise N(0, noise_scale²/t) per client."""
+        distributed noise N(0, noise_scale²/t) per client, and N(0, count_noise_scale²/t) on
+        the adaptive clip's centred bit (``adaptive``)."""
         t = self.threshold_for(m)
         c = self.context
+
+        def share(scale):
+            return scale / np.sqrt(t) if scale and t else 0.0
         return Encoding(c.n_items, c.n_factors, max(m, 1), float(self.value_bound),
-                        float(self.max_weight),
-                        noise_std=noise_scale / np.sqrt(t) if noise_scale and t else 0.0,
+                        float(self.max_weight), noise_std=share(noise_scale),
+                        count_noise_std=share(count_noise_scale), adaptive=bool(adaptive),
                         secret_noise=secret_noise, seed=(int(c.seed), int(round_idx)),
                         clip=None if clip is None else float(clip[0]),
                         weight_cap=None if clip is None or clip[1] is None else float(clip[1]),
@@ -184,9 +190,10 @@ class SecureAggregation(WeightedMean):
 
     def masked_mean(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0, *,
                     clip=None, denominator=None, noise_scale: float = 0.0,
-                    secret_noise: bool = True) -> GlobalDelta:
+                    secret_noise: bool = True, device=None, **count) -> GlobalDelta:
         """The cohort's aggregate from uploads held in this process: each client's half
-        encodes and masks here (the local executor's clients run here too).
+        encodes and masks here, under ``device`` (a ``Device``; None: one with the default
+        ``DevicePolicy``).
 
         Plain: client k sends s_k·Δ_k and s_k with s_k = min(w_k, W)/W; the server divides
         the sum by Σ s_k. Under ``DifferentialPrivacy`` (``clip`` = (C, weight cap or None)):
@@ -196,12 +203,12 @@ class SecureAggregation(WeightedMean):
         σ²C²/t) before quantization, from the OS's secure generator unless ``secret_noise``
         is False. A round not aggregated gives no update."""
         enc = self.encoding(out.n_clients, round_idx, clip=clip, noise_scale=noise_scale,
-                            secret_noise=secret_noise)
+                            secret_noise=secret_noise, **count)
         q, rows = enc.encode(out, hp)
         ids = out.client_ids()
         job = self.job(enc, out.n_clients)
-        delta = self.secure_round(job.begin(ids, q), job.session, enc, ids, round_idx,
-                                  denominator)
+        halves = (device or Device()).begin(job, "update", round_idx, model_digest(q), ids, q)
+        delta = self.secure_round(halves, job.session, enc, ids, round_idx, denominator)
         if delta.summary.n_used:
             got = enc.decode(self._last_total)[0]
             exact = rows[delta.client_weights > 0, :enc.n_dense].sum(axis=0)
@@ -210,12 +217,12 @@ class SecureAggregation(WeightedMean):
         return delta
 
     def remote_round(self, executor, cohort, params, ids, hp, round_idx: int, *, clip=None,
-                     denominator=None, noise_scale: float = 0.0, secret_noise: bool = True
-                     ) -> GlobalDelta:
+                     denominator=None, noise_scale: float = 0.0, secret_noise: bool = True,
+                     **count) -> GlobalDelta:
         """One round whose clients run elsewhere (``executor.secure_clients``, e.g. Ray shards):
         they encode and mask there, and only protocol messages come back."""
         enc = self.encoding(len(cohort.clients), round_idx, clip=clip, noise_scale=noise_scale,
-                            secret_noise=secret_noise)
+                            secret_noise=secret_noise, **count)
         job = self.job(enc, len(cohort.clients))
         clients = executor.secure_clients(cohort, params, ids, hp, job)
         return self.secure_round(clients, job.session, enc, cohort.clients, round_idx,
@@ -237,7 +244,7 @@ class SecureAggregation(WeightedMean):
         if t is not None:
             try:
                 total, u3 = self._protocol(clients, session, t, enc, round_idx)
-            except ProtocolAbort as e:
+            except (ProtocolAbort, DeviceRefusal) as e:
                 self.round_stats["secagg_abort"] = str(e)
         self._last_total = total
         survived = np.isin(cohort_ids, u3).astype(np.float64)
@@ -257,15 +264,18 @@ class SecureAggregation(WeightedMean):
                               secret_noise, (int(self.context.seed), int(round_idx)))
 
     def report_mean(self, reports: Reports, clip: float, round_idx: int = 0, *,
-                    denominator=None, **encoding) -> np.ndarray | None:
+                    denominator=None, device=None, **encoding) -> np.ndarray | None:
         """The mean of hypergradient reports held in this process, under masks: each client
         clips, weighs and masks its own; the server divides the sum by the summed weight (or
         ``denominator``). None when the round is not aggregated or no report counts."""
         m, H = len(reports.clients), reports.jvp.shape[1]
         enc = self.report_encoding(m, H, clip, round_idx, **encoding)
         job = self.job(enc, m)
-        return self.report_round(job.begin_reports(reports), job.session, enc, reports.clients,
-                                 round_idx, denominator)
+        q = enc.encode(reports)
+        halves = (device or Device()).begin(job, "reports", round_idx, model_digest(q),
+                                            reports.clients, q)
+        return self.report_round(halves, job.session, enc, reports.clients, round_idx,
+                                 denominator)
 
     def remote_reports(self, executor, cohort, params, tangents, ids, clip: float,
                        round_idx: int = 0, *, denominator=None, **encoding):
@@ -288,7 +298,7 @@ class SecureAggregation(WeightedMean):
         stats = self.round_stats
         try:
             total, u3 = self._protocol(clients, session, t, enc, round_idx, tag=0x4E9)
-        except ProtocolAbort:
+        except (ProtocolAbort, DeviceRefusal):
             return None
         finally:
             self.round_stats = stats
@@ -337,7 +347,7 @@ class SecureAggregation(WeightedMean):
             secagg_survivors=int(survived.sum()), secagg_lost_round=False,
             secagg_clipped=clipped, secagg_clipped_share=clipped / (n_used * nv))
         if enc.clip is not None:
-            self.round_stats["secagg_indicator_sum"] = int(round(st["unclipped"]))
+            self.round_stats["secagg_indicator_sum"] = float(st["unclipped"])  # Σ (b − ½)
         if clipped > CLIP_WARNING * n_used * nv:
             warnings.warn(f"secure aggregation clipped {clipped} of {n_used * nv} values to "
                           f"±value_bound={self.value_bound:g} this round: the aggregate is "

@@ -23,6 +23,7 @@ import os
 import numpy as np
 from Crypto.Protocol.SecretSharing import Shamir
 
+from .secagg_client import simulate
 from .secagg_protocol import (
     Identities,
     MaskedInput,
@@ -32,7 +33,6 @@ from .secagg_protocol import (
     pair_key,
     prg,
     self_mask_key,
-    simulate,
 )
 
 

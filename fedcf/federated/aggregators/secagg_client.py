@@ -1,18 +1,21 @@
 """The device's part of secure aggregation: how a client turns its upload (or its
 hypergradient report) into the integers it masks — clipped, weighed, a noise share added,
-quantized, all from public figures (``Encoding``) — and the job that begins the protocol's
-client half on them (``SecureJob``), run where the client runs."""
+quantized, all from public figures (``Encoding``) — the job that begins the protocol's client
+half on them (``SecureJob``), run where the client runs, and the client halves of a group of
+clients (``ClientHalves``; ``simulate`` runs one aggregation with every half here)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..round.client_steps import NoiseShare, Quantize
+from ..round.client_steps import ClipValues, NoiseShare, Quantize, run_steps
+from ..round.device import DeviceRefusal
 from ..round.phases import ClientOutputs, RoundHyperparams, client_weights
-from ..round.reports import ReportEncoding, Reports, fixed_point_scale, signed_sum
-from .secagg_protocol import ClientHalves
+from ..round.reports import ReportEncoding, fixed_point_scale, signed_sum
+from .secagg_protocol import Identities, ProtocolAbort, SecAggClient, SecAggServer, run_round
 from .weighted import clip_factors
 
 STATS = ("loss", "weight", "unclipped", "used", "empty", "nonfinite", "nonfinite_recon")
@@ -47,6 +50,10 @@ class Encoding:
     weight_cap: float | None = None  # under DP: the cap of the client weights, if any
     # learning the weight exponent α: each client also sends s'·Δ and s' = ∂s/∂α
     exponent: bool = False
+    # under DP with adaptive clipping: the not-clipped bit is sent centred (b − ½) with the
+    # client's share N(0, count_noise_std²) of the count's noise; else it is not sent
+    adaptive: bool = False
+    count_noise_std: float = 0.0
 
     @property
     def n_values(self) -> int:
@@ -79,7 +86,8 @@ class Encoding:
         values = scale(self.m * self.value_bound + 8.0 * self.noise_std * np.sqrt(self.m))
         unit = scale(self.m)
         dense = np.full(self.n_values, values)
-        stats = [scale(self.m * self.loss_bound), unit, 1, unit, 1, 1, 1]
+        count = scale(self.m / 2 + 8.0 * self.count_noise_std * np.sqrt(self.m))
+        stats = [scale(self.m * self.loss_bound), unit, count, unit, 1, 1, 1]
         if self.exponent:
             dense = np.concatenate([dense, np.full(self.n_values, scale(
                 self.m * self.value_bound * self.log_bound))])
@@ -110,20 +118,23 @@ class Encoding:
         recon_bad = bad & ~np.isfinite(out.losses)
         r = np.where(used, np.minimum(out.weights, self.max_weight) / self.max_weight, 0.0)
         rows[:, self.n_dense:] = np.column_stack([  # the loss is weighted by query size
-            r * loss, r, np.where(used, bit, 0.0),
+            r * loss, r, np.where(used & self.adaptive, bit - 0.5, 0.0),
             np.where(used, s if self.clip is None else 1.0, 0.0), ~used & ~bad,
             bad & ~recon_bad, recon_bad, *((ds,) if self.exponent else ())])
-        noise, quantize = self.steps()  # each client's own share, then its words
-        noise(rows, out.client_ids())
-        return quantize(rows, out.client_ids()), rows
+        return run_steps(self.steps(), rows.copy(), out.client_ids()), rows
 
     def steps(self) -> tuple:
         """The device's steps after its row is weighed, clipped and spread over the catalog:
-        its share of the noise, then quantization (values clipped to ±value_bound)."""
+        values clipped to ±value_bound (and counted), then its shares of the noise — never
+        clipped: the scale leaves 8σ√m of headroom — then its words."""
         bound = self.value_bound * self.log_bound
-        return (NoiseShare(self.n_values, self.noise_std, self.secret_noise, (*self.seed, 0x5EC)),
-                Quantize(self.scales()[:-1], ((0, self.n_values, self.value_bound),
-                                              (self.n_values, self.n_dense, bound))))
+        count = self.n_dense + self.stats.index("unclipped")
+        return (ClipValues(((0, self.n_values, self.value_bound),
+                            (self.n_values, self.n_dense, bound))),
+                NoiseShare(self.n_values, self.noise_std, self.secret_noise, (*self.seed, 0x5EC)),
+                NoiseShare(1, self.count_noise_std, self.secret_noise, (*self.seed, 0xC1),
+                           start=count),
+                Quantize(self.scales(), count=False))
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, dict]:
         """(the summed dense part, the summed ``stats`` and clip count by name)."""
@@ -136,22 +147,94 @@ class SecureJob:
     """The clients' part of one secure round, as the aggregator's public recipe fixes it:
     encode each upload (clip, weigh, add a noise share, quantize: ``enc``), then mask it in
     the protocol's session (threshold ``t``, ``neighbours``). An executor carries the job to
-    where its clients run and calls ``begin_updates`` or ``begin_reports`` there; it needs to
-    know nothing else of secure aggregation. The same code runs in process, on a Ray shard and
-    on a Flower node (which rebuilds the job from the message's public fields)."""
+    where its clients run, and the device there begins it under its own policy
+    (``device.Device.begin_updates``/``begin_reports``); the executor needs to know nothing
+    else of secure aggregation. The same code runs in process, on a Ray shard and on a
+    Flower node (which rebuilds the job from the message's public fields)."""
 
     enc: Encoding | ReportEncoding
     t: int
     session: bytes
     neighbours: int | None = None
 
-    def begin_updates(self, out: ClientOutputs, hp: RoundHyperparams) -> ClientHalves:
-        """The protocol halves of the clients of ``out``, their encoded uploads inside."""
-        return self.begin(out.client_ids(), self.enc.encode(out, hp)[0])
+    def begin(self, clients, rows: np.ndarray, policy=None) -> ClientHalves:
+        """The protocol halves of ``clients`` with their encoded ``rows``, under the device's
+        ``policy`` (a ``DevicePolicy``; None: the protocol's own rules only)."""
+        return ClientHalves(clients, rows, self.t, self.session, self.neighbours, policy)
 
-    def begin_reports(self, reports: Reports) -> ClientHalves:
-        """The protocol halves of a reporting cohort, their encoded reports inside."""
-        return self.begin(reports.clients, self.enc.encode(reports))
 
-    def begin(self, clients, rows: np.ndarray) -> ClientHalves:
-        return ClientHalves(clients, rows, self.t, self.session, self.neighbours)
+class ClientHalves:
+    """The protocol's client halves of some clients, held where those clients run (the
+    driver's process for the local executor, a shard's actor on Ray): their encoded rows,
+    keys and received shares never leave this object except as protocol messages."""
+
+    def __init__(self, ids, q: np.ndarray, threshold: int, session: bytes,
+                 neighbours: int | None = None, policy=None):
+        self.ids = [int(c) for c in ids]
+        self.q = {c: q[r] for r, c in enumerate(self.ids)}
+        self.identities = Identities(self.ids)
+        self.t, self.session, self.halves = int(threshold), session, {}
+        self.neighbours, self.policy = neighbours, policy
+
+    def verifying(self) -> dict:
+        return self.identities.public_bytes()
+
+    def trust(self, registry: dict) -> None:
+        """Take the other clients' verifying keys (after ``advertise`` with this object's own,
+        where the keys of the whole cohort arrive in a later message, as in a Flower round).
+        A registry that names one of these clients with another key is refused."""
+        own = self.verifying()
+        if any(bytes(registry.get(c, k)) != k for c, k in own.items()):
+            raise ProtocolAbort("the cohort's key registry replaces the identity key of a "
+                                "client held here")
+        pki = Identities.verifiers(registry)
+        for half in self.halves.values():
+            half.trust(pki)
+
+    def advertise(self, registry: dict) -> list:
+        pki = Identities.verifiers(registry)
+        self.halves = {c: SecAggClient(c, self.t, self.session, self.identities.signing_key(c),
+                                       pki, self.neighbours, self.policy) for c in self.ids}
+        return [h.advertise() for h in self.halves.values()]
+
+    def share(self, adverts) -> list:
+        return self._each(self.ids, lambda h: h.share_keys(adverts))
+
+    def mask(self, inboxes: dict, dropped) -> list:
+        gone = set(int(c) for c in dropped)
+        return self._each([c for c in self.ids if c in inboxes and c not in gone],
+                          lambda h: h.masked_input(self.q[h.id], inboxes[h.id]))
+
+    def consistency(self, u3) -> list:
+        return self._each([c for c in self.ids if c in set(u3)], lambda h: h.consistency(u3))
+
+    def unmask(self, u3, sigs) -> list:
+        return self._each([c for c in self.ids if c in set(u3)], lambda h: h.unmask(u3, sigs))
+
+    def _each(self, ids, step) -> list:
+        """``step`` of each client half in ``ids`` still here; one its device's policy refuses
+        falls silent from then on (the refusal is logged on the device, never sent)."""
+        out = []
+        for c in ids:
+            if c not in self.halves:
+                continue
+            try:
+                out.append(step(self.halves[c]))
+            except DeviceRefusal:
+                del self.halves[c]
+        return out
+
+
+def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
+             clock: dict | None = None, neighbours: int | None = None):
+    """One aggregation of the rows of ``X`` (uint32, one per client) with every client half in
+    this process: returns (sum mod 2³² of the survivors' rows, U3, the server half). Clients in
+    ``drop_after_shares`` vanish after round 1. ``clock`` (a dict) accumulates the seconds
+    spent in the client halves ("clients") and in the server half ("server"). ``neighbours``:
+    the SecAgg+ graph degree (``share_graph``; None: every pair)."""
+    session = os.urandom(16)
+    halves = ClientHalves(clients, X, threshold, session, neighbours)
+    server = SecAggServer(threshold, X.shape[1], session, neighbours)
+    gone = [int(c) for c in drop_after_shares]
+    total, u3 = run_round(halves, server, lambda u2: gone, clock=clock)
+    return total, u3, server

@@ -156,21 +156,6 @@ class UnmaskShares:
     b_shares: dict  # surviving v -> (index, share of v's self-mask seed)
 
 
-def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
-             clock: dict | None = None, neighbours: int | None = None):
-    """One aggregation of the rows of ``X`` (uint32, one per client) with every client half in
-    this process: returns (sum mod 2³² of the survivors' rows, U3, the server half). Clients in
-    ``drop_after_shares`` vanish after round 1. ``clock`` (a dict) accumulates the seconds
-    spent in the client halves ("clients") and in the server half ("server"). ``neighbours``:
-    the SecAgg+ graph degree (``share_graph``; None: every pair)."""
-    session = os.urandom(16)
-    halves = ClientHalves(clients, X, threshold, session, neighbours)
-    server = SecAggServer(threshold, X.shape[1], session, neighbours)
-    gone = [int(c) for c in drop_after_shares]
-    total, u3 = run_round(halves, server, lambda u2: gone, clock=clock)
-    return total, u3, server
-
-
 def run_round(clients, server: SecAggServer, dropped, *, min_survivors: int = 0,
               clock: dict | None = None):
     """The five message rounds between client halves (``ClientHalves``, or shards holding
@@ -198,55 +183,6 @@ def run_round(clients, server: SecAggServer, dropped, *, min_survivors: int = 0,
     return total, u3
 
 
-class ClientHalves:
-    """The protocol's client halves of some clients, held where those clients run (the
-    driver's process for the local executor, a shard's actor on Ray): their encoded rows,
-    keys and received shares never leave this object except as protocol messages."""
-
-    def __init__(self, ids, q: np.ndarray, threshold: int, session: bytes,
-                 neighbours: int | None = None):
-        self.ids = [int(c) for c in ids]
-        self.q = {c: q[r] for r, c in enumerate(self.ids)}
-        self.identities = Identities(self.ids)
-        self.t, self.session, self.halves = int(threshold), session, {}
-        self.neighbours = neighbours
-
-    def verifying(self) -> dict:
-        return self.identities.public_bytes()
-
-    def trust(self, registry: dict) -> None:
-        """Take the other clients' verifying keys (after ``advertise`` with this object's own,
-        where the keys of the whole cohort arrive in a later message, as in a Flower round).
-        A registry that names one of these clients with another key is refused."""
-        own = self.verifying()
-        if any(bytes(registry.get(c, k)) != k for c, k in own.items()):
-            raise ProtocolAbort("the cohort's key registry replaces the identity key of a "
-                                "client held here")
-        pki = Identities.verifiers(registry)
-        for half in self.halves.values():
-            half.trust(pki)
-
-    def advertise(self, registry: dict) -> list:
-        pki = Identities.verifiers(registry)
-        self.halves = {c: SecAggClient(c, self.t, self.session, self.identities.signing_key(c),
-                                       pki, self.neighbours) for c in self.ids}
-        return [h.advertise() for h in self.halves.values()]
-
-    def share(self, adverts) -> list:
-        return [h.share_keys(adverts) for h in self.halves.values()]
-
-    def mask(self, inboxes: dict, dropped) -> list:
-        gone = set(int(c) for c in dropped)
-        return [self.halves[c].masked_input(self.q[c], inboxes[c]) for c in self.ids
-                if c in inboxes and c not in gone]
-
-    def consistency(self, u3) -> list:
-        return [self.halves[c].consistency(u3) for c in self.ids if c in set(u3)]
-
-    def unmask(self, u3, sigs) -> list:
-        return [self.halves[c].unmask(u3, sigs) for c in self.ids if c in set(u3)]
-
-
 def share_graph(adverts: dict, session: bytes, neighbours: int | None) -> dict:
     """Each advertised client's share holders: itself and its neighbours. ``neighbours`` None
     (or at least |U1| − 1): everyone (Bonawitz et al.). Else SecAgg+ (Bell et al. 2020): the
@@ -266,12 +202,13 @@ def share_graph(adverts: dict, session: bytes, neighbours: int | None) -> dict:
 class SecAggClient:
     """One client's half: its keys, seeds and received shares stay in this object (in the
     process where the client runs). ``session`` binds every derived key and signature to one
-    aggregation."""
+    aggregation. ``policy`` (a ``DevicePolicy``, the device's own) adds its rules on the cohort,
+    the share holders, t and the survivors to the protocol's."""
 
     def __init__(self, client: int, threshold: int, session: bytes, signing_key, verifying,
-                 neighbours: int | None = None):
+                 neighbours: int | None = None, policy=None):
         self.id, self.t, self.session = int(client), int(threshold), session
-        self.neighbours = neighbours
+        self.neighbours, self.policy = neighbours, policy
         self._sign, self._verifying = signing_key, verifying
         self._c = X25519PrivateKey.generate()
         self._s_seed, self._b_seed = os.urandom(SEED_BYTES), os.urandom(SEED_BYTES)
@@ -286,7 +223,7 @@ class SecAggClient:
 
     def __getstate__(self):  # raw key bytes: kept by the device between messages
         return {"id": self.id, "t": self.t, "session": self.session,
-                "neighbours": self.neighbours, "seeds": (self._s_seed, self._b_seed),
+                "neighbours": self.neighbours, "policy": self.policy, "seeds": (self._s_seed, self._b_seed),
                 "sign": _private_bytes(self._sign), "c": _private_bytes(self._c),
                 "verifying": {c: k.public_bytes(*RAW) for c, k in self._verifying.items()},
                 "received": (self._adverts, self._held, self._u2, self._answered,
@@ -294,7 +231,7 @@ class SecAggClient:
 
     def __setstate__(self, state):
         self.id, self.t, self.session = state["id"], state["t"], state["session"]
-        self.neighbours = state["neighbours"]
+        self.neighbours, self.policy = state["neighbours"], state["policy"]
         self._s_seed, self._b_seed = state["seeds"]
         self._sign = Ed25519PrivateKey.from_private_bytes(state["sign"])
         self._c = X25519PrivateKey.from_private_bytes(state["c"])
@@ -314,6 +251,8 @@ class SecAggClient:
         if self.id not in self._adverts:
             raise ProtocolAbort(f"client {self.id}: its own keys are not in the advert list")
         holders = share_graph(self._adverts, self.session, self.neighbours)[self.id]
+        if self.policy is not None:
+            self.policy.check_sharing(self.id, len(self._adverts), len(holders), self.t)
         if 2 * self.t <= len(holders):  # t ≤ h/2: two disjoint groups of holders could
             # rebuild both seeds of this client, one group each, and unmask its input
             raise ProtocolAbort(f"client {self.id}: threshold t={self.t} is not above half "
@@ -364,6 +303,8 @@ class SecAggClient:
         """Round 4: with t valid signatures on ``u3``, reveal s-shares of U2 \\ U3 and b-shares
         of U3 — once per aggregation, so the server never holds both secrets of one client."""
         self._check_u3(u3)
+        if self.policy is not None:
+            self.policy.check_survivors(self.id, len(u3))
         if self._answered:
             raise ProtocolAbort(f"client {self.id}: already answered the unmasking round")
         msg = self.session + _ints(sorted(u3))

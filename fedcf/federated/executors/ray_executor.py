@@ -75,6 +75,9 @@ class RayExecutor(Executor):
         Seconds a round waits for a shard's answer; a shard that gives none in time (a stuck
         worker) is restarted and its part of the round run again, as a dead one is. None:
         wait forever.
+    device_policy : DevicePolicy or None, default None
+        The devices' own rules under secure aggregation, held by each shard (None: the
+        default ``DevicePolicy``); a server's job cannot change them.
 
     Examples
     --------
@@ -88,10 +91,10 @@ class RayExecutor(Executor):
     def __init__(self, n_shards: int = 2, *, address: str | None = None,
                  num_cpus: float | None = None,
                  resources: dict | None = None, max_restarts: int = 3,
-                 shard_timeout: float | None = 600.0):
+                 shard_timeout: float | None = 600.0, device_policy=None):
         self.n_shards, self.address, self.num_cpus = n_shards, address, num_cpus
         self.resources, self.max_restarts = resources, max_restarts
-        self.shard_timeout = shard_timeout
+        self.shard_timeout, self.device_policy = shard_timeout, device_policy
         self.validate()
 
     def validate(self):
@@ -256,7 +259,7 @@ class BoundRayExecutor(RoundExecutor):
 
     def _start(self, s: int):
         actor = self.actor_cls.remote(s, self.spec.n_shards, int(self.num_cpus) or 1,
-                                      self.data_refs[s])
+                                      self.data_refs[s], self.spec.device_policy)
         if self.program is not None:  # a restarted actor: calls to it run in order
             actor.set_program.remote(self.program, self._local_layout())
         return actor

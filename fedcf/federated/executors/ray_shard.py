@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 
 from ...datasets.interactions import csr_take
+from ..round.device import Device, DevicePolicy
 from ..round.partials import REDUCE_GROUPS, PartialSums, reduce_group
 from ..round.phases import BoundLocalExecutor, ClientOutputs, Cohort
 from ..round.reports import Reports
@@ -36,7 +37,7 @@ class Shard:
     (users, indptr, items, values), the shard's rows cut on the driver, or a population spec
     whose blocks it builds."""
 
-    def __init__(self, shard: int, n_shards: int, threads: int, data):
+    def __init__(self, shard: int, n_shards: int, threads: int, data, device_policy=None):
         import numba
 
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
@@ -57,6 +58,7 @@ class Shard:
         self.executor = None
         self.local = None  # stateful clients: the rows of this round's clients, as sent
         self.halves = None  # the protocol's client halves of a secure round in progress
+        self.device = Device(device_policy or DevicePolicy())  # its clients' rules and ledger
 
     def rows_of(self, clients) -> np.ndarray:
         """The CSR rows of dense ids of this shard's groups."""
@@ -124,7 +126,8 @@ class Shard:
         """Secure aggregation, in this actor: run the clients and begin the aggregator's
         ``job`` on their outputs (encode, make the protocol halves, kept here). Returns their
         identity keys' public halves — never an upload."""
-        self.halves = job.begin_updates(self.run(clients, params, ids), hp)
+        self.halves = self.device.begin_updates(job, self.run(clients, params, ids), hp,
+                                                params, ids)
         return self.halves.verifying()
 
     def reports_begin(self, clients, params, tangents, ids, job):
@@ -132,7 +135,7 @@ class Shard:
         here and begin the job on them; only keys leave."""
         reports = Reports(np.asarray(clients, np.int64),
                           *self.tangents(clients, params, tangents, ids))
-        self.halves = job.begin_reports(reports)
+        self.halves = self.device.begin_reports(job, reports, params, tangents, ids)
         return self.halves.verifying()
 
     def secure(self, step: str, *args):

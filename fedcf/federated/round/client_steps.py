@@ -23,7 +23,7 @@ class ClientStep(ABC):
 
 @dataclass(frozen=True)
 class NoiseShare(ClientStep):
-    """Each client adds its own share N(0, std²) to the first ``n`` values of its row, drawn
+    """Each client adds its own share N(0, std²) to ``n`` values of its row from ``start``, drawn
     where it runs: from the OS's secure generator, or (``secret=False``, insecure test runs
     only) from the stream keyed [*prefix, client id, *suffix]. The rows are changed in place.
 
@@ -41,14 +41,41 @@ class NoiseShare(ClientStep):
     secret: bool = True
     prefix: tuple = ()
     suffix: tuple = ()
+    start: int = 0  # the first value noised
 
     def __call__(self, rows: np.ndarray, clients: np.ndarray) -> np.ndarray:
         if self.std > 0:
+            at = slice(self.start, self.start + self.n)
             for k, c in enumerate(clients):
-                rows[k, :self.n] += secret.normal(self.n, self.std) if self.secret else \
+                rows[k, at] += secret.normal(self.n, self.std) if self.secret else \
                     np.random.default_rng([*self.prefix, int(c), *self.suffix]).normal(
                         0.0, self.std, self.n)
         return rows
+
+
+@dataclass(frozen=True)
+class ClipValues(ClientStep):
+    """Each value clipped to its column range's bound (``bounds``: (start, stop, bound)) before
+    any noise is added (so the noise is never clipped), and one more column counting the
+    client's clipped values.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedcf.federated.round.client_steps import ClipValues
+    >>> ClipValues(((0, 2, 1.0),))(np.array([[0.25, 3.0]]), None)
+    array([[0.25, 1.  , 1.  ]])
+    """
+
+    bounds: tuple
+
+    def __call__(self, rows: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        out = np.empty((rows.shape[0], rows.shape[1] + 1))
+        out[:, :-1] = rows
+        for start, stop, bound in self.bounds:
+            np.clip(rows[:, start:stop], -bound, bound, out=out[:, start:stop])
+        out[:, -1] = np.count_nonzero(out[:, :-1] != rows, axis=1)
+        return out
 
 
 @dataclass(frozen=True, eq=False)

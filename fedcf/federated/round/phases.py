@@ -23,7 +23,9 @@ from ..._kernels.server import finite_clients
 from ...datasets._validation import show
 from . import secret
 from .contracts import Executor, RoundExecutor
+from .device import Device, DevicePolicy
 from .partials import Merged, merged_sums
+from .reports import Reports
 
 
 @dataclass(frozen=True)
@@ -293,16 +295,28 @@ class LocalExecutor(Executor):
     """Runs a cohort's client work in this process: one Numba call over the cohort's clients
     (a shared queue, largest first). The default executor.
 
+    Parameters
+    ----------
+    device_policy : DevicePolicy or None, default None
+        The simulated devices' own rules under secure aggregation (None: the default
+        ``DevicePolicy``); a server's job cannot change them.
+
     Examples
     --------
     >>> from fedcf import FedReconMF
     >>> from fedcf.federated import LocalExecutor
     >>> FedReconMF(executor=LocalExecutor()).executor
-    LocalExecutor()
+    LocalExecutor(device_policy=None)
     """
 
+    device_policy = None  # a subclass that sets no policy runs the default one
+
+    def __init__(self, device_policy=None):
+        self.device_policy = device_policy
+
     def bind(self, program, data, local_state=None) -> BoundLocalExecutor:
-        return BoundLocalExecutor(program, data, local_state)
+        return BoundLocalExecutor(program, data, local_state, Device(
+            self.device_policy or DevicePolicy()))
 
 
 class BoundLocalExecutor(RoundExecutor):
@@ -315,17 +329,32 @@ class BoundLocalExecutor(RoundExecutor):
     program : ClientProgram
     data : (indptr, items, values)
     local_state : (P, c) or None
+    device : Device or None
+        The clients' device (its policy and ledger) under secure aggregation.
 
     Examples
     --------
     >>> from fedcf.federated import LocalExecutor
     >>> LocalExecutor().bind  # doctest: +ELLIPSIS
-    <bound method LocalExecutor.bind of LocalExecutor()>
+    <bound method LocalExecutor.bind of LocalExecutor(...)>
     """
 
-    def __init__(self, program, data, local_state=None):
+    supports_secure = True  # the clients' protocol halves run here, in the driver
+
+    def __init__(self, program, data, local_state=None, device=None):
         self.program, self.data, self.local_state = program, data, local_state
         self.counts = np.diff(data[0])
+        self.device = device or Device()
+
+    def secure_clients(self, cohort: Cohort, params: dict, ids: np.ndarray, hp, job):
+        """The cohort's protocol halves: its clients train, then the device begins the
+        aggregator's ``job`` on their outputs under its own policy."""
+        return self.device.begin_updates(job, self.run(cohort, params, ids), hp, params, ids)
+
+    def secure_reports(self, cohort: Cohort, params: dict, tangents, ids: np.ndarray, job):
+        """As ``secure_clients``, for masked hypergradient reports."""
+        return self.device.begin_reports(job, Reports(cohort.clients, *self.tangents(
+            cohort, params, tangents, ids)), params, tangents, ids)
 
     def run(self, cohort: Cohort, params: dict, ids: np.ndarray) -> ClientOutputs:
         clients = cohort.clients

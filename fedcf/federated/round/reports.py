@@ -104,6 +104,7 @@ class ReportEncoding:
     noise_std: float = 0.0
     secret_noise: bool = True
     seed: tuple = (0, 0)
+    adaptive = False  # no clip count travels with the reports (a device's DP rule reads it)
 
     @property
     def width(self) -> int:
