@@ -355,6 +355,9 @@ def main(argv=None) -> dict:
         node_configs, catalog = device_files(folder / "devices", data, args.nodes)
         config = {**{k: v for k, v in config.items() if k not in data},
                   "catalog-path": catalog}
+    if args.secure_aggregation:  # each device's own policy accepts that threshold
+        node_configs = [f"{c} threshold=0.5" for c in node_configs or [
+            f"partition-id={k} num-partitions={args.nodes}" for k in range(args.nodes)]]
     out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline,
                  secure=not args.insecure, intruders=args.intruders, kill_at=kill,
                  node_configs=node_configs)

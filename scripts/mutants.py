@@ -138,6 +138,10 @@ MUTANTS = [
     ("dp: the clip count's device noise share dropped", FED + "aggregators/secagg_client.py",
      "                NoiseShare(1, self.count_noise_std, self.secret_noise, (*self.seed, 0xC1),",
      "                NoiseShare(1, 0.0, self.secret_noise, (*self.seed, 0xC1),"),
+    ("dp: rounds released before a crash not composed", FED + "round/loop.py",
+     "            self.compose_orphans(run, done)", "            pass"),
+    ("dp: epsilon against the server taken with amplification", FED + "round/loop.py",
+     "            acc.compose(1.0, sigma, k)", "            acc.compose(0.05, sigma, k)"),
     # the device's own policy against a server that deviates
     ("device: a cohort below its minimum shared with", FED + "round/device.py",
      "        if advertised < self.min_cohort:", "        if False:"),

@@ -594,3 +594,59 @@ def test_under_dp_the_divergence_guard_stops_only_on_released_quantities(pop):
     m = FedReconMF(rating_scale=(1, 5), aggregator=DPGaussianMean(1.0, 1.0, delta=1e-4))
     assert m._guard(pop, 3.0, m._server_optimizer()).released_only
     assert not FedReconMF()._guard(pop, 3.0, m._server_optimizer()).released_only
+
+
+def test_rounds_released_before_a_crash_are_composed_again_on_resume(pop, tmp_path,
+                                                                       monkeypatch):
+    """A crash after round 5's release and before the next checkpoint (every 3 rounds): the
+    resumed run re-releases rounds 3, 4 and 5 with fresh noise, so the reported ε is that of
+    a fresh accountant fed every round released — 3 + 3 + 5 = 11, not the 8 of the model."""
+    from fedcf.federated.aggregators.accounting import RdpAccountant
+    from fedcf.federated.round.loop import Run
+
+    ck = tmp_path / "dp.npz"
+    kw = dict(n_factors=2, clients_per_round=20, random_state=0, rating_scale=(1, 5),
+              checkpoint_path=ck, checkpoint_every=3, n_rounds=8,
+              aggregator=DPGaussianMean(1.0, 1.0))
+    real = Run.client_work
+
+    def crash(self, cohort, ids, hp, t):
+        if t == 5:
+            raise KeyboardInterrupt("the machine went down")
+        return real(self, cohort, ids, hp, t)
+
+    monkeypatch.setattr(Run, "client_work", crash)
+    with pytest.raises(KeyboardInterrupt):
+        FedReconMF(**kw).fit(pop)
+    monkeypatch.setattr(Run, "client_work", real)
+    with pytest.warns(UserWarning, match="3 rounds were released before a crash"):
+        resumed = FedReconMF(**kw).fit(pop)
+    fresh = RdpAccountant(1e-6)  # DPGaussianMean's δ
+    fresh.compose(20 / pop.n_users, 1.0, 11)
+    assert resumed.epsilon_ == pytest.approx(fresh.epsilon(), rel=1e-12)
+    eight = RdpAccountant(1e-6)
+    eight.compose(20 / pop.n_users, 1.0, 8)
+    assert resumed.epsilon_ > eight.epsilon() * 1.01
+
+
+def test_epsilon_against_the_server_is_reported_without_amplification(pop):
+    """ε against a server that knows each cohort: the rounds the most-sampled user took part
+    in, each at q = 1. With every user in every round it is the public ε; with q < 1 it is the
+    ε of k full-participation rounds for an integer k between 1 and n_rounds, and larger than
+    the amplified public ε."""
+    from fedcf.federated.aggregators.accounting import RdpAccountant
+
+    def eps(q, k):
+        acc = RdpAccountant(1e-6)  # DPGaussianMean's δ
+        acc.compose(q, 1.0, k)
+        return acc.epsilon()
+
+    kw = dict(n_factors=2, random_state=0, rating_scale=(1, 5), n_rounds=6,
+              aggregator=DPGaussianMean(1.0, 1.0))
+    everyone = FedReconMF(clients_per_round=pop.n_users, **kw).fit(pop)
+    assert everyone.epsilon_server_ == pytest.approx(everyone.epsilon_, rel=1e-12)
+    m = FedReconMF(clients_per_round=20, **kw).fit(pop)
+    ks = [k for k in range(1, 7) if m.epsilon_server_ == pytest.approx(eps(1.0, k), rel=1e-12)]
+    assert len(ks) == 1 and m.epsilon_server_ > 2 * m.epsilon_
+    assert m.history_[-1]["epsilon_server"] == m.epsilon_server_
+    assert all(h["epsilon_server"] >= h["epsilon"] for h in m.history_)

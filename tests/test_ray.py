@@ -454,3 +454,14 @@ def test_a_new_estimator_runs_on_ray_unchanged(custom_estimator, pop):
     m = custom_estimator(**kw, executor=RayExecutor(2)).fit(pop)
     np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
     assert not np.array_equal(ref.item_factors_, FedReconMF(**kw).fit(pop).item_factors_)
+
+
+def test_shards_refuse_a_threshold_below_their_policy(pop, monkeypatch):
+    """A server half that asks for t = 2 of 40 share holders: each shard's device refuses to
+    share, so no round is unmasked and the model is the initial one (the refusals are logged
+    in the actors, never sent)."""
+    monkeypatch.setattr(SecureAggregation, "threshold_for", lambda self, m: 2)
+    kw = dict(KW, n_rounds=2, rating_scale=(1, 5), aggregator=SecureAggregation(min_cohort=5))
+    with pytest.warns(RuntimeWarning, match="0 clients shared their keys"):
+        m = FedReconMF(**kw, executor=RayExecutor(2)).fit(pop)
+    assert all(h["secagg_lost_round"] and h["clients_used"] == 0 for h in m.history_)

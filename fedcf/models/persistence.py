@@ -62,7 +62,8 @@ def _ids_from_arrays(arrays, what: str) -> np.ndarray:
 # fitted figures a loaded model reports as the fitted one did (JSON in the metadata): the DP
 # accounting (public figures, covered by ε) and the learned server hyperparameters (not kept
 # in a DP release: they come from the clients' unnoised loss derivatives)
-_FITTED_VALUES = ("epsilon_", "epsilons_", "noise_multiplier_", "learned_hyperparams_")
+_FITTED_VALUES = ("epsilon_", "epsilon_server_", "epsilons_", "noise_multiplier_",
+                  "learned_hyperparams_")
 
 
 def _plain(value):

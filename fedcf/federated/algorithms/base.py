@@ -284,6 +284,7 @@ class FederatedMFBase(MFEstimatorBase):
         if run.aggregator.sigma is not None:
             self.noise_multiplier_ = run.aggregator.sigma
             self.epsilon_ = run.epsilon()
+            self.epsilon_server_ = run.server_epsilon()
             self.epsilons_ = None if self.epsilon_ is None else epsilons(run.accountant)
         self._set_globals(run.params)
         if run.local is not None:

@@ -62,8 +62,11 @@ def setting(value) -> str:
 
 def save_checkpoint(path, *, cls: str, params: dict, opt_state: dict, local, done: int,
                     history: list, fingerprint: dict, run_params: dict,
-                    accountant: dict | None = None, aggregator: dict | None = None) -> None:
+                    accountant: dict | None = None, aggregator: dict | None = None,
+                    participations: np.ndarray | None = None) -> None:
     arrays = {"Q": params["Q"], "b": params["b"], **state_to_arrays(opt_state)}
+    if participations is not None:  # under DP: each user's rounds so far (ε against the server)
+        arrays["participations"] = participations
     if local is not None:
         arrays["P"], arrays["c"] = local
     meta = {"class": cls, "round": done, "fingerprint": fingerprint,
@@ -75,7 +78,8 @@ def save_checkpoint(path, *, cls: str, params: dict, opt_state: dict, local, don
 
 def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_rounds: int,
                     expect: dict):
-    """(params, opt_state, local or None, history, round, accountant state or None) from
+    """(params, opt_state, local or None, history, round, accountant state or None, the
+    aggregator's state, each user's participations under DP or None) from
     ``path``, after checking that it
     belongs to this run: same class, parameters and data, and arrays of the expected shapes and
     dtypes (``expect``: name → (shape, dtype)). Any mismatch raises ValueError naming the file
@@ -115,4 +119,4 @@ def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_ro
     params = {"Q": arrays["Q"], "b": arrays["b"]}
     local = (arrays["P"], arrays["c"]) if "P" in expect else None
     return (params, state_from_arrays(arrays), local, meta["history"], done,
-            meta.get("accountant"), meta.get("aggregator") or {})
+            meta.get("accountant"), meta.get("aggregator") or {}, arrays.get("participations"))

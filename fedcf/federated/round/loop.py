@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import warnings
 
 import numpy as np
 
@@ -44,17 +46,62 @@ class Checkpointer:
     def due(self, done: int) -> bool:
         return done % self.every == 0 or done == self.n_rounds
 
+    @property
+    def ledger(self) -> str:
+        """The release ledger beside the checkpoint: one line per DP round released."""
+        return f"{os.fspath(self.path)}.released"
+
+    def releasing(self, run: Run, t: int) -> None:
+        """Under DP, write ahead (fsync'ed) that round ``t`` is about to be released, with
+        its mechanisms: a crash after the release and before the next checkpoint leaves the
+        round on record, and a resumed run composes it again (releases count, not
+        checkpoints)."""
+        if run.accountant is None:
+            return
+        entry = {"data": self.fingerprint["sha256"], "round": int(t),
+                 "mechanisms": [[float(q), float(s)] for q, s in
+                                run.aggregator.round_mechanisms()]}
+        with open(self.ledger, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def compose_orphans(self, run: Run, done: int) -> None:
+        """Compose the rounds the ledger says were released on this data at or after round
+        ``done`` (the run resumes there: the checkpoint's accountant does not hold them)."""
+        if run.accountant is None or not os.path.exists(self.ledger):
+            return
+        n = 0
+        with open(self.ledger) as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:  # a line cut by a crash while it was written
+                    continue
+                if e.get("data") == self.fingerprint["sha256"] and e.get("round", -1) >= done:
+                    for q, sigma in e["mechanisms"]:
+                        run.accountant.compose(q, sigma)
+                    n += 1
+        run.orphans += n  # their cohorts are not on record: every user counts them
+        if n:
+            warnings.warn(f"{n} rounds were released before a crash and are run again: the "
+                          "accountant composes them twice (the release ledger "
+                          f"{self.ledger!r})", UserWarning, stacklevel=2)
+
     def save(self, run: Run, done: int):
         save_checkpoint(self.path, cls=self.cls, params=run.params, opt_state=run.opt_state,
                         local=run.local, done=done, history=run.history,
                         fingerprint=self.fingerprint, run_params=self.run_params,
                         accountant=None if run.accountant is None else run.accountant.state(),
-                        aggregator=run.aggregator.state())
+                        aggregator=run.aggregator.state(),
+                        participations=None if run.accountant is None else np.append(
+                            run.participations + run.orphans, run.orphans))
         self.last_saved = done
         run.guard.kept = f" (the checkpoint of round {done} is kept in {self.path})"
 
     def resume(self, run: Run):
         if not os.path.exists(self.path):
+            self.compose_orphans(run, 0)  # rounds released before a crash that left no checkpoint
             return
         expect = {k: (run.params[k].shape, run.params[k].dtype) for k in ("Q", "b")}
         expect.update({k: (v.shape, v.dtype) for k, v in
@@ -62,7 +109,7 @@ class Checkpointer:
         if run.local is not None:
             expect["P"] = (run.local[0].shape, run.local[0].dtype)
             expect["c"] = (run.local[1].shape, run.local[1].dtype)
-        params, state, local, history, done, spent, agg_state = load_checkpoint(
+        params, state, local, history, done, spent, agg_state, seen = load_checkpoint(
             self.path, cls=self.cls, run_params=self.run_params, fingerprint=self.fingerprint,
             n_rounds=self.n_rounds, expect=expect)
         run.params, run.opt_state, run.history, run.start = params, state, history, done
@@ -72,7 +119,10 @@ class Checkpointer:
                                  "(written without DP); it is left untouched — use another "
                                  "checkpoint_path")
             run.accountant = type(run.accountant).from_state(spent)
+            run.participations = np.zeros(0, np.int64) if seen is None else \
+                np.asarray(seen, np.int64)
             run.aggregator.check_resume(run.accountant)
+            self.compose_orphans(run, done)
         run.aggregator.load_state(agg_state)
         self.last_saved = done
         run.guard.kept = f" (the checkpoint of round {done} is kept in {self.path})"
@@ -102,6 +152,8 @@ class Run:
         self.accountant = aggregator.accountant  # composed after every round, checkpointed
         self.history: list[dict] = []
         self.start = 0
+        self.orphans = 0  # rounds released before a crash and run again (release ledger)
+        self.participations = np.zeros(0, np.int64)  # rounds per user (dense id), under DP
         self.timing: dict = {}  # this round's seconds of client work and of the reduce
         if checkpointer is not None:
             checkpointer.resume(self)
@@ -111,6 +163,28 @@ class Run:
         if self.accountant is None or not self.aggregator.guarantee:
             return None
         return self.accountant.epsilon()
+
+    def took_part(self, clients) -> None:
+        """Count a round for each of ``clients`` (dense ids)."""
+        need = int(clients.max(initial=-1)) + 1
+        if need > len(self.participations):
+            self.participations = np.concatenate([self.participations, np.zeros(
+                need - len(self.participations), np.int64)])
+        self.participations[clients] += 1
+
+    def server_epsilon(self):
+        """ε(δ) against a server that knows each cohort (no amplification by sampling): every
+        mechanism of a round at q = 1, composed over the participations of the user who took
+        part most. None without DP."""
+        if self.accountant is None or not self.aggregator.guarantee:
+            return None
+        k = int(self.participations.max(initial=0)) + self.orphans
+        if k == 0:
+            return 0.0
+        acc = type(self.accountant)(self.accountant.delta)
+        for _, sigma in self.aggregator.round_mechanisms():
+            acc.compose(1.0, sigma, k)
+        return acc.epsilon()
 
     def account(self):
         """Compose this round's mechanisms into the accountant (DP aggregators only)."""
@@ -123,6 +197,7 @@ class Run:
         """The round's history record: the phases' measurements, merged."""
         s, (n_items, K) = delta.summary, self.params["Q"].shape
         eps = self.epsilon()
+        eps_server = None if eps is None else self.server_epsilon()
         return {"round": t, "loss": s.loss, "clients_sampled": cohort.n_sampled,
                 "clients_used": s.n_used, "clients_dropped": cohort.n_dropped,
                 "clients_surplus": cohort.n_surplus, "clients_nonfinite": s.n_nonfinite,
@@ -130,7 +205,7 @@ class Run:
                 "values_up": delta.values_up + self.program.values_up_local(s.n_used, K),
                 "values_down": self.program.values_down(n_items, K, s.n_clients),
                 "server_seconds": server_seconds, "seconds": seconds, **self.timing,
-                **({} if eps is None else {"epsilon": eps}),
+                **({} if eps is None else {"epsilon": eps, "epsilon_server": eps_server}),
                 **self.aggregator.round_stats, **self.executor.round_stats}
 
     # ------------------------------------------------------------------ one round
@@ -182,7 +257,11 @@ class Run:
         ``probe`` (blame.py, a replay that looks for the cause of a divergence) examines the
         round before its server step; a finding stops the replay (``Blamed``)."""
         t0 = time.perf_counter()
+        if self.checkpointer is not None and probe is None:
+            self.checkpointer.releasing(self, t)
         cohort = self.select(t)
+        if self.accountant is not None:
+            self.took_part(cohort.clients)
         ids = np.array([self.seed, t], np.uint64)
         learned = self.learn_hyperparams(cohort, ids)
         hp = self.hyperparams
