@@ -28,7 +28,12 @@ TESTS = ["tests/test_privacy.py", "tests/test_secagg.py", "tests/test_attacks.py
          "tests/test_aggregator_contract.py", "tests/test_phases.py",
          "tests/test_hyper_private.py", "tests/test_device.py"]
 
-# (name, file, original text, mutated text)
+FLOWER_TESTS = ["tests/test_flower.py::test_a_node_answers_one_begin_per_round_and_model",
+                "tests/test_flower.py::test_nodes_refuse_a_threshold_below_their_policy",
+                "tests/test_flower.py::test_a_node_refuses_what_a_device_must_not_do",
+                "tests/test_flower.py::test_a_node_takes_its_policy_from_its_own_config"]
+
+# (name, file, original text, mutated text[, tests: else TESTS])
 MUTANTS = [
     ("noise dropped", FED + "aggregators/dp.py",
      "dQ = secret.normal((n_items, K), std)", "dQ = np.zeros((n_items, K))"),
@@ -154,6 +159,19 @@ MUTANTS = [
      "        if enc.noise_std < need * (1 - 1e-9):", "        if False:"),
     ("device: too few survivors unmasked", FED + "round/device.py",
      "        if survivors < self.min_cohort:", "        if False:"),
+    # the Flower node's device steps (their own, faster test selection)
+    ("flower: a node forgets what it answered", "fedcf/flower/secure.py",
+     "        _keep_device(state, device)\n", "        pass\n", FLOWER_TESTS),
+    ("flower: a node takes a seeded noise share", "fedcf/flower/secure.py",
+     "    if enc.noise_std > 0 and not enc.secret_noise:\n        raise NodeProtocolError(\"the "
+     "server asked for seeded noise shares; a device draws its \"\n"
+     "                                \"share of the DP noise from its own secure randomness\")"
+     "\n    return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))\n\n\n"
+     "def read_report_encoding",
+     "    return enc\n\n\ndef read_report_encoding", FLOWER_TESTS),
+    ("flower: a node's policy taken from the message", "fedcf/flower/secure.py",
+     "        device = node_device(state, node_config)",
+     "        device = node_device(state, config)", FLOWER_TESTS),
 ]
 
 
@@ -172,7 +190,7 @@ def run_mutant(name, rel, old, new, tests) -> dict:
         path.write_text(original)
     last = (res.stdout.strip().splitlines() or [""])[-1]
     return {"mutant": name, "file": rel, "killed": res.returncode != 0, "summary": last,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, **({} if tests == TESTS else {"tests": tests})}
 
 
 def main(argv=None):
@@ -183,7 +201,7 @@ def main(argv=None):
     chosen = [m for m in MUTANTS if not args.only or args.only in m[0]]
     rows = []
     for m in chosen:
-        rows.append(run_mutant(*m, TESTS))
+        rows.append(run_mutant(*m[:4], m[4] if len(m) > 4 else TESTS))
         r = rows[-1]
         print(f"{'killed  ' if r['killed'] else 'SURVIVED'} {r['mutant']:45s} {r['summary']}",
               flush=True)

@@ -1119,6 +1119,31 @@ def test_nodes_refuse_a_threshold_below_their_policy(tmp_path, monkeypatch, capl
     assert "device refused (threshold)" in caplog.text
 
 
+def _first_begin(tmp_path):
+    """(the grid, a begin message of an honest secure round, the node it went to)."""
+    grid = FakeGrid(partitions(3))
+    run(grid, tmp_path, {**SEC_PARAMS, "n_rounds": 1})
+    msg = next(m for m, _ in grid.sent if m.metadata.message_type == "train.secagg"
+               and m.content["config"]["step"] == "begin")
+    return grid, msg, int(msg.metadata.dst_node_id)
+
+
+def test_a_node_takes_its_policy_from_its_own_config(tmp_path, caplog):
+    """A node whose own config asks for DP (noise-multiplier) refuses a round without noise,
+    whatever the message says; the same message on a node without that rule is answered."""
+    from fedcf.flower.node import node_data
+    from fedcf.flower.secure import node_step
+
+    grid, msg, node = _first_begin(tmp_path)
+    own = node_data(grid.run_config, grid.nodes[node])
+    with caplog.at_level(logging.WARNING, "fedcf.device"):
+        reply = node_step(own, msg.content, RecordDict(),
+                          {**grid.nodes[node], "noise-multiplier": 1.0})
+    assert len(reply["keys.client"]) == 0
+    assert "device refused (noise_multiplier)" in caplog.text
+    assert len(node_step(own, msg.content, RecordDict(), grid.nodes[node])["keys.client"])
+
+
 def test_a_node_answers_one_begin_per_round_and_model(tmp_path, caplog):
     """The difference attack over messages: the server replays a round's begin (same model,
     same round, a fresh session, the cohort without one user) — the node answers with no
@@ -1126,11 +1151,7 @@ def test_a_node_answers_one_begin_per_round_and_model(tmp_path, caplog):
     from fedcf.flower.node import node_data
     from fedcf.flower.secure import node_step
 
-    grid = FakeGrid(partitions(3))
-    run(grid, tmp_path, {**SEC_PARAMS, "n_rounds": 1})
-    msg = next(m for m, _ in grid.sent if m.metadata.message_type == "train.secagg"
-               and m.content["config"]["step"] == "begin")
-    node = int(msg.metadata.dst_node_id)
+    grid, msg, node = _first_begin(tmp_path)
     config = dict(msg.content["config"])
     config.update(session=os.urandom(16), users=list(config["users"])[1:],
                   clients=list(config["clients"])[1:])
