@@ -31,6 +31,7 @@ from report_performance import (  # noqa: E402
     perf_values,
 )
 from report_privacy import (  # noqa: E402
+    device_cost_values,
     flower_secagg_values,
     mutants_values,
     population_values,
@@ -92,6 +93,7 @@ def documents() -> dict[Path, str]:
             **privacy_values(privacy), **population_values(load("privacy_population.json")),
             **secagg_cost_values(load("secagg_cost.json")),
             **flower_secagg_values(load("flower_deploy_secagg.json")),
+            **device_cost_values(load("device_cost.json")),
             **mutants_values(load("mutants.json"))})}
            if privacy else {}),
         **({ROOT / "eval" / "CATALOG.md": render((TEMPLATES / "CATALOG.md").read_text(),

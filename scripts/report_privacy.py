@@ -156,6 +156,28 @@ def flower_secagg_values(dep) -> dict:
             "sent."}
 
 
+def device_cost_values(doc) -> dict:
+    """PRIVACY.md's cost of the device's own rules (scripts/device_cost.py)."""
+    if doc is None:
+        return {"device_cost": "Not measured yet: run `python scripts/device_cost.py --json "
+                               "eval/results/device_cost.json`."}
+    rounds = table(["items", "K", "clients per round", "device's checks, ms per round",
+                    "round, seconds", "share of the round"],
+                   [(f"{r['items']:,}", r["K"], r["clients"],
+                     f"{r['device_seconds_per_round'] * 1e3:.2f}", f"{r['round_seconds']:.2f}",
+                     f"{r['share']:.2%}") for r in doc["rounds"]])
+    books = table(["rounds answered", "clients on the node", "ledger, KiB",
+                   "read and written per begin message, ms"],
+                  [(b["rounds"], b["clients"], f"{b['bytes'] / 1024:.0f}",
+                    f"{b['seconds_per_message'] * 1e3:.2f}") for b in doc["ledger"]])
+    return {"device_cost": provenance(doc["meta"], "device_cost.json") + "\n\n" +
+            "In process, a secure fit with the device's checks timed where they run (the model "
+            "digest, the ledger, the noise and cohort rules) against the round's seconds:\n\n" +
+            rounds + "\n\nOn a Flower node, the ledger that every begin message reads from "
+            "the run's state and writes back, after its clients answered every round:\n\n" +
+            books}
+
+
 def mutants_values(doc) -> dict:
     """PRIVACY.md's mutation-testing section (scripts/mutants.py)."""
     if doc is None:

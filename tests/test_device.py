@@ -205,3 +205,42 @@ def test_a_dp_device_refuses_an_adaptive_clip_count_without_its_noise(caplog):
     assert bare.ids == [] and "clip-count noise" in caplog.text
     ok = _job(9, clip=1.0, noise_std=2 / 3, adaptive=True, count_noise_std=1.0)
     assert len(_begin(Device(policy), ok, range(12), _rows(12)).ids) == 12
+
+
+def test_a_device_budget_caps_participations_at_its_epsilon_against_the_server():
+    """``device_budget``: the most rounds k whose ε at q = 1 stays within the budget — k
+    rounds fit, k + 1 do not — and the device then lets each client take part k times."""
+    pytest.importorskip("dp_accounting")
+    from fedcf.federated import device_budget
+    from fedcf.federated.aggregators.accounting import RdpAccountant
+
+    def eps(k):
+        acc = RdpAccountant(1e-6)
+        acc.compose(1.0, 1.5, k)
+        return acc.epsilon()
+
+    policy = device_budget(6.0, 1e-6, 1.5, min_cohort=12)
+    k = policy.max_participations
+    assert eps(k) <= 6.0 < eps(k + 1) and policy.min_cohort == 12
+    assert policy.noise_multiplier == 1.5
+    device = Device(policy)
+    taken = [bool(device.admit("update", r, bytes([r]), [7])[0]) for r in range(k + 2)]
+    assert device.participations[7] == k and sum(taken) == k
+    with pytest.raises(ValueError, match="one round at noise multiplier 0.1 already spends"):
+        device_budget(0.5, 1e-6, 0.1)
+
+
+def test_the_device_cost_script_measures_its_checks_and_the_report_reads_it(tmp_path):
+    import json
+
+    from conftest import load_script
+
+    out = tmp_path / "device_cost.json"
+    rows, books = load_script("device_cost").main(["--quick", "--json", str(out)])
+    assert rows[0]["device_seconds_per_round"] > 0 and 0 < rows[0]["share"] < 1
+    assert books[0]["bytes"] > 0 and books[0]["seconds_per_message"] > 0
+    load_script("report")  # puts scripts/ on the path of its sections
+    import report_privacy
+
+    report = report_privacy.device_cost_values(json.loads(out.read_text()))
+    assert "device's checks" in report["device_cost"] and "ledger, KiB" in report["device_cost"]

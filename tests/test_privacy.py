@@ -478,9 +478,11 @@ def test_every_mutant_of_the_mutation_script_still_applies():
     from conftest import load_script
 
     script = load_script("mutants")
-    for name, rel, old, new in script.MUTANTS:
+    for name, rel, old, new, *tests in script.MUTANTS:
         text = (Path(script.ROOT) / rel).read_text()
         assert text.count(old) == 1 and old != new, name
+        for t in tests[0] if tests else ():  # a mutant's own tests must exist
+            assert (Path(script.ROOT) / t.split("::")[0]).exists(), (name, t)
 
 
 def test_a_dp_release_takes_its_mean_scale_and_vocabulary_from_public_figures(pop):

@@ -3,6 +3,7 @@ the ranking papers' baselines (FedMF, FedNCF, PFedRec), and the phases a round i
 (to replace one: a custom executor or aggregator)."""
 
 from ..models.ncf import NCF
+from .aggregators.accounting import device_budget
 from .aggregators.dp import DifferentialPrivacy, DPGaussianMean
 from .aggregators.robust import (
     CoordinateMedian,
@@ -68,7 +69,7 @@ __all__ = [
     # out-of-catalog items on the device (OOV expansion)
     "OOVExpansion", "OOVLocalParams",
     # executors, and the device's own rules where its clients run
-    "LocalExecutor", "RayExecutor", "DevicePolicy", "Device", "DeviceRefusal",
+    "LocalExecutor", "RayExecutor", "DevicePolicy", "Device", "DeviceRefusal", "device_budget",
     # the round
     "ClientOutputs", "Cohort", "GlobalDelta", "RoundHyperparams", "Selector", "server_update",
     # server optimizers

@@ -17,6 +17,7 @@ import logging
 import numpy as np
 
 from ..round.contracts import Accountant
+from ..round.device import DevicePolicy
 
 
 @contextlib.contextmanager
@@ -249,3 +250,39 @@ def _calibrate(dpa, make_accountant, target_epsilon, plan, rounds, delta, low, h
     return float(dpa.calibrate_dp_mechanism(
         make_accountant, event, target_epsilon, delta,
         bracket_interval=dpa.ExplicitBracketInterval(low, high), tol=1e-4))
+
+
+def device_budget(epsilon_budget: float, delta: float, noise_multiplier: float,
+                  **policy) -> DevicePolicy:
+    """A ``DevicePolicy`` that keeps each of a device's clients within ``epsilon_budget`` at
+    ``delta`` against a server that knows every cohort (no amplification): its DP rule (noise
+    multiplier σ) and the most rounds k whose composition at q = 1 stays within the budget
+    (``max_participations``); ``policy``: its other fields.
+
+    Examples
+    --------
+    >>> from fedcf.federated import device_budget
+    >>> device_budget(8.0, 1e-6, 2.0).max_participations
+    8
+    """
+    if not (isinstance(epsilon_budget, (int, float)) and np.isfinite(epsilon_budget)
+            and epsilon_budget > 0):
+        raise ValueError(f"epsilon_budget must be a finite number > 0, got {epsilon_budget!r}")
+
+    def eps(k):
+        acc = RdpAccountant(delta)
+        acc.compose(1.0, float(noise_multiplier), k)
+        return acc.epsilon()
+
+    if eps(1) > epsilon_budget:
+        raise ValueError(f"one round at noise multiplier {noise_multiplier:g} already spends "
+                         f"ε {eps(1):.3g} > epsilon_budget={epsilon_budget:g} at δ={delta:g}; "
+                         "raise the budget or the noise multiplier")
+    lo, hi = 1, 2
+    while eps(hi) <= epsilon_budget:  # doubling, then bisection: ε grows with k
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if eps(mid) <= epsilon_budget else (lo, mid)
+    return DevicePolicy(**{**policy, "noise_multiplier": float(noise_multiplier),
+                           "max_participations": lo})
