@@ -249,8 +249,9 @@ class Device:
                 "max_participations" if cap is not None and n >= cap else None
             if why is not None:
                 keep[k] = False
-                log.warning("device refused (%s): client %d sits out %s round %d", why, c,
-                            kind, int(round_idx))
+                (log.warning if why == "one_answer" else log.info)(  # a spent budget is normal
+                    "device refused (%s): client %d sits out %s round %d", why, c, kind,
+                    int(round_idx))
                 continue
             seen.update(keys)
             self.participations[c] = n + 1
