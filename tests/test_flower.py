@@ -25,7 +25,12 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from fedcf import FedReconMF  # noqa: E402
 from fedcf.federated import DevicePolicy  # noqa: E402
 from fedcf.flower import Settings, fit_in_process, make_client_app, serve, write_app  # noqa: E402
-from fedcf.flower.node import NodeDataError, load_dataset, tangent_reports  # noqa: E402
+from fedcf.flower.node import (  # noqa: E402
+    NodeDataError,
+    load_dataset,
+    partition,
+    tangent_reports,
+)
 from fedcf.flower.wire import SUM_FIELDS, UPLOAD_FIELDS, arrays, client_params  # noqa: E402
 
 DATA = {"dataset": "synthetic", "synthetic-users": 240, "synthetic-items": 50,
@@ -323,8 +328,11 @@ def test_node_without_partition_or_users_is_skipped(tmp_path):
     res, model = run(FakeGrid(configs), tmp_path)
     reasons = " | ".join(r["reason"] for r in res["refusals"])
     assert "no 'partition-id'" in reasons and "partition-id=9 is not in [0" in reasons
-    assert "users another node holds" in reasons
-    assert res["n_nodes"] == 6 and res["n_train_users"] + res["n_eval_users"] == 240
+    # the two nodes of partition 0 both lose the users they both list; nothing else is lost
+    contested = [r for r in res["refusals"] if "another node also lists" in r["reason"]]
+    assert {r["node"] for r in contested} == {BIG, BIG + 5}
+    zero = partition(DATA, {"partition-id": 0, "num-partitions": 3}).n_users
+    assert res["n_train_users"] + res["n_eval_users"] == 240 - zero
 
 
 def test_empty_partition_and_bad_catalog_are_refused(tmp_path):
@@ -1162,3 +1170,58 @@ def test_a_node_answers_one_begin_per_round_and_model(tmp_path, caplog):
         reply = node_step(own, content, grid.state[node], grid.nodes[node])
     assert len(reply["keys.client"]) == 0 and len(reply["adverts.client"]) == 0
     assert "device refused (one_answer)" in caplog.text
+
+
+# ------------------------------------------------------------------ nodes that lie
+def _claim(user_sums):
+    """A node's directory reply with its first user's (Σv, Σv², min, max) replaced."""
+    def tamper(msg, reply):
+        if msg.metadata.message_type != "query" or reply.has_error():
+            return reply
+        rec = {k: v.numpy() for k, v in reply.content["users"].items()}
+        rec["sums"] = rec["sums"].copy()
+        rec["sums"][0] = user_sums(rec["counts"][0]) if callable(user_sums) else user_sums
+        return Message(RecordDict({"users": arrays(**rec)}), reply_to=msg)
+    return tamper
+
+
+@pytest.mark.parametrize("params, sums, reason", [
+    (PARAMS, [1e6, 1e12, -1e6, 1e6], "far beyond the other nodes'"),  # no public scale
+    ({**PARAMS, "rating_scale": [1.0, 5.0]}, [1e6, 1e12, -1e6, 1e6],
+     "outside the public rating scale"),
+    (PARAMS, [50.0, 60.0, 1.0, 2.0], "mean is outside its [min, max]"),
+    (PARAMS, lambda n: [2.5 * n, 1.0, 1.0, 4.0], "Σv² is impossible"),
+])
+def test_a_node_whose_claims_cannot_be_true_is_refused_by_name(tmp_path, params, sums, reason):
+    """One node claiming one user with Σv = 10⁶ and ratings in ±10⁶ moved μ from 3.5 to 14.7
+    and the scale to ±10⁶: such a node is refused by name at the directory, and μ and the
+    scale are the honest nodes'."""
+    res, model = run(FakeGrid(partitions(4), tamper={BIG + 2: _claim(sums)}), tmp_path, params)
+    refused = [r for r in res["refusals"] if r["stage"] == "directory"]
+    assert refused and reason in refused[0]["reason"]
+    assert all(r["node"] == BIG + 2 for r in refused)  # later rounds: its users stay out
+    assert 1.0 <= model.global_mean_ <= 5.0
+    assert res["n_nodes"] == 4 and res["n_train_users"] + res["n_eval_users"] < 240
+
+
+def test_one_user_two_nodes_claim_costs_only_that_user(tmp_path):
+    """A node that also lists one user of another node: that user is left out of both (who
+    is honest cannot be told), and both nodes keep every other user — before, the node with
+    the higher id lost all of its users."""
+    stolen = int(partition(DATA, {"partition-id": 0, "num-partitions": 3}).user_ids[0])
+
+    def overlap(msg, reply):
+        if msg.metadata.message_type != "query" or reply.has_error():
+            return reply
+        rec = {k: v.numpy() for k, v in reply.content["users"].items()}
+        order = np.argsort(np.append(rec["users"], stolen))
+        rec["users"] = np.append(rec["users"], stolen)[order]
+        rec["counts"] = np.append(rec["counts"], rec["counts"][0])[order]
+        rec["sums"] = np.vstack([rec["sums"], rec["sums"][:1]])[order]
+        return Message(RecordDict({"users": arrays(**rec)}), reply_to=msg)
+
+    res, _ = run(FakeGrid(partitions(3), tamper={BIG + 1: overlap}), tmp_path)
+    contested = [r for r in res["refusals"] if "another node also lists" in r["reason"]]
+    assert {r["node"] for r in contested} == {BIG, BIG + 1}
+    assert all(r["reason"].startswith("1 of its users") for r in contested)
+    assert res["n_nodes"] == 3 and res["n_train_users"] + res["n_eval_users"] == 240 - 1

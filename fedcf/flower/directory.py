@@ -57,6 +57,74 @@ def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals,
         refusals.add(stage, node, f"no reply within {timeout:g} s", (clients or {}).get(node, 0))
 
 
+def claims_error(counts, sums, scale=None) -> str | None:
+    """Why a node's per-user claims cannot be true, or None: each user needs ≥ 1 rating,
+    min ≤ mean ≤ max, Σv² between (Σv)²/n and n·max(min², max²), all inside ``scale``."""
+    n, (total, squares, lo, hi) = counts.astype(np.float64), sums.T
+    eps = 1e-9 * np.maximum(1.0, np.abs(sums).max(axis=1))
+    checks = (("a user with no rating", counts < 1),
+              ("a user whose min is above its max", lo > hi + eps),
+              ("a user whose mean is outside its [min, max]",
+               (total < lo * n - eps * n) | (total > hi * n + eps * n)),
+              ("a user whose Σv² is impossible for its Σv and range",
+               (squares < total ** 2 / np.maximum(n, 1) - eps * n) |
+               (squares > n * np.maximum(lo ** 2, hi ** 2) + eps * n)))
+    if scale is not None:
+        checks += ((f"a user with ratings outside the public rating scale {tuple(scale)}",
+                    (lo < scale[0]) | (hi > scale[1])),)
+    for what, bad in checks:
+        if np.any(bad):
+            return f"it claims {what} (user {int(np.flatnonzero(bad)[0])} of its list)"
+    return None
+
+
+def _contested_left_out(entries, refusals) -> list:
+    """Leave out of every entry the users two or more nodes list (which node is honest cannot
+    be told); each node keeps its other users."""
+    if not entries:
+        return entries
+    users, counts = np.unique(np.concatenate([d["users"] for _, d in entries]),
+                              return_counts=True)
+    contested = users[counts > 1]
+    if not len(contested):
+        return entries
+    kept = []
+    for node, d in entries:
+        mine = np.isin(d["users"], contested)
+        if mine.any():
+            refusals.add("directory", node, f"{int(mine.sum())} of its users another node "
+                                            "also lists are left out")
+        if (~mine).any():
+            kept.append((node, {k: (v[~mine] if k in ("users", "counts", "sums") else v)
+                                for k, v in d.items()}))
+    return kept
+
+
+OUTLIER = 10.0  # a node's ratings reaching this many spans beyond the others' is refused
+
+
+def _outliers_refused(entries, refusals, scale) -> list:
+    """Without a public rating scale: refuse a node whose users' ratings reach more than
+    ``OUTLIER`` times the others' span beyond the range every other node's ratings cover
+    (one lying node cannot move μ or the scale); needs three nodes or more."""
+    if scale is not None or len(entries) < 3 or "sums" not in entries[0][1]:
+        return entries
+    ranges = np.array([(d["sums"][:, 2].min(), d["sums"][:, 3].max()) for _, d in entries])
+    kept = []
+    for k, (node, d) in enumerate(entries):
+        others = np.delete(ranges, k, axis=0)
+        lo, hi = others[:, 0].min(), others[:, 1].max()
+        reach = OUTLIER * max(hi - lo, 1e-12)
+        if ranges[k, 0] < lo - reach or ranges[k, 1] > hi + reach:
+            refusals.add("directory", node, f"its ratings span [{ranges[k, 0]:.4g}, "
+                                            f"{ranges[k, 1]:.4g}], far beyond the other "
+                                            f"nodes' [{lo:.4g}, {hi:.4g}]; give the run a "
+                                            "public rating_scale to check claims exactly")
+        else:
+            kept.append((node, d))
+    return kept
+
+
 @dataclass
 class Directory:
     """Who holds which user, from the nodes' answers to the first (query) message: raw user ids
@@ -83,6 +151,8 @@ class Directory:
     catalog_sent : bool
         Whether the catalog is the server's, sent with the query (nodes holding their own
         data), rather than the one the nodes reported.
+    scale : (low, high) or None
+        The run's public rating scale, which every claim must respect (None: not public).
 
     Examples
     --------
@@ -102,14 +172,19 @@ class Directory:
     catalog: np.ndarray
     private_floor: int | None = None
     catalog_sent: bool = False
+    scale: tuple | None = None  # the run's public rating scale, which claims must respect
 
     @classmethod
     def query(cls, grid, nodes, timeout: float, refusals: Refusals,
-              private_floor: int | None = None, catalog: np.ndarray | None = None
-              ) -> Directory:
+              private_floor: int | None = None, catalog: np.ndarray | None = None,
+              scale: tuple | None = None) -> Directory:
         """Ask every node for its entry. With ``catalog`` (the run's public item catalog) the
         message carries it and each node maps its own items into it (a device holding its
-        own ratings); without, the nodes report theirs and must agree."""
+        own ratings); without, the nodes report theirs and must agree. The server trusts no
+        claim it can check: each user's count and sums must be consistent (and inside the
+        public rating ``scale``, when the run has one), else the node is refused by name; a
+        user two nodes list is left out of both (never a whole node); without a public scale,
+        a node whose ratings reach far beyond every other node's is refused."""
         private = private_floor is not None
         config = {} if not private else \
             {"config": flwr().ConfigRecord({"private-floor": int(private_floor)})}
@@ -119,7 +194,7 @@ class Directory:
         if catalog is not None:
             fields = tuple(f for f in fields if f != "catalog")
         msgs = [message(config, n, flwr().MessageType.QUERY, "directory") for n in nodes]
-        entries, seen = [], set()
+        entries = []
         for node, content in sorted(exchange(grid, msgs, timeout, "directory", refusals),
                                     key=lambda r: r[0]):
             try:
@@ -140,13 +215,16 @@ class Directory:
                 elif not np.array_equal(d["catalog"], catalog):
                     raise ReplyError(f"its item catalog ({len(d['catalog'])} items) is not the "
                                      f"one of the other nodes ({len(catalog)} items)")
-                if len(np.unique(d["users"])) < n or seen.intersection(d["users"].tolist()):
-                    raise ReplyError("it lists users twice or users another node holds; give "
-                                     "each SuperNode its own partition-id")
-                seen.update(d["users"].tolist())
+                if len(np.unique(d["users"])) < n:
+                    raise ReplyError("it lists a user twice")
+                if not private:
+                    bad = claims_error(d["counts"], d["sums"], scale)
+                    if bad:
+                        raise ReplyError(bad)
                 entries.append((node, d))
             except ReplyError as e:
                 refusals.add("directory", node, str(e))
+        entries = _outliers_refused(_contested_left_out(entries, refusals), refusals, scale)
         if not entries:
             raise RuntimeError("no node answered the directory query with users; check that "
                                "the SuperNodes have a partition (node config) and the data")
@@ -159,7 +237,7 @@ class Directory:
 
         return cls(users[order], node_of[order], [n for n, _ in entries], joined("counts"),
                    joined("sums"), catalog, private_floor, catalog is not None and
-                   "catalog" not in fields)
+                   "catalog" not in fields, scale)
 
     def admit(self, other: Directory, refusals: Refusals, connected=()) -> None:
         """Nodes that joined during the run (``other``, their directory entries): a node

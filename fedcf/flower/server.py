@@ -130,7 +130,8 @@ class FlowerExecutor(RoundExecutor):
         if new:
             try:
                 d.admit(Directory.query(self.grid, new, self.timeout, self.refusals,
-                                        d.private_floor, d.catalog if d.catalog_sent else None),
+                                        d.private_floor, d.catalog if d.catalog_sent else None,
+                                        d.scale),
                         self.refusals, [n for n in now if n in d.nodes])
             except RuntimeError:  # none of them answered with users: they stay out
                 pass
@@ -391,8 +392,10 @@ def serve(grid, settings: Settings) -> dict:
     nodes = wait_for_nodes(grid, int(settings.min_nodes), float(settings.wait_seconds))
     est = settings.estimator()
     floor = max(int(est.min_examples), 1) if est.dp_release else None
+    public = est.get_params(deep=False).get("rating_scale")  # the run's public scale, if any
+    scale = None if public is None else tuple(float(v) for v in public)
     directory = Directory.query(grid, nodes, settings.reply_timeout, refusals, floor,
-                                settings.catalog())
+                                settings.catalog(), scale)
     seed = run_seed(est.random_state)
     f = float(settings.eval_fraction)
     train, test = user_split_indices(len(directory.user_ids), (1 - f, f), seed) if f else \
