@@ -1225,3 +1225,36 @@ def test_one_user_two_nodes_claim_costs_only_that_user(tmp_path):
     assert {r["node"] for r in contested} == {BIG, BIG + 1}
     assert all(r["reason"].startswith("1 of its users") for r in contested)
     assert res["n_nodes"] == 3 and res["n_train_users"] + res["n_eval_users"] == 240 - 1
+
+
+class RestartGrid(FakeGrid):
+    """A grid whose node ``node`` restarts (keeps its id, loses its state, as a SuperNode under
+    node authentication) just before its ``at``-th training message."""
+
+    def __init__(self, node_configs, node, at, **kw):
+        super().__init__(node_configs, **kw)
+        self.node, self.at, self.seen = node, at, 0
+
+    def send_and_receive(self, messages, *, timeout=None):
+        for msg in messages:
+            if int(msg.metadata.dst_node_id) == self.node and \
+                    msg.metadata.message_type == "train":
+                self.seen += 1
+                if self.seen == self.at:
+                    self.state[self.node] = RecordDict()
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_a_restarted_device_node_serves_again_from_the_next_round(tmp_path):
+    """A node holding its own data restarts between rounds, keeping its id: its first message
+    after the restart fails ("no item catalog yet": its state is gone), the server re-sends
+    the catalog, and from the next round on its clients train again."""
+    nodes, catalog = _device_files(tmp_path, 3)
+    grid = RestartGrid(nodes, BIG + 1, at=2, run_config={})
+    res, model = run(grid, tmp_path, {**PARAMS, "n_rounds": 4}, catalog_path=catalog)
+    lost = [r for r in res["refusals"] if "no item catalog yet" in r["reason"]]
+    assert len(lost) == 1 and lost[0]["node"] == BIG + 1 and lost[0]["clients"] > 0
+    answered = [not r.has_error() for m, r in grid.sent if m.metadata.message_type == "train"
+                and int(m.metadata.dst_node_id) == BIG + 1]
+    assert answered == [True, False, True, True]  # rounds 1 to 4: only round 2 is lost
+    assert np.isfinite(model.item_factors_).all()

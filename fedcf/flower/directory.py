@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .wire import DIRECTORY_FIELDS, ReplyError, arrays, flwr, read_arrays
+from .wire import DIRECTORY_FIELDS, NO_CATALOG, ReplyError, arrays, flwr, read_arrays
 
 log = logging.getLogger("fedcf.flower")
 
@@ -21,10 +21,13 @@ class Refusals:
 
     def __init__(self):
         self.items: list[dict] = []
+        self.lost_catalog: set = set()  # nodes that said they lost the run's catalog (restart)
 
     def add(self, stage: str, node: int, reason: str, clients: int = 0):
         self.items.append({"stage": stage, "node": int(node), "reason": reason,
                            "clients": int(clients)})
+        if NO_CATALOG in reason:
+            self.lost_catalog.add(int(node))
         log.warning("fedcf.flower: %s: refused the reply of node %s (%d clients): %s", stage,
                     node, clients, reason)
 

@@ -38,7 +38,7 @@ from ..federated.round.phases import (
     RoundHyperparams,
     client_weights,
 )
-from .wire import arrays, client_estimator, encode_sums, encode_upload
+from .wire import NO_CATALOG, arrays, client_estimator, encode_sums, encode_upload
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
 _DEVICE: dict = {}  # (path, mtime, size) -> the device's own ratings
@@ -93,9 +93,9 @@ def node_data(run_config, node_config, state=None, catalog=None) -> Interactions
         catalog = state[CATALOG_STATE]["items"].numpy()
     if catalog is None:
         if "data-path" in node_config:
-            raise NodeDataError("this node holds its own data (data-path) and has no item "
-                                "catalog yet: the server sends one with its directory query "
-                                "(its run config needs catalog-path)")
+            raise NodeDataError(f"this node holds its own data (data-path) and {NO_CATALOG}: "
+                                "the server sends one with its directory query (its run config "
+                                "needs catalog-path), and again to a node that restarted")
         return base
     return in_catalog(base, catalog)
 

@@ -126,6 +126,7 @@ class FlowerExecutor(RoundExecutor):
         users it holds that the run knows are served by it from now on."""
         now = [int(n) for n in self.grid.get_node_ids()]
         d = self.directory
+        self.rejoin(now)
         new = [n for n in now if n not in d.nodes]
         if new:
             try:
@@ -138,6 +139,21 @@ class FlowerExecutor(RoundExecutor):
         connected = np.isin(np.asarray(d.nodes, dtype=np.uint64)[d.node_of[self.users]],
                             np.asarray(now, dtype=np.uint64))
         return d.user_ids[self.users[connected]]
+
+    def rejoin(self, now) -> None:
+        """Nodes of this run that said they lost its catalog (a SuperNode that restarted keeps
+        its id under node authentication, but not its state) get the directory query again,
+        which carries the catalog: they serve their users from this round on."""
+        d = self.directory
+        again = sorted(n for n in self.refusals.lost_catalog if n in now and n in d.nodes)
+        self.refusals.lost_catalog.difference_update(again)
+        if again and d.catalog_sent:
+            log.info("fedcf.flower: re-sending the catalog to node(s) %s", again)
+            try:
+                Directory.query(self.grid, again, self.timeout, self.refusals, d.private_floor,
+                                d.catalog, d.scale)
+            except RuntimeError:  # none answered with users: they stay as they are
+                pass
 
     def new_round_stats(self, hyper: bool = False) -> None:
         """Start a round's measurements (bytes, messages). The hypergradient exchange comes

@@ -37,6 +37,8 @@ SUM_FIELDS = ("groups", "items", "s_Q", "s_b", "stat_groups", "stats", "worst_cl
               "worst_loss")
 DIRECTORY_FIELDS = ("users", "counts", "sums", "catalog")
 RECON_FIELDS = ("sse", "sae", "hits", "n", "users")
+# what a node that lost the run's catalog (a restart) says, so the server re-sends it
+NO_CATALOG = "has no item catalog yet"
 
 
 def flower_estimator(model):
