@@ -657,8 +657,10 @@ def test_a_node_lost_after_masking_is_unmasked_by_the_others(tmp_path):
 def test_a_node_lost_before_masking_drops_its_clients_and_the_round_goes_on(tmp_path):
     grid = FakeGrid(partitions(4), tamper={BIG + 1: _silent({"mask"})})
     res, model = run(grid, tmp_path, SEC_PARAMS)
-    assert all(0 < h["secagg_survivors"] < 30 and not h["secagg_lost_round"]
-               for h in res["history"])
+    first, second = res["history"]
+    assert 0 < first["secagg_survivors"] < 30 and not first["secagg_lost_round"]
+    # it missed a deadline: it sits out the next round, whose cohort is the others' users
+    assert second["secagg_survivors"] == 30 and not second["secagg_lost_round"]
     assert np.isfinite(model.item_factors_).all()
 
 
@@ -1258,3 +1260,34 @@ def test_a_restarted_device_node_serves_again_from_the_next_round(tmp_path):
                 and int(m.metadata.dst_node_id) == BIG + 1]
     assert answered == [True, False, True, True]  # rounds 1 to 4: only round 2 is lost
     assert np.isfinite(model.item_factors_).all()
+
+
+def test_a_stalled_node_sits_out_a_growing_back_off(tmp_path):
+    """A node that gives no reply in time is not asked for 1, then 2 rounds (then 4, 8): over
+    six rounds it costs three deadlines, not six; the others train every round."""
+    asked = []
+
+    def stalled(msg, reply):
+        if msg.metadata.message_type != "train":
+            return reply
+        asked.append(msg)
+        return None
+
+    grid = FakeGrid(partitions(4), tamper={BIG + 1: stalled})
+    res, model = run(grid, tmp_path, {**PARAMS, "n_rounds": 6})
+    missed = [r for r in res["refusals"] if r["node"] == BIG + 1 and "no reply" in r["reason"]]
+    assert len(asked) == len(missed) == 3  # rounds 1, 3 and 6
+    assert all(h["clients_used"] > 0 for h in res["history"])
+
+
+def test_a_node_works_only_the_current_round(tmp_path):
+    """A stalled node catching up on its queue: a training message for a round older than one
+    it already worked is refused, naming both rounds."""
+    grid = FakeGrid(partitions(3))
+    run(grid, tmp_path, {**PARAMS, "n_rounds": 3})
+    old = next(m for m, _ in grid.sent if m.metadata.message_type == "train")
+    node = int(old.metadata.dst_node_id)
+    ctx = Context(1, node, grid.nodes[node], grid.state[node], grid.run_config)
+    reply = grid.app(Message(old.content, dst_node_id=node, message_type="train"), ctx)
+    assert reply.has_error() and "a stale message for round 0" in reply.error.reason
+    assert "has worked round 2" in reply.error.reason

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .node import describe, evaluate, node_data, tangent_reports, train
+from .node import check_fresh, describe, evaluate, node_data, tangent_reports, train
 from .secure import node_step
 from .server import serve
 from .settings import Settings
@@ -102,22 +102,25 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
                                                        msg.content.get("config"),
                                                        "catalog" in msg.content)})
 
+    def fresh(msg, context):  # a stalled node works the current round only
+        if "global" in msg.content:
+            check_fresh(context.state, msg.content["global"])
+
     @capp.train()
     def fit(msg, context):
-        return _answer(msg, lambda: train(own(context), msg.content["config"],
-                                          msg.content["global"]))
+        return _answer(msg, lambda: fresh(msg, context) or train(
+            own(context), msg.content["config"], msg.content["global"]))
 
     @capp.train("secagg")
     def secagg(msg, context):  # secure aggregation: one protocol step (secure.node_step)
-        return _answer(msg, lambda: {"secagg": arrays(**node_step(own(context), msg.content,
-                                                                   context.state,
-                                                                   context.node_config))})
+        return _answer(msg, lambda: fresh(msg, context) or {"secagg": arrays(**node_step(
+            own(context), msg.content, context.state, context.node_config))})
 
     @capp.train("tangents")
     def tangents(msg, context):  # learned hyperparameters: the users' hypergradient reports
-        return _answer(msg, lambda: tangent_reports(own(context), msg.content["config"],
-                                                    msg.content["global"],
-                                                    msg.content["tangents"]))
+        return _answer(msg, lambda: fresh(msg, context) or tangent_reports(
+            own(context), msg.content["config"], msg.content["global"],
+            msg.content["tangents"]))
 
     @capp.evaluate()
     def recon(msg, context):

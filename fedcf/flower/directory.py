@@ -14,6 +14,7 @@ import numpy as np
 from .wire import DIRECTORY_FIELDS, NO_CATALOG, ReplyError, arrays, flwr, read_arrays
 
 log = logging.getLogger("fedcf.flower")
+NO_REPLY = "no reply within"
 
 
 class Refusals:
@@ -22,12 +23,15 @@ class Refusals:
     def __init__(self):
         self.items: list[dict] = []
         self.lost_catalog: set = set()  # nodes that said they lost the run's catalog (restart)
+        self.timed_out: set = set()  # nodes that gave no reply in time since last asked
 
     def add(self, stage: str, node: int, reason: str, clients: int = 0):
         self.items.append({"stage": stage, "node": int(node), "reason": reason,
                            "clients": int(clients)})
         if NO_CATALOG in reason:
             self.lost_catalog.add(int(node))
+        if reason.startswith(NO_REPLY):
+            self.timed_out.add(int(node))
         log.warning("fedcf.flower: %s: refused the reply of node %s (%d clients): %s", stage,
                     node, clients, reason)
 
@@ -57,7 +61,7 @@ def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals,
             continue
         yield node, reply.content
     for node in sorted(sent - answered):
-        refusals.add(stage, node, f"no reply within {timeout:g} s", (clients or {}).get(node, 0))
+        refusals.add(stage, node, f"{NO_REPLY} {timeout:g} s", (clients or {}).get(node, 0))
 
 
 def claims_error(counts, sums, scale=None) -> str | None:

@@ -38,7 +38,7 @@ from ..federated.round.phases import (
     RoundHyperparams,
     client_weights,
 )
-from .wire import NO_CATALOG, arrays, client_estimator, encode_sums, encode_upload
+from .wire import NO_CATALOG, arrays, client_estimator, encode_sums, encode_upload, flwr
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
 _DEVICE: dict = {}  # (path, mtime, size) -> the device's own ratings
@@ -325,6 +325,24 @@ def _client_work(own: Interactions, config, glob):
     executor = BoundLocalExecutor(program, (sub.indptr, sub.items, sub.values))
     cohort = Cohort(np.arange(len(rows), dtype=np.int64), len(rows), 0, 0)
     return clients, executor, cohort, {"Q": Q, "b": b}, keys
+
+
+ROUND_STATE = "fedcf-round"  # the latest round this node worked (in the run's context.state)
+
+
+def check_fresh(state, glob) -> None:
+    """Refuse a message for a round older than one this node already worked (a stalled node
+    catching up on its queue works only the current round); remember the round otherwise."""
+    if state is None or "ids" not in glob:
+        return
+    ids = glob["ids"].numpy()
+    if ids.shape != (2,):
+        return  # the work itself refuses malformed ids
+    now, last = int(ids[1]), int(state[ROUND_STATE]["round"]) if ROUND_STATE in state else -1
+    if now < last:
+        raise NodeDataError(f"a stale message for round {now}: this node has worked round "
+                            f"{last} already")
+    state[ROUND_STATE] = flwr().ConfigRecord({"round": now})
 
 
 def evaluate(own: Interactions, config, glob) -> dict:

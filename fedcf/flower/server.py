@@ -39,6 +39,7 @@ log = logging.getLogger("fedcf.flower")
 
 NORM_ROUNDS = 50  # rounds whose per-node upload norms are kept for the divergence blame
 NODE_BLOWUP = 100.0  # a node whose uploads are this many times the others' is blamed
+MAX_BACKOFF = 3  # a stalled node sits out at most 2**3 rounds before it is asked again
 
 
 class FlowerExecutor(RoundExecutor):
@@ -86,7 +87,10 @@ class FlowerExecutor(RoundExecutor):
         self.refusals, self.program, self.round_stats = refusals, None, {}
         self.in_hyper = False  # round_stats are the hypergradient exchange's (new_round_stats)
         self.counts = None if directory.counts is None else directory.counts[users]
-        self.round, self.received = 0, {}  # message type -> record -> fields received
+        self.received = {}  # message type -> record -> fields received
+        # a stalled node (no reply in time) sits out 1, 2, 4, then 8 rounds, so it costs one
+        # deadline per back-off, not every round
+        self.refreshes, self.misses, self.skip_until = 0, {}, {}
         # round -> node -> its largest finite upload norm (with node sums: its sums' norm
         # per client)
         self.node_norms: dict = {}
@@ -122,9 +126,18 @@ class FlowerExecutor(RoundExecutor):
 
     def refresh(self) -> np.ndarray:
         """The training users whose node is connected now — the round's availability: a node
-        that left is not asked; a node that joined is asked for its directory entry, and the
-        users it holds that the run knows are served by it from now on."""
-        now = [int(n) for n in self.grid.get_node_ids()]
+        that left is not asked, nor one sitting out its back-off after a missed deadline; a
+        node that joined is asked for its directory entry, and the users it holds that the
+        run knows are served by it from now on."""
+        self.refreshes += 1
+        for n in self.refusals.timed_out:
+            k = self.misses[n] = self.misses.get(n, 0) + 1
+            self.skip_until[n] = self.refreshes + 2 ** min(k - 1, MAX_BACKOFF)
+            log.info("fedcf.flower: node %s missed a deadline; it sits out %d round(s)", n,
+                     2 ** min(k - 1, MAX_BACKOFF))
+        self.refusals.timed_out.clear()
+        now = [int(n) for n in self.grid.get_node_ids()
+               if self.skip_until.get(int(n), 0) <= self.refreshes]
         d = self.directory
         self.rejoin(now)
         new = [n for n in now if n not in d.nodes]
