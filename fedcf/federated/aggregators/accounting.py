@@ -268,6 +268,7 @@ def device_budget(epsilon_budget: float, delta: float, noise_multiplier: float,
     if not (isinstance(epsilon_budget, (int, float)) and np.isfinite(epsilon_budget)
             and epsilon_budget > 0):
         raise ValueError(f"epsilon_budget must be a finite number > 0, got {epsilon_budget!r}")
+    DevicePolicy(noise_multiplier=noise_multiplier)  # names a bad noise_multiplier
 
     def eps(k):
         acc = RdpAccountant(delta)

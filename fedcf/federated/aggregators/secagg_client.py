@@ -134,7 +134,7 @@ class Encoding:
                 NoiseShare(self.n_values, self.noise_std, self.secret_noise, (*self.seed, 0x5EC)),
                 NoiseShare(1, self.count_noise_std, self.secret_noise, (*self.seed, 0xC1),
                            start=count),
-                Quantize(self.scales(), count=False))
+                Quantize(self.scales()))
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, dict]:
         """(the summed dense part, the summed ``stats`` and clip count by name)."""

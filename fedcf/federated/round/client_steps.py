@@ -80,33 +80,21 @@ class ClipValues(ClientStep):
 
 @dataclass(frozen=True, eq=False)
 class Quantize(ClientStep):
-    """Each value clipped to its column range's bound (``bounds``: (start, stop, bound)), then
-    rounded to its column's fixed-point ``scales`` as uint32 words (a sum of them modulo 2³²
-    is the protocol's); with ``count``, a last word counts the client's clipped values.
+    """Each value rounded to its column's fixed-point ``scales`` as uint32 words (a sum of them
+    modulo 2³² is the protocol's). Bounds are ``ClipValues``' job, before any noise.
 
     Examples
     --------
     >>> import numpy as np
     >>> from fedcf.federated.round.client_steps import Quantize
-    >>> Quantize(np.array([10.0, 10.0]), ((0, 2, 1.0),))(np.array([[0.25, 3.0]]), None)
-    array([[ 2, 10,  1]], dtype=uint32)
+    >>> Quantize(np.array([10.0, 10.0]))(np.array([[0.25, -0.5]]), None)
+    array([[         2, 4294967291]], dtype=uint32)
     """
 
     scales: np.ndarray
-    bounds: tuple = ()
-    count: bool = True
 
     def __call__(self, rows: np.ndarray, clients: np.ndarray) -> np.ndarray:
-        clipped = rows.copy()
-        for start, stop, bound in self.bounds:
-            clipped[:, start:stop] = np.clip(rows[:, start:stop], -bound, bound)
-        words = np.round(clipped * self.scales).astype(np.int64).astype(np.uint32)
-        if not self.count:
-            return words
-        q = np.empty((rows.shape[0], rows.shape[1] + 1), np.uint32)
-        q[:, :-1] = words
-        q[:, -1] = np.count_nonzero(clipped != rows, axis=1)  # summed inside the protocol
-        return q
+        return np.round(rows * self.scales).astype(np.int64).astype(np.uint32)
 
 
 def run_steps(steps, rows: np.ndarray, clients: np.ndarray) -> np.ndarray:

@@ -130,7 +130,7 @@ class ReportEncoding:
         """The device's steps after its report is clipped and weighed: its share of the noise,
         then the words (the clip bounds the values: nothing is clipped there)."""
         return (NoiseShare(self.H, self.noise_std, self.secret_noise, self.seed, (0x4E9,)),
-                Quantize(self.scales(), count=False))
+                Quantize(self.scales()))
 
     def encode(self, reports: Reports) -> np.ndarray:
         """uint32 rows of every client of ``reports`` (noise shares are bounded by rounding
