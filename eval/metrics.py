@@ -26,11 +26,28 @@ def _pair(y_true, y_pred):
 
 
 def rmse(y_true, y_pred) -> float:
+    """Root mean squared error of the predictions; the arrays must have the same length and be
+    finite.
+
+    Examples
+    --------
+    >>> from fedcf.eval import rmse
+    >>> rmse([1, 2, 3], [1, 2, 5])
+    1.1547005383792515
+    """
     y, p = _pair(y_true, y_pred)
     return float(np.sqrt(np.mean((y - p) ** 2)))
 
 
 def mae(y_true, y_pred) -> float:
+    """Mean absolute error of the predictions.
+
+    Examples
+    --------
+    >>> from fedcf.eval import mae
+    >>> mae([1, 2, 3], [1, 2, 5])
+    0.6666666666666666
+    """
     y, p = _pair(y_true, y_pred)
     return float(np.mean(np.abs(y - p)))
 
@@ -46,13 +63,22 @@ def round_to_scale(y_pred, rating_scale=None, step: float = 1.0) -> np.ndarray:
 def rounded_accuracy(y_true, y_pred, rating_scale=None, step: float = 1.0) -> float:
     """Share of predictions that, clipped and rounded to the rating grid, equal the rating.
 
-    The paper's "accuracy" (|y − ŷ| ≤ 0.5 after rounding) for integer 1-5 ratings.
+    The paper's "accuracy" (an absolute error of at most 0.5 after rounding) for integer 1-5 ratings.
     """
     y, p = _pair(y_true, y_pred)
     return float(np.mean(np.abs(round_to_scale(p, rating_scale, step) - y) < 1e-9))
 
 
 def rating_metrics(y_true, y_pred, rating_scale=None) -> dict:
+    """RMSE, MAE and the rounded accuracy (predictions clipped to ``rating_scale`` and rounded),
+    as a dict.
+
+    Examples
+    --------
+    >>> from fedcf.eval import rating_metrics
+    >>> rating_metrics([1, 2, 3], [1.2, 2.0, 4.0], (1, 5))["accuracy"]
+    0.6666666666666666
+    """
     return {"rmse": rmse(y_true, y_pred), "mae": mae(y_true, y_pred),
             "accuracy": rounded_accuracy(y_true, y_pred, rating_scale)}
 

@@ -117,7 +117,7 @@ def _unit(x: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def weight_diagnostics(w) -> dict:
-    """ESS = (Σw)²/Σw², its share of the weights, the largest |weight|, the share of
+    """ESS = (Σw)²/Σw², its share of the weights, the largest absolute weight, the share of
     non-zero weights."""
     w = np.asarray(w, np.float64)
     u, top = _unit(w)  # ESS is scale-free: no overflow for weights near 1e300
@@ -341,7 +341,7 @@ def estimate_ctr(reward, propensity, target_probs, *, q_logged=None, q_target=No
 
 
 def relative_errors(estimates: pd.DataFrame, truth: float) -> pd.Series:
-    """|estimate − truth| / truth for each estimator."""
+    """The absolute error relative to the truth, abs(estimate − truth) / truth, for each estimator."""
     if not truth > 0:
         raise ValueError(f"truth must be positive to form relative errors, got {truth!r}")
     return (estimates["estimate"] - truth).abs() / truth

@@ -91,10 +91,20 @@ def support_query_split(inter: Interactions, mode: str = "random", support_fract
                         random_state=None) -> tuple[Interactions, Interactions]:
     """Split each user's data into a support set (for reconstruction) and a query set.
 
-    mode : "time" — the oldest ceil(n·support_fraction) ratings are support, the rest query;
-           "random" — a random ceil(n·support_fraction) of each user's ratings are support;
-           "none" — support and query are both the whole data (the paper's NO SPLIT setting).
-    A user with one rating puts it in the support set under "time"/"random".
+    Parameters
+    ----------
+    inter : Interactions
+    mode : {"random", "time", "none"}
+        "time": the oldest ceil(n·support_fraction) ratings are support, the rest query;
+        "random": a random ceil(n·support_fraction) of each user's ratings are support;
+        "none": support and query are both the whole data (the paper's NO SPLIT setting).
+        A user with one rating puts it in the support set under "time" and "random".
+    support_fraction : float in (0, 1]
+    random_state : int, Generator or None
+
+    Returns
+    -------
+    support, query : Interactions
     """
     if mode not in ("time", "random", "none"):
         raise ValueError(f"mode must be 'time', 'random' or 'none', got {mode!r}")

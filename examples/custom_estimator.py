@@ -1,5 +1,9 @@
-"""A new federated estimator, one class: nothing in fedcf's base classes, executors or Flower
-app changes (see README, "Architecture").
+"""
+How to add a federated estimator
+================================
+
+A new federated estimator is one class: nothing in fedcf's base classes, executors or
+Flower app changes (the architecture page lists the contracts it relies on).
 
 ``NormalInitMF`` is FedReconMF whose item factors start normal N(0, init_scale²) instead of
 uniform in ±init_scale. Registered by name, it trains in this process, on Ray shards

@@ -1,4 +1,9 @@
-"""A new aggregator and a new executor, each one class (see README, "Architecture").
+"""
+How to add an aggregator and an executor
+========================================
+
+A new aggregator and a new executor are one class each (the how-to page on extending fedcf
+has the contract checks).
 
 ``ShrunkMean`` changes one thing of the weighted mean — its denominator — so it stays linear:
 it is also reduced from partial sums on Ray shards. ``TimedExecutor`` wraps

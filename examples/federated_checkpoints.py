@@ -1,4 +1,6 @@
-"""Federated training that survives a crash: checkpoints, resume, and the training history.
+"""
+Checkpoints: a federated fit that survives a crash
+==================================================
 
 A fit with ``checkpoint_path`` saves its state atomically every ``checkpoint_every`` rounds. When
 the process dies, the same ``fit`` call resumes from the last checkpoint and ends exactly where an

@@ -1,4 +1,6 @@
-"""Offline CTR evaluation of a recommender from logged impressions (off-policy).
+"""
+Offline CTR evaluation from logged impressions
+==============================================
 
 A logging policy (here: uniform random slates) showed items and recorded clicks with their
 propensities. Before any online test, estimate the click-through rate the trained recommender's

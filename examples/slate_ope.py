@@ -1,4 +1,6 @@
-"""Off-policy evaluation of a stochastic slate policy, with slate estimators and diagnostics.
+"""
+Off-policy evaluation of a stochastic slate policy
+==================================================
 
 A logging policy showed 3-item slates (each position drawn independently from a popularity
 softmax over the candidates) and recorded a click per position. Estimate the CTR that a softmax

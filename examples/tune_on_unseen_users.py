@@ -1,4 +1,6 @@
-"""Hyperparameter search on unseen users with scikit-learn's GridSearchCV.
+"""
+Model selection on unseen users with GridSearchCV
+=================================================
 
 Held-out *users* (not rows) are what federated reconstruction is for: ``UserKFold`` keeps each
 user's rows together, and ``recon_scorer`` reconstructs each held-out user from part of their

@@ -54,11 +54,33 @@ def save_result(out: dict, path=None) -> dict:
 
 
 def report_result(out: dict, path=None) -> dict:
-    """A script's end: its result JSON written to ``path`` (if given), printed, returned."""
+    """A script's end: its result JSON written to ``path`` (if given) and returned; what is
+    printed is a short summary, the result's top-level figures (the whole result is in the
+    file)."""
     if path:
         write_json(path, out)
-    print(json.dumps(out, indent=1, default=_default))
+    print(summary(out))
+    print(f"wrote {path}" if path else "(--json FILE keeps the whole result)")
     return out
+
+
+def summary(out: dict, width: int = 100) -> str:
+    """One line per top-level number, flag or short text of a result, nested results and
+    lists left to the file."""
+    lines = []
+    for key, value in out.items():
+        if key == "meta":
+            continue
+        value = getattr(value, "item", lambda v=value: v)()
+        if isinstance(value, float):
+            lines.append(f"{key}: {value:.4g}")
+        elif isinstance(value, (bool, int)) or (isinstance(value, str) and len(value) < width):
+            lines.append(f"{key}: {value}")
+        elif isinstance(value, dict) and all(isinstance(v, (int, float)) for v in value.values()) \
+                and len(value) <= 6:
+            lines.append(f"{key}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else
+                                                 f"{k} {v}" for k, v in value.items()))
+    return "\n".join(lines)
 
 
 def _default(o):

@@ -92,4 +92,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    from fedcf.cli import run_script
+
+    run_script(main, "busy_benchmark.py", strict=True)

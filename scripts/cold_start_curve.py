@@ -204,4 +204,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from fedcf.cli import run_script
+
+    run_script(main, "cold_start_curve.py")

@@ -212,6 +212,59 @@ def warm_train_seconds(device_file, catalog_file, params: dict, n_users: int, mo
     return float(np.median(times[1:]))
 
 
+def superlink_args(creds: dict | None, link: int, folder: Path) -> list[str]:
+    """The SuperLink's command line: TLS and node authentication with ``creds``, else plain."""
+    tls = ["--ssl-ca-certfile", str(creds["ca"]), "--ssl-certfile", str(creds["cert"]),
+           "--ssl-keyfile", str(creds["key"]), "--enable-supernode-auth"] if creds \
+        else ["--insecure"]
+    return [tool("flower-superlink"), *tls, "--host", "127.0.0.1", "--port", str(link),
+            "--database", str(folder / "state.db"), "--disable-runtime-dependency-installation"]
+
+
+def supernode_args(creds: dict | None, k: int, link: int, port: int, node_config: str) -> list[str]:
+    """SuperNode ``k``'s command line: its key with ``creds``, else plain."""
+    tls = ["--root-certificates", str(creds["ca"]), "--auth-supernode-private-key",
+           str(creds[f"node{k}"])] if creds else ["--insecure"]
+    return [tool("flower-supernode"), *tls, "--superlink", f"127.0.0.1:{link}", "--host",
+            "127.0.0.1", "--port", str(port), "--node-config", node_config]
+
+
+def flwr_home(folder: Path, link: int, creds: dict | None) -> Path:
+    """FLWR_HOME with the ``flwr`` connection ``local`` to the SuperLink."""
+    home = folder / "flwr_home"
+    home.mkdir(parents=True, exist_ok=True)
+    tls = f'root-certificates = "{creds["ca"]}"\n' if creds else "insecure = true\n"
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link}"\n'
+        + tls)
+    return home
+
+
+def prepare(folder, *, nodes: int, run_config: dict, node_configs: list[str]) -> str:
+    """Write everything a deployment needs into ``folder`` (certificates and node keys, the
+    devices' files, the catalog, the app, FLWR_HOME) and return the shell commands that start
+    it and run the app, for an operator to run by hand."""
+    import shlex
+
+    from fedcf.flower import write_app
+
+    folder = Path(folder).resolve()
+    creds = credentials(folder / "credentials", nodes)
+    home, link = flwr_home(folder, 9093, creds), 9093
+    app = write_app(folder / "app", **{**run_config, "min-nodes": nodes,
+                                       "result-path": str(folder / "result.json")})
+    line = " ".join
+    cmds = [f"export FLWR_HOME={shlex.quote(str(home))}",
+            line(map(shlex.quote, superlink_args(creds, link, folder))) + " &", "sleep 5"]
+    cmds += [line(map(shlex.quote, [tool("flwr"), "supernode", "register",
+                                    str(creds[f"node{k}"]) + ".pub", "local"]))
+             for k in range(nodes)]
+    cmds += [line(map(shlex.quote, supernode_args(creds, k, link, 9401 + k, node_configs[k])))
+             + " &" for k in range(nodes)]
+    cmds += [f"{shlex.quote(tool('flwr'))} run {shlex.quote(str(app))} local --stream"]
+    return "\n".join(cmds)
+
+
 def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
            secure: bool = True, intruders: int = 0, kill_at: str | None = None,
            kill_signal: int = signal.SIGKILL, node_configs: list[str] | None = None) -> dict:
@@ -228,17 +281,12 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     from fedcf.flower import write_app
 
     folder = Path(folder)
-    home = folder / "flwr_home"
-    home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1",  # Flower's own
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent),  # children too
-                                    os.environ.get("PATH", "")])}
     link = free_port()
     creds = credentials(folder / "credentials", nodes + intruders) if secure else None
-    tls = f'root-certificates = "{creds["ca"]}"\n' if secure else "insecure = true\n"
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link}"\n'
-        + tls)
+    env = {**os.environ, "FLWR_HOME": str(flwr_home(folder, link, creds)),
+           "PYTHONUNBUFFERED": "1",  # Flower's own children too
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                    os.environ.get("PATH", "")])}
     result_path = folder / "result.json"
     app = write_app(folder / "app", **{**run_config, "min-nodes": nodes,
                                        "result-path": str(result_path)})
@@ -252,18 +300,10 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                                       start_new_session=True))
         return procs[-1]
 
-    link_tls = ["--ssl-ca-certfile", str(creds["ca"]), "--ssl-certfile", str(creds["cert"]),
-                "--ssl-keyfile", str(creds["key"]), "--enable-supernode-auth"] if secure \
-        else ["--insecure"]
     try:
-        sl = start("superlink", [tool("flower-superlink"), *link_tls, "--host", "127.0.0.1",
-                                 "--port", str(link), "--database", str(folder / "state.db"),
-                                 "--disable-runtime-dependency-installation"])
+        sl = start("superlink", superlink_args(creds, link, folder))
         wait_port(link, sl, 60)
         for k in range(nodes + intruders):
-            node_tls = ["--insecure"] if not secure else [
-                "--root-certificates", str(creds["ca"]),
-                "--auth-supernode-private-key", str(creds[f"node{k}"])]
             if secure and k < nodes:  # registered through the Control API; intruders are not
                 reg = subprocess.run([tool("flwr"), "supernode", "register",
                                       str(creds[f"node{k}"]) + ".pub", "local"], env=env,
@@ -271,11 +311,9 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                 if reg.returncode != 0:
                     raise RuntimeError(f"flwr supernode register failed: {reg.stdout}"
                                        f"{reg.stderr}")
-            node = start(f"supernode{k}", [
-                tool("flower-supernode"), *node_tls, "--superlink", f"127.0.0.1:{link}",
-                "--host", "127.0.0.1", "--port", str(free_port()),
-                "--node-config", node_configs[k % nodes] if node_configs else
-                f"partition-id={k % nodes} num-partitions={nodes}"],
+            node = start(f"supernode{k}", supernode_args(
+                creds, k, link, free_port(), node_configs[k % nodes] if node_configs else
+                f"partition-id={k % nodes} num-partitions={nodes}"),
                 {"FEDCF_NODE_COST_LOG": str(folder / f"node{k}_cost.jsonl")})
             if k >= nodes:
                 outside.add(node.pid)
@@ -333,6 +371,9 @@ def main(argv=None) -> dict:
                     help="each SuperNode holds its own users' ratings in its own file (the "
                     "server sends the catalog); by default each loads the run's dataset and "
                     "keeps a partition")
+    ap.add_argument("--prepare", action="store_true",
+                    help="write the certificates, node keys, devices' files, catalog and app "
+                    "into --folder and print the commands that start the deployment, then exit")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from fedcf import FedReconMF
@@ -358,6 +399,13 @@ def main(argv=None) -> dict:
     if args.secure_aggregation:  # each device's own policy accepts that threshold
         node_configs = [f"{c} threshold=0.5" for c in node_configs or [
             f"partition-id={k} num-partitions={args.nodes}" for k in range(args.nodes)]]
+    if args.prepare:
+        if not args.device_data:
+            ap.error("--prepare writes the devices' files: add --device-data")
+        print(prepare(folder, nodes=args.nodes, run_config=config, node_configs=node_configs))
+        return {"prepared": str(folder)}
+    print(f"starting a SuperLink and {args.nodes} SuperNodes in {folder} (logs there) ...",
+          file=sys.stderr, flush=True)
     out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline,
                  secure=not args.insecure, intruders=args.intruders, kill_at=kill,
                  node_configs=node_configs)
@@ -386,4 +434,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    from fedcf.cli import run_script
+
+    run_script(main, "flower_deploy.py", strict=True)

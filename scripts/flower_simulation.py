@@ -170,9 +170,14 @@ def main(argv=None) -> dict:
         args.partitions, args.rounds, args.clients_per_round = 8, 3, 20
     from fedcf.provenance import report_result, run_meta
 
+    print(f"Flower simulation: {args.partitions} nodes, {args.rounds} rounds of "
+          f"{args.clients_per_round} users on {args.dataset} (starting Ray and the nodes takes "
+          "most of a minute; Flower's own log follows) ...", file=sys.stderr, flush=True)
     out = {"meta": run_meta("flower_simulation.py", argv, packages=("flwr", "ray")), **run(args)}
     return report_result(out, args.json)
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    from fedcf.cli import run_script
+
+    run_script(main, "flower_simulation.py", strict=True)

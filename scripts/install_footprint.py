@@ -9,7 +9,6 @@ environment markers) and their size on disk, measured in the environment the scr
 from __future__ import annotations
 
 import argparse
-import sys
 from importlib import metadata
 
 from packaging.requirements import Requirement
@@ -69,4 +68,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    from fedcf.cli import run_script
+
+    run_script(main, "install_footprint.py", strict=True)

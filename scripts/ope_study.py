@@ -219,4 +219,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from fedcf.cli import run_script
+
+    run_script(main, "ope_study.py")

@@ -385,4 +385,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from fedcf.cli import run_script
+
+    run_script(main, "privacy_benchmark.py")

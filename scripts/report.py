@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write eval/RESULTS.md, eval/CTR.md, eval/PERFORMANCE.md and README.md's generated blocks from
+"""Write eval/*.md and the generated blocks of README.md and the site's pages (docs/) from
 the committed result JSON in eval/results/. Every figure in those documents comes from here;
 prose in the templates (eval/templates/) states judgements, not measurements.
 
@@ -109,7 +109,7 @@ def documents() -> dict[Path, str]:
                                                 {**scale_values(load("ray_scale.json")),
                                                  **limits_values(load("scale_limits.json"))})}
            if load("ray_scale.json") else {}),
-        ROOT / "README.md": fill_blocks((ROOT / "README.md").read_text(), {
+        **filled_pages({
             **readme_blocks(paper, cold, random_rows, impl, ctr, bench),
             "tune": tune_block(tuned), "cli": cli_block(load("cli_session.json")),
             "architecture": _script("architecture").block(),  # drawn from the code
@@ -125,6 +125,13 @@ def documents() -> dict[Path, str]:
             **({"catalog": catalog_block(load("out_of_catalog.json"))}
                if load("out_of_catalog.json") else {})}),
     }
+
+
+def filled_pages(blocks: dict) -> dict[Path, str]:
+    """README.md and every page of the site (docs/**/*.md) with generated blocks, filled."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return {p: fill_blocks(p.read_text(), blocks) for p in pages
+            if "<!-- begin generated:" in p.read_text() and "_build" not in p.parts}
 
 
 def main(argv=None) -> int:
@@ -157,4 +164,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedcf.cli import run_script
+
+    run_script(lambda: main() == 0, "report.py", strict=True)

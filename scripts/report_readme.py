@@ -16,7 +16,7 @@ def tune_block(tuned) -> str:
             f"Selected from {len(grid)} settings ({n_div} diverged): " +
             ", ".join(f"{k} = {v}" for k, v in best["params"].items()) +
             f" (validation ReconEval RMSE {best['rmse']:.4f}); on the test users "
-            f"{rmse_acc(chosen)}. The whole grid is in [eval/RESULTS.md](eval/RESULTS.md).")
+            f"{rmse_acc(chosen)}. The whole grid is in the MovieLens results (`eval/RESULTS.md`).")
 
 
 def grid_block(doc) -> str:

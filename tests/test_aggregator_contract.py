@@ -1,6 +1,4 @@
-"""Every aggregator and the in-process executors against the contracts in contracts.py."""
-
-from contracts import AggregatorContract, ExecutorContract, contract_population  # noqa: F401
+"""Every aggregator and the in-process executors against the contracts in fedcf.testing."""
 
 from fedcf.federated import (
     CoordinateMedian,
@@ -15,6 +13,7 @@ from fedcf.federated import (
     WeightedMean,
 )
 from fedcf.federated.aggregators.attacks import AttackedExecutor
+from fedcf.testing import AggregatorContract, ExecutorContract, contract_population  # noqa: F401
 
 
 def _example():

@@ -4,6 +4,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -443,3 +444,24 @@ def test_version_and_import_load_nothing_heavy():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     lines = res.stdout.splitlines()
     assert lines[0].startswith("fedcf ") and lines[1] == "[]", res.stderr
+
+
+def test_ctrl_c_on_a_benchmark_script_is_one_line_and_exit_130(tmp_path):
+    """The main job (scripts/movielens_benchmark.py) interrupted while it runs: exit code 130,
+    one line naming the interrupt, no traceback, no result file."""
+    import signal
+    import time
+
+    out = tmp_path / "r.json"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "movielens_benchmark.py"
+    proc = subprocess.Popen([sys.executable, str(script), "--json", str(out), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    time.sleep(4.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == \
+        "movielens_benchmark.py: interrupted; no result file was left half-written"
+    assert err.count("Traceback") <= err.count("Exception ignored"), err
+    assert not out.exists()

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -1291,3 +1292,28 @@ def test_a_node_works_only_the_current_round(tmp_path):
     reply = grid.app(Message(old.content, dst_node_id=node, message_type="train"), ctx)
     assert reply.has_error() and "a stale message for round 0" in reply.error.reason
     assert "has worked round 2" in reply.error.reason
+
+
+def test_a_prepared_deployment_names_only_files_it_wrote(tmp_path, capsys):
+    """``flower_deploy.py --prepare`` (the manual's walkthrough) writes the certificates, node
+    keys, devices' files, catalog and app, and prints commands that use them: each path in the
+    commands exists, every process binds to 127.0.0.1, and each node is registered by its key
+    before it starts."""
+    deploy = load_script("flower_deploy")
+    deploy.main(["--prepare", "--device-data", "--nodes", "2", "--folder", str(tmp_path)])
+    cmds = capsys.readouterr().out.strip().splitlines()
+    assert cmds[0] == f"export FLWR_HOME={tmp_path / 'flwr_home'}"
+    assert (tmp_path / "flwr_home" / "config.toml").read_text().count("127.0.0.1:9093") == 1
+    paths = [w.strip("'\"").split("=", 1)[-1].strip("'\"") for c in cmds for w in c.split()
+             if str(tmp_path) in w]
+    missing = [p for p in paths if not Path(p).exists() and not p.endswith("state.db")]
+    assert not missing, missing
+    for k in range(2):
+        reg = next(i for i, c in enumerate(cmds) if f"node{k}.pub" in c)
+        start = next(i for i, c in enumerate(cmds) if f"--auth-supernode-private-key "
+                     f"{tmp_path}/credentials/node{k} " in c)
+        assert reg < start and f"device{k}/ratings.csv" in cmds[start]
+    assert all("--host 127.0.0.1" in c for c in cmds if "flower-super" in c)
+    assert cmds[-1].endswith("local --stream")
+    catalog = (tmp_path / "devices" / "catalog.txt").read_text().split()
+    assert len(catalog) > 0 and (tmp_path / "app" / "pyproject.toml").exists()

@@ -328,7 +328,7 @@ def test_a_run_checkpointed_here_resumes_on_ray_and_a_spec_run_resumes_too(pop, 
             SyntheticPopulation(800, 60, ratings_per_user=8, random_state=2))
 
 
-from contracts import ExecutorContract, contract_population  # noqa: E402,F401
+from fedcf.testing import ExecutorContract, contract_population  # noqa: E402,F401
 
 
 class TestRayExecutorContract(ExecutorContract):

@@ -38,6 +38,22 @@ def main(argv=None) -> int:
     return code
 
 
+def run_script(main, name: str, strict: bool = False) -> None:
+    """Run a benchmark script's ``main()`` and exit: with ``strict``, 1 when it returns a false
+    value, else 0; on Ctrl-C, one line on stderr and exit code 130 (result files are written
+    atomically, so none is left half-written)."""
+    pending = _interrupt_twice()
+    try:
+        result = main()
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; no result file was left half-written", file=sys.stderr)
+        _exit_interrupted()
+    finally:
+        for timer in pending:
+            timer.cancel()
+    sys.exit(1 if strict and not result else 0)
+
+
 def _exit_interrupted():
     """The console script after an interrupt: exit now with 130. A second SIGINT already on
     its way (``_interrupt_twice``'s, or the user's) is ignored — at interpreter shutdown it

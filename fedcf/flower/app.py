@@ -84,8 +84,10 @@ def process_age() -> float | None:
 
 
 def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
-    """A ClientApp. ``mods``: Flower client mods (e.g. one that records the messages);
-    ``data``: defaults for the run config's data keys (dataset, data-path, synthetic-*), for
+    """A ClientApp.
+
+    ``mods``: Flower client mods (e.g. one that records the messages);
+    ``data``: defaults for the run config's data keys (``dataset``, ``data-path``, ``synthetic-*``), for
     a simulation started from Python, where there is no run config."""
     capp = ClientApp(mods=list(mods))
     defaults = dict(data or {})

@@ -99,7 +99,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     Attributes
     ----------
     item_factors_ : ndarray (n_items, K)
-    item_biases_ : ndarray (n_items,), zeros unless ``item_bias``; global_mean_ = 0
+    item_biases_ : ndarray (n_items,), zeros unless ``item_bias``; ``global_mean_`` = 0
     user_ids_, item_ids_, interactions_, history_
         As in FedReconMF.
 

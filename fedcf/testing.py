@@ -1,9 +1,22 @@
-"""Contract tests every aggregator and executor must pass (as test_contract.py does for the
-estimators, after implicit's RecommenderBaseTestMixin). A new aggregator or executor is one
-file plus a test class that subclasses ``AggregatorContract`` or ``ExecutorContract`` and says
-how to make one (``make``)."""
+"""Contract tests every aggregator and executor must pass (after implicit's
+RecommenderBaseTestMixin and scikit-learn's ``check_estimator``); they need pytest.
+
+A new aggregator or executor is one class plus a test class that subclasses
+``AggregatorContract`` or ``ExecutorContract`` and says how to make one (``make``); pytest
+collects its ``test_*`` methods. Without a test suite, ``check_aggregator(make)`` and
+``check_executor(make)`` run the same checks and raise on the first that fails.
+
+Examples
+--------
+>>> from fedcf.federated import WeightedMean
+>>> from fedcf.testing import check_aggregator
+>>> "test_linear_means_reducible_from_partial_sums_in_any_split" in check_aggregator(WeightedMean)
+True
+"""
 
 from __future__ import annotations
+
+__all__ = ["AggregatorContract", "ExecutorContract", "check_aggregator", "check_executor"]
 
 import dataclasses
 
@@ -11,9 +24,9 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 
-from fedcf import FedReconMF
-from fedcf.datasets import make_synthetic_ratings
-from fedcf.federated import (
+from . import FedReconMF
+from .datasets import make_synthetic_ratings
+from .federated import (
     Aggregator,
     ClientOutputs,
     Executor,
@@ -24,8 +37,8 @@ from fedcf.federated import (
     RunContext,
     WeightedMean,
 )
-from fedcf.federated.round.partials import PartialSums, reduce_group
-from fedcf.federated.round.phases import Cohort
+from .federated.round.partials import PartialSums, reduce_group
+from .federated.round.phases import Cohort
 
 HP = RoundHyperparams(1.0, {}, 1.0)
 N_ITEMS, K = 40, 3
@@ -197,3 +210,32 @@ class ExecutorContract:
         finally:
             run.executor.close()
             ref.executor.close()
+
+
+def _run_checks(contract, make, **fixtures) -> list[str]:
+    """Run each ``test_*`` method of ``contract`` with ``make``; the names of those that ran
+    (a check that does not apply skips itself); the first failure raises."""
+    case = type(f"Check{contract.__name__}", (contract,), {"make": staticmethod(make)})()
+    ran = []
+    for name in sorted(n for n in dir(case) if n.startswith("test_")):
+        method = getattr(case, name)
+        wanted = {k: v for k, v in fixtures.items()
+                  if k in method.__code__.co_varnames[:method.__code__.co_argcount]}
+        try:
+            method(**wanted)
+        except pytest.skip.Exception:
+            continue
+        ran.append(name)
+    return ran
+
+
+def check_aggregator(make) -> list[str]:
+    """Run the aggregator contract on ``make()`` (a function returning a fresh, unbound
+    aggregator); returns the checks that applied, raises ``AssertionError`` on a failure."""
+    return _run_checks(AggregatorContract, make)
+
+
+def check_executor(make) -> list[str]:
+    """Run the executor contract on ``make()`` (a function returning a fresh executor spec)."""
+    population = make_synthetic_ratings(300, 50, 4000, n_factors=3, random_state=2)
+    return _run_checks(ExecutorContract, make, contract_population=population)
