@@ -9,6 +9,8 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 
+import numpy as np
+
 from .datasets._files import atomic_write
 
 
@@ -71,7 +73,7 @@ def summary(out: dict, width: int = 100) -> str:
     for key, value in out.items():
         if key == "meta":
             continue
-        value = getattr(value, "item", lambda v=value: v)()
+        value = value.item() if isinstance(value, np.generic) else value
         if isinstance(value, float):
             lines.append(f"{key}: {value:.4g}")
         elif isinstance(value, (bool, int)) or (isinstance(value, str) and len(value) < width):

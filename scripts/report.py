@@ -39,7 +39,16 @@ from report_privacy import (  # noqa: E402
     secagg_cost_values,
 )
 from report_ranking import cold_start_values, ranking_large_values, ranking_values  # noqa: E402
-from report_readme import cli_block, flower_block, grid_block, install_block, readme_blocks, tune_block  # noqa: E402
+from report_readme import (  # noqa: E402
+    cli_block,
+    flower_block,
+    grid_block,
+    install_block,
+    layout_block,
+    readme_blocks,
+    reproduce_block,
+    tune_block,
+)
 from report_results import budget_selections, budget_values, results_values  # noqa: E402, F401
 from report_scale import limits_values, scale_summary, scale_values  # noqa: E402
 
@@ -113,6 +122,8 @@ def documents() -> dict[Path, str]:
             **readme_blocks(paper, cold, random_rows, impl, ctr, bench),
             "tune": tune_block(tuned), "cli": cli_block(load("cli_session.json")),
             "architecture": _script("architecture").block(),  # drawn from the code
+            "reproduce": reproduce_block(RESULTS),
+            "layout": layout_block(ROOT),
             **({"install": install_block(load("install.json"))} if load("install.json")
                else {}),
             **({"grid": grid_block(load("grid_search.json"))} if load("grid_search.json")
