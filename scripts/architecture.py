@@ -1,6 +1,6 @@
-"""The README's pictures of the architecture, drawn from the code (not by hand): the rooms of
+"""The manual's pictures of the architecture, drawn from the code (not by hand): the rooms of
 ``fedcf.federated`` with the imports measured between them, and one round as ``Run.round``
-composes it (``scripts/report.py`` writes them into README.md; its ``--check`` compares).
+composes it (``scripts/report.py`` writes them into docs/guide/architecture.md; its ``--check`` compares).
 
     python scripts/architecture.py          # print the block
 """

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Run the README's command-line session for real and record each command with its output.
+"""Run the manual's command-line session for real and record each command with its output.
 
 The `fedcf` console script is run in a fresh temporary folder on MovieLens-100K: fetch the data,
 split off held-out users, train FedRecon, evaluate on the held-out users, recommend for a new user.
-``scripts/report.py`` copies the recorded commands and outputs into README.md.
+``scripts/report.py`` copies the recorded commands and outputs into docs/guide/cli.md.
 
     python scripts/cli_session.py --json eval/results/cli_session.json
 """

@@ -97,7 +97,7 @@ def fill_blocks(text: str, blocks: dict) -> str:
     def sub(m):
         name = m.group(1)
         if name not in blocks:
-            raise KeyError(f"README block {name!r} has no generator")
+            raise KeyError(f"generated block {name!r} has no generator")
         return f"<!-- begin generated: {name} -->\n{blocks[name]}\n<!-- end generated: {name} -->"
     return re.sub(r"<!-- begin generated: (\w+) -->.*?<!-- end generated: \1 -->", sub, text,
                   flags=re.S)

@@ -1,4 +1,4 @@
-"""README.md's generated blocks."""
+"""The generated blocks of README.md and of the site's pages (docs/)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def tune_block(tuned) -> str:
 
 
 def grid_block(doc) -> str:
-    """README's GridSearchCV over phase parameters (scripts/grid_search.py)."""
+    """The private GridSearchCV over phase parameters (scripts/grid_search.py)."""
     names = list(dict.fromkeys(n for r in doc["rows"] for n in r["params"]))
 
     def cell(r, n):
@@ -86,7 +86,7 @@ def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
 
 
 def install_block(doc) -> str:
-    """README's sentence on what the two commands install (scripts/install_footprint.py)."""
+    """The sentence on what the two commands install (scripts/install_footprint.py)."""
     base, test = doc["rows"]
     top = ", ".join(f"{n} {m:,.0f} MiB" for n, m in test["largest"][:3])
     return (f"The first command installs {base['distributions']} packages besides fedcf "
@@ -140,7 +140,7 @@ def deploy_lines(dep) -> list[str]:
 
 
 def flower_block(sim, dep, devices=None) -> str:
-    """README "Deploying with Flower": the simulation on ML-100K and the real deployments."""
+    """"Deploying with Flower": the simulation on ML-100K and the real deployments."""
     f, loc = sim["flower_recon_eval"], sim["local_recon_eval"]
     same = "identical bit for bit" if sim["identical_item_factors"] and \
         sim["identical_item_biases"] else f"max |difference| {sim['max_abs_difference']:.3g}"

@@ -1,4 +1,4 @@
-"""The declared contracts of a round's phases (README, "Architecture: the round's contracts").
+"""The declared contracts of a round's phases (the manual's architecture page lists them).
 
     Population      the clients: per-user counts, value statistics, subsets; where they run
     ClientProgram   one algorithm's client work: output layout, the kernel call, tangents,
