@@ -64,7 +64,7 @@ with np.load(path) as f:
 # Secure aggregation with the noise drawn by the devices
 # ------------------------------------------------------
 # Each round runs the whole protocol (keys, masks, a signed consistency round, unmasking); its
-# cost grows with the square of the cohort, so this run is small.
+# cost grows faster than the cohort, so this run is small.
 private = DifferentialPrivacy(SecureAggregation(threshold=2 / 3, min_cohort=10), clip_norm=0.5,
                               noise_multiplier=1.2, noise="distributed", delta=1e-5)
 secure = FedReconMF(n_factors=10, n_rounds=10, clients_per_round=20, rating_scale=(1, 5),

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the document modules
 
 import report_common  # noqa: E402
 from report_catalog import catalog_block, catalog_values  # noqa: E402
-from report_common import CLAIMS, _script, fill_blocks, render  # noqa: E402
+from report_common import CLAIMS, fill_blocks, render  # noqa: E402
 from report_ctr import ctr_values, ope_values  # noqa: E402
 from report_hyper import figure8_values, hyper_values, stability_values  # noqa: E402
 from report_performance import (  # noqa: E402
@@ -40,6 +40,7 @@ from report_privacy import (  # noqa: E402
 )
 from report_ranking import cold_start_values, ranking_large_values, ranking_values  # noqa: E402
 from report_readme import (  # noqa: E402
+    architecture_block,
     cli_block,
     flower_block,
     grid_block,
@@ -121,7 +122,7 @@ def documents() -> dict[Path, str]:
         **filled_pages({
             **readme_blocks(paper, cold, random_rows, impl, ctr, bench),
             "tune": tune_block(tuned), "cli": cli_block(load("cli_session.json")),
-            "architecture": _script("architecture").block(),  # drawn from the code
+            "architecture": architecture_block(),  # drawn from the code
             "reproduce": reproduce_block(RESULTS),
             "layout": layout_block(ROOT),
             **({"install": install_block(load("install.json"))} if load("install.json")
@@ -154,7 +155,15 @@ def main(argv=None) -> int:
     stale = []
     CLAIMS.clear()
     MISSING.clear()
-    for path, text in documents().items():
+    try:
+        docs = documents()
+    except Exception:  # a document that cannot be built without a missing result
+        if not MISSING:
+            raise
+        print("result files missing from eval/results (the documents cannot be built; rerun "
+              "the script that writes each): " + ", ".join(sorted(set(MISSING))))
+        return 1
+    for path, text in docs.items():
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(str(path.relative_to(ROOT)))

@@ -209,6 +209,7 @@ def hyper_values(doc, doc_1m=None) -> dict:
         "b1_learned": rmse(bo["learned"][0]), "b1_fixed": rmse(bo["fixed"][0]),
         "b5_learned": rmse(bo["learned"][4]), "b50_fixed": rmse(bo["fixed"][-1]),
         "own_lr_end": f"{np.median(own):.3g}" if own else "—",
+        "own_lr_corr": own_start_end_correlation(by.get("learned (own cohort)", [])),
         "weighting_lines": weighting_claims(weighting),
         "trials": meta["trials"], "hyper_lr": "0.01",
         **dict(zip(("table_summary", "table_best_of_n"), hyper_summary(doc))),
@@ -230,3 +231,17 @@ def hyper_values(doc, doc_1m=None) -> dict:
               "" if r["alpha_final"] is None else f"{r['alpha_final']:.3f}")
              for r in weighting]),
     }
+
+
+def own_start_end_correlation(rows) -> str:
+    """Pearson correlation of log starting and log final learning rate over the runs that
+    learned from their own cohort (how much the end still depends on the start)."""
+    pairs = [(r["lr0"], r["server_learning_rate_final"]) for r in rows
+             if "server_learning_rate_final" in r]
+    if len(pairs) < 3:
+        return "—"
+    start, end = np.log(np.array(pairs, dtype=float)).T
+    r = np.corrcoef(start, end)[0, 1]
+    claim("HYPER.md", "learned from its own cohort, where the rate ends still depends on where it "
+          "started (correlation of the logs above 0.3)", r > 0.3)
+    return f"{r:.2f}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from report_common import ms, pct, provenance, rmse_acc, signed_pct, table
 from report_results import cold_sentence, random_table
@@ -190,6 +192,7 @@ def reproduce_block(results_dir) -> str:
     return table(["result", "written by", "measured"], rows)
 
 
+@functools.lru_cache(maxsize=4)
 def layout_block(root) -> str:
     """Every module of the package, the data and evaluation packages and the scripts, by folder,
     with the first sentence of its docstring: a map that cannot leave a module out."""
@@ -215,3 +218,12 @@ def layout_block(root) -> str:
                     first = first[:150].rsplit(" ", 1)[0] + " …"
                 lines.append(f"- `{path.name}`: {first}")
     return "\n".join(lines).strip()
+
+
+@functools.lru_cache(maxsize=1)
+def architecture_block() -> str:
+    """The architecture pictures, read from the code (once per process: the code does not
+    change while the documents are built)."""
+    from report_common import _script
+
+    return _script("architecture").block()

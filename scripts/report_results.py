@@ -133,6 +133,9 @@ def results_values(paper, cold, tuned, sweeps, scale, random_rows) -> dict:
                if key == "server-optimizer" else (lambda r: str(r["value"])))
         v[f"table_sweep_{key.split('-')[0] if key != 'server-optimizer' else 'opt'}"] = \
             sweep_table(rows, names[key], fmt)
+    opt = sweeps.get("server-optimizer") or []
+    claim("RESULTS.md", "all five server optimizers finish without diverging",
+          len(opt) == 5 and all(np.isfinite(r["rmse"]) for r in opt))
     v["sweep_provenance"] = " ".join(provenance(s[0]["meta"], f"sweep_{k}.json")
                                      for k, s in sweeps.items())
     sm = scale[0]["meta"]

@@ -137,3 +137,37 @@ def test_a_missing_result_file_fails_the_check(monkeypatch, capsys, tmp_path):
     assert "result files missing from eval/results" in out and "hyper.json" in out
     monkeypatch.setattr(report, "RESULTS", report.ROOT / "eval" / "results")
     assert report.main(["--check"]) == 0
+
+
+def _check_with(tmp_path, monkeypatch, change):
+    """``report.py --check`` against a copy of eval/results/ that ``change`` broke."""
+    import shutil
+
+    report = load_script("report")
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "eval" / "results", results)
+    change(results)
+    monkeypatch.setattr(report, "RESULTS", results)
+    return report.main(["--check"])
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "eval" / "results").glob("*.json")))
+def test_the_check_fails_when_any_result_file_is_missing(name, tmp_path, monkeypatch, capsys):
+    """Every committed result is evidence of some document: deleting any one of them fails the
+    check (a document can no longer be verified), never passes it silently."""
+    assert _check_with(tmp_path, monkeypatch, lambda d: (d / name).unlink()) == 1
+    assert name in capsys.readouterr().out
+
+
+def test_the_check_fails_when_a_figure_or_a_stated_comparison_changes(tmp_path, monkeypatch, capsys):
+    """A changed figure makes its document stale; a row that makes the prose false (a server
+    optimizer that diverged, while RESULTS.md says all five finish) fails as a false claim even
+    after the documents are regenerated."""
+    def diverge_yogi(d):
+        path = d / "sweep_server-optimizer.json"
+        rows = json.loads(path.read_text())
+        next(r for r in rows if r["value"] == "yogi")["rmse"] = float("nan")
+        path.write_text(json.dumps(rows))
+    assert _check_with(tmp_path, monkeypatch, diverge_yogi) == 1
+    out = capsys.readouterr().out
+    assert "all five server optimizers finish without diverging" in out and "RESULTS.md" in out
