@@ -409,3 +409,22 @@ def test_diverging_sgd_reconstruction_warns_clearly(small_population):
     with pytest.warns(RuntimeWarning, match=r"SGD reconstruction diverged for \d+ of 400 users"):
         P, _ = m.reconstruct_users(inter)
     assert np.isnan(P).any()
+
+
+@pytest.mark.parametrize("name", ["FedReconMF", "FedAvgMF", "FURLMF", "FedReconImplicitMF",
+                                  "FedMF", "PFedRec", "FedNCF"])
+def test_init_scale_sets_the_spread_of_the_initial_item_rows(name):
+    """Every federated estimator's initial item rows scale with ``init_scale`` (a mutant that
+    ignores it, or applies it to the dense rows only, fails)."""
+    import fedcf
+    from fedcf.datasets import make_synthetic_ratings
+
+    data = make_synthetic_ratings(200, 60, 3000, random_state=0)
+    spread = []
+    for scale in (0.01, 0.2):
+        est = getattr(fedcf, name)(n_factors=4, init_scale=scale, random_state=0)
+        est._check_params()
+        inter = est._coerce(data, None)
+        rows = est._init_globals(inter, np.random.default_rng(0), np.float32)["Q"][:inter.n_items]
+        spread.append(float(np.std(rows)))
+    assert spread[1] / spread[0] == pytest.approx(20.0, rel=1e-3)

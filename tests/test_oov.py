@@ -217,3 +217,20 @@ def test_bad_input_is_named(world):
         OOVExpansion(learning_rate=1e6, steps=50, init_scale=1.0, regularization=0.0).fit(
             model, feats).personalize(
             [50, 60, 70], [5.0, 1.0, 5.0])
+
+
+def test_the_adapter_trains_on_out_of_catalog_entries_only(world):
+    """A history of catalog items only leaves the adapter at its initial value (as with no
+    steps at all), and an out-of-catalog entry moves it: the adapter never learns from the
+    entries the global model already scores (a mutant that trains on every entry fails)."""
+    model, feats, catalog = world[5], world[3], world[4]
+    oov = OOVExpansion(hidden=(4,), random_state=0).fit(model, feats)
+    frozen = OOVExpansion(hidden=(4,), steps=0, random_state=0).fit(model, feats)
+
+    def same(a, b):
+        return all(np.array_equal(x, y) for x, y in zip(a.adapter, b.adapter))
+    inside = ([1, 5, 9, 30], [5.0, 1.0, 4.0, 2.0])
+    assert all(i in catalog for i in inside[0])
+    assert same(oov.personalize(*inside), frozen.personalize(*inside))
+    mixed = (inside[0] + [55, 60], inside[1] + [5.0, 1.0])
+    assert not same(oov.personalize(*mixed), frozen.personalize(*mixed))
