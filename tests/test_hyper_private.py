@@ -235,6 +235,41 @@ def test_secure_sums_carry_the_exponent_derivative():
     assert plain(out, hp, 0).exponent_terms is None
 
 
+def test_the_secure_exponent_derivative_respects_the_weight_cap():
+    """With weights n^α above the public cap W, the secure mean weighs those clients by W, a
+    constant in α: the masked sums' ∂Δ̄/∂α equals the derivative (central differences in float)
+    of Σ min(n^α, W) Δ / Σ min(n^α, W). A derivative that ignores the cap fails here."""
+    from fedcf.federated.round.phases import ClientOutputs, RoundHyperparams
+
+    rng = np.random.default_rng(5)
+    m, n_items, K, alpha, cap = 14, 20, 2, 0.7, 8.0
+    per = rng.integers(1, 5, m)
+    offsets = np.concatenate([[0], np.cumsum(per)])
+    items = np.concatenate([rng.choice(n_items, k, replace=False) for k in per])
+    n = rng.integers(1, 40, m).astype(float)
+    assert (n ** alpha > cap).sum() >= 3 and (n ** alpha < cap).sum() >= 3
+    out = ClientOutputs(offsets, items, rng.normal(0, 0.1, (len(items), K)),
+                        rng.normal(0, 0.1, len(items)), n, rng.random(m))
+    agg = SecureAggregation(min_cohort=5, max_weight=cap).bind(
+        _context(n_items=n_items, n_factors=K, learns_exponent=True))
+    got_items, got_q, got_b = agg(out, RoundHyperparams(1.0, {}, weight_exponent=alpha),
+                                  0).exponent_terms
+
+    def capped_mean(a):
+        w = np.minimum(n ** a, cap)
+        q, b = np.zeros((n_items, K)), np.zeros(n_items)
+        for k in range(m):
+            lo, hi = offsets[k], offsets[k + 1]
+            q[items[lo:hi]] += w[k] * out.d_Q[lo:hi]
+            b[items[lo:hi]] += w[k] * out.d_b[lo:hi]
+        return q / w.sum(), b / w.sum()
+    h = 1e-6
+    (q1, b1), (q0, b0) = capped_mean(alpha + h), capped_mean(alpha - h)
+    np.testing.assert_array_equal(got_items, np.arange(n_items))
+    np.testing.assert_allclose(got_q, (q1 - q0) / (2 * h), atol=2e-5)
+    np.testing.assert_allclose(got_b, (b1 - b0) / (2 * h), atol=2e-5)
+
+
 def test_secure_learning_of_the_exponent_follows_the_plain_run(pop):
     kw = dict(n_factors=3, n_rounds=4, clients_per_round=12, random_state=0,
               hypergradients=Hypergradients(["weight_exponent"], learning_rate=0.1,
