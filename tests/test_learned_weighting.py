@@ -25,6 +25,22 @@ def test_the_task_is_li_et_al_synthetic(clients):
     assert y.min() >= 0 and y.max() < lw.CLASSES
 
 
+def test_the_task_has_li_et_al_synthetic_statistics():
+    """Beyond shapes: the sizes are ⌊lognormal(4, 2)⌋ + 50 (median e⁴ above 50), the
+    features' within-client variance falls as j^-1.2 (Σ = diag(j^-1.2)), and the clients'
+    feature means spread with variance 1 + β = 2 (v_k ~ N(B_k, 1), B_k ~ N(0, β)). A task
+    that drops Σ's decay, the clients' shift or the size law fails here."""
+    many = lw.make_clients(300, seed=1)
+    rows = [np.vstack([c[0], c[2]])[:, :lw.DIM] for c in many]
+    sizes = np.array([len(r) for r in rows]) - 50
+    assert np.median(sizes) == pytest.approx(np.exp(4), rel=0.3)
+    within = np.mean([r.var(axis=0) for r in rows if len(r) >= 100], axis=0)
+    slope = np.polyfit(np.log(np.arange(1, lw.DIM + 1)), np.log(within), 1)[0]
+    assert slope == pytest.approx(-1.2, abs=0.1)
+    spread = np.array([r.mean(axis=0) for r in rows]).std(axis=0).mean()
+    assert spread == pytest.approx(np.sqrt(2.0), rel=0.15)
+
+
 def test_the_loss_gradient_matches_finite_differences(clients):
     X, y = clients[1][0][:30], clients[1][1][:30]
     x = np.random.default_rng(0).normal(0, 0.1, (lw.DIM + 1, lw.CLASSES))
