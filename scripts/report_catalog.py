@@ -55,6 +55,8 @@ def _paired(doc, d, c, a, b, field, strict=True):
     diff = va - vb
     ok = diff < 0 if strict else diff <= 0
     verdict = "met" if ok.all() else "within noise" if diff.mean() < 0 else "**missed**"
+    if not strict and np.all(diff == 0):  # "at least as good" by being the same model
+        verdict = "identical (no effect)"
     return verdict, f"{_f(va.mean())} vs {_f(vb.mean())} ({int(ok.sum())} of {len(ok)} seeds)"
 
 

@@ -458,3 +458,22 @@ def test_benchmark_script_runs_small(tmp_path):
     unk = next(r for r in doc["rows"] if r["method"] == "UNK (one global row)")
     for r in (dev, next(r for r in doc["rows"] if r["method"] == bench.ORACLE_N)):
         assert r["out_of_catalog"]["n"] == unk["out_of_catalog"]["n"]  # the named catalog's
+
+
+def test_finetune_moves_only_query_items_that_share_a_global_row_with_the_support():
+    """FedRecon + finetune steps on the global rows the support set touches: with per-item
+    rows only (local rows for the rest), a query of other items is scored exactly as without
+    it; with one shared UNK row, the out-of-catalog query items move."""
+    from fedcf.datasets import make_synthetic_ratings
+
+    data = make_synthetic_ratings(600, 200, 20000, random_state=0)
+    train, _, test = user_split(data, (0.8, 0.1, 0.1), random_state=0)
+    support, query = support_query_split(test, "random", 0.5, 0)
+    kw = dict(n_factors=5, n_rounds=30, clients_per_round=50, random_state=0)
+    local = FedReconMF(**kw, item_space=OpenCatalog(0.25, local_item_buckets=50)).fit(train)
+    np.testing.assert_array_equal(local.recon_predict(support, query, finetune="all"),
+                                  local.recon_predict(support, query))
+    unk = FedReconMF(**kw, item_space=OpenCatalog(0.25, unknown_item_row=True)).fit(train)
+    moved = unk.recon_predict(support, query, finetune="all") != unk.recon_predict(support, query)
+    outside = ~np.isin(query.to_dataframe()["item"].to_numpy(), unk.item_ids_)
+    assert moved[outside].mean() > 0.5 and not moved[~outside].any()
