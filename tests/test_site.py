@@ -24,7 +24,8 @@ TUTORIALS = {"quickstart.py": "ReconEval on", "federated_checkpoints.py": "unint
              "custom_estimator.py": "custom estimator: ok", "slate_ope.py": "exact CTR of the target",
              "paper_tables.py": "server optimizer yogi",
              "privacy.py": "when the server asks for σ 0.5: [0, 0, 0]",
-             "ray_scale_out.py": "identical item factors: True"}
+             "ray_scale_out.py": "identical item factors: True",
+             "flower_deployment.py": "in process: 3 rounds"}
 RAY_TUTORIALS = {"ray_scale_out.py"}  # run beside the other tests that start Ray
 
 
