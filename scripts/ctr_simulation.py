@@ -85,39 +85,16 @@ def population_only(args, argv=None):
     return res
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--users", type=int, default=50_000)
-    ap.add_argument("--items", type=int, default=3800)
-    ap.add_argument("--factors", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=300)
-    ap.add_argument("--clients", type=int, default=200, help="clients per round")
-    ap.add_argument("--slate", type=int, default=5, help="slate size shown to a user")
-    ap.add_argument("--eval-every", type=int, default=25)
-    ap.add_argument("--central-lambda", type=float, default=50.0,
-                    help="λ of the centralized model with biases")
-    ap.add_argument("--bootstrap", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-obd", action="store_true", help="skip the Open Bandit real-log check")
-    ap.add_argument("--plot-dir", default="figures")
-    ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--population-only", action="store_true",
-                    help="only build the population and its shares, report time and memory")
-    ap.add_argument("--json", metavar="PATH")
-    args = ap.parse_args(argv)
-    t_all = time.perf_counter()
-    rng = np.random.default_rng(args.seed)
-    if args.population_only:
-        return population_only(args, argv)
-
+def simulate(args, seed: int, quiet: bool = False) -> dict:
+    """Steps 1-3 for one seed: the population, the models, the online CTR test and the click
+    AUC on uniformly logged impressions."""
+    rng = np.random.default_rng(seed)
     # 1. population ---------------------------------------------------------------------------
     pop = make_expression_population(args.users, expression_types(args.items),
                                      position_bias=np.linspace(1.0, 0.3, args.slate),
-                                     random_state=args.seed)
-    shares = pop.shares(random_state=args.seed + 1)
-    train, _val, test = user_split(shares, (0.8, 0.1, 0.1), random_state=args.seed)
+                                     random_state=seed)
+    shares = pop.shares(random_state=seed + 1)
+    train, _val, test = user_split(shares, (0.8, 0.1, 0.1), random_state=seed)
     counts = shares.counts()
     per_type = {t: int(n) for t, n in zip(pop.type_names, np.bincount(pop.item_type))}
     print(f"population: {pop.n_users:,} users, {pop.n_items:,} items {per_type}, "
@@ -127,7 +104,8 @@ def main(argv=None):
              "share_pairs": int(shares.nnz), "share_at_most_2": float(np.mean(counts <= 2)),
              "max_shares": int(counts.max()), "mean_availability": float(pop.availability.mean()),
              "factors": args.factors, "rounds": args.rounds, "clients": args.clients,
-             "slate": args.slate, "oversample": 0.3, "dropout": 0.1, "auc_impressions": 200_000,
+             "slate": args.slate, "oversample": 0.3, "dropout": 0.1,
+             "auc_impressions": args.auc_impressions,
              "epsilon": 0.3, "test_users": int(test.n_users),
              "position_bias": [float(x) for x in np.linspace(1.0, 0.3, args.slate)]}
     test_users = test.user_ids  # population ids of the held-out users
@@ -151,7 +129,7 @@ def main(argv=None):
 
     fed_kw = dict(n_rounds=args.rounds, clients_per_round=args.clients,
                   oversample=setup["oversample"], dropout=setup["dropout"], split="none",
-                  min_examples=1, random_state=args.seed)
+                  min_examples=1, random_state=seed)
     fed = FedReconImplicitMF(args.factors, eval_every=args.eval_every, **fed_kw)
     t0 = time.perf_counter()
     fed.fit(train, callback=track, availability=available)
@@ -163,11 +141,11 @@ def main(argv=None):
             train, availability=available)
     t0 = time.perf_counter()
     models["centralized"] = ImplicitMF(args.factors, regularization=0.05, alpha=1.0,
-                                       n_epochs=10, random_state=args.seed).fit(train)
+                                       n_epochs=10, random_state=seed).fit(train)
     central_s = time.perf_counter() - t0
     models["centralized_biases"] = ImplicitMF(
         args.factors, regularization=args.central_lambda, alpha=1.0, n_epochs=10,
-        item_bias=True, user_bias=True, random_state=args.seed).fit(train)
+        item_bias=True, user_bias=True, random_state=seed).fit(train)
     hist = fed.history_
     print(f"FedRecon: {args.rounds} rounds x {args.clients} clients in {fed_s:.1f} s; "
           f"mean clients used {np.mean([h['clients_used'] for h in hist]):.0f}, dropped "
@@ -184,9 +162,9 @@ def main(argv=None):
                                    (len(test_users), 1))
     slates["random"] = rng.integers(0, pop.n_items, size=(len(test_users), k))
     table, lifts = online_ctr_test(pop, slates, test_users, n_bootstrap=args.bootstrap,
-                                   random_state=args.seed)
+                                   random_state=seed)
     uni = simulate_log(pop, test_users, setup["auc_impressions"], policy="uniform", slate_size=k,
-                       random_state=args.seed + 2)
+                       random_state=seed + 2)
     row_of = {u: r for r, u in enumerate(test_users)}
     rows = np.array([row_of[u] for u in uni["context"]])
     auc = {name: click_auc(S[rows, uni["action"]], uni["reward"]) for name, S in scores.items()}
@@ -194,13 +172,81 @@ def main(argv=None):
     auc["random"] = click_auc(rng.random(len(uni)), uni["reward"])
     table["auc"] = pd.Series(auc)
     activity = ctr_by_activity(pop, slates, test_users, test.counts())
-    print("\nonline CTR on held-out users (10 sessions each):")
-    print(table.round(5).to_string())
-    print("\nlift over popularity (paired bootstrap over users):")
-    print(lifts.round(4).to_string())
-    print("\nexpected CTR by the user's number of shares:")
-    print(pd.DataFrame(activity).pivot(index="policy", columns="shares",
-                                       values="ctr_expected").round(5).to_string())
+    if not quiet:
+        print("\nonline CTR on held-out users (10 sessions each):")
+        print(table.round(5).to_string())
+        print("\nlift over popularity (paired bootstrap over users):")
+        print(lifts.round(4).to_string())
+        print("\nexpected CTR by the user's number of shares:")
+        print(pd.DataFrame(activity).pivot(index="policy", columns="shares",
+                                           values="ctr_expected").round(5).to_string())
+    return {"table": table, "lifts": lifts, "activity": activity, "curve": curve,
+            "setup": setup, "fed_s": fed_s, "clicks": int(uni["reward"].sum()),
+            "auc_se": {name: auc_standard_error(a, int(uni["reward"].sum()),
+                                                int(len(uni) - uni["reward"].sum()))
+                       for name, a in auc.items()}}
+
+
+def auc_standard_error(auc: float, n_pos: int, n_neg: int) -> float:
+    """Hanley & McNeil's (1982) standard error of an AUC from n_pos clicks and n_neg
+    non-clicks."""
+    q1, q2 = auc / (2 - auc), 2 * auc ** 2 / (1 + auc)
+    var = (auc * (1 - auc) + (n_pos - 1) * (q1 - auc ** 2) + (n_neg - 1) * (q2 - auc ** 2)) / \
+        (n_pos * n_neg)
+    return float(np.sqrt(max(var, 0.0)))
+
+
+def seed_summary(seed: int, run: dict) -> dict:
+    """What the headline needs from one seed: each policy's click AUC (with its standard error)
+    and expected CTR, and each model's CTR lift over popularity."""
+    t = run["table"]
+    return {"seed": seed, "clicks": run["clicks"],
+            "auc": {p: float(t.loc[p, "auc"]) for p in t.index},
+            "auc_se": run["auc_se"],
+            "ctr_expected": {p: float(t.loc[p, "ctr_expected"]) for p in t.index},
+            "lift": {p: float(run["lifts"].loc[p, "lift"]) for p in run["lifts"].index},
+            "lift_expected": {p: float(run["lifts"].loc[p, "lift_expected"])
+                              for p in run["lifts"].index}}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--users", type=int, default=50_000)
+    ap.add_argument("--items", type=int, default=3800)
+    ap.add_argument("--factors", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--clients", type=int, default=200, help="clients per round")
+    ap.add_argument("--slate", type=int, default=5, help="slate size shown to a user")
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--central-lambda", type=float, default=50.0,
+                    help="λ of the centralized model with biases")
+    ap.add_argument("--bootstrap", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=5,
+                    help="seeds of the headline (lift, click AUC): --seed and the next ones")
+    ap.add_argument("--auc-impressions", type=int, default=5_000_000,
+                    help="uniformly logged impressions for the click AUC")
+    ap.add_argument("--no-obd", action="store_true", help="skip the Open Bandit real-log check")
+    ap.add_argument("--plot-dir", default="figures")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--population-only", action="store_true",
+                    help="only build the population and its shares, report time and memory")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+    t_all = time.perf_counter()
+    if args.population_only:
+        return population_only(args, argv)
+
+    first = simulate(args, args.seed)
+    table, lifts, activity, curve = first["table"], first["lifts"], first["activity"], \
+        first["curve"]
+    setup, fed_s, k = first["setup"], first["fed_s"], args.slate
+    seeds = [seed_summary(args.seed, first)]
+    for seed in range(args.seed + 1, args.seed + args.seeds):
+        print(f"seed {seed} of {args.seed + args.seeds - 1} ...", flush=True)
+        seeds.append(seed_summary(seed, simulate(args, seed, quiet=True)))
 
     # 4. real logs -----------------------------------------------------------------------------
     obd_rows, obd_facts = [], {}
@@ -259,7 +305,7 @@ def main(argv=None):
         "lift_high": float(fed_lift["lift_high"]), "lift_expected": float(fed_lift["lift_expected"]),
         "lifts": lifts.reset_index().to_dict(orient="records"),
         "ctr_by_round": curve, "ctr_by_activity": activity, "open_bandit": obd_rows,
-        "open_bandit_facts": obd_facts,
+        "open_bandit_facts": obd_facts, "seeds": seeds,
         "seconds": total,
         "setup": {**setup, "central_lambda": args.central_lambda}, "seconds_fedrecon": fed_s,
         "meta": run_meta("ctr_simulation.py", argv, packages=("scikit-learn",)),

@@ -81,9 +81,7 @@ def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
         provenance(impl[0]["meta"], "implicit.json"), "",
         *(f"- {n} ({p} users): precision@10 {r['precision']:.3f}" for (n, p), r in ib.items()),
         "", provenance(ctr["meta"], "ctr.json"), "",
-        f"- online CTR lift of FedRecon over popularity on the simulated population: "
-        f"{signed_pct(ctr['lift'])} (95 % interval {signed_pct(ctr['lift_low'])} … "
-        f"{signed_pct(ctr['lift_high'])})."])
+        ctr_headline(ctr)])
     return blocks
 
 
@@ -227,3 +225,19 @@ def architecture_block() -> str:
     from report_common import _script
 
     return _script("architecture").block()
+
+
+def ctr_headline(ctr) -> str:
+    """The CTR simulation's headline: FedRecon's lift over popularity, over seeds when the run
+    has them (one seed's interval is over users only)."""
+    seeds = ctr.get("seeds") or []
+    if len(seeds) >= 2:
+        from report_ctr import seed_interval
+
+        m, lo, hi = seed_interval([s["lift"]["fedrecon"] for s in seeds])
+        return (f"- online CTR lift of FedRecon over popularity on the simulated population, "
+                f"over {len(seeds)} seeds: {signed_pct(m)} (95 % interval over seeds "
+                f"{signed_pct(lo)} … {signed_pct(hi)}).")
+    return (f"- online CTR lift of FedRecon over popularity on the simulated population, one "
+            f"seed: {signed_pct(ctr['lift'])} (95 % interval over users "
+            f"{signed_pct(ctr['lift_low'])} … {signed_pct(ctr['lift_high'])}).")

@@ -83,9 +83,15 @@ def test_ctr_simulation_script_tiny(tmp_path):
     mod = load_script("ctr_simulation")
     out = tmp_path / "ctr.json"
     mod.main(["--users", "3000", "--items", "300", "--rounds", "20", "--clients", "50",
-              "--eval-every", "10", "--bootstrap", "20", "--no-obd",
-              "--plot-dir", str(tmp_path), "--json", str(out)])
+              "--eval-every", "10", "--bootstrap", "20", "--no-obd", "--seeds", "2",
+              "--auc-impressions", "100000", "--plot-dir", str(tmp_path), "--json", str(out)])
     res = json.loads(out.read_text())
+    first, second = res["seeds"]  # the headline over seeds: the first is the detailed run
+    assert (first["seed"], second["seed"]) == (0, 1)
+    assert first["lift"]["fedrecon"] == res["lift"]
+    assert first["auc"] == {p: x["auc"] for p, x in res["ctr"].items()}
+    assert second["auc"] != first["auc"] and set(second["lift"]) == set(first["lift"])
+    assert all(0 < se < 0.5 for se in second["auc_se"].values()) and second["clicks"] > 0
     assert {"lift", "lift_low", "lift_high", "ctr", "ctr_by_activity", "ctr_by_round"} <= set(res)
     assert res["lift_low"] <= res["lift"] <= res["lift_high"]
     policies = {"fedrecon", "fedrecon_biases", "fedrecon_full_negatives", "popularity", "random",
