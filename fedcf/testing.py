@@ -215,6 +215,10 @@ class ExecutorContract:
 def _run_checks(contract, make, **fixtures) -> list[str]:
     """Run each ``test_*`` method of ``contract`` with ``make``; the names of those that ran
     (a check that does not apply skips itself); the first failure raises."""
+    if not callable(make) or isinstance(make, (Aggregator, Executor)):
+        raise TypeError(f"make must be a function that returns a fresh, unbound object (a class "
+                        f"or a lambda: check_aggregator(lambda: MyMean(5.0))), got "
+                        f"{type(make).__name__} {make!r}")
     case = type(f"Check{contract.__name__}", (contract,), {"make": staticmethod(make)})()
     ran = []
     for name in sorted(n for n in dir(case) if n.startswith("test_")):
@@ -225,6 +229,9 @@ def _run_checks(contract, make, **fixtures) -> list[str]:
             method(**wanted)
         except pytest.skip.Exception:
             continue
+        except (AssertionError, pytest.fail.Exception) as exc:  # pytest's Failed is no Exception
+            raise AssertionError(f"{contract.__name__}.{name} failed for {make!r}: "
+                                 f"{str(exc).strip() or type(exc).__name__}") from None
         ran.append(name)
     return ran
 

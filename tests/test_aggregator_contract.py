@@ -98,3 +98,21 @@ class TestExampleShrunkMean(AggregatorContract):  # a user's aggregator: one cla
 
 class TestExampleTimedExecutor(ExecutorContract):  # a user's executor: one class
     make = staticmethod(EXAMPLE.TimedExecutor)
+
+
+def test_the_contract_checks_name_what_failed_and_refuse_an_instance():
+    """check_aggregator names the failing check as an AssertionError (pytest's own Failed is
+    not an Exception), and an aggregator passed instead of a function that makes one is a
+    TypeError saying what to pass."""
+    import pytest
+
+    from fedcf.testing import check_aggregator
+
+    class Unchecked(WeightedMean):
+        def __init__(self, shrink=1.0):
+            self.shrink = shrink
+
+    with pytest.raises(AssertionError, match="test_set_params_is_checked_when_bound failed"):
+        check_aggregator(Unchecked)
+    with pytest.raises(TypeError, match="make must be a function"):
+        check_aggregator(WeightedMean())
