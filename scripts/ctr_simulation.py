@@ -235,6 +235,11 @@ def main(argv=None):
                     help="only build the population and its shares, report time and memory")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error(f"--seeds must be at least 1 (the detailed run), got {args.seeds}")
+    if args.auc_impressions < 1000:
+        ap.error(f"--auc-impressions must be at least 1000 for a click AUC with any clicks, "
+                 f"got {args.auc_impressions}")
     t_all = time.perf_counter()
     if args.population_only:
         return population_only(args, argv)

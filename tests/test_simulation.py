@@ -104,6 +104,16 @@ def test_ctr_simulation_script_tiny(tmp_path):
     assert (tmp_path / "ctr_by_round.png").exists()
 
 
+@pytest.mark.parametrize("flags,named", [(["--seeds", "0"], "--seeds"),
+                                         (["--auc-impressions", "0"], "--auc-impressions")])
+def test_ctr_simulation_names_a_bad_flag(flags, named, capsys):
+    from conftest import load_script
+
+    with pytest.raises(SystemExit):
+        load_script("ctr_simulation").main(flags)
+    assert named in capsys.readouterr().err
+
+
 def test_ope_study_script_tiny(tmp_path):
     from conftest import load_script
 
