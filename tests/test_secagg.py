@@ -7,7 +7,6 @@ import os
 
 import numpy as np
 import pytest
-from Crypto.Protocol.SecretSharing import Shamir
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedcf import FedReconMF
@@ -24,7 +23,7 @@ from fedcf.federated import (
     TrimmedMean,
     WeightedMean,
 )
-from fedcf.federated.aggregators import secagg_audit, secagg_protocol
+from fedcf.federated.aggregators import secagg_audit, secagg_protocol, shamir
 from fedcf.federated.aggregators.secagg_client import simulate
 from fedcf.federated.aggregators.secagg_protocol import (
     Advert,
@@ -156,7 +155,7 @@ def test_a_server_lying_about_who_dropped_never_gets_both_secrets_of_a_client():
     total = server.unmasked_sum(answers)
     np.testing.assert_array_equal(total, _sum(X, lie))
     key = secagg_protocol._x25519_from_seed(
-        Shamir.combine([a.s_shares[0] for a in answers[:t]]), server.session)
+        shamir.combine([a.s_shares[0] for a in answers[:t]]), server.session)
     y0 = inputs[0].y.copy()
     for u in lie:
         mask = secagg_protocol.prg(secagg_protocol.pair_key(

@@ -1,6 +1,6 @@
 """The weighted mean under secure aggregation: each client's dense upload is quantized,
-masked by the client half of ``secagg_protocol`` (X25519, HKDF, AES-GCM, Ed25519, ChaCha20 and
-Shamir sharing from ``cryptography`` and ``pycryptodome``; secrets from the OS), and the server
+masked by the client half of ``secagg_protocol`` (X25519, HKDF, AES-GCM, Ed25519 and ChaCha20
+from ``cryptography``, Shamir sharing vectorised in ``shamir``; secrets from the OS), and the server
 half learns only the sum over the surviving cohort.
 
 Per round, each client k taking part (finite, non-empty upload)

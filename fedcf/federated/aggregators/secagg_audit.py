@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
 
+from . import shamir
 from .secagg_client import simulate
 from .secagg_protocol import (
     Identities,
@@ -86,12 +86,12 @@ def strip_masks(server: SecAggServer, answers, v: int, y_v: np.ndarray) -> np.nd
     s_shares = [a.s_shares[v] for a in answers if v in a.s_shares]
     b_shares = [a.b_shares[v] for a in answers if v in a.b_shares]
     if len(s_shares) >= t:
-        key = _x25519_from_seed(Shamir.combine(s_shares[:t]), server.session)
+        key = _x25519_from_seed(shamir.combine(s_shares[:t]), server.session)
         for u in server.u3:
             mask = prg(pair_key(key, server.adverts[u].s_pk, v, u, server.session), len(out))
             out = out - mask if v < u else out + mask
     if len(b_shares) >= t:
-        out = out - prg(self_mask_key(Shamir.combine(b_shares[:t]), server.session), len(out))
+        out = out - prg(self_mask_key(shamir.combine(b_shares[:t]), server.session), len(out))
     return out
 
 

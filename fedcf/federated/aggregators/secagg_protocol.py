@@ -3,7 +3,8 @@
 
 Every cryptographic step comes from a library: X25519 key agreement, HKDF-SHA256 key
 derivation, AES-GCM share encryption, Ed25519 signatures and the ChaCha20 keystream that expands
-a mask seed (``cryptography``), and Shamir secret sharing over GF(2¹²⁸) (``pycryptodome``). Every
+a mask seed (``cryptography``). Shamir secret sharing is field arithmetic, vectorised here over
+GF(2³¹ − 1) (``shamir``: one NumPy pass per split, Lagrange weights cached per holder set). Every
 secret (key seeds, self-mask seeds, share coefficients, nonces) comes from the OS's secure
 randomness, never from ``random_state``.
 
@@ -34,6 +35,7 @@ paper's bounds hold for t > 2m/3, the default; t ≤ m/2 is refused); see eval/P
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -41,7 +43,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -53,7 +54,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-SEED_BYTES = 16  # Shamir shares 16-byte secrets; keys are derived from them by HKDF (128-bit)
+from . import shamir
+
+SEED_BYTES = shamir.SECRET_BYTES  # 16-byte seeds, shared; keys come from them by HKDF
+SHARE_BYTES = shamir.SHARE_BYTES
 RAW = serialization.Encoding.Raw, serialization.PublicFormat.Raw
 
 
@@ -66,10 +70,18 @@ def _kdf(secret: bytes, info: bytes) -> bytes:
     return HKDF(hashes.SHA256(), 32, salt=None, info=b"fedcf-secagg/" + info).derive(secret)
 
 
+@functools.lru_cache(maxsize=2)
+def _zeros(n_bytes: int) -> bytes:
+    return bytes(n_bytes)
+
+
 def prg(seed_key: bytes, size: int) -> np.ndarray:
-    """``size`` uint32 words of the ChaCha20 keystream keyed by a 32-byte derived key."""
+    """``size`` uint32 words of the ChaCha20 keystream keyed by a 32-byte derived key (written
+    straight into the array's memory: the keystream of zeros, with no copy)."""
     enc = Cipher(algorithms.ChaCha20(seed_key, b"\0" * 16), mode=None).encryptor()
-    return np.frombuffer(enc.update(b"\0" * (4 * size)), dtype="<u4").astype(np.uint32)
+    out = np.empty(size + 16, np.dtype("<u4"))  # update_into wants block_size − 1 spare bytes
+    enc.update_into(_zeros(4 * size), memoryview(out).cast("B"))
+    return out[:size]
 
 
 def self_mask_key(seed: bytes, session: bytes) -> bytes:
@@ -215,6 +227,7 @@ class SecAggClient:
         self._s = _x25519_from_seed(self._s_seed, session)
         self._adverts, self._held, self._u2, self._answered = {}, {}, None, False
         self._holders: list = []  # who holds this client's shares (set by ``share``)
+        self._share_keys: dict = {}  # peer -> AES key of the shares (derived state, not kept)
 
     def trust(self, verifying: dict) -> None:
         """Add verifying keys of other clients (never replace this client's own)."""
@@ -238,6 +251,7 @@ class SecAggClient:
         self._verifying = Identities.verifiers(state["verifying"])
         self._adverts, self._held, self._u2, self._answered, self._holders = state["received"]
         self._s = _x25519_from_seed(self._s_seed, self.session)
+        self._share_keys = {}
 
     def advertise(self) -> Advert:
         c_pk, s_pk = _pub(self._c), _pub(self._s)
@@ -247,7 +261,7 @@ class SecAggClient:
         """Round 1: check the advertised keys, split both seeds among U1 and encrypt."""
         for a in adverts:
             self._verify(a.client, a.signature, self.session + a.c_pk + a.s_pk, "advert")
-        self._adverts = {a.client: a for a in adverts}
+        self._adverts, self._share_keys = {a.client: a for a in adverts}, {}
         if self.id not in self._adverts:
             raise ProtocolAbort(f"client {self.id}: its own keys are not in the advert list")
         holders = share_graph(self._adverts, self.session, self.neighbours)[self.id]
@@ -261,12 +275,10 @@ class SecAggClient:
             raise ProtocolAbort(f"client {self.id}: {len(holders)} clients to share with, fewer "
                                 f"than the threshold t={self.t}")
         self._holders = holders
-        s_sh, b_sh = (Shamir.split(self.t, len(holders), seed) for seed in (self._s_seed,
-                                                                            self._b_seed))
+        shares = shamir.split([self._s_seed, self._b_seed], self.t, len(holders))
         out = {}
-        for pos, v in enumerate(holders):
-            plain = _ints([self.id, v]) + struct.pack("<H", s_sh[pos][0]) + s_sh[pos][1] + \
-                b_sh[pos][1]
+        for pos, v in enumerate(holders):  # holder pos gets the shares at x = pos + 1
+            plain = _ints([self.id, v]) + struct.pack("<H", pos + 1) + b"".join(shares[pos])
             nonce = os.urandom(12)
             out[v] = nonce + AESGCM(self._share_key(v)).encrypt(nonce, plain, self.session)
         return EncryptedShares(self.id, out)
@@ -285,13 +297,15 @@ class SecAggClient:
             if plain[:16] != _ints([v, self.id]):
                 raise ProtocolAbort(f"client {self.id}: a share relabelled by the server")
             idx = struct.unpack("<H", plain[16:18])[0]
-            self._held[v] = (idx, plain[18:18 + SEED_BYTES], plain[18 + SEED_BYTES:])
+            if len(plain) != 18 + 2 * SHARE_BYTES:
+                raise ProtocolAbort(f"client {self.id}: the share from {v} has the wrong size")
+            self._held[v] = (idx, plain[18:18 + SHARE_BYTES], plain[18 + SHARE_BYTES:])
         self._u2 = sorted(received)
         y = np.asarray(x, np.uint32) + prg(self_mask_key(self._b_seed, self.session), len(x))
         for v in self._u2:
             if v != self.id:
                 mask = prg(self._pair_key(v), len(x))
-                y = y + mask if self.id < v else y - mask
+                (np.add if self.id < v else np.subtract)(y, mask, out=y)
         return MaskedInput(self.id, y)
 
     def consistency(self, u3: list[int]) -> ConsistencySignature:
@@ -342,9 +356,14 @@ class SecAggClient:
                                 "verify against its identity key") from None
 
     def _share_key(self, v: int) -> bytes:
-        peer = X25519PublicKey.from_public_bytes(self._adverts[v].c_pk)
-        lo, hi = sorted((self.id, v))
-        return _kdf(self._c.exchange(peer), b"share/" + _ints([lo, hi]) + self.session)
+        """The AES key shared with v (one key agreement per peer: it encrypts the shares to v
+        and decrypts v's)."""
+        if v not in self._share_keys:
+            peer = X25519PublicKey.from_public_bytes(self._adverts[v].c_pk)
+            lo, hi = sorted((self.id, v))
+            self._share_keys[v] = _kdf(self._c.exchange(peer),
+                                       b"share/" + _ints([lo, hi]) + self.session)
+        return self._share_keys[v]
 
     def _pair_key(self, v: int) -> bytes:
         return pair_key(self._s, self._adverts[v].s_pk, self.id, v, self.session)
@@ -419,9 +438,9 @@ class SecAggServer:
         for v in sorted(set(self.u2) - set(self.u3)):  # remove the dropped clients' pair masks
             seed = self._combine([a.s_shares[v] for a in answers if v in a.s_shares], v, "key")
             key = _x25519_from_seed(seed, self.session)
-            for u in set(self.u3) & set(self.graph[v]):  # u masked with v: v shared with it
+            for u in sorted(set(self.u3) & set(self.graph[v])):  # u masked with v
                 mask = prg(pair_key(key, self.adverts[u].s_pk, v, u, self.session), self.dim)
-                total = total - mask if u < v else total + mask  # u added +mask iff u < v
+                (np.subtract if u < v else np.add)(total, mask, out=total)  # u added +mask iff u < v
         return total
 
     def bytes_received(self) -> int:
@@ -432,7 +451,10 @@ class SecAggServer:
         if len(shares) < self.threshold:
             raise ProtocolAbort(f"only {len(shares)} shares of client {client}'s {what} seed, "
                                 f"fewer than t={self.threshold}")
-        return Shamir.combine([(int(i), bytes(s)) for i, s in shares[:self.threshold]])
+        try:
+            return shamir.combine([(int(i), bytes(s)) for i, s in shares[:self.threshold]])
+        except ValueError as e:
+            raise ProtocolAbort(f"the shares of client {client}'s {what} seed: {e}") from None
 
     def _need(self, n: int, what: str):
         if n < self.threshold:
