@@ -87,19 +87,28 @@ def _short_users(inter: Interactions, need: int) -> np.ndarray:
     return np.flatnonzero(inter.counts() < need)
 
 
+TIES = ("random", "item")
+
+
 def leave_one_out(inter: Interactions, *, validation: bool = True, order: str = "time",
-                  random_state=None) -> LeaveOneOut:
+                  ties: str = "random", random_state=None) -> LeaveOneOut:
     """Hold out each user's newest interaction (and the one before it with ``validation``).
 
-    ``order="time"`` needs timestamps (ties keep the (timestamp, item) order of Interactions);
-    ``order="random"`` holds out random interactions instead (for data without time), seeded by
-    ``random_state``. Every user needs at least 2 interactions (3 with validation), so that some
-    training data remains: otherwise the error names the users and how to drop them.
+    ``order="time"`` needs timestamps. Interactions of one user with equal timestamps are put
+    in order by ``ties``: ``"random"`` (default) shuffles them, seeded by ``random_state``, so
+    the held-out item among equals is a random one; ``"item"`` keeps the (timestamp, item id)
+    order, so it is the largest id among equals (what ranking code that sorts by time usually
+    does without saying so). ``order="random"`` holds out random interactions instead (for data
+    without time), seeded by ``random_state``. Every user needs at least 2 interactions (3 with
+    validation), so that some training data remains: otherwise the error names the users and
+    how to drop them.
     """
     if not isinstance(inter, Interactions):
         raise TypeError(f"leave_one_out needs Interactions, got {type(inter).__name__}")
     if order not in ("time", "random"):
         raise ValueError(f"order must be 'time' or 'random', got {order!r}")
+    if ties not in TIES:
+        raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
     if order == "time" and inter.timestamps is None:
         raise ValueError("order='time' needs timestamps and these interactions have none; "
                          "pass order='random' (with random_state) to hold out random items")
@@ -112,13 +121,7 @@ def leave_one_out(inter: Interactions, *, validation: bool = True, order: str = 
             f"{int(inter.counts()[short[0]])}); keep users with enough: "
             f"inter.subset_users(np.flatnonzero(inter.counts() >= {need}))")
     counts = inter.counts()
-    pos = np.arange(inter.nnz) - np.repeat(inter.indptr[:-1], counts)
-    if order == "random":  # a random position per entry within its user
-        keys = check_random_state(random_state).random_sample(inter.nnz)
-        rank = np.lexsort((keys, np.repeat(np.arange(inter.n_users), counts)))
-        pos = np.empty(inter.nnz, np.int64)
-        pos[rank] = np.arange(inter.nnz) - np.repeat(inter.indptr[:-1], counts)
-    from_end = np.repeat(counts, counts) - pos  # 1 = newest
+    from_end = np.repeat(counts, counts) - _positions(inter, order, ties, random_state)  # 1: newest
     test = np.full(inter.n_users, -1, np.int64)
     val = np.full(inter.n_users, -1, np.int64)
     users = np.repeat(np.arange(inter.n_users), counts)
@@ -126,6 +129,21 @@ def leave_one_out(inter: Interactions, *, validation: bool = True, order: str = 
     if validation:
         val[users[from_end == 2]] = inter.items[from_end == 2]
     return LeaveOneOut(inter.take(from_end > need - 1), val, test, inter)
+
+
+def _positions(inter: Interactions, order: str, ties: str, random_state) -> np.ndarray:
+    """Each entry's position (0 = oldest) within its user: by time, equal times by ``ties``,
+    or at random (``order="random"``). Entries are stored by (user, timestamp, item)."""
+    counts = inter.counts()
+    start = np.repeat(inter.indptr[:-1], counts)
+    if order == "time" and ties == "item":
+        return np.arange(inter.nnz) - start
+    keys = check_random_state(random_state).random_sample(inter.nnz)
+    users = np.repeat(np.arange(inter.n_users), counts)
+    rank = np.lexsort((keys, users) if order == "random" else (keys, inter.timestamps, users))
+    pos = np.empty(inter.nnz, np.int64)
+    pos[rank] = np.arange(inter.nnz) - start
+    return pos
 
 
 def _check_k(k, name: str = "k") -> int:

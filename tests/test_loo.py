@@ -181,3 +181,31 @@ def test_the_papers_sampler_leaks_and_the_clean_one_does_not():
         hr[mode] = loo_metrics(m.user_scores, sp, negatives=neg, k=3)["hr@3"]
     assert hr["paper-compat"] > 0.9
     assert hr["clean"] < 0.5  # chance is 3/31
+
+
+def _tied():
+    # user a: items 1..4 at time 1 and item 9 at time 0 (four tied newest); user b untied
+    users = ["a"] * 5 + ["b"] * 3
+    items = [4, 2, 3, 1, 9, 5, 6, 7]
+    ts = [1, 1, 1, 1, 0, 1, 2, 3]
+    return Interactions.from_arrays(users, items, timestamps=ts, item_catalog=np.arange(10))
+
+
+def test_tied_timestamps_are_broken_at_random_with_a_seed():
+    inter = _tied()
+    held = [inter.item_ids[leave_one_out(inter, random_state=s).test[0]] for s in range(40)]
+    assert set(held) == {1, 2, 3, 4}  # any of the tied newest, never the older item 9
+    assert held == [inter.item_ids[leave_one_out(inter, random_state=s).test[0]]
+                    for s in range(40)]  # seeded
+    for s in range(5):  # the untied user is split by time whatever the seed
+        sp = leave_one_out(inter, random_state=s)
+        assert inter.item_ids[sp.test[1]] == 7 and inter.item_ids[sp.validation[1]] == 6
+        assert inter.item_ids[sp.validation[0]] in {1, 2, 3, 4} - {inter.item_ids[sp.test[0]]}
+
+
+def test_item_tie_rule_holds_out_the_largest_id_among_equals():
+    sp = leave_one_out(_tied(), ties="item", random_state=0)
+    ids = _tied().item_ids
+    assert ids[sp.test[0]] == 4 and ids[sp.validation[0]] == 3
+    with pytest.raises(ValueError, match="ties must be one of"):
+        leave_one_out(_tied(), ties="largest")
