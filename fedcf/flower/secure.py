@@ -41,6 +41,7 @@ from ..federated.aggregators.secagg_protocol import (
     ConsistencySignature,
     EncryptedShares,
     MaskedInput,
+    SHARE_BYTES,
     ProtocolAbort,
     UnmaskShares,
 )
@@ -52,8 +53,9 @@ from .wire import ReplyError, arrays, flwr
 STEPS = ("begin", "share", "mask", "consistency", "unmask")
 STATE_KEY = "fedcf-secagg"
 DEVICE_KEY = "fedcf-device"  # the device's ledger for the run (what it answered)
-CT_BYTES = 78  # nonce 12 ‖ AES-GCM of (sender, receiver, index, two 16-byte shares) ‖ tag 16
-WIDTH = {"keys": 32, "adverts": 128, "shares": CT_BYTES, "sigs": 64, "unmask": 16}
+# nonce 12 ‖ AES-GCM of (sender 8, receiver 8, index 2, two shares) ‖ tag 16
+CT_BYTES = 12 + 18 + 2 * SHARE_BYTES + 16
+WIDTH = {"keys": 32, "adverts": 128, "shares": CT_BYTES, "sigs": 64, "unmask": SHARE_BYTES}
 INTS = {"keys": ("client",), "adverts": ("client",), "shares": ("sender", "receiver"),
         "masked": ("client",), "sigs": ("client",), "unmask": ("sender", "secret", "about",
                                                                "index")}
@@ -218,7 +220,8 @@ def node_device(state, node_config) -> Device:
     return Device(policy, answered, participations)
 
 
-def _keep_device(state, device: Device) -> None:
+def keep_device(state, device: Device) -> None:
+    """Write the device's ledger back into the run's state."""
     state[DEVICE_KEY] = flwr().ConfigRecord({"ledger": pickle.dumps(
         (device.answered, device.participations))})
 
@@ -261,7 +264,7 @@ def node_step(own, content, state, node_config=None) -> dict:
         state.pop(STATE_KEY, None)  # a new round: whatever was left of an old one goes
         device = node_device(state, node_config)
         halves = _begin(own, config, content, session, device)
-        _keep_device(state, device)
+        keep_device(state, device)
         adverts = halves.advertise(halves.verifying())
         reply = {**pack("keys", [(c,) for c in halves.verifying()],
                         list(halves.verifying().values())),
