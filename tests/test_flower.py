@@ -32,6 +32,7 @@ from fedcf.flower.node import (  # noqa: E402
     partition,
     tangent_reports,
 )
+from fedcf.flower.secure import CT_BYTES  # noqa: E402
 from fedcf.flower.wire import SUM_FIELDS, UPLOAD_FIELDS, arrays, client_params  # noqa: E402
 
 DATA = {"dataset": "synthetic", "synthetic-users": 240, "synthetic-items": 50,
@@ -82,8 +83,11 @@ class FakeGrid:
 
 def partitions(n, **policy):
     """Node configs of n partitions; ``policy``: each device's own rules (node config keys
-    such as ``threshold``, ``min-cohort``)."""
-    return [{"partition-id": k, "num-partitions": n, **policy} for k in range(n)]
+    such as ``threshold``, ``min-cohort``). The fake grid's nodes hold a few evaluation users
+    each, so their devices report ReconEval sums from 2 users up unless ``policy`` says
+    otherwise (the default policy's 10 is tested on its own)."""
+    return [{"partition-id": k, "num-partitions": n, **{"min-cohort": 2, **policy}}
+            for k in range(n)]
 
 
 def reference(params, eval_fraction=0.2, device=None):
@@ -673,7 +677,7 @@ def _forge(step, field, change):
     (_forge("begin", "keys.client", lambda a: a + 1000), "not one per client asked"),
     (_forge("mask", "masked.client", lambda a: a + 1000), "clients it was not asked about"),
     (_forge("mask", "masked.data", lambda a: a[:, :-1]), "rows of"),
-    (_forge("share", "shares.data", lambda a: a.astype(np.int64)), "uint8 rows of 78"),
+    (_forge("share", "shares.data", lambda a: a.astype(np.int64)), f"uint8 rows of {CT_BYTES}"),
     (_forge("unmask", "unmask.secret", lambda a: a + 2), "secret 0 (mask key) or 1"),
 ])
 def test_a_hostile_node_is_refused_and_the_others_aggregate(tmp_path, tamper, reason):
@@ -736,11 +740,46 @@ def test_a_node_refuses_numbers_it_must_not_compute_with(change, reason):
     config = {"users": [int(u) for u in own.user_ids], "clients": [0, 1, 2, 3], "mu": 3.0,
               "params": json.dumps({"n_factors": 6}), "support": 0.5, "seed": 1,
               "rating_scale": [1.0, 5.0]}
-    evaluate(own, config, glob)  # the unchanged message is served
+    policy = {"min-cohort": 2}  # the device reports sums over its 4 users
+    evaluate(own, config, glob, None, policy)  # the unchanged message is served
     with pytest.raises(ValueError, match=reason):
         work = client_outputs if "support" not in reason and "scale" not in reason and \
             "seed" not in reason else evaluate
         work(own, {**config, **change}, glob)
+
+
+def test_a_device_reports_evaluation_sums_once_per_model_and_over_a_cohort_only():
+    """A node's ReconEval sums are in the clear: its device reports each user once per model
+    (no S and S − {v} on one model) and only over at least its policy's min-cohort users."""
+    from fedcf.flower.node import evaluate
+
+    own = load_dataset(DATA).subset_users(np.arange(12))
+    Q = np.random.default_rng(0).normal(0, 0.1, (own.n_items, 6)).astype(np.float32)
+    glob = arrays(Q=Q, b=np.zeros(own.n_items, np.float32), ids=np.array([1, 0]))
+    users = [int(u) for u in own.user_ids]
+    config = {"users": users, "mu": 3.0, "params": json.dumps({"n_factors": 6}),
+              "support": 0.5, "seed": 1, "rating_scale": [1.0, 5.0]}
+    with pytest.raises(RuntimeError, match="fewer than the device's min_cohort=10"):
+        evaluate(own, {**config, "users": users[:9]}, glob)  # the default policy's 10
+    state = {}
+    first = evaluate(own, {**config, "users": users[:11]}, glob, state)
+    assert first == evaluate(own, {**config, "users": users[:11]}, glob) and first["n"] > 0
+    with pytest.raises(RuntimeError, match="1 user"):  # S − {v} after S, or v alone
+        evaluate(own, {**config, "users": users[1:]}, glob, state, {"min-cohort": 2})
+    with pytest.raises(ValueError, match="more than once"):
+        evaluate(own, {**config, "users": [users[0]] * 10}, glob, None, {"min-cohort": 2})
+    moved = arrays(Q=Q + 0.01, b=np.zeros(own.n_items, np.float32), ids=np.array([1, 1]))
+    again = evaluate(own, config, moved, state)  # a new model: all twelve answer
+    assert again == evaluate(own, config, moved) and again["users"] >= first["users"]
+
+
+def test_nodes_below_their_evaluation_cohort_leave_recon_eval_out(tmp_path):
+    """Over the fake grid, devices at the default policy (min-cohort 10) with fewer evaluation
+    users refuse to report, and the run says so."""
+    res, _ = run(FakeGrid([{**p, "min-cohort": 10} for p in partitions(7)]), tmp_path,
+                 {**PARAMS, "n_rounds": 2})
+    refused = [r for r in res["refusals"] if r["stage"].startswith("recon eval")]
+    assert refused and all("min_cohort=10" in r["reason"] for r in refused)
 
 
 def test_secure_aggregation_with_dp_over_messages(tmp_path):

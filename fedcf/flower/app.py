@@ -127,7 +127,8 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
     @capp.evaluate()
     def recon(msg, context):
         return _answer(msg, lambda: {"recon": app.MetricRecord(
-            evaluate(own(context), msg.content["config"], msg.content["global"]))})
+            evaluate(own(context), msg.content["config"], msg.content["global"],
+                     context.state, context.node_config))})
 
     return capp
 

@@ -30,6 +30,7 @@ import numpy as np
 from ..datasets import Interactions, load_movielens, load_ratings_file, make_synthetic_ratings
 from ..eval.protocols import recon_sums
 from ..federated.aggregators.weighted import recipe_numerators
+from ..federated.round.device import model_digest
 from ..federated.round.partials import PartialSums, group_sums
 from ..federated.round.phases import (
     BoundLocalExecutor,
@@ -345,10 +346,17 @@ def check_fresh(state, glob) -> None:
     state[ROUND_STATE] = flwr().ConfigRecord({"round": now})
 
 
-def evaluate(own: Interactions, config, glob) -> dict:
+def evaluate(own: Interactions, config, glob, state=None, node_config=None) -> dict:
     """Federated ReconEval for the asked users: each reconstructs on its support set and the
-    node reports sums over their query ratings (``eval.protocols.recon_sums``)."""
+    node reports sums over their query ratings (``eval.protocols.recon_sums``). The device's
+    policy (``node_config``) and ledger (``state``) decide who reports: each user once per
+    model, and only a cohort of at least ``min-cohort`` (``Device.admit_eval``)."""
+    from .secure import keep_device, node_device
+
     rows = _rows(own, config["users"])
+    if len(np.unique(rows)) != len(rows):
+        raise NodeDataError("the evaluation asks for a user more than once; each user "
+                            "reports once")
     est = client_estimator(config["params"])
     est.item_factors_, est.item_biases_ = global_model(own, est, glob)
     est.global_mean_ = message_number(config, "mu")
@@ -360,8 +368,12 @@ def evaluate(own: Interactions, config, glob) -> dict:
     support = message_number(config, "support")
     if not 0.0 < support < 1.0:
         raise NodeDataError(f"the message's support fraction {support} is not in (0, 1)")
-    return recon_sums(est, own.subset_users(rows), support_fraction=support,
-                      seed=int(message_number(config, "seed", integer=True)))
+    seed = int(message_number(config, "seed", integer=True))
+    device = node_device(state, node_config)  # the message is sound: now the device's rules
+    rows = rows[device.admit_eval(model_digest(est.item_factors_, est.item_biases_), rows)]
+    if state is not None:
+        keep_device(state, device)
+    return recon_sums(est, own.subset_users(rows), support_fraction=support, seed=seed)
 
 
 def message_number(config, key: str, index: int | None = None, *, integer=False) -> float:

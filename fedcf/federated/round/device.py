@@ -257,6 +257,26 @@ class Device:
             self.participations[c] = n + 1
         return keep
 
+    def admit_eval(self, digest: bytes, clients) -> np.ndarray:
+        """Which of ``clients`` report evaluation sums (ReconEval) on the model of ``digest``:
+        each at most once per model (a second ask, of S and then S − {v}, would let the server
+        subtract one user's sums), and only when at least ``min_cohort`` of them do — a
+        device's sum over fewer is refused whole (DeviceRefusal). Evaluation does not count
+        against the participation budget."""
+        key = ("recon-eval", "model", bytes(digest))
+        clients = np.asarray(clients, np.int64)
+        keep = np.array([key not in self.answered.get(c, ()) for c in clients.tolist()], bool)
+        if int(keep.sum()) < self.policy.min_cohort:
+            log.warning("device refused (min_cohort): evaluation sums over %d user(s) not "
+                        "asked before on this model, fewer than min_cohort=%d",
+                        int(keep.sum()), self.policy.min_cohort)
+            raise DeviceRefusal(f"evaluation sums over {int(keep.sum())} user(s) not asked "
+                                "before on this model, fewer than the device's min_cohort="
+                                f"{self.policy.min_cohort}")
+        for c in clients[keep].tolist():
+            self.answered.setdefault(c, set()).add(key)
+        return keep
+
     def begin(self, job, kind: str, round_idx: int, digest: bytes, clients, rows):
         """The protocol halves of the admitted ``clients`` with their encoded ``rows``, after
         the policy checked the job's noise (a ``SecureJob``: the server's recipe). A refused
