@@ -192,9 +192,10 @@ class ClientHalves:
             half.trust(pki)
 
     def advertise(self, registry: dict) -> list:
-        pki = Identities.verifiers(registry)
+        pki, checked = Identities.verifiers(registry), set()  # this device checks a signature once
         self.halves = {c: SecAggClient(c, self.t, self.session, self.identities.signing_key(c),
-                                       pki, self.neighbours, self.policy) for c in self.ids}
+                                       pki, self.neighbours, self.policy, checked)
+                       for c in self.ids}
         return [h.advertise() for h in self.halves.values()]
 
     def share(self, adverts) -> list:

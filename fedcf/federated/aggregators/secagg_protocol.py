@@ -218,7 +218,7 @@ class SecAggClient:
     the share holders, t and the survivors to the protocol's."""
 
     def __init__(self, client: int, threshold: int, session: bytes, signing_key, verifying,
-                 neighbours: int | None = None, policy=None):
+                 neighbours: int | None = None, policy=None, verified: set | None = None):
         self.id, self.t, self.session = int(client), int(threshold), session
         self.neighbours, self.policy = neighbours, policy
         self._sign, self._verifying = signing_key, verifying
@@ -228,6 +228,9 @@ class SecAggClient:
         self._adverts, self._held, self._u2, self._answered = {}, {}, None, False
         self._holders: list = []  # who holds this client's shares (set by ``share``)
         self._share_keys: dict = {}  # peer -> AES key of the shares (derived state, not kept)
+        # signatures this device checked already, shared by the clients it runs: (client,
+        # its verifying key, signature, message); a check is a pure function of those four
+        self._verified = set() if verified is None else verified
 
     def trust(self, verifying: dict) -> None:
         """Add verifying keys of other clients (never replace this client's own)."""
@@ -251,7 +254,7 @@ class SecAggClient:
         self._verifying = Identities.verifiers(state["verifying"])
         self._adverts, self._held, self._u2, self._answered, self._holders = state["received"]
         self._s = _x25519_from_seed(self._s_seed, self.session)
-        self._share_keys = {}
+        self._share_keys, self._verified = {}, set()
 
     def advertise(self) -> Advert:
         c_pk, s_pk = _pub(self._c), _pub(self._s)
@@ -350,7 +353,10 @@ class SecAggClient:
         try:
             if key is None:
                 raise InvalidSignature
-            key.verify(signature, message)
+            seen = (int(client), key.public_bytes(*RAW), bytes(signature), bytes(message))
+            if seen not in self._verified:
+                key.verify(signature, message)
+                self._verified.add(seen)
         except InvalidSignature:
             raise ProtocolAbort(f"client {self.id}: the {what} of client {client} does not "
                                 "verify against its identity key") from None
