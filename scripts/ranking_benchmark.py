@@ -4,13 +4,14 @@ model under every protocol of ``fedcf.eval.loo``, several seeds, mean ± std.
 
 Protocols (test item = each user's newest interaction, validation item = the one before):
   clean-99, clean-999  the held-out item against 99 / 999 negatives drawn once per user from
-                       items they never interacted with; no training sampler ever draws those
-                       negatives or the held-out items (one training serves both: the 99 are a
-                       random subset of the 999; users with fewer than 999 free items are left
-                       out of clean-999 and counted)
+                       items they never interacted with; the training sampler never draws
+                       the held-out items or that protocol's negatives (a training each: the
+                       99 are a random subset of the 999; users with fewer than 999 free
+                       items are left out of clean-999 and counted)
   paper-compat-99      the same 99 negatives, but training negatives drawn as the published
                        implementations draw them (never an item of the user's whole log, so
-                       the held-out item is the one candidate never pushed down). Leaky.
+                       the held-out item is the one candidate never pushed down). Leaky; it
+                       differs from clean-99's training only in drawing the 99.
   full                 against the whole catalog, the user's other interactions masked,
                        training negatives from everything but the user's training items
   federation-off       PFedRec with the server switched off (each device trains its own copy
@@ -78,10 +79,41 @@ def load(args) -> Interactions:
     return inter.subset_users(np.flatnonzero(inter.counts() >= 3))
 
 
-def split_of(inter):
-    """Leave-one-out by time, or at random (seeded) for data without timestamps."""
+def split_of(inter, ties: str = "random"):
+    """Leave-one-out by time (equal times ordered by ``ties``, seeded), or at random (seeded)
+    for data without timestamps."""
     return leave_one_out(inter, order="time" if inter.timestamps is not None else "random",
-                         random_state=0)
+                         ties=ties, random_state=0)
+
+
+def tie_effect(args) -> dict | None:
+    """How much the tie rule for equal timestamps matters: the share of users whose newest
+    (or second newest) time is shared by several of their items, the share whose held-out item
+    the rule changes, and popularity's and ImplicitMF's HR@k (clean-99 and full, every user,
+    each seed's 99 negatives) under each rule. None for data without timestamps."""
+    inter = load(args)
+    if inter.timestamps is None:
+        return None
+    splits = {t: split_of(inter, t) for t in ("random", "item")}
+    last = inter.indptr[1:] - 1
+    out = {"tied_newest": float(np.mean(inter.timestamps[last] == inter.timestamps[last - 1])),
+           "tied_second": float(np.mean(inter.timestamps[last - 1] == inter.timestamps[last - 2])),
+           "test_changed": float(np.mean(splits["random"].test != splits["item"].test)),
+           "validation_changed": float(np.mean(splits["random"].validation
+                                               != splits["item"].validation)), "rows": []}
+    for seed in range(args.seeds):
+        for ties, split in splits.items():
+            small, _ = protocol_sets(split, seed, args.large)
+            model = _build("ImplicitMF", args, seed).fit(split.train)
+            pop = np.bincount(split.train.items, minlength=split.train.n_items).astype(float)
+            for name, fn in (("popularity", lambda u: np.tile(pop, (len(u), 1))),
+                             ("ImplicitMF", lambda u: model.score_all_items(
+                                 *model._user_params(u)))):
+                for proto, neg in (("clean-99", small), ("full", None)):
+                    m = rank_metrics(loo_ranks(fn, split, negatives=neg), args.k)
+                    out["rows"].append({"ties": ties, "seed": seed, "model": name,
+                                        "protocol": proto, **m})
+    return out
 
 
 def protocol_sets(split, seed: int, short: int):
@@ -123,7 +155,7 @@ TUNED = {"ImplicitMF": ("alpha", "regularization"),
 def select(args, name) -> tuple[list, tuple]:
     """(alpha, λ) of ``name``'s weighted ALS with the best HR@k on the *validation* item
     (seed 0's 99 negatives), never the test item. Ties go to the first in GRID."""
-    split = split_of(load(args))
+    split = split_of(load(args), args.ties)
     small, _ = protocol_sets(split, 0, args.large)
     tried = []
     for alpha, lam in GRID:
@@ -178,7 +210,7 @@ LEAKY = ("paper-compat", "federation-off-paper")
 
 
 def _run_task(name, seed, args):
-    split = split_of(load(args))
+    split = split_of(load(args), args.ties)
     small, big = protocol_sets(split, seed, args.large)
     seen, unseen = (np.sort(p) for p in user_split_indices(split.n_users, (0.8, 0.2),
                                                             random_state=seed))
@@ -203,8 +235,12 @@ def _run_task(name, seed, args):
     elif name not in SAMPLED:
         record(BASE, *train(_build(name, args, seed)))
     else:
-        runs = {"clean": (("clean-99", "clean-large"),  # −1 (a user without 999) is skipped
-                           training_exclusions(split, "clean", np.hstack([small, big]))),
+        # clean-99 differs from paper-compat-99 in the leak only (its 99 are never drawn);
+        # clean-large also keeps the large protocol's negatives out (−1, a user without them,
+        # is skipped)
+        runs = {"clean": (("clean-99",), training_exclusions(split, "clean", small)),
+                "clean-large": (("clean-large",),
+                                training_exclusions(split, "clean", np.hstack([small, big]))),
                 "paper-compat": (("paper-compat-99",), training_exclusions(split, "paper-compat")),
                 "full": (("full",), training_exclusions(split, "full"))}
         for protocols, ex in runs.values():
@@ -259,6 +295,10 @@ def main(argv=None):
                     help="FedRecon's reconstruction λ (default: chosen with --recon-alpha)")
     ap.add_argument("--large", type=int, default=999, help="negatives of the large protocol")
     ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--ties", choices=("random", "item"), default="random",
+                    help="order of a user's interactions with equal timestamps: at random "
+                         "(seeded; default) or by item id (the held-out item is then the "
+                         "largest id among equals)")
     ap.add_argument("--no-probe", dest="probe", action="store_false")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--json", metavar="PATH")
@@ -291,6 +331,7 @@ def main(argv=None):
     else:
         rows = [r for t in tasks for r in run_task(t)]
     table = summarize(rows, args.k)
+    ties = tie_effect(args) if "ImplicitMF" in models else None
     for r in table:
         print(f"{r['model']:<20} {r['protocol']:<22} HR@{args.k} {r[f'hr@{args.k}']:.4f} "
               f"± {r[f'hr@{args.k}_std']:.4f}  NDCG {r[f'ndcg@{args.k}']:.4f}"
@@ -298,7 +339,7 @@ def main(argv=None):
     out = {"meta": run_meta("ranking_benchmark.py", argv), "dataset": args.dataset,
            "n_users": inter.n_users, "n_items": inter.n_items, "nnz": inter.nnz,
            "settings": {k: v for k, v in vars(args).items() if k not in ("json",)},
-           "wall_seconds": time.perf_counter() - t0, "selection": selection, "table": table,
+           "wall_seconds": time.perf_counter() - t0, "selection": selection, "table": table, "tie_effect": ties,
            "runs": rows}
     return report_result(out, args.json)
 

@@ -8,6 +8,7 @@ from report_common import _dig, _f, pct, provenance, table
 ORACLE_N = "OOV-oracle (catalog + as many of the most popular outside it)"
 ON_DEVICE = "OOV expansion on the device (residual MLP adapter)"
 TRIVIAL = "OOV expansion on the device (trivial adapter)"
+BIAS_ONLY = "OOV expansion on the device (output bias only)"
 
 
 def _catalog_means(doc):
@@ -79,6 +80,9 @@ def catalog_targets(doc, means, datasets, catalogs) -> str:
                        ON_DEVICE, "UNK (one global row)", out_f, True),
                       ("its residual MLP adapter beats the trivial adapter out of catalog",
                        ON_DEVICE, TRIVIAL, out_f, True),
+                      *([("its residual MLP adapter beats the output bias alone out of "
+                          "catalog (the MLP's own contribution)", ON_DEVICE, BIAS_ONLY, out_f,
+                          True)] if _has(doc, BIAS_ONLY) else []),
                       ("OOV expansion on the device at least as good as OOV-oracle out of "
                        "catalog", ON_DEVICE, ORACLE_N, out_f, False),
                       ("the federated linear adapter beats OOV expansion on the device out of "
@@ -93,6 +97,30 @@ def catalog_targets(doc, means, datasets, catalogs) -> str:
         if 0.25 in catalogs:
             lines.append(_half_gap(doc, d))
     return table(["target", "result", "measured (RMSE, mean over seeds)"], lines)
+
+
+def _has(doc, method) -> bool:
+    return any(r["method"] == method for r in doc["rows"])
+
+
+def adapter_choices(doc) -> str:
+    """What the validation users chose for the residual MLP adapter (σ, H, step, prior), per
+    dataset: how often each σ and each H was chosen over (catalog, seed)."""
+    rows = [r for r in doc["rows"] if r["method"] == ON_DEVICE]
+    if not rows or "init_scale" not in rows[0]["on_device_settings"]:
+        return ("This run searched the adapter's step and prior only; σ = 0.01 and H = (32,) "
+                "were fixed.")
+    lines = []
+    for d in dict.fromkeys(r["dataset"] for r in rows):
+        at = [r["on_device_settings"] for r in rows if r["dataset"] == d]
+
+        def counts(key, fmt):
+            vals = [fmt(a.get(key)) for a in at]
+            return ", ".join(f"{v} ({vals.count(v)})" for v in dict.fromkeys(vals))
+        lines.append(f"- {d}, over {len(at)} (catalog, seed) runs: σ chosen "
+                     f"{counts('init_scale', lambda v: f'{v:g}')}; H chosen "
+                     f"{counts('hidden', lambda v: str(tuple(v)))}.")
+    return "\n".join(lines)
 
 
 def _seed_rmse(doc, d, c, m):
@@ -150,7 +178,8 @@ def catalog_values(doc) -> dict:
                          f"ratings for the few-support column; {doc['hashed_rows']} global hashed "
                          "rows for the finetuning baselines"),
             "tables": tables, "targets": catalog_targets(doc, means, datasets, catalogs),
-            "best_lines": catalog_claims(means, datasets, catalogs)}
+            "best_lines": catalog_claims(means, datasets, catalogs),
+            "adapter_choices": adapter_choices(doc)}
 
 
 def catalog_block(doc) -> str:

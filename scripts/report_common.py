@@ -4,6 +4,8 @@ templates, tables, provenance lines and the registered claims the prose states."
 from __future__ import annotations
 
 import re
+
+import numpy as np
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,3 +103,14 @@ def fill_blocks(text: str, blocks: dict) -> str:
         return f"<!-- begin generated: {name} -->\n{blocks[name]}\n<!-- end generated: {name} -->"
     return re.sub(r"<!-- begin generated: (\w+) -->.*?<!-- end generated: \1 -->", sub, text,
                   flags=re.S)
+
+
+def seed_interval(values) -> tuple[float, float, float]:
+    """Mean and 95 % t-interval of the mean over seeds."""
+    from scipy import stats
+
+    x = np.asarray(values, float)
+    if len(x) < 2:
+        return float(x.mean()), float("nan"), float("nan")
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)

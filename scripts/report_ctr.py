@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from report_common import pct, provenance, results_file, signed_pct, table
+from report_common import pct, provenance, results_file, seed_interval, signed_pct, table
 
 
 def ctr_values(ctr, impl, pop) -> dict:
@@ -230,17 +230,6 @@ def undercover(at) -> str:
     return "Intervals that covered the exact value in fewer than 90 % of the logs: " + "; ".join(
         f"{row.estimator} ({row.logging} → {row.target}: {row.coverage:.2f})"
         for row in low.itertuples()) + "."
-
-
-def seed_interval(values) -> tuple[float, float, float]:
-    """Mean and 95 % t-interval of the mean over seeds."""
-    from scipy import stats
-
-    x = np.asarray(values, float)
-    if len(x) < 2:
-        return float(x.mean()), float("nan"), float("nan")
-    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
-    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
 
 
 def seeds_values(ctr) -> dict:

@@ -232,7 +232,7 @@ def ctr_headline(ctr) -> str:
     has them (one seed's interval is over users only)."""
     seeds = ctr.get("seeds") or []
     if len(seeds) >= 2:
-        from report_ctr import seed_interval
+        from report_common import seed_interval
 
         m, lo, hi = seed_interval([s["lift"]["fedrecon"] for s in seeds])
         return (f"- online CTR lift of FedRecon over popularity on the simulated population, "
