@@ -63,6 +63,9 @@ def ranking_leak(doc, k) -> str:
 def ranking_ties(doc, k) -> str:
     """The tie rule for equal timestamps and its measured effect (tie_effect of the JSON)."""
     t, hr = doc.get("tie_effect"), f"hr@{k}"
+    if not t and "ties" in doc["settings"]:
+        return ("These data have no timestamps: each user's held-out items are drawn at random "
+                "(seeded), so no tie rule applies.")
     if not t:
         return ("This run does not record the tie rule: a user's interactions with equal "
                 "timestamps were ordered by item id, so the held-out item among equals was the "

@@ -440,6 +440,7 @@ def test_item_features_accepts_sparse_and_refuses_2d_ids():
 
 def test_benchmark_script_runs_small(tmp_path):
     bench = load_script("out_of_catalog_benchmark")
+    bench.SEED_GRID = bench.SEED_GRID[:2]  # the adapter's σ and H: two of the seed's settings
     out = tmp_path / "oc.json"
     bench.main(["--json", str(out), "--datasets", "expression", "--catalogs", "0.25",
                 "--seeds", "1", "--rounds", "3", "--expression-users", "300"])
@@ -452,7 +453,13 @@ def test_benchmark_script_runs_small(tmp_path):
     assert row["values_up_per_client"] > 0 and 0 <= row["coverage"] <= 1
     assert row["out_of_catalog"]["n"] + row["in_catalog"]["n"] == row["all"]["n"]
     dev = next(r for r in doc["rows"] if r["method"] == bench.ON_DEVICE)
-    assert dev["on_device_settings"] in bench.OOV_GRID
+    chosen = dev["on_device_settings"]
+    assert {k: chosen[k] for k in ("learning_rate", "regularization")} in bench.OOV_GRID
+    shape = {k: (tuple(v) if k == "hidden" else v) for k, v in chosen.items()
+             if k in ("init_scale", "hidden")}
+    assert not shape or shape in bench.SEED_GRID[:2]
+    assert next(r for r in doc["rows"] if r["method"] == bench.BIAS_ONLY)[
+        "on_device_settings"] in bench.OOV_GRID
     assert next(r for r in doc["rows"] if r["method"] == bench.TRIVIAL)[
         "on_device_settings"] == {}
     unk = next(r for r in doc["rows"] if r["method"] == "UNK (one global row)")

@@ -209,3 +209,18 @@ def test_item_tie_rule_holds_out_the_largest_id_among_equals():
     assert ids[sp.test[0]] == 4 and ids[sp.validation[0]] == 3
     with pytest.raises(ValueError, match="ties must be one of"):
         leave_one_out(_tied(), ties="largest")
+
+
+def test_clean_sampler_differs_from_paper_compat_in_the_negatives_alone():
+    """What the ranking benchmark's clean-99 trains with: paper-compat's exclusions plus the 99
+    evaluation negatives, and nothing else (so their difference is the leak alone)."""
+    inter = make_synthetic_ratings(60, 200, 1500, random_state=2)
+    sp = leave_one_out(inter.subset_users(np.flatnonzero(inter.counts() >= 3)),
+                       order="random", random_state=0)
+    neg = sample_negatives(sp, 9, random_state=1)
+
+    def pairs(x):
+        return set(zip(x.user_index().tolist(), x.items.tolist()))
+    clean, paper = (pairs(training_exclusions(sp, m, neg)) for m in ("clean", "paper-compat"))
+    u, j = np.nonzero(neg >= 0)
+    assert clean - paper == set(zip(u.tolist(), neg[u, j].tolist())) and paper <= clean

@@ -34,6 +34,7 @@ def test_ranking_benchmark_small_slice(tmp_path):
                           **report.ranking_large_values(doc),
                           **report.cold_start_values(None)})
     assert "clean-120" in text and "{{" not in text
+    assert doc["tie_effect"] is None and "no timestamps" in text  # the synthetic data
     with pytest.raises(SystemExit):
         mod.main(["--models", "FedMF,NoSuchModel"])
 
