@@ -33,6 +33,9 @@ FLOWER_TESTS = ["tests/test_flower.py::test_a_node_answers_one_begin_per_round_a
                 "tests/test_flower.py::test_a_node_refuses_what_a_device_must_not_do",
                 "tests/test_flower.py::test_a_node_takes_its_policy_from_its_own_config"]
 
+EVAL_TESTS = ["tests/test_flower.py::test_a_device_reports_evaluation_sums_once_per_model_and_"
+              "over_a_cohort_only"]
+
 # (name, file, original text, mutated text[, tests: else TESTS])
 MUTANTS = [
     ("noise dropped", FED + "aggregators/dp.py",
@@ -114,9 +117,16 @@ MUTANTS = [
      "self._s_seed, self._b_seed = os.urandom(SEED_BYTES), os.urandom(SEED_BYTES)",
      "self._s_seed, self._b_seed = bytes(SEED_BYTES), bytes(SEED_BYTES)"),
     ("secagg: masks from a NumPy generator, not ChaCha20", FED + "aggregators/secagg_protocol.py",
-     'return np.frombuffer(enc.update(b"\\0" * (4 * size)), dtype="<u4").astype(np.uint32)',
-     "return np.random.default_rng(list(seed_key)).integers(0, 2**32, size, "
+     '    enc.update_into(_zeros(4 * size), memoryview(out).cast("B"))\n    return out[:size]',
+     "    return np.random.default_rng(list(seed_key)).integers(0, 2**32, size, "
      "dtype=np.uint64).astype(np.uint32)"),
+    ("secagg: Shamir coefficients not random", FED + "aggregators/shamir.py",
+     "    coef = field_elements((t - 1, len(const)))",
+     "    coef = np.zeros((t - 1, len(const)), np.int64)", TESTS + ["tests/test_shamir.py"]),
+    ("secagg: Shamir coefficients from a seeded generator", FED + "aggregators/shamir.py",
+     "    coef = field_elements((t - 1, len(const)))",
+     "    coef = np.random.default_rng(0).integers(0, P, (t - 1, len(const)))",
+     TESTS + ["tests/test_shamir.py"]),
     ("secagg: a threshold of half the cohort accepted", FED + "aggregators/secagg.py",
      "return t if h / 2 < t <= h and m >= self.min_cohort else None",
      "return t if t <= h and m >= self.min_cohort else None"),
@@ -161,7 +171,7 @@ MUTANTS = [
      "        if survivors < self.min_cohort:", "        if False:"),
     # the Flower node's device steps (their own, faster test selection)
     ("flower: a node forgets what it answered", "fedcf/flower/secure.py",
-     "        _keep_device(state, device)\n", "        pass\n", FLOWER_TESTS),
+     "        keep_device(state, device)\n", "        pass\n", FLOWER_TESTS),
     ("flower: a node takes a seeded noise share", "fedcf/flower/secure.py",
      "    if enc.noise_std > 0 and not enc.secret_noise:\n        raise NodeProtocolError(\"the "
      "server asked for seeded noise shares; a device draws its \"\n"
@@ -172,6 +182,11 @@ MUTANTS = [
     ("flower: a node's policy taken from the message", "fedcf/flower/secure.py",
      "        device = node_device(state, node_config)",
      "        device = node_device(state, config)", FLOWER_TESTS),
+    ("flower: evaluation sums over fewer users than min_cohort", FED + "round/device.py",
+     "        if int(keep.sum()) < self.policy.min_cohort:", "        if False:", EVAL_TESTS),
+    ("flower: a user's evaluation sums given twice on one model", FED + "round/device.py",
+     "        keep = np.array([key not in self.answered.get(c, ()) for c in clients.tolist()], bool)",
+     "        keep = np.ones(len(clients), bool)", EVAL_TESTS),
 ]
 
 
