@@ -56,11 +56,11 @@ def main(argv=None):
     ap.add_argument("--drop", type=float, default=0.1)
     ap.add_argument("--neighbours", type=int, nargs="+", default=[0, 40],
                     help="graph degrees to run: 0 = every pair (Bonawitz et al.), k = SecAgg+")
-    ap.add_argument("--max-words", type=float, default=2e9,
+    ap.add_argument("--max-words", type=float, default=2e10,
                     help="skip configurations whose masks exceed this many words (m·k·d)")
-    ap.add_argument("--max-holders", type=int, default=150,
-                    help="skip configurations with more share holders per client (Shamir in "
-                         "pure Python costs holders² per client)")
+    ap.add_argument("--max-holders", type=int, default=1000,
+                    help="skip configurations with more share holders per client (sharing "
+                         "costs holders² field operations per client)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
