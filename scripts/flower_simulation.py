@@ -83,7 +83,8 @@ def simulate(args, params, data, folder) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # run_simulation's deprecation note (flwr run is the CLI)
         run_simulation(make_server_app(settings.check(), results.append),
-                       make_client_app([recorder(str(folder))], data=data),
+                       make_client_app([recorder(str(folder))], data=data,
+                                       policy={"min-cohort": args.device_min_cohort}),
                        num_supernodes=args.partitions,
                        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                        "init_args": {"num_cpus": args.cpus,
@@ -119,9 +120,12 @@ def run(args) -> dict:
         data.update({"synthetic-users": 600, "synthetic-items": 120, "synthetic-ratings": 12_000,
                      "synthetic-seed": 0})
     folder = Path(tempfile.mkdtemp(prefix="fedcf_flower_"))
+    from fedcf.federated import DevicePolicy
     from fedcf.flower import fit_in_process
 
-    ref, ref_eval, ref_seconds = fit_in_process(params, data, args.eval_fraction)
+    ref, ref_eval, ref_seconds = fit_in_process(  # the devices' policy: as the nodes' below
+        params, data, args.eval_fraction, device_policy=DevicePolicy(
+            min_cohort=args.device_min_cohort), partitions=args.partitions)
     t0 = time.perf_counter()
     res = simulate(args, params, data, folder)
     flower_seconds = time.perf_counter() - t0
@@ -130,7 +134,7 @@ def run(args) -> dict:
     itemsize = np.dtype(params.get("dtype", "float32")).itemsize
     return {
         "dataset": args.dataset, "partitions": args.partitions, "params": params,
-        "eval_fraction": args.eval_fraction,
+        "eval_fraction": args.eval_fraction, "device_min_cohort": args.device_min_cohort,
         "n_train_users": res["n_train_users"], "n_eval_users": res["n_eval_users"],
         "identical_item_factors": bool(np.array_equal(model.item_factors_, ref.item_factors_)),
         "identical_item_biases": bool(np.array_equal(model.item_biases_, ref.item_biases_)),
@@ -163,6 +167,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--eval-fraction", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cpus", type=int, default=2)
+    ap.add_argument("--device-min-cohort", type=int, default=2,
+                    help="the simulated devices' own min-cohort (their policy; a node reports "
+                         "evaluation sums only over at least this many of its users)")
     ap.add_argument("--quick", action="store_true", help="a small run (CI smoke test)")
     ap.add_argument("--json", default=None, help="write the result here")
     args = ap.parse_args(argv)

@@ -339,8 +339,8 @@ def main(argv=None):
     out = {"meta": run_meta("ranking_benchmark.py", argv), "dataset": args.dataset,
            "n_users": inter.n_users, "n_items": inter.n_items, "nnz": inter.nnz,
            "settings": {k: v for k, v in vars(args).items() if k not in ("json",)},
-           "wall_seconds": time.perf_counter() - t0, "selection": selection, "table": table, "tie_effect": ties,
-           "runs": rows}
+           "wall_seconds": time.perf_counter() - t0, "selection": selection, "table": table,
+           "tie_effect": ties, "runs": rows}
     return report_result(out, args.json)
 
 

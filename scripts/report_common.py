@@ -4,9 +4,9 @@ templates, tables, provenance lines and the registered claims the prose states."
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "eval" / "templates"

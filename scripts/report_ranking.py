@@ -80,7 +80,7 @@ def ranking_ties(doc, k) -> str:
             f"user's interactions with equal timestamps "
             + ("at random, seeded (`leave_one_out(..., ties=\"random\")`)" if rule == "random"
                else "by item id (`ties=\"item\"`)")
-            + f", so the held-out item among equals is "
+            + ", so the held-out item among equals is "
             + ("a random one" if rule == "random" else "the largest id")
             + ". Ordering equals by item id instead of at random changes the test item of"
             f" {t['test_changed']:.0%} of the users and the validation item of "

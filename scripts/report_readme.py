@@ -139,6 +139,18 @@ def deploy_lines(dep) -> list[str]:
     return lines
 
 
+def _refused(sim) -> str:
+    """The simulation's refused replies, the evaluation ones explained by the devices' rule."""
+    ev = [r for r in sim["refusals"] if r["stage"].startswith("recon eval")]
+    text = f"{len(sim['refusals'])} replies refused"
+    if ev and "device_min_cohort" in sim:
+        text += (f" ({len(ev)} of them ReconEval replies of nodes holding fewer than "
+                 f"{sim['device_min_cohort']} evaluation users, whose devices do not report "
+                 "sums over fewer than their min-cohort; the in-process figure leaves out the "
+                 "same users)")
+    return text
+
+
 def flower_block(sim, dep, devices=None) -> str:
     """"Deploying with Flower": the simulation on ML-100K and the real deployments."""
     f, loc = sim["flower_recon_eval"], sim["local_recon_eval"]
@@ -151,7 +163,7 @@ def flower_block(sim, dep, devices=None) -> str:
              f"{sim['params']['n_rounds']} rounds of {sim['params']['clients_per_round']} users: "
              f"item factors {same} with FedReconMF in process; federated ReconEval RMSE "
              f"{f['rmse']:.4f} vs {loc['rmse']:.4f} in process (accuracy {pct(f['accuracy'])} vs "
-             f"{pct(loc['accuracy'])}); {len(sim['refusals'])} replies refused; message fields "
+             f"{pct(loc['accuracy'])}); {_refused(sim)}; message fields "
              f"outside the wire format: {len(sim['unexpected_fields'])}.",
              f"- Bytes per message through Flower: down {sim['bytes_down_per_message']:,.0f} "
              f"(fedcf's accounting: {sim['values_down_per_client_round']:,.0f} values × {vb} B = "

@@ -83,14 +83,20 @@ def process_age() -> float | None:
         return None
 
 
-def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
+def make_client_app(mods=(), data: dict | None = None, policy: dict | None = None) -> ClientApp:
     """A ClientApp.
 
     ``mods``: Flower client mods (e.g. one that records the messages);
     ``data``: defaults for the run config's data keys (``dataset``, ``data-path``, ``synthetic-*``), for
-    a simulation started from Python, where there is no run config."""
+    a simulation started from Python, where there is no run config;
+    ``policy``: the devices' own rules where a node config does not set them (its keys, e.g.
+    ``{"min-cohort": 2}``): part of the program the devices run, never of a message — for a
+    simulation started from Python, whose nodes have no node config of their own."""
     capp = ClientApp(mods=list(mods))
-    defaults = dict(data or {})
+    defaults, rules = dict(data or {}), dict(policy or {})
+
+    def device_config(context) -> dict:
+        return {**rules, **dict(context.node_config)}
 
     def own(context, msg=None):
         catalog = msg.content["catalog"]["items"].numpy() if msg is not None and \
@@ -116,7 +122,7 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
     @capp.train("secagg")
     def secagg(msg, context):  # secure aggregation: one protocol step (secure.node_step)
         return _answer(msg, lambda: fresh(msg, context) or {"secagg": arrays(**node_step(
-            own(context), msg.content, context.state, context.node_config))})
+            own(context), msg.content, context.state, device_config(context)))})
 
     @capp.train("tangents")
     def tangents(msg, context):  # learned hyperparameters: the users' hypergradient reports
@@ -128,7 +134,7 @@ def make_client_app(mods=(), data: dict | None = None) -> ClientApp:
     def recon(msg, context):
         return _answer(msg, lambda: {"recon": app.MetricRecord(
             evaluate(own(context), msg.content["config"], msg.content["global"],
-                     context.state, context.node_config))})
+                     context.state, device_config(context)))})
 
     return capp
 

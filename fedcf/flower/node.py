@@ -39,6 +39,7 @@ from ..federated.round.phases import (
     RoundHyperparams,
     client_weights,
 )
+from .ledger import keep_device, node_device
 from .wire import NO_CATALOG, arrays, client_estimator, encode_sums, encode_upload, flwr
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
@@ -351,8 +352,6 @@ def evaluate(own: Interactions, config, glob, state=None, node_config=None) -> d
     node reports sums over their query ratings (``eval.protocols.recon_sums``). The device's
     policy (``node_config``) and ledger (``state``) decide who reports: each user once per
     model, and only a cohort of at least ``min-cohort`` (``Device.admit_eval``)."""
-    from .secure import keep_device, node_device
-
     rows = _rows(own, config["users"])
     if len(np.unique(rows)) != len(rows):
         raise NodeDataError("the evaluation asks for a user more than once; each user "

@@ -37,22 +37,22 @@ import numpy as np
 
 from ..federated.aggregators.secagg_client import ClientHalves, Encoding, SecureJob
 from ..federated.aggregators.secagg_protocol import (
+    SHARE_BYTES,
     Advert,
     ConsistencySignature,
     EncryptedShares,
     MaskedInput,
-    SHARE_BYTES,
     ProtocolAbort,
     UnmaskShares,
 )
-from ..federated.round.device import Device, DevicePolicy, DeviceRefusal
+from ..federated.round.device import Device, DeviceRefusal
 from ..federated.round.phases import RoundHyperparams
 from ..federated.round.reports import ReportEncoding, Reports
+from .ledger import keep_device, node_device
 from .wire import ReplyError, arrays, flwr
 
 STEPS = ("begin", "share", "mask", "consistency", "unmask")
 STATE_KEY = "fedcf-secagg"
-DEVICE_KEY = "fedcf-device"  # the device's ledger for the run (what it answered)
 # nonce 12 ‖ AES-GCM of (sender 8, receiver 8, index 2, two shares) ‖ tag 16
 CT_BYTES = 12 + 18 + 2 * SHARE_BYTES + 16
 WIDTH = {"keys": 32, "adverts": 128, "shares": CT_BYTES, "sigs": 64, "unmask": SHARE_BYTES}
@@ -206,24 +206,6 @@ def read_report_encoding(text: str, H: int) -> ReportEncoding:
         raise NodeProtocolError("the server asked for seeded noise shares; a device draws its "
                                 "share of the DP noise from its own secure randomness")
     return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))
-
-
-def node_device(state, node_config) -> Device:
-    """This node's device: its policy from its own node config (``DevicePolicy.from_config``:
-    ``min-cohort``, ``min-holders``, ``threshold``, ``noise-multiplier``, ``max-clip``,
-    ``max-participations``), never from a message, and its ledger kept in the run's state."""
-    policy = DevicePolicy.from_config(node_config or {})
-    rec = state.get(DEVICE_KEY) if state is not None else None
-    if rec is None:
-        return Device(policy)
-    answered, participations = pickle.loads(bytes(rec["ledger"]))  # the node's own state
-    return Device(policy, answered, participations)
-
-
-def keep_device(state, device: Device) -> None:
-    """Write the device's ledger back into the run's state."""
-    state[DEVICE_KEY] = flwr().ConfigRecord({"ledger": pickle.dumps(
-        (device.answered, device.participations))})
 
 
 def _begin(own, config, content, session: bytes, device: Device) -> ClientHalves:
