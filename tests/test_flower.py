@@ -1356,3 +1356,15 @@ def test_a_prepared_deployment_names_only_files_it_wrote(tmp_path, capsys):
     assert cmds[-1].endswith("local --stream")
     catalog = (tmp_path / "devices" / "catalog.txt").read_text().split()
     assert len(catalog) > 0 and (tmp_path / "app" / "pyproject.toml").exists()
+
+
+def test_the_in_process_reference_leaves_out_nodes_that_would_not_report():
+    """fit_in_process(partitions=...) scores ReconEval over the users the simulated devices
+    report on: the users of nodes holding fewer evaluation users than their min-cohort are
+    left out, as the devices leave them out."""
+    _, everyone, _ = fit_in_process(PARAMS, DATA, 0.2)
+    _, reported, _ = fit_in_process(PARAMS, DATA, 0.2, device_policy=DevicePolicy(min_cohort=10),
+                                    partitions=5)
+    assert 0 < reported["n_ratings"] < everyone["n_ratings"]
+    with pytest.raises(ValueError, match="partitions must be a whole number"):
+        fit_in_process(PARAMS, DATA, 0.2, partitions=0)

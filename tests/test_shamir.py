@@ -62,6 +62,8 @@ def test_bad_inputs_are_refused_by_name():
         shamir.split([b"short"], 2, 3)
     with pytest.raises(ValueError, match="t <= n"):
         shamir.split([s], 4, 3)
+    with pytest.raises(TypeError, match="whole numbers"):
+        shamir.split([s], 2.5, 3)
     with pytest.raises(ValueError, match="t <= n"):
         shamir.split([s], 2, 70_000)
     sh = shamir.split([s], 2, 3)

@@ -31,6 +31,10 @@ def fit_in_process(params: dict, data: dict, eval_fraction: float = 0.1,
     f = eval_fraction
     train, test = user_split_indices(inter.n_users, (1 - f, f), run_seed(est.random_state)) \
         if f else (np.arange(inter.n_users), np.zeros(0, np.int64))  # as the ServerApp splits
+    if partitions is not None and (isinstance(partitions, bool) or not isinstance(
+            partitions, (int, np.integer)) or partitions < 1):
+        raise ValueError(f"partitions must be a whole number >= 1 (the simulation's nodes), "
+                         f"got {partitions!r}")
     if partitions and device_policy is not None and len(test):
         node = test % partitions
         test = test[np.bincount(node, minlength=partitions)[node] >= device_policy.min_cohort]

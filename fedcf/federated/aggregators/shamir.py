@@ -58,6 +58,8 @@ def _from_chunks(chunks: np.ndarray) -> bytes:
 def split(secrets, t: int, n: int) -> list[list[bytes]]:
     """Shares of each of ``secrets`` (16 bytes each) for holders 1..n, any t of which rebuild
     it: ``out[k][j]`` is holder k + 1's share of secret j (``SHARE_BYTES`` bytes)."""
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (t, n)):
+        raise TypeError(f"t and n must be whole numbers, got t={t!r}, n={n!r}")
     if not 1 <= t <= n <= MAX_HOLDERS:
         raise ValueError(f"need 1 <= t <= n <= {MAX_HOLDERS}, got t={t}, n={n}")
     const = np.concatenate([_to_chunks(s) for s in secrets])
