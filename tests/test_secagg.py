@@ -496,3 +496,23 @@ def test_the_adaptive_clip_count_carries_the_accounted_noise(noise):
     want = 2.0 * (np.sqrt(12 / t) if noise == "distributed" else 1.0)
     assert np.std(noise_seen) == pytest.approx(want, rel=0.3)
     assert abs(np.mean(noise_seen)) < 4 * want / np.sqrt(60)
+
+
+def test_a_devices_signature_checks_are_kept_per_verifying_key():
+    """A device checks a signature once for the clients it runs, keyed by the signer's
+    verifying key too: the same bytes under another registered key are checked again (and
+    fail), and a forged signature is never taken from the cache."""
+    ids, other = Identities([1, 2]), Identities([2])
+    session, checked = os.urandom(16), set()
+    a = SecAggClient(1, 2, session, ids.signing_key(1), dict(ids.verifying), verified=checked)
+    b = SecAggClient(2, 2, session, ids.signing_key(2), dict(ids.verifying), verified=checked)
+    msg = session + b"survivors"
+    sig = ids.signing_key(2).sign(msg)
+    a._verify(2, sig, msg, "test signature")
+    b._verify(2, sig, msg, "test signature")  # from the device's cache
+    assert len(checked) == 1
+    with pytest.raises(ProtocolAbort, match="does not verify"):
+        a._verify(2, bytes(64), msg, "test signature")
+    a.trust({2: other.verifying[2]})  # the registry now names another key for client 2
+    with pytest.raises(ProtocolAbort, match="does not verify"):
+        a._verify(2, sig, msg, "test signature")
