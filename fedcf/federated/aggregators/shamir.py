@@ -8,7 +8,7 @@ through them). The polynomials' coefficients come from the OS's secure randomnes
 (``os.urandom``), drawn exactly uniform on the field by rejection.
 
 Why not a library's: pycryptodome's ``Shamir`` shares over GF(2¹²⁸) with one Python-level field
-multiplication per coefficient and holder — 90 % of a 100-client secure round's time. Here one
+multiplication per coefficient and holder — most of a 100-client secure round's time. Here one
 split is t NumPy steps over every holder and chunk at once (Horner's rule), and one combine is a
 dot product with Lagrange weights that are computed once per set of holders.
 """
