@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -40,6 +42,9 @@ from fedcf.eval import off_policy_check, top_k, user_split
 from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log
 from fedcf.eval.simulation import expression_types, make_expression_population
 from fedcf.provenance import run_meta, write_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared settings beside it
+from population_cli import add_population_args  # noqa: E402
 
 
 def scores_for(model, inter):
@@ -213,12 +218,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--users", type=int, default=50_000)
-    ap.add_argument("--items", type=int, default=3800)
-    ap.add_argument("--factors", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=300)
-    ap.add_argument("--clients", type=int, default=200, help="clients per round")
-    ap.add_argument("--slate", type=int, default=5, help="slate size shown to a user")
+    add_population_args(ap)
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--central-lambda", type=float, default=50.0,
                     help="λ of the centralized model with biases")

@@ -31,9 +31,11 @@ Quick look: python scripts/ope_study.py --users 5000 --items 500 --sizes 1000,10
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import tracemalloc
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -45,6 +47,9 @@ from fedcf.eval import ope_study as st
 from fedcf.eval.simulation import expression_types, make_expression_population
 from fedcf.provenance import run_meta, write_json
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared settings beside it
+from population_cli import add_population_args  # noqa: E402
+
 LOGGING = ("uniform_catalog", "uniform", "epsilon", "softmax")
 TARGETS = ("softmax", "epsilon")
 
@@ -53,12 +58,7 @@ def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--users", type=int, default=50_000)
-    ap.add_argument("--items", type=int, default=3800)
-    ap.add_argument("--factors", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=300)
-    ap.add_argument("--clients", type=int, default=200, help="clients per round")
-    ap.add_argument("--slate", type=int, default=5)
+    add_population_args(ap)
     ap.add_argument("--sizes", default="1000,10000,100000,1000000,10000000",
                     help="log sizes in impressions (slates × positions)")
     ap.add_argument("--logs", type=int, default=100, help="independent logs per setting and size")
