@@ -49,6 +49,9 @@ _ENTRIES: dict[str, dict[str, object]] = {
     "hypergradients": {
         "default": "fedcf.federated.algorithms.hyper:Hypergradients",
     },
+    "early_stopping": {
+        "default": "fedcf.federated.algorithms.early_stopping:EarlyStopping",
+    },
     "item_space": {
         "full": "fedcf.federated.algorithms.items:FullCatalog",
         "open": "fedcf.federated.algorithms.items:OpenCatalog",

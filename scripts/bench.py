@@ -280,7 +280,8 @@ def fedrecon_fit(inter, recon, rounds, clients, threads):
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        m = FedReconMF(n_factors=K, n_rounds=rounds, clients_per_round=clients,
+        m = FedReconMF(server_optimizer="sgd", early_stopping=None,
+                       n_factors=K, n_rounds=rounds, clients_per_round=clients,
                        reconstruction=SGDReconstruction(learning_rate=0.5)
                        if recon == "sgd" else "als", random_state=0)
         t0 = time.perf_counter()
@@ -392,7 +393,8 @@ def section_scaling(data, args):
                                   random_state=1)
     cpr = [100, 1000] if args.quick else [100, 1000, 10_000]
     for m in cpr:
-        model = FedReconMF(n_factors=K, n_rounds=5, clients_per_round=m, random_state=0)
+        model = FedReconMF(server_optimizer="sgd", early_stopping=None,
+                           n_factors=K, n_rounds=5, clients_per_round=m, random_state=0)
         model.fit(base)
         secs = [h["seconds"] for h in model.history_[1:]]
         srv = [h["server_seconds"] for h in model.history_[1:]]
@@ -405,7 +407,8 @@ def section_scaling(data, args):
     for n_items in catalogs:
         pop = make_synthetic_ratings(2000, n_items, 2000 * 40, random_state=2)
         for opt, lr in (("sgd", 1.0), ("adam", 0.01)):
-            model = FedReconMF(n_factors=K, n_rounds=6, clients_per_round=100, random_state=0,
+            model = FedReconMF(early_stopping=None,
+                               n_factors=K, n_rounds=6, clients_per_round=100, random_state=0,
                                server_optimizer=lookup("server_optimizer", opt)(lr))
             model.fit(pop)
             hist = model.history_[1:]
@@ -453,7 +456,8 @@ from fedcf.datasets import make_synthetic_ratings
 n_users, n_items, per_user = (int(a) for a in sys.argv[1:4])
 inter = make_synthetic_ratings(n_users, n_items, n_users * per_user, random_state=0)
 t0 = time.perf_counter()
-FedReconMF(n_factors=50, n_rounds=10, clients_per_round=100, random_state=0).fit(inter)
+FedReconMF(server_optimizer="sgd", early_stopping=None,
+           n_factors=50, n_rounds=10, clients_per_round=100, random_state=0).fit(inter)
 print(time.perf_counter() - t0, inter.indptr.nbytes + inter.items.nbytes + inter.values.nbytes
       + (inter.timestamps.nbytes if inter.timestamps is not None else 0))
 """
@@ -583,7 +587,8 @@ def main(argv=None):
     tiny = make_synthetic_ratings(50, 30, 600, random_state=0)
     warm = time.perf_counter()
     for recon in ("als", "sgd"):
-        FedReconMF(n_factors=4, n_rounds=1, clients_per_round=5, reconstruction=recon,
+        FedReconMF(server_optimizer="sgd", early_stopping=None,
+                   n_factors=4, n_rounds=1, clients_per_round=5, reconstruction=recon,
                    random_state=0).fit(tiny)
     warm = time.perf_counter() - warm
     add("kernel compile / cache load (FedRecon paths)", (None, warm, warm), None, None,

@@ -30,7 +30,8 @@ from fedcf.datasets import make_synthetic_ratings
 users, items, ratings, rounds = {size}
 inter = make_synthetic_ratings(users, items, ratings, n_factors=8, random_state=0)
 t0 = time.perf_counter()
-FedReconMF(n_factors=50, n_rounds=rounds, clients_per_round=100, random_state=0).fit(inter)
+FedReconMF(server_optimizer="sgd", early_stopping=None,
+           n_factors=50, n_rounds=rounds, clients_per_round=100, random_state=0).fit(inter)
 print(json.dumps(time.perf_counter() - t0))
 """
 SPIN = "while True:\n    pass\n"

@@ -42,16 +42,17 @@ SIZES = (1, 2, 3, 5, 10, 20)
 
 def models(args, seed) -> dict:
     fed = dict(n_factors=args.factors, n_rounds=args.rounds, clients_per_round=args.clients,
-               random_state=seed)
+               random_state=seed, server_optimizer="sgd")
+    last = dict(early_stopping=None)  # FedRecon's rows: every round, as FURL's
     # the main job's two configurations (scripts/movielens_benchmark.py: OURS and the paper's)
     als = dict(biases=True, reconstruction=RidgeReconstruction(0.1))
     sgd = dict(biases=False, reconstruction=SGDReconstruction(50, learning_rate=0.1),
                client_update=ClientUpdate(0.5, batch_size=5, steps=50), split="random")
     out = {}
     for name, kw in (("FedRecon, ALS reconstruction", als), ("FedRecon, SGD reconstruction", sgd)):
-        out[name] = FedReconMF(**fed, **kw)
+        out[name] = FedReconMF(**fed, **kw, **last)
         out[name + " + learned default"] = FedReconMF(
-            **fed, **kw, item_space=OpenCatalog(learned_default=True))
+            **fed, **kw, **last, item_space=OpenCatalog(learned_default=True))
     out["FURL (stateful), fold-in"] = FURLMF(**fed)
     out["centralized ALS, fold-in"] = CentralizedMF(args.factors, solver="als",
                                                    regularization=0.1, n_epochs=15,

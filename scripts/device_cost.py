@@ -62,7 +62,8 @@ def in_process(users, items, ratings, K, m, rounds) -> dict:
     for name in ("check_noise", "check_sharing", "check_survivors"):
         clock.wrap(DevicePolicy, name)
     try:
-        model = FedReconMF(n_factors=K, n_rounds=rounds, clients_per_round=m, random_state=0,
+        model = FedReconMF(server_optimizer="sgd", early_stopping=None,
+                           n_factors=K, n_rounds=rounds, clients_per_round=m, random_state=0,
                            aggregator=SecureAggregation(min_cohort=10)).fit(data)
     finally:
         clock.restore()

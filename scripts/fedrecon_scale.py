@@ -39,7 +39,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     tiny = make_synthetic_ratings(50, 30, 600, random_state=0)
     for recon in ("als", "sgd"):
-        FedReconMF(n_factors=4, n_rounds=1, clients_per_round=5, reconstruction=recon,
+        FedReconMF(server_optimizer="sgd", early_stopping=None,
+                   n_factors=4, n_rounds=1, clients_per_round=5, reconstruction=recon,
                    random_state=0).fit(tiny)
     compile_s = time.perf_counter() - t0
 
@@ -49,7 +50,8 @@ def main(argv=None):
     data_s = time.perf_counter() - t0
     rows = []
     for recon in ("sgd", "als"):
-        model = FedReconMF(n_factors=args.factors, n_rounds=args.rounds,
+        model = FedReconMF(server_optimizer="sgd", early_stopping=None,
+                           n_factors=args.factors, n_rounds=args.rounds,
                            clients_per_round=args.clients, random_state=0,
                            reconstruction=SGDReconstruction(learning_rate=0.5)
                            if recon == "sgd" else "als")

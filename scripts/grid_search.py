@@ -41,7 +41,7 @@ DELTA = 1e-4
 
 
 def base_estimator(args) -> FedReconMF:
-    return FedReconMF(n_factors=args.factors, n_rounds=args.rounds,
+    return FedReconMF(early_stopping=None, n_factors=args.factors, n_rounds=args.rounds,
                       clients_per_round=args.clients, server_optimizer=SGD(1.0),
                       rating_scale=(1, 5),  # public: DP takes μ and the scale from it
                       aggregator=DPGaussianMean(clip_norm=0.2, noise_multiplier=NOISE,

@@ -65,7 +65,7 @@ def fit_eval(params, train, test, seed):
     """(row fields, fitted model or None): RMSE/accuracy on unseen users, or diverged."""
     t0 = time.perf_counter()
     try:
-        model = FedReconMF(**params).fit(train)
+        model = FedReconMF(**{"early_stopping": None, **params}).fit(train)  # every round
         res = recon_eval(model, test, n_repeats=2, random_state=seed)
     except FloatingPointError:
         return {"rmse": float("inf"), "accuracy": 0.0, "diverged": True,

@@ -82,6 +82,9 @@ def estimator(cls, params: dict):
         client = {CLIENT[k]: p.pop(k) for k in list(p) if k in CLIENT}
         p["client_update"] = ClientUpdate(**client)
     rec = {RECON[k]: p.pop(k) for k in list(p) if k in RECON}
+    if cls is FedReconMF:  # the paper's protocol: its server step, every round ("auto" is not)
+        p.setdefault("server_optimizer", "sgd")
+        p.setdefault("early_stopping", None)
     if cls is FedReconMF or (rec and cls is not CentralizedMF):
         p["reconstruction"] = lookup("reconstruction", p.get("reconstruction", "als"))(**rec)
     return cls(**p)

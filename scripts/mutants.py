@@ -36,6 +36,8 @@ FLOWER_TESTS = ["tests/test_flower.py::test_a_node_answers_one_begin_per_round_a
 EVAL_TESTS = ["tests/test_flower.py::test_a_device_reports_evaluation_sums_once_per_model_and_"
               "over_a_cohort_only"]
 
+ES_TESTS = ["tests/test_early_stopping.py"]
+
 # (name, file, original text, mutated text[, tests: else TESTS])
 MUTANTS = [
     ("noise dropped", FED + "aggregators/dp.py",
@@ -95,7 +97,7 @@ MUTANTS = [
      "total = reports.jvp[ok].sum(axis=0)"),
     ("reports: left out of the accountant", FED + "aggregators/dp_plan.py",
      "return [(q, 2.0 ** -0.5)], expected", "return [(q, 1.0)], expected"),
-    ("reports: held-out cohorts fixed-size", FED + "algorithms/base.py",
+    ("reports: held-out cohorts fixed-size", FED + "algorithms/hyper.py",
      "poisson=dp, secret=aggregator.secret_sampling)",
      "poisson=False, secret=aggregator.secret_sampling)"),
     ("reports: secure mean taken in the clear", FED + "aggregators/secagg.py",
@@ -187,6 +189,11 @@ MUTANTS = [
     ("flower: a user's evaluation sums given twice on one model", FED + "round/device.py",
      "        keep = np.array([key not in self.answered.get(c, ()) for c in clients.tolist()], bool)",
      "        keep = np.ones(len(clients), bool)", EVAL_TESTS),
+    ("early stopping: held-out losses sent in the clear under DP", FED + "algorithms/fedrecon.py",
+     "and (agg.secure or self._dp_release()):", "and agg.secure:", ES_TESTS),
+    ("early stopping: \"auto\" holds users out under secure aggregation",
+     FED + "algorithms/early_stopping.py", "eligible >= AUTO_MIN_USERS and not agg.secure",
+     "eligible >= AUTO_MIN_USERS", ES_TESTS),
 ]
 
 

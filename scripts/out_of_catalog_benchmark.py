@@ -258,7 +258,8 @@ def run_one(data, name, params, feats_kind, finetune, catalog, common, seed, sha
     space = OpenCatalog(share, **params)
     common = dict(common)
     client = ClientUpdate(common.pop("learning_rate"))
-    model = FedReconMF(**common, client_update=client, item_space=space, random_state=seed).fit(
+    model = FedReconMF(**common, client_update=client, item_space=space, random_state=seed,
+                       server_optimizer="sgd", early_stopping=None).fit(
         train, item_features=fk)
     named = OpenCatalog(catalog).bind(train.item_ids, np.bincount(
         train.items, minlength=train.n_items), None).catalog_ids

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from report_common import claim, pct, provenance, rmse_acc, table
+from report_common import claim, pct, provenance, rmse_acc, seed_interval, table
 
 
 def paper_table(rows) -> str:
@@ -35,12 +35,50 @@ def budget_selections(rows, d, n) -> dict:
             "once": [(r, central[r["seed"]]) for r in once]}
 
 
+def central_names(rows) -> list:
+    return list(dict.fromkeys(r["dataset"] for r in rows if r["rounds"] is None))
+
+
+def no_grid_lines(rows, key, central) -> list:
+    """The one setting chosen without a grid (the row whose name says "no grid"): its test RMSE
+    minus centralized + ReconEval's per (dataset, budget), mean and 95 % interval over seeds."""
+    out = []
+    for d, n in key:
+        rs = [r for r in rows if r["dataset"] == d and r["rounds"] == n and "no grid" in r["model"]]
+        if not rs:
+            continue
+        gap = [r["test_rmse"] - central[(d, r["seed"])]["test_rmse"] for r in rs]
+        m, lo, hi = seed_interval(gap)
+        kept = [r.get("kept_round") for r in rs]
+        out.append(f"- {d}, {n} rounds, {rs[0]['model']}: test RMSE minus centralized + "
+                   f"ReconEval's {m:+.4f} (95 % interval over {len(rs)} seeds [{lo:+.4f}, "
+                   f"{hi:+.4f}]; within 0.003 on the mean: {'yes' if m <= 0.003 else 'no'}); "
+                   f"kept rounds {', '.join(str(k) for k in kept)}")
+    return out
+
+
+def default_claims(rows, central) -> None:
+    """What RESULTS.md says in words about the defaults' row at 500 rounds."""
+    def gap(d, pred):
+        return np.mean([r["test_rmse"] - central[(d, r["seed"])]["test_rmse"] for r in rows
+                        if r["dataset"] == d and r["rounds"] == 500 and pred(r["model"])])
+    auto = {d: gap(d, lambda m: "no grid" in m) for d in ("100k", "synthetic-1m")}
+    paper = {d: gap(d, lambda m: m.startswith("SGD 1")) for d in ("100k", "synthetic-1m")}
+    claim("RESULTS.md", "at 500 rounds the defaults meet the target on the mean on the "
+          "ML-1M-size population, where the paper's SGD step is far behind (over 0.1)",
+          auto["synthetic-1m"] <= 0.003 and paper["synthetic-1m"] > 0.1)
+    claim("RESULTS.md", "on ML-100K the defaults trail by a few thousandths on the mean (0.003 to "
+          "0.01), more than the paper's SGD step",
+          0.003 < auto["100k"] < 0.01 and paper["100k"] < auto["100k"])
+
+
 def budget_values(doc) -> dict:
     """FedRecon against centralized + ReconEval at two round budgets (budget.json): mean RMSE
     over seeds per candidate, and per (dataset, budget) the validation-selected candidate's test
     RMSE against centralized's, seed by seed, under both selection protocols."""
     if not doc:
-        return {"budget_provenance": "", "table_budget": "Not measured yet.", "budget_lines": ""}
+        return {"budget_provenance": "", "table_budget": "Not measured yet.", "budget_lines": "",
+                "budget_lambdas": ""}
     rows = doc["rows"]
     key = [(d, n) for d in dict.fromkeys(r["dataset"] for r in rows)
            for n in sorted({r["rounds"] for r in rows if r["dataset"] == d and r["rounds"]})]
@@ -48,7 +86,7 @@ def budget_values(doc) -> dict:
 
     def mean(rs, k):
         return f"{np.mean([r[k] for r in rs]):.4f}"
-    out, lines, chosen = [], [], {}
+    out, lines, chosen, every = [], [], {}, {}
     for d in dict.fromkeys(r["dataset"] for r in rows):
         cs = [r for r in rows if r["dataset"] == d and r["rounds"] is None]
         out.append((d, "—", "centralized + ReconEval", mean(cs, "val_rmse"), mean(cs, "test_rmse"),
@@ -65,21 +103,36 @@ def budget_values(doc) -> dict:
             met = sum(b["test_rmse"] <= c for b, c in picks)
             if how == "once":
                 chosen[(d, n)] = picks[0][0]["model"]
-                claim("RESULTS.md", f"{d}, {n} rounds: the setting selected once meets the target "
-                      "on every seed, and it is an Adam row", met == len(picks) and
-                      all(b["model"].startswith("Adam") for b, _ in picks))
+                every[(d, n)] = met == len(picks) and picks[0][0]["model"].startswith("Adam")
             lines.append(f"- {d}, {n} rounds, selected {how}: "
                          + ", ".join(f"seed {b['seed']} {b['model']} ({b['test_rmse']:.4f} "
                                      f"against {c:.4f})" for b, c in picks)
                          + f"; target (≤ centralized + ReconEval) met in {met} of {len(picks)} "
                          "seeds")
+    lines += no_grid_lines(rows, key, central)
+    if ("synthetic-1m", 500) in every:
+        claim("RESULTS.md", "only at 500 rounds on the ML-1M-size population does the setting "
+              "selected once meet the target on every seed (an Adam row)",
+              every[("synthetic-1m", 500)] and not any(v for k, v in every.items()
+                                                       if k != ("synthetic-1m", 500)))
+        default_claims(rows, central)
+    at = [r for r in rows if r["dataset"] == "synthetic-1m" and r["rounds"] == 125]
+    if at:
+        claim("RESULTS.md", "at a quarter of the budget nothing meets the target on the "
+              "ML-1M-size population", not any(r["test_rmse"] <= central[(
+                  "synthetic-1m", r["seed"])]["test_rmse"] for r in at))
     step = {k: float(m.split()[1]) if m.startswith("Adam ") else None for k, m in chosen.items()}
     if ("100k", 125) in step and ("synthetic-1m", 500) in step:
         claim("RESULTS.md", "the winning Adam step is larger for the ML-1M-size catalog and "
               "smaller for the longer ML-100K run", None not in step.values()
               and all(step[("synthetic-1m", n)] > step[("100k", n)] for n in (125, 500))
               and step[("100k", 500)] < step[("100k", 125)])
+    picked = {d: sorted({r.get("regularization") for r in rows if r["dataset"] == d
+                         and r["rounds"] is None}, key=str) for d in central_names(rows)}
     return {"budget_provenance": provenance(doc["meta"], "budget.json"),
+            "budget_lambdas": "; ".join(f"chosen for {d}: {', '.join(f'{x:g}' for x in v)}"
+                                        if None not in v else f"{d}: λ = 0.1, fixed"
+                                        for d, v in picked.items()),
             "table_budget": table(["dataset", "rounds", "model", "validation RMSE (mean)",
                                    "test RMSE (mean)", "test ≤ centralized (seeds)"], out),
             "budget_lines": "\n".join(lines)}

@@ -39,7 +39,8 @@ def fit_once(args) -> dict:
     spec = SyntheticPopulation(args.users, args.items, ratings_per_user=args.ratings_per_user,
                                random_state=0)
     kw = dict(n_factors=args.factors, n_rounds=args.warmup + args.rounds,
-              clients_per_round=args.clients_per_round, random_state=0)
+              clients_per_round=args.clients_per_round, random_state=0,
+              server_optimizer="sgd", early_stopping=None)  # the paper's round
     executor, data, build = None, spec, None
     if args.executor == "ray":
         from fedcf.federated.executors.ray_executor import LOOPBACK, connect

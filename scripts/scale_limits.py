@@ -85,7 +85,8 @@ def reduce_bytes(users: int, m: int, rounds: int, shard_counts, cpus: int) -> li
         spec = SyntheticPopulation(users, 10_000, random_state=0)
         rows = []
         for n in shard_counts:
-            model = FedReconMF(n_factors=50, n_rounds=rounds, clients_per_round=m,
+            model = FedReconMF(server_optimizer="sgd", early_stopping=None,
+                               n_factors=50, n_rounds=rounds, clients_per_round=m,
                                random_state=0, executor=RayExecutor(n)).fit(spec)
             h = model.history_[1:] or model.history_
             rows.append({"shards": n, "users": users, "clients_per_round": m,

@@ -465,3 +465,19 @@ def test_shards_refuse_a_threshold_below_their_policy(pop, monkeypatch):
     with pytest.warns(RuntimeWarning, match="0 clients shared their keys"):
         m = FedReconMF(**kw, executor=RayExecutor(2)).fit(pop)
     assert all(h["secagg_lost_round"] and h["clients_used"] == 0 for h in m.history_)
+
+
+def test_early_stopping_on_ray_equals_the_local_run(pop):
+    """The held-out users report their losses from the shards: the same checks, kept round and
+    model as in this process, with 1 and 3 shards."""
+    from fedcf.federated import Adam, EarlyStopping
+
+    kw = dict(KW, n_rounds=12, server_optimizer=Adam(0.3, epsilon=1e-3),
+              early_stopping=EarlyStopping(every=3))
+    ref = FedReconMF(**kw).fit(pop)
+    for n in (1, 3):
+        m = FedReconMF(**kw, executor=RayExecutor(n)).fit(pop)
+        assert m.best_round_ == ref.best_round_
+        assert [h.get("validation_rmse") for h in m.history_] == \
+            [h.get("validation_rmse") for h in ref.history_]
+        np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)

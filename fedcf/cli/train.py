@@ -54,7 +54,7 @@ def build_estimator(name: str, args):
         params[key] = registry.from_spec(key, value) if key in registry.phase_kinds() else value
     for kind in registry.phase_kinds():  # a phase by name as its object: nested keys are valid
         value = est.get_params(deep=False).get(kind)
-        if isinstance(value, str):
+        if isinstance(value, str) and value != "auto":  # "auto" is resolved at fit
             est.set_params(**{kind: registry.lookup(kind, value)()})
     valid = est.get_params()
     for key in params:

@@ -15,6 +15,7 @@ from .aggregators.robust import (
 from .aggregators.secagg import SecureAggregation
 from .aggregators.weighted import WeightedMean
 from .algorithms.client_update import ClientUpdate, SampledUpdate
+from .algorithms.early_stopping import EarlyStopping
 from .algorithms.fedncf import FedNCF
 from .algorithms.fedrecon import FedReconMF
 from .algorithms.hyper import Hypergradients
@@ -62,8 +63,8 @@ __all__ = [
     "Reconstruction", "RidgeReconstruction", "SGDReconstruction",
     # support/query split
     "SupportQuerySplit", "RandomSplit", "TimeSplit", "NoSplit",
-    # learned round hyperparameters
-    "Hypergradients",
+    # the kept round (held-out users), learned round hyperparameters
+    "EarlyStopping", "Hypergradients",
     # item space
     "ItemSpace", "FullCatalog", "OpenCatalog", "ItemRows", "CatalogLocalParams",
     # out-of-catalog items on the device (OOV expansion)

@@ -182,10 +182,15 @@ class Settings:
         a bad name or parameter is refused, naming it."""
         cls = flower_estimator(self.model)
         try:
-            return cls(**self.params).check_params()  # names a bad parameter now, not mid-run
+            est = cls(**self.params).check_params()  # names a bad parameter now, not mid-run
         except TypeError as e:
             raise ValueError(f"fedcf-params: {e}; see help(fedcf.{cls.__name__}) for the "
                              "names") from e
+        if est.get_params(deep=False).get("early_stopping") == "auto":
+            # a Flower run keeps every round (its held-out users are the federated ReconEval's,
+            # eval_every); so "auto" settles the server step to the paper's SGD
+            est.set_params(early_stopping=None)
+        return est
 
     def _check_fedrecon(self, est) -> None:
         """What a Flower run of FedReconMF cannot do yet, refused before it starts."""

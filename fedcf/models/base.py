@@ -121,6 +121,10 @@ class MFEstimatorBase(Prediction, Persistence, BaseEstimator):
             value = params.get(name, self.__dict__.get(name))
             if isinstance(value, str) and name in self._parameter_constraints:
                 params[name] = self._parameter_constraints[name](name, value)
+                if isinstance(params[name], str):  # "auto": an object only at fit
+                    raise ValueError(f"{name}={value!r} is chosen at fit from the data, so it "
+                                     f"has no {name}__ parameters to set; give {name} an object "
+                                     f"first (e.g. {name}=... in the same set_params call)")
         return super().set_params(**params)
 
     # ------------------------------------------------------------------ subclass hooks

@@ -8,7 +8,6 @@ import numbers
 from functools import partial
 
 import numpy as np
-import pandas as pd
 from sklearn.utils import check_random_state
 from tqdm.auto import tqdm
 
@@ -34,7 +33,15 @@ from ..round.loop import Checkpointer, Run
 from ..round.optimizers import ServerOptimizer
 from ..round.phases import Cohort, RoundHyperparams, Selector, reachable_users
 from .client_update import ClientUpdate
-from .hyper import HYPER_CONSTRAINTS, Hypergradients, HyperLearner, check_learnable, warn_pinned
+from .early_stopping import EarlyStopping
+from .hyper import (
+    HYPER_CONSTRAINTS,
+    Hypergradients,
+    HyperLearner,
+    check_learnable,
+    hyper_holdout,
+    warn_pinned,
+)
 from .reconstruction import Reconstruction, RidgeReconstruction
 
 _WEIGHT_EXPONENT = {"num_examples": 1.0, "uniform": 0.0}
@@ -67,7 +74,11 @@ class FederatedMFBase(MFEstimatorBase):
     # parameters that only some federated estimators take, at their "off" value for the rest
     executor = None  # where the clients run (None: this process)
     hypergradients = None
+    early_stopping = None
     negatives = 0
+    best_round_ = None  # with early stopping: the checked round whose model was kept
+    validation_users_ = None  # ... and the raw ids of the held-out users
+    server_optimizer_ = early_stopping_ = None  # what a fit ran ("auto" resolved)
 
     # ------------------------------------------------------------------ hooks
     _client_update_name = "ClientUpdate"  # what ``client_update=`` takes (errors name it)
@@ -268,6 +279,8 @@ class FederatedMFBase(MFEstimatorBase):
                        disable=not self.verbose, initial=run.start, total=self.n_rounds,
                        leave=False)
             for t in bar:
+                if run.validation is not None and run.validation.stopped:
+                    break  # early stopping: no lower held-out loss for `patience` checks
                 rec = run.round(t)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
         except Diverged as stopped:  # measure the cause before saying which setting to change
@@ -286,7 +299,9 @@ class FederatedMFBase(MFEstimatorBase):
             self.epsilon_ = run.epsilon()
             self.epsilon_server_ = run.server_epsilon()
             self.epsilons_ = None if self.epsilon_ is None else epsilons(run.accountant)
-        self._set_globals(run.params)
+        best = None if run.validation is None else run.validation.best
+        self._set_globals(run.params if best is None else best)
+        self.best_round_ = None if run.validation is None else run.validation.best_round
         if run.local is not None:
             for name, value in self._local_state().fitted(run.local).items():
                 setattr(self, name, value)
@@ -326,6 +341,7 @@ class FederatedMFBase(MFEstimatorBase):
     def _start(self, inter, availability, callback=None) -> Run:
         """Initial global parameters (or a checkpoint's), and the phases of this run."""
         dtype, K, seed = np.dtype(self.dtype), self._row_width(), self._seed()
+        self._resolve_auto(inter)
         self._check_memory(inter, dtype)
         rng = np.random.default_rng([seed, 0xC0FFEE])
         params = self._init_globals(inter, rng, dtype)
@@ -341,8 +357,13 @@ class FederatedMFBase(MFEstimatorBase):
                              "lower min_examples")
         program = self.client_program(inter, mu)
         aggregator = self._aggregator()
+        stopping, validation = self._early_stopping(), None
+        if stopping is not None:
+            eligible, validation = stopping.bind(eligible, seed, self.n_rounds, params["Q"].shape)
+        self.validation_users_ = None if validation is None else inter.user_ids[validation.held]
         eligible, hyper_select = self._hyper_holdout(eligible, seed, aggregator, inter)
         opt = self._server_optimizer()
+        self.server_optimizer_, self.early_stopping_ = opt, stopping
         run = Run(seed=seed, params=params, opt=opt, local=local, program=program,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
                                   self.dropout, reachable_users(availability, inter),
@@ -361,7 +382,7 @@ class FederatedMFBase(MFEstimatorBase):
                   hyperparams=self._round_hyperparams(), guard=self._guard(inter, mu, opt),
                   checkpointer=self._checkpointer(inter, seed),
                   observe=self._observer(callback), hyper=self._make_hyper(),
-                  hyper_select=hyper_select)
+                  hyper_select=hyper_select, validation=validation)
         warn_if_masked_on_driver(run.executor, run.aggregator)
         self.rating_scale_ = scale
         self.global_mean_ = mu
@@ -409,30 +430,9 @@ class FederatedMFBase(MFEstimatorBase):
         return phase_rule("executor", Executor)("executor", self.executor or "local")
 
     def _hyper_holdout(self, eligible, seed, aggregator, inter):
-        """With a hypergradient holdout > 0, that share of the eligible users never trains: they
-        are the validation population whose loss derivatives drive the learned
-        hyperparameters (a ``Selector`` of their own, Poisson and secret under DP); else the
-        round's own cohort reports them. Under DP each user's side is a hash of its id and the
-        seed, so one user more or less leaves every other user's side as it was."""
-        hg = self._hypergradients()
-        frac = 0.0 if hg is None else hg.holdout_share(self._local_state() is not None)
-        if not frac:
-            return eligible, None
-        dp = aggregator.sampling == "poisson"
-        if dp:
-            key = f"{seed & (2 ** 64 - 1):016x}"[-16:]
-            h = pd.util.hash_array(np.asarray(inter.user_ids[eligible], dtype=object),
-                                   hash_key=key)
-            held = h < np.uint64(frac * 2.0 ** 64)
-        else:
-            rng = np.random.default_rng([seed, 0x4E7A])
-            held = np.zeros(len(eligible), bool)
-            held[rng.permutation(len(eligible))[:max(1, int(round(frac * len(eligible))))]] = True
-        if held.all() or not held.any():
-            raise ValueError(f"hypergradients__holdout={frac} leaves no user to "
-                             f"{'train on; lower it' if held.any() else 'report; raise it'}")
-        return eligible[~held], Selector(seed ^ 0x5A5A, eligible[held], self.clients_per_round,
-                                         poisson=dp, secret=aggregator.secret_sampling)
+        """(eligible users that train, Selector of the hypergradient holdout or None)."""
+        return hyper_holdout(self._hypergradients(), self._local_state() is not None, eligible,
+                             seed, aggregator, inter, self.clients_per_round)
 
     def _learns_exponent(self) -> bool:
         hyper = self._hypergradients()
@@ -445,6 +445,12 @@ class FederatedMFBase(MFEstimatorBase):
             return None
         return HyperLearner.start(hg.learn, self._round_hyperparams(), float(hg.learning_rate),
                                   hg.optimizer, hg.ranges(), float(hg.clip_norm))
+
+    def _resolve_auto(self, inter) -> None:  # settle "auto" parameters from the data (none)
+        pass
+
+    def _early_stopping(self) -> EarlyStopping | None:  # FedReconMF's; None: the last round
+        return None
 
     def _hypergradients(self) -> Hypergradients | None:
         """The ``hypergradients`` parameter as an object (None: fixed hyperparameters)."""

@@ -13,13 +13,21 @@ from ..._kernels.clients import fedrecon_clients, query_sizes
 from ..._kernels.hypergrad import fedrecon_tangent_clients
 from ..._kernels.layout import HP_OFFSET, client_cfg, recon_init_cfg
 from ..._kernels.sgd import sgd_reconstruct_rows
-from ..._validation import Bool, RatingScale
+from ..._validation import Bool, NoneOr, RatingScale
 from ...datasets import ItemFeatures
 from ...models.base import RatingScoreMixin
 from ...models.prediction import inference_keys
 from ..round.contracts import WholeModelBroadcast, phase_rule
+from ..round.optimizers import SGD, Adam, ServerOptimizer
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .catalog import OpenScorer
+from .early_stopping import (
+    AUTO_ADAM,
+    AUTO_STOPPING,
+    AutoOr,
+    EarlyStopping,
+    auto_holds_out,
+)
 from .hyper import HYPER_CONSTRAINTS
 from .items import OPEN_ARRAYS, ItemRows, ItemSpace, features_arrays, features_of
 from .reconstruction import Reconstruction
@@ -70,10 +78,12 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         Fit μ, item and user biases; False gives the paper's plain p·q model.
     n_rounds : int, default 500
     clients_per_round : int, default 100
-    server_optimizer : {"sgd", "momentum", "adagrad", "adam", "yogi"} or ServerOptimizer
-        A name (its defaults, learning rate 1.0) or an object from ``fedcf.federated``
-        (``SGD(1.0)``, ``Momentum(0.5, momentum=0.9)``, ``Adagrad``, ``Adam``, ``Yogi``); its
-        parameters are nested names (``server_optimizer__learning_rate``).
+    server_optimizer : "auto", {"sgd", "momentum", "adagrad", "adam", "yogi"} or ServerOptimizer
+        "auto" (the default): ``Adam(0.0175, epsilon=1e-3)`` when the fit holds users out for
+        early stopping, else the paper's ``SGD(1.0)`` (``server_optimizer_`` is what ran). A
+        name (its defaults, learning rate 1.0) or an object from ``fedcf.federated`` (``SGD(1.0)``,
+        ``Momentum(0.5, momentum=0.9)``, ``Adagrad``, ``Adam``, ``Yogi``); its parameters are
+        nested names (``server_optimizer__learning_rate``).
     client_update : "sgd" or ClientUpdate, default "sgd"
         The client's k_u mini-batch SGD steps on its query set: ``ClientUpdate(learning_rate,
         batch_size=5, steps=50, epochs=1, regularization=0)``, step size η_u 0.5 unless set;
@@ -115,6 +125,18 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         Learn round hyperparameters during training by federated hypergradient descent
         (``fedcf.federated.Hypergradients(learn, learning_rate, optimizer, holdout)``; its
         parameters are nested names, ``hypergradients__learning_rate``). None: fixed.
+    early_stopping : "auto", EarlyStopping or None, default "auto"
+        Hold out some users (``fedcf.federated.EarlyStopping(holdout, max_holdout, every,
+        patience, decay)``): every ``every`` rounds they report the query loss of the current
+        model after reconstructing their own rows, and the fit keeps the round with the lowest
+        (``best_round_``). None: the last round's model. An object is refused with a DP or
+        secure aggregator (the losses are sent in the clear) and with an open item space.
+        "auto": ``EarlyStopping(max_holdout=100, decay=0.5)`` when the fit has at least 500
+        eligible users (here or on Ray), an aggregator neither DP nor secure, no
+        ``hypergradients`` and a full item space, else None (``early_stopping_`` is what ran;
+        a Flower run settles it to None). With ``server_optimizer="auto"`` this is the setting
+        meant to need no tuning; how it compares with centralized training + ReconEval is in
+        ``eval/RESULTS.md``.
     item_space : {"full", "open"} or ItemSpace, default "full"
         Which raw items have global rows: ``FullCatalog()`` (every training item; an unseen
         item scores μ + c_u) or ``OpenCatalog(catalog, unknown_item_row, local_item_buckets,
@@ -146,6 +168,12 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         learned hyperparameters their values and hypergradients.
     learned_hyperparams_ : dict
         The final learned values (only with ``hypergradients``).
+    best_round_ : int or None
+        With ``early_stopping``: the rounds done when the kept model was checked.
+    validation_users_ : ndarray or None
+        With ``early_stopping``: the raw ids of the held-out users (they never trained).
+    server_optimizer_, early_stopping_ : ServerOptimizer, EarlyStopping or None
+        What the fit ran ("auto" resolved).
     adapter_factors_, adapter_biases_ : ndarray
         With an open item space: the UNK row and one row per item feature.
     default_params_ : ndarray (K + 1,) or None
@@ -170,6 +198,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         "split": phase_rule("split", SupportQuerySplit),
         "reconstruction": phase_rule("reconstruction", Reconstruction),
         "joint": Bool(), **HYPER_CONSTRAINTS,
+        "server_optimizer": AutoOr(phase_rule("server_optimizer", ServerOptimizer)),
+        "early_stopping": AutoOr(NoneOr(phase_rule("early_stopping", EarlyStopping))),
         "item_space": phase_rule("item_space", ItemSpace),
     }
     _saved_arrays = (*FederatedMFBase._saved_arrays, *OPEN_ARRAYS)
@@ -182,14 +212,15 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     feature_shape_ = None
     _fit_features = None  # the item features of the fit under way
     _fit_rows = None  # the item rows of the fit under way (open item space)
+    _auto = False  # this fit holds out users by early_stopping="auto" (decided at fit)
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
-                 server_optimizer="sgd", client_update="sgd", client_weighting="num_examples",
+                 server_optimizer="auto", client_update="sgd", client_weighting="num_examples",
                  min_examples=1, oversample=0.0, dropout=0.0, init_scale=0.05,
                  rating_scale=None, split="random", reconstruction="als", joint=False,
                  eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, executor=None, hypergradients=None,
-                 item_space="full", random_state=None, verbose=False):
+                 early_stopping="auto", item_space="full", random_state=None, verbose=False):
         self.n_factors = n_factors
         self.biases = biases
         self.n_rounds = n_rounds
@@ -212,6 +243,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         self.aggregator = aggregator
         self.executor = executor
         self.hypergradients = hypergradients
+        self.early_stopping = early_stopping
         self.item_space = item_space
         self.random_state = random_state
         self.verbose = verbose
@@ -257,7 +289,31 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         rows = self._rows()
         return super() if rows is None else OpenScorer(self, rows)
 
+    def _resolve_auto(self, inter) -> None:
+        """Decide what ``early_stopping="auto"`` means for this fit (``auto_holds_out``)."""
+        self._auto = auto_holds_out(self, inter)
+
+    def _early_stopping(self) -> EarlyStopping | None:
+        value = self._check_params()["early_stopping"]
+        if isinstance(value, str):  # "auto"
+            return EarlyStopping(**AUTO_STOPPING) if self._auto else None
+        return value
+
+    def _server_optimizer(self):
+        if isinstance(self.server_optimizer, str) and self.server_optimizer == "auto":
+            return Adam(**AUTO_ADAM) if self._early_stopping() is not None else SGD(1.0)
+        return super()._server_optimizer()
+
     def _check_combinations(self):
+        agg = self._aggregator()
+        if isinstance(self.early_stopping, EarlyStopping) and (agg.secure or self._dp_release()):
+            raise ValueError(f"early_stopping={self.early_stopping!r} sends the held-out users' "
+                             f"losses in the clear, which aggregator={agg!r} is there to "
+                             "prevent; leave early_stopping=None with this aggregator")
+        if isinstance(self.early_stopping, EarlyStopping) and self.early_stopping.decay \
+                and self.hypergradients is not None:
+            raise ValueError("early_stopping__decay scales the server step, which "
+                             "hypergradients learn; set early_stopping__decay=None")
         super()._check_combinations()
         space = self._item_space()
         if not space.open:
@@ -266,6 +322,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         bad = [(k, v) for k, v, on in (
             ("joint", self.joint, bool(self.joint)),
             ("hypergradients", self.hypergradients, self.hypergradients is not None),
+            ("early_stopping", self.early_stopping,
+             isinstance(self.early_stopping, EarlyStopping)),
             ("executor", self.executor, self.executor not in (None, "local"))) if on]
         if bad:
             raise ValueError(f"{bad[0][0]}={bad[0][1]!r} is not available with an open item "

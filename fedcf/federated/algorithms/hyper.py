@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pandas as pd
 
 from ..._kernels.server import sum_sorted_runs
 from ..._validation import NoneOr
@@ -38,7 +39,7 @@ from ..aggregators.weighted import WeightedMean, entries
 from ..round.contracts import phase_rule
 from ..round.optimizers import SGD, Adam, ServerOptimizer
 from ..round.params import Params, check_number
-from ..round.phases import ClientOutputs, GlobalDelta, RoundHyperparams
+from ..round.phases import ClientOutputs, GlobalDelta, RoundHyperparams, Selector
 
 LEARNABLE = ("server_learning_rate", "momentum", "weight_exponent")
 
@@ -155,6 +156,32 @@ class Hypergradients(Params):
     def holdout_share(self, stateful: bool) -> float:
         """The held-out share of users (``holdout``, or the estimator's default)."""
         return (0.0 if stateful else 0.1) if self.holdout is None else float(self.holdout)
+
+
+def hyper_holdout(hg, stateful: bool, eligible, seed, aggregator, inter, clients_per_round):
+    """With a hypergradient holdout > 0, that share of the eligible users never trains: they
+    are the validation population whose loss derivatives drive the learned hyperparameters (a
+    ``Selector`` of their own, Poisson and secret under DP); else (None) the round's own cohort
+    reports them. Under DP each user's side is a hash of its id and the seed, so one user more
+    or less leaves every other user's side as it was. Returns (eligible users that train, that
+    Selector or None)."""
+    frac = 0.0 if hg is None else hg.holdout_share(stateful)
+    if not frac:
+        return eligible, None
+    dp = aggregator.sampling == "poisson"
+    if dp:
+        key = f"{seed & (2 ** 64 - 1):016x}"[-16:]
+        h = pd.util.hash_array(np.asarray(inter.user_ids[eligible], dtype=object), hash_key=key)
+        held = h < np.uint64(frac * 2.0 ** 64)
+    else:
+        rng = np.random.default_rng([seed, 0x4E7A])
+        held = np.zeros(len(eligible), bool)
+        held[rng.permutation(len(eligible))[:max(1, int(round(frac * len(eligible))))]] = True
+    if held.all() or not held.any():
+        raise ValueError(f"hypergradients__holdout={frac} leaves no user to "
+                         f"{'train on; lower it' if held.any() else 'report; raise it'}")
+    return eligible[~held], Selector(seed ^ 0x5A5A, eligible[held], clients_per_round,
+                                     poisson=dp, secret=aggregator.secret_sampling)
 
 
 HYPER_CONSTRAINTS = {"hypergradients": NoneOr(phase_rule("hypergradients", Hypergradients))}

@@ -63,8 +63,9 @@ def setting(value) -> str:
 def save_checkpoint(path, *, cls: str, params: dict, opt_state: dict, local, done: int,
                     history: list, fingerprint: dict, run_params: dict,
                     accountant: dict | None = None, aggregator: dict | None = None,
-                    participations: np.ndarray | None = None) -> None:
-    arrays = {"Q": params["Q"], "b": params["b"], **state_to_arrays(opt_state)}
+                    participations: np.ndarray | None = None,
+                    extra: dict | None = None) -> None:
+    arrays = {"Q": params["Q"], "b": params["b"], **state_to_arrays(opt_state), **(extra or {})}
     if participations is not None:  # under DP: each user's rounds so far (ε against the server)
         arrays["participations"] = participations
     if local is not None:
@@ -79,7 +80,8 @@ def save_checkpoint(path, *, cls: str, params: dict, opt_state: dict, local, don
 def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_rounds: int,
                     expect: dict):
     """(params, opt_state, local or None, history, round, accountant state or None, the
-    aggregator's state, each user's participations under DP or None) from
+    aggregator's state, each user's participations under DP or None, the arrays named
+    ``best_*`` (early stopping's best round)) from
     ``path``, after checking that it
     belongs to this run: same class, parameters and data, and arrays of the expected shapes and
     dtypes (``expect``: name → (shape, dtype)). Any mismatch raises ValueError naming the file
@@ -118,5 +120,7 @@ def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_ro
             raise ValueError(f"{where}: array {name!r} has non-finite values{keep}")
     params = {"Q": arrays["Q"], "b": arrays["b"]}
     local = (arrays["P"], arrays["c"]) if "P" in expect else None
+    best = {k: v for k, v in arrays.items() if k.startswith("best_")}
     return (params, state_from_arrays(arrays), local, meta["history"], done,
-            meta.get("accountant"), meta.get("aggregator") or {}, arrays.get("participations"))
+            meta.get("accountant"), meta.get("aggregator") or {}, arrays.get("participations"),
+            best)

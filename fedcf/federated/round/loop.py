@@ -95,7 +95,8 @@ class Checkpointer:
                         accountant=None if run.accountant is None else run.accountant.state(),
                         aggregator=run.aggregator.state(),
                         participations=None if run.accountant is None else np.append(
-                            run.participations + run.orphans, run.orphans))
+                            run.participations + run.orphans, run.orphans),
+                        extra=None if run.validation is None else run.validation.arrays())
         self.last_saved = done
         run.guard.kept = f" (the checkpoint of round {done} is kept in {self.path})"
 
@@ -109,10 +110,12 @@ class Checkpointer:
         if run.local is not None:
             expect["P"] = (run.local[0].shape, run.local[0].dtype)
             expect["c"] = (run.local[1].shape, run.local[1].dtype)
-        params, state, local, history, done, spent, agg_state, seen = load_checkpoint(
+        params, state, local, history, done, spent, agg_state, seen, best = load_checkpoint(
             self.path, cls=self.cls, run_params=self.run_params, fingerprint=self.fingerprint,
             n_rounds=self.n_rounds, expect=expect)
         run.params, run.opt_state, run.history, run.start = params, state, history, done
+        if run.validation is not None:
+            run.validation.resume(run, history, best, self.path)
         if run.accountant is not None:  # the privacy already spent, as it was spent
             if spent is None:
                 raise ValueError(f"checkpoint {str(self.path)!r} has no privacy accountant state "
@@ -140,8 +143,9 @@ class Run:
 
     def __init__(self, *, seed, params, opt, local, select, executor, aggregator, program,
                  hyperparams, guard, checkpointer=None, observe=None, hyper=None,
-                 hyper_select=None):
+                 hyper_select=None, validation=None):
         self.seed, self.params, self.opt, self.local = seed, params, opt, local
+        self.validation = validation  # early stopping on held-out users (Validation) or None
         self.opt_state = opt.init(params)
         self.select, self.executor, self.aggregator = select, executor, aggregator
         self.program, self.guard, self.checkpointer = program, guard, checkpointer
@@ -285,6 +289,8 @@ class Run:
         self.account()
         rec = self.record(t, cohort, delta, time.perf_counter() - t0, ts)
         rec.update(learned)
+        if self.validation is not None and probe is None:
+            rec.update(self.validation.check(self, t + 1))
         self.history.append(rec)
         if self.observe is not None:
             result = self.observe(t + 1, self.params, self.history)

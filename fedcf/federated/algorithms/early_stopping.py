@@ -1,0 +1,199 @@
+"""Early stopping on held-out users: a share of the population never trains; every few rounds
+their devices reconstruct their own rows from their support sets and report the query loss of
+the current global model (the quantity ReconEval measures), and the fit keeps the round whose
+model predicts them best. ``FedReconMF(early_stopping=EarlyStopping())``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..round.params import Params, check_number
+
+# the validation split of every check: one round id no training round uses, so each held-out
+# user's support/query split is the same at every check and the checks compare models only
+VALIDATION_ROUND = np.uint64(2**63 + 0x5E1)
+
+
+# what "auto" runs (FedReconMF's defaults): with users to hold out, Adam on the server with the
+# adaptivity ε = 1e-3 of Reddi et al. (2021) at one step for every population, the round the
+# held-out users' loss prefers, and a smaller step from there when it stops improving; else the
+# paper's server SGD at 1 and the last round
+AUTO_ADAM = {"learning_rate": 0.0175, "epsilon": 1e-3}
+AUTO_STOPPING = {"max_holdout": 100, "decay": 0.5}
+AUTO_MIN_USERS = 500  # eligible users below which "auto" holds none out (a tenth: 50 users)
+
+
+def AutoOr(rule):
+    """A parameter rule that also takes the string "auto" (resolved at fit)."""
+    return lambda name, v: "auto" if isinstance(v, str) and v == "auto" else rule(name, v)
+
+
+def auto_holds_out(est, inter) -> bool:
+    """Whether ``early_stopping="auto"`` holds users out in this fit: at least AUTO_MIN_USERS
+    eligible users (here or on Ray shards alike), an aggregator neither secure nor
+    differentially private, no learned hyperparameters and a full item space. (A Flower run
+    settles "auto" to None before it starts: ``flower.settings``.)"""
+    if not (isinstance(est.early_stopping, str) and est.early_stopping == "auto"):
+        return False
+    agg = est._aggregator()
+    eligible = int((inter.counts() >= max(int(est.min_examples), 1)).sum())
+    return (eligible >= AUTO_MIN_USERS and not agg.secure
+            and not est._dp_release() and est.hypergradients is None
+            and not est._item_space().open)
+
+
+class EarlyStopping(Params):
+    """Keep the round whose global model has the lowest loss on held-out users.
+
+    Parameters
+    ----------
+    holdout : float in (0, 0.5], default 0.1
+        Share of the eligible users held out: they never train and only report their loss.
+    max_holdout : int >= 1, default 200
+        At most this many users are held out (a large population needs no more to rank rounds,
+        and keeps the rest for training).
+    every : int >= 1, default 10
+        Check every this many rounds (and after the last round).
+    patience : int >= 1 or None, default None
+        Stop after this many checks in a row without a lower loss; None runs every round.
+    decay : float in (0, 1) or None, default None
+        Each time two checks in a row find no lower loss, go back to the best round's global
+        parameters and multiply the server step by ``decay`` (as scikit-learn's MLP
+        ``learning_rate="adaptive"`` divides its step); None keeps the step.
+
+    The fitted model is the best checked round's (``best_round_``); ``history_`` records
+    ``validation_rmse`` at each check. The held-out users report a loss in the clear, so early
+    stopping is refused with a differentially private or a secure aggregator.
+
+    Examples
+    --------
+    >>> from fedcf import FedReconMF
+    >>> from fedcf.federated import EarlyStopping
+    >>> FedReconMF(early_stopping=EarlyStopping(patience=5)).get_params()[
+    ...     "early_stopping__patience"]
+    5
+    """
+
+    def __init__(self, holdout=0.1, *, max_holdout=200, every=10, patience=None, decay=None):
+        self.holdout = holdout
+        self.max_holdout = max_holdout
+        self.every = every
+        self.patience = patience
+        self.decay = decay
+        self.validate()
+
+    def validate(self):
+        check_number("holdout", self.holdout, 0.0, low_open=True, high=0.5)
+        check_number("max_holdout", self.max_holdout, 1, integer=True, high=10**9)
+        check_number("every", self.every, 1, integer=True, high=10**9)
+        if self.patience is not None:
+            check_number("patience", self.patience, 1, integer=True, high=10**9)
+        if self.decay is not None:
+            check_number("decay", self.decay, 0.0, low_open=True, high=1.0)
+            if self.decay == 1.0:
+                raise ValueError("decay must be below 1 (None keeps the step), got 1.0")
+
+    def split(self, eligible: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(users that train, held-out users), both sorted; refuses a split that leaves either
+        side empty."""
+        n = min(int(round(float(self.holdout) * len(eligible))), int(self.max_holdout))
+        if n < 1 or n >= len(eligible):
+            raise ValueError(f"early_stopping__holdout={self.holdout} holds out {n} of the "
+                             f"{len(eligible)} eligible users: it needs at least one on each "
+                             "side; raise holdout, or leave early_stopping=None for so few users")
+        held = np.zeros(len(eligible), bool)
+        held[np.random.default_rng([seed, 0xE5]).permutation(len(eligible))[:n]] = True
+        return eligible[~held], eligible[held]
+
+
+    def bind(self, eligible: np.ndarray, seed: int, n_rounds: int, shape: tuple):
+        """(the users that train, the run's ``Validation`` of the others)."""
+        train, held = self.split(eligible, seed)
+        return train, Validation(self, held, seed, n_rounds, shape)
+
+
+class Validation:
+    """A run's early stopping: the held-out users' RMSE at each check, and the best round's
+    global parameters (a copy)."""
+
+    def __init__(self, rule: EarlyStopping, held: np.ndarray, seed: int, n_rounds: int,
+                 shape: tuple):
+        self.held, self.n_rounds = held, n_rounds
+        self.every, self.patience, self.decay = int(rule.every), rule.patience, rule.decay
+        self.decays = 0  # times the step was decayed (and the best round restored)
+        self.ids = np.array([seed, VALIDATION_ROUND], np.uint64)
+        self.tangents = (np.zeros((0, *shape)), np.zeros((0, shape[0])))
+        self.best, self.best_round, self.best_rmse, self.waited = None, 0, np.inf, 0
+
+    def due(self, done: int) -> bool:
+        return done % self.every == 0 or done == self.n_rounds
+
+    def rmse(self, run) -> tuple[float, int]:
+        """The held-out users' RMSE at the run's global parameters (weighted as the aggregate
+        weighs clients), and how many reported a finite loss."""
+        from ..round.phases import Cohort
+
+        cohort = Cohort(self.held, len(self.held), 0, 0)
+        losses, _, w = run.executor.tangents(cohort, run.params, self.tangents, self.ids)
+        ok = np.isfinite(losses) & (w > 0)
+        if not ok.any():
+            return np.inf, 0
+        return float(np.sqrt(np.dot(w[ok], losses[ok]) / w[ok].sum())), int(ok.sum())
+
+    def check(self, run, done: int) -> dict:
+        """After round ``done``: the record's entries (a check is due), keeping the best."""
+        if not self.due(done):
+            return {}
+        rmse, n = self.rmse(run)
+        if self._count(rmse, done):  # back to the best round, on a smaller step
+            run.params = {k: v.copy() for k, v in self.best.items()}
+            self._scale_step(run)
+        if self.best_round == done:
+            self.best = {k: v.copy() for k, v in run.params.items()}
+        return {"validation_rmse": rmse, "validation_users": n, "validation_decays": self.decays,
+                "server_learning_rate": run.hyperparams.server_learning_rate}
+
+    def _count(self, rmse: float, done: int) -> bool:
+        """Count a check; True when it decays the step."""
+        if rmse < self.best_rmse:
+            self.best_rmse, self.best_round, self.waited = rmse, done, 0
+            return False
+        self.waited += 1
+        if self.decay is None or self.waited % 2:
+            return False
+        self.decays += 1
+        return True
+
+    def _scale_step(self, run) -> None:
+        hp = run.hyperparams
+        run.hyperparams = replace(hp, server_learning_rate=hp.server_learning_rate * self.decay)
+
+    @property
+    def stopped(self) -> bool:
+        return self.patience is not None and self.waited >= self.patience
+
+    def arrays(self) -> dict:
+        """The best parameters for a checkpoint."""
+        return {} if self.best is None else {f"best_{k}": v for k, v in self.best.items()}
+
+    def resume(self, run, history: list, arrays: dict, path) -> None:
+        """The state a checkpoint implies: the checks recorded in ``history`` (and the step
+        they decayed) and the best round's parameters saved beside them (``arrays``, checked
+        against the run's)."""
+        params = run.params
+        for rec in history:
+            if "validation_rmse" in rec and self._count(float(rec["validation_rmse"]),
+                                                        int(rec["round"]) + 1):
+                self._scale_step(run)
+        if not self.best_round:
+            return
+        best = {k: arrays.get(f"best_{k}") for k in params}
+        for k, v in best.items():
+            if v is None or v.shape != params[k].shape or v.dtype != params[k].dtype \
+                    or not np.isfinite(v).all():
+                raise ValueError(f"checkpoint {str(path)!r} records early-stopping checks but "
+                                 f"its best round's {k!r} is missing or damaged; it is left "
+                                 "untouched — use another checkpoint_path")
+        self.best = best
