@@ -93,6 +93,11 @@ def test_decay_is_refused_with_learned_hyperparameters(pop):
                                     hypergradients=Hypergradients()).fit(pop)
 
 
+def test_refused_without_a_support_query_split(pop):
+    with pytest.raises(ValueError, match="split='none'"):
+        model().set_params(split="none").fit(pop)
+
+
 def test_refused_with_an_open_item_space(pop):
     with pytest.raises(ValueError, match="early_stopping=.*open item"):
         model().set_params(item_space=OpenCatalog(np.arange(40))).fit(pop)
@@ -176,7 +181,7 @@ def test_auto_holds_out_users_and_runs_adam_on_a_large_enough_population(many, p
     off = [({}, pop),  # 300 users: below 500
            ({"aggregator": DPGaussianMean(1.0, 1.0), "rating_scale": (1, 5)}, many),
            ({"aggregator": SecureAggregation()}, many),
-           ({"hypergradients": Hypergradients()}, many)]
+           ({"hypergradients": Hypergradients()}, many), ({"split": "none"}, many)]
     for kw, data in off:
         f = FedReconMF(n_factors=4, n_rounds=2, clients_per_round=50, random_state=0,
                        **kw).check_params()

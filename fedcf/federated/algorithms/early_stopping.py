@@ -33,7 +33,8 @@ def AutoOr(rule):
 def auto_holds_out(est, inter) -> bool:
     """Whether ``early_stopping="auto"`` holds users out in this fit: at least AUTO_MIN_USERS
     eligible users (here or on Ray shards alike), an aggregator neither secure nor
-    differentially private, no learned hyperparameters and a full item space. (A Flower run
+    differentially private, no learned hyperparameters, a full item space and a support/query
+    split. (A Flower run
     settles "auto" to None before it starts: ``flower.settings``.)"""
     if not (isinstance(est.early_stopping, str) and est.early_stopping == "auto"):
         return False
@@ -41,7 +42,15 @@ def auto_holds_out(est, inter) -> bool:
     eligible = int((inter.counts() >= max(int(est.min_examples), 1)).sum())
     return (eligible >= AUTO_MIN_USERS and not agg.secure
             and not est._dp_release() and est.hypergradients is None
-            and not est._item_space().open)
+            and not est._item_space().open and not no_split(est))
+
+
+def no_split(est) -> bool:
+    """The estimator's users keep no query set apart (``split="none"``): a held-out user's loss
+    would be measured on the ratings it reconstructs from, which early stopping cannot use."""
+    from .split import NoSplit, resolve_split
+
+    return isinstance(resolve_split(est.split), NoSplit)
 
 
 class EarlyStopping(Params):

@@ -27,6 +27,7 @@ from .early_stopping import (
     AutoOr,
     EarlyStopping,
     auto_holds_out,
+    no_split,
 )
 from .hyper import HYPER_CONSTRAINTS
 from .items import OPEN_ARRAYS, ItemRows, ItemSpace, features_arrays, features_of
@@ -133,7 +134,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         secure aggregator (the losses are sent in the clear) and with an open item space.
         "auto": ``EarlyStopping(max_holdout=100, decay=0.5)`` when the fit has at least 500
         eligible users (here or on Ray), an aggregator neither DP nor secure, no
-        ``hypergradients`` and a full item space, else None (``early_stopping_`` is what ran;
+        ``hypergradients``, a full item space and a split, else None (``early_stopping_`` is what ran;
         a Flower run settles it to None). With ``server_optimizer="auto"`` this is the setting
         meant to need no tuning; how it compares with centralized training + ReconEval is in
         ``eval/RESULTS.md``.
@@ -310,6 +311,9 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
             raise ValueError(f"early_stopping={self.early_stopping!r} sends the held-out users' "
                              f"losses in the clear, which aggregator={agg!r} is there to "
                              "prevent; leave early_stopping=None with this aggregator")
+        if isinstance(self.early_stopping, EarlyStopping) and no_split(self):
+            raise ValueError("early_stopping needs held-out users' query sets apart from what "
+                             "they reconstruct from; with split='none' leave early_stopping=None")
         if isinstance(self.early_stopping, EarlyStopping) and self.early_stopping.decay \
                 and self.hypergradients is not None:
             raise ValueError("early_stopping__decay scales the server step, which "
