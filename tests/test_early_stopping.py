@@ -189,6 +189,18 @@ def test_auto_holds_out_users_and_runs_adam_on_a_large_enough_population(many, p
         assert f._early_stopping() is None and repr(f._server_optimizer()) == repr(SGD(1.0)), kw
 
 
+def test_auto_keeps_the_sparse_step_on_a_catalog_too_large_for_adams_state(many, monkeypatch):
+    from fedcf.federated import SGD
+    from fedcf.federated.algorithms import fedrecon
+
+    monkeypatch.setattr(fedrecon, "AUTO_MAX_DENSE", 60 * 5 - 1)  # 60 items × (K + 1) = 300
+    m = FedReconMF(n_factors=4, n_rounds=10, clients_per_round=50, random_state=0).fit(many)
+    assert repr(m.server_optimizer_) == repr(SGD(1.0)) and m.early_stopping_ is not None
+    monkeypatch.setattr(fedrecon, "AUTO_MAX_DENSE", 60 * 5)
+    m = FedReconMF(n_factors=4, n_rounds=10, clients_per_round=50, random_state=0).fit(many)
+    assert repr(m.server_optimizer_) == repr(Adam(0.0175, epsilon=1e-3))
+
+
 def test_auto_has_no_nested_parameters_before_fit():
     with pytest.raises(ValueError, match="server_optimizer='auto' is chosen at fit"):
         FedReconMF().set_params(server_optimizer__learning_rate=0.1)

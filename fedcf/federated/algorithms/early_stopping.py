@@ -23,6 +23,9 @@ VALIDATION_ROUND = np.uint64(2**63 + 0x5E1)
 AUTO_ADAM = {"learning_rate": 0.0175, "epsilon": 1e-3}
 AUTO_STOPPING = {"max_holdout": 100, "decay": 0.5}
 AUTO_MIN_USERS = 500  # eligible users below which "auto" holds none out (a tenth: 50 users)
+# Adam's two moment slots are dense float64 copies of the item matrix and each of its steps moves
+# every row: above this many item values "auto" keeps SGD's sparse step
+AUTO_MAX_DENSE = 10**7
 
 
 def AutoOr(rule):

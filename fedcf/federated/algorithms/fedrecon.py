@@ -23,6 +23,7 @@ from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .catalog import OpenScorer
 from .early_stopping import (
     AUTO_ADAM,
+    AUTO_MAX_DENSE,
     AUTO_STOPPING,
     AutoOr,
     EarlyStopping,
@@ -81,7 +82,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     clients_per_round : int, default 100
     server_optimizer : "auto", {"sgd", "momentum", "adagrad", "adam", "yogi"} or ServerOptimizer
         "auto" (the default): ``Adam(0.0175, epsilon=1e-3)`` when the fit holds users out for
-        early stopping, else the paper's ``SGD(1.0)`` (``server_optimizer_`` is what ran). A
+        early stopping and the item matrix has at most 10⁷ values (Adam's state is dense), else
+        the paper's ``SGD(1.0)``, whose step is sparse (``server_optimizer_`` is what ran). A
         name (its defaults, learning rate 1.0) or an object from ``fedcf.federated`` (``SGD(1.0)``,
         ``Momentum(0.5, momentum=0.9)``, ``Adagrad``, ``Adam``, ``Yogi``); its parameters are
         nested names (``server_optimizer__learning_rate``).
@@ -214,6 +216,7 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     _fit_features = None  # the item features of the fit under way
     _fit_rows = None  # the item rows of the fit under way (open item space)
     _auto = False  # this fit holds out users by early_stopping="auto" (decided at fit)
+    _auto_dense = True  # ... and "auto" may run Adam's dense step on its catalog
 
     def __init__(self, n_factors=50, *, biases=True, n_rounds=500, clients_per_round=100,
                  server_optimizer="auto", client_update="sgd", client_weighting="num_examples",
@@ -291,8 +294,10 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         return super() if rows is None else OpenScorer(self, rows)
 
     def _resolve_auto(self, inter) -> None:
-        """Decide what ``early_stopping="auto"`` means for this fit (``auto_holds_out``)."""
+        """Decide what the "auto" parameters mean for this fit (``auto_holds_out``; Adam only
+        while its dense state stays within ``AUTO_MAX_DENSE`` item values)."""
         self._auto = auto_holds_out(self, inter)
+        self._auto_dense = inter.n_items * (self._row_width() + 1) <= AUTO_MAX_DENSE
 
     def _early_stopping(self) -> EarlyStopping | None:
         value = self._check_params()["early_stopping"]
@@ -302,7 +307,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
 
     def _server_optimizer(self):
         if isinstance(self.server_optimizer, str) and self.server_optimizer == "auto":
-            return Adam(**AUTO_ADAM) if self._early_stopping() is not None else SGD(1.0)
+            adam = self._early_stopping() is not None and self._auto_dense
+            return Adam(**AUTO_ADAM) if adam else SGD(1.0)
         return super()._server_optimizer()
 
     def _check_combinations(self):
