@@ -614,3 +614,34 @@ def test_a_program_for_some_users_holds_their_exclusions_only():
     np.testing.assert_array_equal(cut.excl[1], want[1])
     whole = program.for_users(np.arange(inter.n_users))
     np.testing.assert_array_equal(whole.excl[1], program.excl[1])
+
+
+def test_ncf_saves_and_loads_to_the_same_scores_and_refuses_a_damaged_file(tmp_path):
+    """Centralized NCF: one .npz (no pickle) → the same scores for seen and new users, the same
+    recommendations (its fit items left out), load_model finds it; a short array, another
+    class's file and a folder are refused by name; a loaded model refits from scratch."""
+    from fedcf import load_model
+
+    inter = _data()
+    m = NCF(3, layers=(4,), n_epochs=2, random_state=0).fit(inter)
+    path = m.save(tmp_path / "ncf")
+    assert path.suffix == ".npz"
+    back = load_model(path)
+    assert type(back) is NCF and back.get_params() == m.get_params()
+    np.testing.assert_array_equal(back.user_scores([0, 5]), m.user_scores([0, 5]))
+    np.testing.assert_array_equal(back.score_new_users(inter.subset_users(np.arange(3))),
+                                  m.score_new_users(inter.subset_users(np.arange(3))))
+    assert back.recommend(inter.user_ids[2], n=4) == m.recommend(inter.user_ids[2], n=4)
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["global_qg"] = arrays["global_qg"][:-1]  # one item short
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match="'global_qg' is missing, of another shape"):
+        NCF.load(tmp_path / "bad.npz")
+    other = FedNCF(3, layers=(4,), n_rounds=1, random_state=0).fit(inter).save(tmp_path / "f")
+    with pytest.raises(ValueError, match="holds a FedNCF"):
+        NCF.load(other)
+    with pytest.raises(IsADirectoryError, match="folder"):
+        m.save(tmp_path)
+    refit = back.set_params(n_epochs=1).fit(inter)
+    assert len(refit.history_) == 1 and refit.interactions_ is not None

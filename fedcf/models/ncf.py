@@ -11,12 +11,15 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from .. import registry
+from .._io import atomic_savez, load_npz
 from .._kernels.neumf import USER, neumf_epochs, neumf_local
 from .._validation import Int, NoneOr, Real, check_int, check_params, named_kwargs
 from ..datasets import DataValidationError, Interactions
 from .base import atomic_fit, check_memory, user_keys
 from .implicit_mf import coerce_implicit
 from .negatives import check_layers, check_negatives, dense_users, exclusion_csr
+from .persistence import _META, FORMAT_VERSION, _ids_from_arrays, _ids_to_arrays, npz_path
 from .sampled_nets import NeuMFNet
 
 
@@ -61,6 +64,8 @@ class NCF(BaseEstimator):
     >>> NCF(n_factors=4, layers=(8,), n_epochs=2, random_state=0).fit(data).user_scores([0]).shape
     (1, 20)
     """
+
+    interactions_ = seen_indptr_ = seen_items_ = None  # fit's data, or a loaded model's items
 
     _parameter_constraints = {
         "n_factors": Int(1, 4096), "layers": lambda n, v: check_layers(v),
@@ -256,6 +261,56 @@ class NCF(BaseEstimator):
                                           self.global_params_, self.global_params_)[0]
         return out
 
+    # ------------------------------------------------------------------ persistence
+    def save(self, path):
+        """Write the fitted network, the seen users' embeddings and ids, and their fit items (for
+        ``recommend``) to one ``.npz`` with JSON metadata, atomically, never pickle."""
+        check_is_fitted(self, "global_params_")
+        path = npz_path(path)
+        arrays = {**{f"global_{k}": v for k, v in self.global_params_.items()},
+                  **{f"user_{k}": v for k, v in self.user_params_.items()},
+                  **_ids_to_arrays(self.user_ids_, "user"), **_ids_to_arrays(self.item_ids_, "item"),
+                  "seen_indptr": self._seen()[0], "seen_items": self._seen()[1]}
+        meta = {"format_version": FORMAT_VERSION, "class": type(self).__name__,
+                "params": {k: registry.encode(v) for k, v in self.get_params().items()},
+                "history": self.history_, "score_seed": self.score_seed_}
+        return atomic_savez(path, arrays, meta, meta_key=_META)
+
+    @classmethod
+    def load(cls, path):
+        """A model written by ``save``; a file of another class, a newer format or arrays that do
+        not fit the saved network are refused, naming the path."""
+        arrays, meta = load_npz(path, meta_key=_META, what="model")
+        where = f"model file {str(path)!r}"
+        if meta.get("class") != cls.__name__ or meta.get("format_version", 0) > FORMAT_VERSION:
+            raise ValueError(f"{where} holds a {meta.get('class')} (format "
+                             f"{meta.get('format_version')}), not a {cls.__name__} this fedcf "
+                             "reads; load it with fedcf.load_model")
+        model = cls(**{k: registry.decode(v, k) for k, v in meta["params"].items()})
+        model.user_ids_ = _ids_from_arrays(arrays, "user")
+        model.item_ids_ = _ids_from_arrays(arrays, "item")
+        model.net_ = net = model._net()
+        rng = np.random.default_rng(0)  # shapes only
+        want = {**{f"global_{k}": v for k, v in net.init_global(rng, len(model.item_ids_)).items()},
+                **{f"user_{k}": v for k, v in net.init_user(rng, len(model.user_ids_)).items()}}
+        for k, v in want.items():
+            got = arrays.get(k)
+            if got is None or got.shape != v.shape or not np.isfinite(got).all():
+                raise ValueError(f"{where}: array {k!r} is missing, of another shape than the "
+                                 f"saved network's {v.shape}, or not finite: damaged or edited")
+        model.global_params_ = {k[7:]: arrays[k] for k in want if k.startswith("global_")}
+        model.user_params_ = {k[5:]: arrays[k] for k in want if k.startswith("user_")}
+        model.seen_indptr_, model.seen_items_ = arrays["seen_indptr"], arrays["seen_items"]
+        model.history_, model.score_seed_ = meta["history"], int(meta["score_seed"])
+        model.interactions_ = None  # a file holds no user's ratings
+        return model
+
+    def _seen(self):
+        """(indptr, items) of the seen users' fit items."""
+        inter = self.interactions_
+        return (inter.indptr, inter.items) if inter is not None else \
+            (self.seen_indptr_, self.seen_items_)
+
     def recommend(self, user, n: int = 10):
         """The ``n`` best items (raw ids) for a user seen in fit, their fit items left out."""
         check_is_fitted(self, "global_params_")
@@ -265,8 +320,8 @@ class NCF(BaseEstimator):
             raise KeyError(f"user {user!r} was not seen in fit")
         u = int(where[0])
         s = self.user_scores([u])[0]
-        inter = self.interactions_
-        s[inter.items[inter.indptr[u]:inter.indptr[u + 1]]] = -np.inf
+        indptr, items = self._seen()
+        s[items[indptr[u]:indptr[u + 1]]] = -np.inf
         top = np.argsort(-s, kind="stable")[:n]
         return list(np.asarray(self.item_ids_)[top[np.isfinite(s[top])]])
 

@@ -66,6 +66,16 @@ _FITTED_VALUES = ("epsilon_", "epsilon_server_", "epsilons_", "noise_multiplier_
                   "learned_hyperparams_")
 
 
+def npz_path(path) -> Path:
+    """Where ``save`` writes: ``path``, with ``.npz`` appended when it does not end in it; a
+    folder is refused, naming it."""
+    path = Path(path)
+    if path.is_dir() or str(path).endswith(os.sep):
+        raise IsADirectoryError(f"cannot save the model to {str(path)!r}: it is a folder; pass "
+                                "a file name such as folder/model.npz")
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+
+
 def _plain(value):
     """A fitted figure as JSON data (NumPy scalars and arrays as Python numbers and lists)."""
     if isinstance(value, dict):
@@ -130,12 +140,7 @@ class Persistence:
         the fit was given (``rating_scale``, the aggregator's ``public_mean``), and its item
         vocabulary the aggregator's ``public_items`` where given."""
         self._check_fitted()
-        path = Path(path)
-        if path.is_dir() or str(path).endswith(os.sep):
-            raise IsADirectoryError(f"cannot save the model to {str(path)!r}: it is a folder; pass "
-                                    "a file name such as folder/model.npz")
-        if path.suffix != ".npz":
-            path = path.with_name(path.name + ".npz")
+        path = npz_path(path)
         params = self.get_params(deep=False)
         private = self._dp_release()
         keep_users = self._keep_user_ids(user_ids, private)

@@ -289,7 +289,7 @@ class Run:
         self.account()
         rec = self.record(t, cohort, delta, time.perf_counter() - t0, ts)
         rec.update(learned)
-        if self.validation is not None and probe is None:
+        if self.validation is not None:  # (in a replay too: its rounds follow the same path)
             rec.update(self.validation.check(self, t + 1))
         self.history.append(rec)
         if self.observe is not None:
