@@ -37,8 +37,7 @@ def auto_holds_out(est, inter) -> bool:
     """Whether ``early_stopping="auto"`` holds users out in this fit: at least AUTO_MIN_USERS
     eligible users (here or on Ray shards alike), an aggregator neither secure nor
     differentially private, no learned hyperparameters, a full item space and a support/query
-    split. (A Flower run
-    settles "auto" to None before it starts: ``flower.settings``.)"""
+    split. (A Flower run settles "auto" to None before it starts: ``flower.settings``.)"""
     if not (isinstance(est.early_stopping, str) and est.early_stopping == "auto"):
         return False
     agg = est._aggregator()
@@ -118,7 +117,6 @@ class EarlyStopping(Params):
         held = np.zeros(len(eligible), bool)
         held[np.random.default_rng([seed, 0xE5]).permutation(len(eligible))[:n]] = True
         return eligible[~held], eligible[held]
-
 
     def bind(self, eligible: np.ndarray, seed: int, n_rounds: int, shape: tuple):
         """(the users that train, the run's ``Validation`` of the others)."""
