@@ -27,6 +27,7 @@ from .offline import (
     validate_log,
 )
 from .policy_check import off_policy_check
+from .prior import PRIOR_WEIGHTS, choose_prior_weight, popularity_prior
 from .protocols import (
     bootstrap,
     federated_recon_eval,
@@ -68,6 +69,9 @@ __all__ = [
     "validate_slate_log",
     "weight_diagnostics",
     "bootstrap",
+    "choose_prior_weight",
+    "popularity_prior",
+    "PRIOR_WEIGHTS",
     "device_support_query_split",
     "estimate_ctr",
     "ESTIMATORS",

@@ -124,3 +124,24 @@ def click_auc(scores: np.ndarray, clicks: np.ndarray) -> float:
         return float("nan")
     r = rankdata(scores)
     return float((r[clicks].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def expected_click_auc(scores: np.ndarray, click_probability: np.ndarray) -> float:
+    """The click AUC with every impression counted as a click with weight p and a non-click
+    with weight 1 − p (p its exact click probability): the AUC without the noise of drawing the
+    clicks, for simulations that know p. Ties count one half; with p in {0, 1} it equals
+    ``click_auc``."""
+    scores = np.asarray(scores, float)
+    p = np.asarray(click_probability, float)
+    if scores.shape != p.shape or scores.ndim != 1:
+        raise ValueError(f"scores and click_probability must be 1-D of one length, got shapes "
+                         f"{scores.shape} and {p.shape}")
+    if not (np.isfinite(scores).all() and np.isfinite(p).all()) or ((p < 0) | (p > 1)).any():
+        raise ValueError("scores must be finite and click_probability in [0, 1]")
+    _, group = np.unique(scores, return_inverse=True)
+    pos = np.bincount(group, weights=p)
+    neg = np.bincount(group, weights=1.0 - p)
+    if pos.sum() <= 0 or neg.sum() <= 0:
+        return float("nan")
+    below = np.cumsum(neg) - neg
+    return float((pos * (below + 0.5 * neg)).sum() / (pos.sum() * neg.sum()))

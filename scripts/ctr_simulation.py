@@ -13,9 +13,11 @@ Steps
    train users as the server-side baseline: the earlier setting (no biases, λ = 0.05) and with
    biases and ``--central-lambda``.
 3. Online CTR test on held-out users (reconstructed from their own shares): every model,
-   popularity, random; lift over popularity with a paired bootstrap interval; expected CTR by
-   the users' number of shares; AUC of each model's score against clicks on uniformly logged
-   impressions.
+   popularity, random, and FedRecon re-ranking the share-count prior (``fedrecon_prior``, its
+   weight chosen on the validation users' held-out shares); lift over popularity with a paired
+   bootstrap interval; expected CTR by the users' number of shares; AUC of each model's score
+   against clicks on uniformly logged impressions, drawn and expected (each impression weighted
+   by its exact click probability).
 4. The Open Bandit sample (real logs): BTS's CTR estimated from the uniform-random log by every
    estimator, the slate ones included.
 Off-policy estimators against simulated truth at scale: ``ope_study.py``.
@@ -39,7 +41,8 @@ import pandas as pd
 from fedcf import FedReconImplicitMF, ImplicitMF
 from fedcf.datasets import CAMPAIGNS, load_open_bandit
 from fedcf.eval import off_policy_check, top_k, user_split
-from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log
+from fedcf.eval.ctr import click_auc, expected_click_auc, online_ctr_test, simulate_log
+from fedcf.eval.prior import choose_prior_weight, popularity_prior
 from fedcf.eval.simulation import expression_types, make_expression_population
 from fedcf.provenance import run_meta, write_json
 
@@ -99,7 +102,7 @@ def simulate(args, seed: int, quiet: bool = False) -> dict:
                                      position_bias=np.linspace(1.0, 0.3, args.slate),
                                      random_state=seed)
     shares = pop.shares(random_state=seed + 1)
-    train, _val, test = user_split(shares, (0.8, 0.1, 0.1), random_state=seed)
+    train, val, test = user_split(shares, (0.8, 0.1, 0.1), random_state=seed)
     counts = shares.counts()
     per_type = {t: int(n) for t, n in zip(pop.type_names, np.bincount(pop.item_type))}
     print(f"population: {pop.n_users:,} users, {pop.n_items:,} items {per_type}, "
@@ -162,6 +165,9 @@ def simulate(args, seed: int, quiet: bool = False) -> dict:
     share_count = np.bincount(train.items, weights=train.values, minlength=train.n_items)
     k = args.slate
     scores = {name: scores_for(m, test) for name, m in models.items()}
+    # FedRecon re-ranking the share-count prior, its weight chosen on the validation users
+    prior_w, prior_table = choose_prior_weight(fed, val, share_count, random_state=seed)
+    scores["fedrecon_prior"] = popularity_prior(scores["fedrecon"], share_count, prior_w)
     slates = {name: top_k(S, k) for name, S in scores.items()}
     slates["popularity"] = np.tile(np.argsort(-share_count, kind="stable")[:k],
                                    (len(test_users), 1))
@@ -172,10 +178,14 @@ def simulate(args, seed: int, quiet: bool = False) -> dict:
                        random_state=seed + 2)
     row_of = {u: r for r, u in enumerate(test_users)}
     rows = np.array([row_of[u] for u in uni["context"]])
-    auc = {name: click_auc(S[rows, uni["action"]], uni["reward"]) for name, S in scores.items()}
-    auc["popularity"] = click_auc(np.log1p(share_count[uni["action"]]), uni["reward"])
-    auc["random"] = click_auc(rng.random(len(uni)), uni["reward"])
+    logged = {name: S[rows, uni["action"]] for name, S in scores.items()}
+    logged["popularity"] = np.log1p(share_count[uni["action"]])
+    logged["random"] = rng.random(len(uni))
+    auc = {name: click_auc(x, uni["reward"]) for name, x in logged.items()}
     table["auc"] = pd.Series(auc)
+    # the same impressions with each click counted by its exact probability (no draw noise)
+    table["auc_expected"] = pd.Series({name: expected_click_auc(x, uni["expected_reward"])
+                                       for name, x in logged.items()})
     activity = ctr_by_activity(pop, slates, test_users, test.counts())
     if not quiet:
         print("\nonline CTR on held-out users (10 sessions each):")
@@ -187,6 +197,7 @@ def simulate(args, seed: int, quiet: bool = False) -> dict:
                                            values="ctr_expected").round(5).to_string())
     return {"table": table, "lifts": lifts, "activity": activity, "curve": curve,
             "setup": setup, "fed_s": fed_s, "clicks": int(uni["reward"].sum()),
+            "prior_weight": prior_w, "prior_validation": prior_table.to_dict(orient="records"),
             "auc_se": {name: auc_standard_error(a, int(uni["reward"].sum()),
                                                 int(len(uni) - uni["reward"].sum()))
                        for name, a in auc.items()}}
@@ -205,8 +216,10 @@ def seed_summary(seed: int, run: dict) -> dict:
     """What the headline needs from one seed: each policy's click AUC (with its standard error)
     and expected CTR, and each model's CTR lift over popularity."""
     t = run["table"]
-    return {"seed": seed, "clicks": run["clicks"],
+    return {"seed": seed, "clicks": run["clicks"], "prior_weight": run["prior_weight"],
+            "prior_validation": run["prior_validation"],
             "auc": {p: float(t.loc[p, "auc"]) for p in t.index},
+            "auc_expected": {p: float(t.loc[p, "auc_expected"]) for p in t.index},
             "auc_se": run["auc_se"],
             "ctr_expected": {p: float(t.loc[p, "ctr_expected"]) for p in t.index},
             "lift": {p: float(run["lifts"].loc[p, "lift"]) for p in run["lifts"].index},

@@ -246,10 +246,15 @@ def ctr_headline(ctr) -> str:
     if len(seeds) >= 2:
         from report_common import seed_interval
 
-        m, lo, hi = seed_interval([s["lift"]["fedrecon"] for s in seeds])
-        return (f"- online CTR lift of FedRecon over popularity on the simulated population, "
-                f"over {len(seeds)} seeds: {signed_pct(m)} (95 % interval over seeds "
-                f"{signed_pct(lo)} … {signed_pct(hi)}).")
+        lines = []
+        for p, what in (("fedrecon", "FedRecon"),
+                        ("fedrecon_prior", "FedRecon re-ranking the popularity prior")):
+            if p in seeds[0]["lift"]:
+                m, lo, hi = seed_interval([s["lift"][p] for s in seeds])
+                lines.append(f"- online CTR lift of {what} over popularity on the simulated "
+                             f"population, over {len(seeds)} seeds: {signed_pct(m)} (95 % "
+                             f"interval over seeds {signed_pct(lo)} … {signed_pct(hi)}).")
+        return "\n".join(lines)
     return (f"- online CTR lift of FedRecon over popularity on the simulated population, one "
             f"seed: {signed_pct(ctr['lift'])} (95 % interval over users "
             f"{signed_pct(ctr['lift_low'])} … {signed_pct(ctr['lift_high'])}).")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from fedcf.eval import top_k
+from fedcf.eval import PRIOR_WEIGHTS, top_k
 from fedcf.eval.ctr import click_auc, online_ctr_test, simulate_log, slate_target_probs
 from fedcf.eval.simulation import make_expression_population
 
@@ -95,8 +95,13 @@ def test_ctr_simulation_script_tiny(tmp_path):
     assert {"lift", "lift_low", "lift_high", "ctr", "ctr_by_activity", "ctr_by_round"} <= set(res)
     assert res["lift_low"] <= res["lift"] <= res["lift_high"]
     policies = {"fedrecon", "fedrecon_biases", "fedrecon_full_negatives", "popularity", "random",
-                "centralized", "centralized_biases"}
+                "centralized", "centralized_biases", "fedrecon_prior"}
     assert set(res["ctr"]) == policies
+    # the prior's weight is chosen on validation users from the grid, per seed
+    assert first["prior_weight"] in PRIOR_WEIGHTS and len(first["prior_validation"]) == \
+        len(PRIOR_WEIGHTS)
+    assert set(first["auc_expected"]) == policies and all(
+        0 <= a <= 1 for a in first["auc_expected"].values())
     assert {r["policy"] for r in res["lifts"]} == policies - {"popularity"}
     assert len(res["ctr_by_activity"]) == 4 * len(policies) and len(res["ctr_by_round"]) == 2
     assert sum(r["users"] for r in res["ctr_by_activity"] if r["policy"] == "random") == \
