@@ -15,10 +15,14 @@
     python scripts/hypergradient_benchmark.py --json eval/results/hyper.json --plot-dir figures
     python scripts/hypergradient_benchmark.py --sections weighting --json eval/results/hyper_weighting.json
     python scripts/hypergradient_benchmark.py --sections stability --json eval/results/hyper_stability.json
+    python scripts/hypergradient_benchmark.py --sections seeds --seeds 5 --trials 10 \\
+        --json eval/results/hyper_seeds.json
 
 3. ``stability``: the paper's stability claim — random starts over a server learning-rate range
    wide enough that fixed settings diverge, fixed against learned by Adam and by SGD on the raw
    coordinates (log η, logit β), counting the runs that diverge.
+4. ``seeds``: section 1's random starts repeated over ``--seeds`` seeds (each a new split of the
+   users, new starts and new training), so every comparison has an interval across seeds.
 """
 
 from __future__ import annotations
@@ -74,24 +78,26 @@ def fit_eval(params, train, test, seed):
             "seconds": time.perf_counter() - t0}, model
 
 
-def trial_rows(train, test, args, section="trials", modes=MODES, lr_range=LR_RANGE):
-    """Random starts, each fixed and learned (``LEARN``) in every one of ``modes``."""
+def trial_rows(train, test, args, section="trials", modes=MODES, lr_range=LR_RANGE, seed=None):
+    """Random starts, each fixed and learned (``LEARN``) in every one of ``modes``; ``seed``
+    (default ``--seed``) draws the starts and seeds the training."""
+    seed = args.seed if seed is None else seed
     rows, curves = [], {}
     for i in range(args.trials):
-        rng = np.random.default_rng([args.seed, i])
+        rng = np.random.default_rng([seed, i])
         lr = float(np.exp(rng.uniform(np.log(lr_range[0]), np.log(lr_range[1]))))
         beta = float(rng.uniform(*MOMENTUM_RANGE))
         base = dict(n_rounds=args.rounds, server_optimizer=Momentum(lr, momentum=beta),
-                    random_state=args.seed)
+                    random_state=seed)
         for mode, extra in modes.items():
             params = {**base, **extra}
-            res, model = fit_eval(params, train, test, args.seed)
-            rows.append({"section": section, "trial": i, "mode": mode, "lr0": lr,
+            res, model = fit_eval(params, train, test, seed)
+            rows.append({"section": section, "seed": seed, "trial": i, "mode": mode, "lr0": lr,
                          "momentum0": beta, **res})
             if model is not None and mode != "fixed":
                 curves[i] = {k: [h[k] for h in model.history_][::5] for k in LEARN}
                 rows[-1].update({f"{k}_final": v for k, v in model.learned_hyperparams_.items()})
-            print(f"trial {i:2d} {mode:20s} lr0 {lr:7.3f} β0 {beta:.2f}: RMSE {res['rmse']:.4f}"
+            print(f"seed {seed} trial {i:2d} {mode:20s} lr0 {lr:7.3f} β0 {beta:.2f}: RMSE {res['rmse']:.4f}"
                   f"{' (diverged)' if res['diverged'] else ''}", flush=True)
     best = min((r for r in rows if r["mode"] == "learned" and not r["diverged"]),
                key=lambda r: r["rmse"], default=None)
@@ -180,19 +186,34 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=5,
+                    help="the seeds section: --seed and the next ones, each a new split, "
+                         "new starts and new training")
     ap.add_argument("--sections", default="trials,weighting",
                     help="comma-separated: trials (random starts), weighting, stability "
-                         "(random starts over a range wide enough to diverge)")
+                         "(random starts over a range wide enough to diverge), seeds (the "
+                         "random starts repeated over --seeds splits)")
     ap.add_argument("--skip-weighting", action="store_true", help="= --sections trials")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot-dir", help="write hypergradients.png here")
     args = ap.parse_args(argv)
     meta = run_meta("hypergradient_benchmark.py", argv)
     t0 = time.perf_counter()
+    sections = {"trials"} if args.skip_weighting else set(args.sections.split(","))
+    if unknown := sections - {"trials", "weighting", "stability", "seeds"}:
+        ap.error(f"--sections: {sorted(unknown)} not among trials, weighting, stability, seeds")
+    if "seeds" in sections and args.seeds < 2:
+        ap.error(f"--seeds must be at least 2 for the seeds section, got {args.seeds}")
+    if args.trials < 1:
+        ap.error(f"--trials must be at least 1, got {args.trials}")
     inter = load(args.dataset, args.seed)
     train, _, test = user_split(inter, (0.8, 0.1, 0.1), random_state=args.seed)
-    sections = {"trials"} if args.skip_weighting else set(args.sections.split(","))
     rows = trial_rows(train, test, args) if "trials" in sections else []
+    if "seeds" in sections:
+        for seed in range(args.seed, args.seed + args.seeds):
+            s_train, _, s_test = user_split(load(args.dataset, seed), (0.8, 0.1, 0.1),
+                                            random_state=seed)
+            rows += trial_rows(s_train, s_test, args, "seeds", seed=seed)
     if "stability" in sections:
         rows += trial_rows(train, test, args, "stability", STABILITY_MODES, WIDE_LR_RANGE)
     if "weighting" in sections:
@@ -201,10 +222,11 @@ def main(argv=None):
         rows += weighting_rows("hetero", h_train, h_test, args)
         rows += weighting_rows(args.dataset, train, test, args)
     n_max = args.trials
-    summary = {mode: best_of_n(np.array([r["rmse"] for r in rows if r.get("mode") == mode]),
+    summary = {mode: best_of_n(np.array([r["rmse"] for r in rows if r["section"] == "trials"
+                                         and r["mode"] == mode]),
                                n_max) for mode in MODES} if "trials" in sections else {}
     meta.update(total_seconds=time.perf_counter() - t0, dataset=args.dataset, trials=args.trials,
-                rounds=args.rounds)
+                rounds=args.rounds, **({"seeds": args.seeds} if "seeds" in sections else {}))
     out = {"meta": meta, "rows": rows, "best_of_n": summary}
     if args.plot_dir and "trials" in sections:
         plot(rows, n_max, args)

@@ -24,7 +24,12 @@ import report_common  # noqa: E402
 from report_catalog import catalog_block, catalog_values  # noqa: E402
 from report_common import CLAIMS, fill_blocks, render  # noqa: E402
 from report_ctr import ctr_values, ope_values  # noqa: E402
-from report_hyper import figure8_values, hyper_values, stability_values  # noqa: E402
+from report_hyper import (  # noqa: E402
+    figure8_values,
+    hyper_seeds_values,
+    hyper_values,
+    stability_values,
+)
 from report_performance import (  # noqa: E402
     TARGETS,  # noqa: E402, F401 (read by the tests)
     busy_values,
@@ -96,6 +101,7 @@ def documents() -> dict[Path, str]:
                                                                 load("hyper_1m.json")),
                                                  **stability_values(
                                                      load("hyper_stability.json")),
+                                                 **hyper_seeds_values(load("hyper_seeds.json")),
                                                  **figure8_values(
                                                      load("learned_weighting.json"))})}
            if load("hyper.json") else {}),

@@ -245,3 +245,76 @@ def own_start_end_correlation(rows) -> str:
     claim("HYPER.md", "learned from its own cohort, where the rate ends still depends on where it "
           "started (correlation of the logs above 0.3)", r > 0.3)
     return f"{r:.2f}"
+
+
+def expected_best(rmses, n: int) -> float:
+    """The expected best (lowest) RMSE among n starts drawn with replacement from ``rmses``,
+    exactly (a diverged run, inf, is no result; inf when all n may diverge)."""
+    x = np.sort(np.asarray(rmses, float))
+    m = len(x)
+    k = np.arange(m)
+    p = ((m - k) / m) ** n - ((m - k - 1) / m) ** n  # P(the best draw is the k-th smallest)
+    ok = p > 0
+    return float(np.sum(p[ok] * x[ok])) if np.isfinite(x[ok]).all() else float("inf")
+
+
+def hyper_seeds_values(doc) -> dict:
+    """§1 over seeds (hyper_seeds.json): per seed and values, a single start's expected RMSE,
+    the best of five, the best and worst of all; the paired differences learned − fixed with
+    their 95 % interval across seeds, and sentences worded from those intervals."""
+    if not doc:
+        return {"seeds_provenance": "", "table_hyper_seeds": "Not measured yet.",
+                "table_hyper_seeds_diff": "", "hyper_seeds_lines": "", "hyper_seed_list": "—",
+                "hyper_seed_trials": "—"}
+    from report_common import seed_interval
+
+    rows = [r for r in doc["rows"] if r["section"] == "seeds"]
+    seeds = sorted({r["seed"] for r in rows})
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    stat = {"one start": lambda x: expected_best(x, 1), "best of 5": lambda x: expected_best(x, 5),
+            "best of all": min, "worst": max}
+    per = {(m, s): [r["rmse"] for r in rows if r["mode"] == m and r["seed"] == s]
+           for m in modes for s in seeds}
+    val = {(m, s, k): f(per[m, s]) for (m, s) in per for k, f in stat.items()}
+
+    def iv(xs, fmt="{:.4f}"):
+        mean, lo, hi = seed_interval(xs)
+        return "diverged" if not np.isfinite(mean) else \
+            f"{fmt.format(mean)} [{fmt.format(lo)} … {fmt.format(hi)}]"
+    t1 = [(m, *(iv([val[m, s, k] for s in seeds]) for k in stat),
+           sum(not np.isfinite(x) for s in seeds for x in per[m, s])) for m in modes]
+    pairs = [("learned", "one start", "fixed", "one start"),
+             ("learned (own cohort)", "one start", "fixed", "one start"),
+             ("learned", "best of 5", "fixed", "best of all"),
+             ("learned", "worst", "fixed", "worst")]
+    t2, diffs = [], {}
+    for a, ka, b, kb in pairs:
+        d = [val[a, s, ka] - val[b, s, kb] for s in seeds]
+        diffs[a, ka, kb] = seed_interval(d)
+        t2.append((f"{a}, {ka} − fixed, {kb}", iv(d, "{:+.4f}"),
+                   f"{sum(x < 0 for x in d)} of {len(seeds)}"))
+
+    def words(key, what):
+        _, lo, hi = diffs[key]
+        return f"- {what}: " + ("lower on the interval across seeds." if hi < 0 else
+                                "higher on the interval across seeds." if lo > 0 else
+                                "the interval across seeds includes zero.")
+    lines = [words(("learned", "one start", "one start"),
+                   "A single learned start (held-out users) against a single fixed one"),
+             words(("learned (own cohort)", "one start", "one start"),
+                   "A single start learned from the own cohort against a single fixed one"),
+             words(("learned", "best of 5", "best of all"),
+                   "The best of five learned starts against the best of all fixed ones"),
+             words(("learned", "worst", "worst"),
+                   "The worst learned start against the worst fixed one")]
+    claim("HYPER.md", "over seeds, a single learned start beats a single fixed one",
+          diffs["learned", "one start", "one start"][2] < 0)
+    return {"seeds_provenance": provenance(doc["meta"], "hyper_seeds.json"),
+            "hyper_seed_list": ", ".join(map(str, seeds)),
+            "hyper_seed_trials": str(doc["meta"]["trials"]),
+            "table_hyper_seeds": table(["values", *(f"{k} (mean, 95 % interval over seeds)"
+                                                   for k in stat), "diverged runs"], t1),
+            "table_hyper_seeds_diff": table(["paired difference in RMSE",
+                                             "mean, 95 % interval over seeds",
+                                             "seeds where learned is lower"], t2),
+            "hyper_seeds_lines": "\n".join(lines)}

@@ -375,6 +375,9 @@ def _eval_inputs(pop):
         "round_to_scale": (y,), "rounded_accuracy": (y, y), "standard_eval": (m, inter),
         "support_query_split": (inter,), "top_k": (np.random.default_rng(0).random((3, 9)), 2),
         "user_split": (inter,), "validate_log": (logs,),
+        "popularity_prior": (np.random.default_rng(0).random((3, inter.n_items)),
+                             np.arange(inter.n_items), 0.2),
+        "choose_prior_weight": (m, inter, np.arange(inter.n_items)),
         "PositionActionRewardModel": (), "LeaveOneOut": None,  # built by leave_one_out
     }
 
