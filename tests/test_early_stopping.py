@@ -166,17 +166,19 @@ def many():
 
 def test_auto_holds_out_users_and_runs_adam_on_a_large_enough_population(many, pop):
     """The defaults ("auto"): 500 eligible users or more, a plain aggregator → Adam(0.0175,
-    ε = 1e-3) and EarlyStopping(max_holdout=100, decay=0.5); fewer users, DP, secure
+    ε = 1e-3) and EarlyStopping(max_holdout=100, decay=0.5, average=0.97); fewer users, DP, secure
     aggregation or learned hyperparameters → the paper's SGD(1.0) and the last round."""
     from fedcf.federated import SGD, Hypergradients
 
     m = FedReconMF(n_factors=4, n_rounds=10, clients_per_round=50, random_state=0).fit(many)
     assert repr(m.server_optimizer_) == repr(Adam(0.0175, epsilon=1e-3))
-    assert repr(m.early_stopping_) == repr(EarlyStopping(max_holdout=100, decay=0.5))
+    assert repr(m.early_stopping_) == repr(EarlyStopping(max_holdout=100, decay=0.5,
+                                                         average=0.97))
     assert len(m.validation_users_) == 60 and m.best_round_ is not None
     explicit = FedReconMF(n_factors=4, n_rounds=10, clients_per_round=50, random_state=0,
                           server_optimizer=Adam(0.0175, epsilon=1e-3),
-                          early_stopping=EarlyStopping(max_holdout=100, decay=0.5)).fit(many)
+                          early_stopping=EarlyStopping(max_holdout=100, decay=0.5,
+                                                       average=0.97)).fit(many)
     np.testing.assert_array_equal(m.item_factors_, explicit.item_factors_)
     off = [({}, pop),  # 300 users: below 500
            ({"aggregator": DPGaussianMean(1.0, 1.0), "rating_scale": (1, 5)}, many),
@@ -196,6 +198,7 @@ def test_auto_keeps_the_sparse_step_on_a_catalog_too_large_for_adams_state(many,
     monkeypatch.setattr(fedrecon, "AUTO_MAX_DENSE", 60 * 5 - 1)  # 60 items × (K + 1) = 300
     m = FedReconMF(n_factors=4, n_rounds=10, clients_per_round=50, random_state=0).fit(many)
     assert repr(m.server_optimizer_) == repr(SGD(1.0)) and m.early_stopping_ is not None
+    assert m.early_stopping_.average is None  # the average is as dense as Adam's state
     monkeypatch.setattr(fedrecon, "AUTO_MAX_DENSE", 60 * 5)
     m = FedReconMF(n_factors=4, n_rounds=10, clients_per_round=50, random_state=0).fit(many)
     assert repr(m.server_optimizer_) == repr(Adam(0.0175, epsilon=1e-3))
@@ -213,3 +216,64 @@ def test_a_flower_run_settles_auto_to_every_round():
 
     est = Settings(params={"n_factors": 4}).check().estimator()
     assert est.early_stopping is None and est.server_optimizer == "auto"
+
+
+def _round_params(pop, monkeypatch, **es):
+    """Each round's global parameters (float64 copies) of ``model(**es)``, spied at its checks."""
+    from fedcf.federated.algorithms import early_stopping as mod
+
+    seen, check = [], mod.Validation.check
+
+    def spy(self, run, done):
+        seen.append({k: v.astype(np.float64) for k, v in run.params.items()})
+        return check(self, run, done)
+    monkeypatch.setattr(mod.Validation, "check", spy)
+    m = model(**es).fit(pop)
+    monkeypatch.setattr(mod.Validation, "check", check)
+    return m, seen
+
+
+def test_averaging_checks_and_keeps_the_running_average_of_the_rounds(pop, monkeypatch):
+    """avg ← β·avg + (1 − β)·params after every round; the checks score the average, the kept
+    model is the best checked average, and the rounds themselves train as without it."""
+    beta = 0.8
+    plain, rounds = _round_params(pop, monkeypatch)
+    avg = model(average=beta).fit(pop)
+    assert [h["loss"] for h in avg.history_] == [h["loss"] for h in plain.history_]
+    assert [r for _, r in checks(avg)] != [r for _, r in checks(plain)]
+    ema = {k: v.copy() for k, v in rounds[0].items()}
+    for p in rounds[1:avg.best_round_]:
+        for k in ema:
+            ema[k] = beta * ema[k] + (1 - beta) * p[k]
+    np.testing.assert_array_equal(avg.item_factors_, ema["Q"].astype(avg.item_factors_.dtype))
+    assert avg.best_round_ == min(checks(avg), key=lambda c: c[1])[0]
+
+
+def test_a_resumed_averaging_run_equals_one_run(pop, tmp_path):
+    whole = model(decay=0.5, average=0.9).fit(pop)
+    ck = str(tmp_path / "run.npz")
+    model(n_rounds=30, decay=0.5, average=0.9).set_params(checkpoint_path=ck,
+                                                          checkpoint_every=10).fit(pop)
+    resumed = model(decay=0.5, average=0.9).set_params(checkpoint_path=ck,
+                                                       checkpoint_every=10).fit(pop)
+    assert checks(resumed) == checks(whole) and resumed.best_round_ == whole.best_round_
+    np.testing.assert_array_equal(resumed.item_factors_, whole.item_factors_)
+
+
+def test_a_checkpoint_without_its_running_average_is_refused_and_kept(pop, tmp_path):
+    ck = tmp_path / "run.npz"
+    model(n_rounds=20, average=0.9).set_params(checkpoint_path=str(ck),
+                                               checkpoint_every=10).fit(pop)
+    with np.load(ck) as z:
+        arrays = {k: z[k] for k in z.files if k != "avg_Q"}
+    np.savez(ck, **arrays)
+    before = ck.read_bytes()
+    with pytest.raises(ValueError, match="running average's 'Q' is missing or damaged"):
+        model(average=0.9).set_params(checkpoint_path=str(ck), checkpoint_every=10).fit(pop)
+    assert ck.read_bytes() == before
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, 1.5, -0.5, "0.9", float("nan"), True])
+def test_an_average_outside_zero_one_is_named(bad):
+    with pytest.raises(ValueError, match="average"):
+        EarlyStopping(average=bad)

@@ -81,7 +81,7 @@ def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_ro
                     expect: dict):
     """(params, opt_state, local or None, history, round, accountant state or None, the
     aggregator's state, each user's participations under DP or None, the arrays named
-    ``best_*`` (early stopping's best round)) from
+    ``best_*`` and ``avg_*`` (early stopping's best round and running average)) from
     ``path``, after checking that it
     belongs to this run: same class, parameters and data, and arrays of the expected shapes and
     dtypes (``expect``: name → (shape, dtype)). Any mismatch raises ValueError naming the file
@@ -120,7 +120,7 @@ def load_checkpoint(path, *, cls: str, run_params: dict, fingerprint: dict, n_ro
             raise ValueError(f"{where}: array {name!r} has non-finite values{keep}")
     params = {"Q": arrays["Q"], "b": arrays["b"]}
     local = (arrays["P"], arrays["c"]) if "P" in expect else None
-    best = {k: v for k, v in arrays.items() if k.startswith("best_")}
+    best = {k: v for k, v in arrays.items() if k.startswith(("best_", "avg_"))}
     return (params, state_from_arrays(arrays), local, meta["history"], done,
             meta.get("accountant"), meta.get("aggregator") or {}, arrays.get("participations"),
             best)
