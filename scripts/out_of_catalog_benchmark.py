@@ -286,7 +286,7 @@ def main(argv=None):
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "expression"],
                     choices=["ml-100k", "expression"])
     ap.add_argument("--catalogs", nargs="+", type=float, default=[0.1, 0.25, 0.5])
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--factors", type=int, default=20)
     ap.add_argument("--clients", type=int, default=50)

@@ -171,3 +171,27 @@ def test_the_check_fails_when_a_figure_or_a_stated_comparison_changes(tmp_path, 
     assert _check_with(tmp_path, monkeypatch, diverge_yogi) == 1
     out = capsys.readouterr().out
     assert "all five server optimizers finish without diverging" in out and "RESULTS.md" in out
+
+
+def test_a_catalog_target_is_met_only_on_the_interval_across_seeds():
+    """A method better in every seed by a hair that varies is within noise unless the interval
+    of the paired differences clears zero; worse on average is missed."""
+    load_script("report")
+    import report_catalog as rc
+
+    def doc(a_vals, b_vals):
+        rows = [{"dataset": "d", "catalog": 0.1, "method": m, "seed": s,
+                 "out_of_catalog": {"rmse": v}}
+                for m, vals in (("A", a_vals), ("B", b_vals)) for s, v in enumerate(vals)]
+        return {"rows": rows}
+    steady = doc([0.90, 0.91, 0.92, 0.93, 0.94], [0.95, 0.96, 0.97, 0.98, 0.99])
+    assert rc._paired(steady, "d", 0.1, "A", "B", "out_of_catalog.rmse")[0] == "met"
+    noisy = doc([0.90, 0.99, 0.90, 0.99, 0.90], [0.95, 0.95, 0.95, 0.95, 0.95])
+    assert rc._paired(noisy, "d", 0.1, "A", "B", "out_of_catalog.rmse")[0] == "within noise"
+    worse = doc([0.96, 0.97, 0.98, 0.99, 1.00], [0.95, 0.96, 0.97, 0.98, 0.99])
+    assert rc._paired(worse, "d", 0.1, "A", "B", "out_of_catalog.rmse")[0] == "**missed**"
+    assert rc._paired(worse, "d", 0.1, "A", "B", "out_of_catalog.rmse", strict=False)[0] == \
+        "**missed**"
+    same = doc([0.9] * 5, [0.9] * 5)
+    assert rc._paired(same, "d", 0.1, "A", "B", "out_of_catalog.rmse", strict=False)[0] == \
+        "identical (no effect)"
