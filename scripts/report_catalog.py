@@ -115,10 +115,13 @@ def _mlp_margin_claims(doc, datasets, catalogs) -> None:
                 for d in datasets for c in catalogs]
     claim("CATALOG.md", "the residual MLP beats the output bias alone on the interval across "
           "seeds in at most one (dataset, catalog) pair", sum(v == "met" for v in verdicts) <= 1)
-    shift = [_paired(doc, d, c, BIAS_ONLY, TRIVIAL, "out_of_catalog.rmse")[0]
+    shift = [_paired(doc, d, c, BIAS_ONLY, TRIVIAL, "out_of_catalog.rmse")
              for d in datasets for c in catalogs]
-    claim("CATALOG.md", "the output bias alone beats the trivial adapter on the interval across "
-          "seeds, in every (dataset, catalog) pair", all(v == "met" for v in shift))
+    claim("CATALOG.md", "the output bias alone beats the trivial adapter in every seed of every "
+          "(dataset, catalog) pair, and on the interval across seeds in at least half of them",
+          all(text.endswith(f"({n} of {n} seeds)") for _, text in shift
+              for n in [len({r['seed'] for r in doc['rows']})])
+          and 2 * sum(v == "met" for v, _ in shift) >= len(shift))
 
 
 def _has(doc, method) -> bool:

@@ -132,11 +132,11 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         Hold out some users (``fedcf.federated.EarlyStopping(holdout, max_holdout, every,
         patience, decay, average)``): every ``every`` rounds they report the query loss of the
         current model (or of the running average of the rounds') after reconstructing their own
-        rows, and the fit keeps the checked model with the lowest (``best_round_``). None: the last round's model. An object is refused with a DP or
-        secure aggregator (the losses are sent in the clear) and with an open item space.
-        "auto": ``EarlyStopping(max_holdout=100, decay=0.5, average=0.97)`` (no average on a
-        catalog too large for Adam's dense state) when the fit has at least 500
-        eligible users (here or on Ray), an aggregator neither DP nor secure, no
+        rows, and the fit keeps the checked model with the lowest (``best_round_``). None: the
+        last round's model. Refused with a DP or secure aggregator (the losses are sent in the
+        clear) and with an open item space. "auto": ``EarlyStopping(max_holdout=100,
+        decay=0.5, average=0.97)`` (no average on a catalog too large for Adam's dense state)
+        when the fit has at least 500 eligible users (here or on Ray), an aggregator neither DP nor secure, no
         ``hypergradients``, a full item space and a split, else None (``early_stopping_`` is what ran;
         a Flower run settles it to None). With ``server_optimizer="auto"`` this is the setting
         meant to need no tuning; how it compares with centralized training + ReconEval is in
@@ -303,10 +303,8 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
     def _early_stopping(self) -> EarlyStopping | None:
         value = self._check_params()["early_stopping"]
         if isinstance(value, str):  # "auto"
-            if not self._auto:
-                return None  # the average is a dense copy: only where Adam's state is allowed
-            return EarlyStopping(**{**AUTO_STOPPING, **({} if self._auto_dense else
-                                                        {"average": None})})
+            dense = {} if self._auto_dense else {"average": None}  # the average is dense
+            return EarlyStopping(**{**AUTO_STOPPING, **dense}) if self._auto else None
         return value
 
     def _server_optimizer(self):
