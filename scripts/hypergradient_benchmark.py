@@ -17,6 +17,8 @@
     python scripts/hypergradient_benchmark.py --sections stability --json eval/results/hyper_stability.json
     python scripts/hypergradient_benchmark.py --sections seeds --seeds 5 --trials 10 \\
         --json eval/results/hyper_seeds.json
+    python scripts/hypergradient_benchmark.py --dataset synthetic-1m --sections seeds --seeds 5 \\
+        --trials 4 --json eval/results/hyper_1m_seeds.json
 
 3. ``stability``: the paper's stability claim — random starts over a server learning-rate range
    wide enough that fixed settings diverge, fixed against learned by Adam and by SGD on the raw

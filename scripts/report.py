@@ -102,6 +102,9 @@ def documents() -> dict[Path, str]:
                                                  **stability_values(
                                                      load("hyper_stability.json")),
                                                  **hyper_seeds_values(load("hyper_seeds.json")),
+                                                 **hyper_seeds_values(
+                                                     load("hyper_1m_seeds.json"), "m1_",
+                                                     "hyper_1m_seeds.json"),
                                                  **figure8_values(
                                                      load("learned_weighting.json"))})}
            if load("hyper.json") else {}),

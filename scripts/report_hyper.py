@@ -258,14 +258,16 @@ def expected_best(rmses, n: int) -> float:
     return float(np.sum(p[ok] * x[ok])) if np.isfinite(x[ok]).all() else float("inf")
 
 
-def hyper_seeds_values(doc) -> dict:
-    """§1 over seeds (hyper_seeds.json): per seed and values, a single start's expected RMSE,
-    the best of five, the best and worst of all; the paired differences learned − fixed with
-    their 95 % interval across seeds, and sentences worded from those intervals."""
+def hyper_seeds_values(doc, prefix="", name="hyper_seeds.json") -> dict:
+    """§1 over seeds (``name``, its placeholders named with ``prefix``): per seed and values, a
+    single start's expected RMSE, the best of five, the best and worst of all; the paired
+    differences learned − fixed with their 95 % interval across seeds, and sentences worded
+    from those intervals."""
     if not doc:
-        return {"seeds_provenance": "", "table_hyper_seeds": "Not measured yet.",
-                "table_hyper_seeds_diff": "", "hyper_seeds_lines": "", "hyper_seed_list": "—",
-                "hyper_seed_trials": "—"}
+        return {f"{prefix}{k}": v for k, v in {
+            "seeds_provenance": "", "table_hyper_seeds": "Not measured yet.",
+            "table_hyper_seeds_diff": "", "hyper_seeds_lines": "", "hyper_seed_list": "—",
+            "hyper_seed_trials": "—"}.items()}
     from report_common import seed_interval
 
     rows = [r for r in doc["rows"] if r["section"] == "seeds"]
@@ -307,9 +309,15 @@ def hyper_seeds_values(doc) -> dict:
                    "The best of five learned starts against the best of all fixed ones"),
              words(("learned", "worst", "worst"),
                    "The worst learned start against the worst fixed one")]
-    claim("HYPER.md", "over seeds, a single learned start beats a single fixed one",
-          diffs["learned", "one start", "one start"][2] < 0)
-    return {"seeds_provenance": provenance(doc["meta"], "hyper_seeds.json"),
+    if not prefix:
+        claim("HYPER.md", "over seeds, a single learned start beats a single fixed one",
+              diffs["learned", "one start", "one start"][2] < 0)
+    else:
+        claim("HYPER.md", f"over seeds ({name}), both learned variants help a single start",
+              diffs["learned", "one start", "one start"][2] < 0
+              and diffs["learned (own cohort)", "one start", "one start"][2] < 0)
+    return {f"{prefix}{k}": v for k, v in {
+            "seeds_provenance": provenance(doc["meta"], name),
             "hyper_seed_list": ", ".join(map(str, seeds)),
             "hyper_seed_trials": str(doc["meta"]["trials"]),
             "table_hyper_seeds": table(["values", *(f"{k} (mean, 95 % interval over seeds)"
@@ -317,4 +325,4 @@ def hyper_seeds_values(doc) -> dict:
             "table_hyper_seeds_diff": table(["paired difference in RMSE",
                                              "mean, 95 % interval over seeds",
                                              "seeds where learned is lower"], t2),
-            "hyper_seeds_lines": "\n".join(lines)}
+            "hyper_seeds_lines": "\n".join(lines)}.items()}
