@@ -131,8 +131,11 @@ def expected_click_auc(scores: np.ndarray, click_probability: np.ndarray) -> flo
     with weight 1 − p (p its exact click probability): the AUC without the noise of drawing the
     clicks, for simulations that know p. Ties count one half; with p in {0, 1} it equals
     ``click_auc``."""
-    scores = np.asarray(scores, float)
-    p = np.asarray(click_probability, float)
+    try:
+        scores = np.asarray(scores, float)
+        p = np.asarray(click_probability, float)
+    except (TypeError, ValueError):
+        raise ValueError("scores and click_probability must be numeric") from None
     if scores.shape != p.shape or scores.ndim != 1:
         raise ValueError(f"scores and click_probability must be 1-D of one length, got shapes "
                          f"{scores.shape} and {p.shape}")

@@ -33,8 +33,16 @@ def _weight(w, name="weight") -> float:
     return float(w)
 
 
+def _numeric(x, name: str) -> np.ndarray:
+    try:
+        return np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be numeric, got {type(x).__name__} that does not convert "
+                         "to numbers") from None
+
+
 def _counts(item_counts, n_items: int) -> np.ndarray:
-    c = np.asarray(item_counts, dtype=float)
+    c = _numeric(item_counts, "item_counts")
     if c.ndim != 1 or len(c) != n_items:
         raise ValueError(f"item_counts must be 1-D with one count per item ({n_items}), got "
                          f"shape {c.shape}")
@@ -51,7 +59,7 @@ def popularity_prior(scores, item_counts, weight: float) -> np.ndarray:
     item_counts : (n_items,) share counts in the same item order. A row whose scores are all
     equal adds nothing (it is popularity). Returns a new float64 array.
     """
-    S = np.asarray(scores, dtype=float)
+    S = _numeric(scores, "scores")
     if S.ndim != 2:
         raise ValueError(f"scores must be 2-D (users × items), got shape {S.shape}")
     if not np.isfinite(S).all():

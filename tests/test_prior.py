@@ -54,6 +54,8 @@ def test_a_constant_row_is_popularity():
     (np.ones((2, 6)), COUNTS, -0.1, "weight must be a finite real number >= 0"),
     (np.ones((2, 6)), COUNTS, True, "weight must be a finite real number >= 0"),
     (np.ones((2, 6)), COUNTS, "0.2", "weight must be a finite real number >= 0"),
+    ([["a"] * 6], COUNTS, 0.1, "scores must be numeric"),
+    (np.ones((2, 6)), ["x"] * 6, 0.1, "item_counts must be numeric"),
 ])
 def test_bad_input_is_named(scores, counts, weight, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -149,3 +151,5 @@ def test_the_expected_click_auc_is_the_drawn_one_when_clicks_are_certain_and_its
         expected_click_auc(s, p[:-1])
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         expected_click_auc(s, p * 2)
+    with pytest.raises(ValueError, match="must be numeric"):
+        expected_click_auc(["a"] * 400, p)
