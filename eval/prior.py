@@ -111,7 +111,8 @@ def choose_prior_weight(model, validation: Interactions, item_counts, weights=PR
     Each validation user is reconstructed from a random half of their shares; their other half
     (positives) and ``negatives`` never-shared catalog items per positive are scored with
     ``popularity_prior`` at each weight; the pooled AUC picks the weight (the smallest on a tie).
-    Returns (weight, table of weight → AUC).
+    ``item_counts`` is in the model's item order (``model.item_ids_``); validation items the
+    model does not know are left out. Returns (weight, table of weight → AUC).
     """
     if not isinstance(validation, Interactions):
         raise TypeError(f"validation must be an Interactions, got {type(validation).__name__}")
