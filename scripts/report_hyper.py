@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-from report_common import _bench_constant, claim, provenance, results_file, table
+from report_common import (
+    _bench_constant,
+    claim,
+    provenance,
+    results_file,
+    seed_interval,
+    table,
+)
 
 
 def hyper_summary(doc):
@@ -268,8 +275,6 @@ def hyper_seeds_values(doc, prefix="", name="hyper_seeds.json") -> dict:
             "seeds_provenance": "", "table_hyper_seeds": "Not measured yet.",
             "table_hyper_seeds_diff": "", "hyper_seeds_lines": "", "hyper_seed_list": "—",
             "hyper_seed_trials": "—"}.items()}
-    from report_common import seed_interval
-
     rows = [r for r in doc["rows"] if r["section"] == "seeds"]
     seeds = sorted({r["seed"] for r in rows})
     modes = list(dict.fromkeys(r["mode"] for r in rows))
