@@ -1115,7 +1115,7 @@ def test_an_implicit_model_over_messages_is_the_in_process_model(tmp_path, aggre
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(model="fedavg"), "a Flower run trains estimators whose clients keep nothing"),
+    (dict(model="fedmf"), "a Flower run trains estimators that declare their client"),
     (dict(model="nope"), "fedcf-model=.nope.: .nope. is not a registered estimator"),
     (dict(model="fedrecon-implicit", eval_fraction=0.2), "eval-fraction=0.2 with fedcf-model"),
     (dict(model="fedrecon-implicit", params={"biases": True}), "FedReconImplicitMF has no "
@@ -1133,8 +1133,8 @@ def test_a_node_refuses_parameters_its_model_does_not_take():
 
     from fedcf.flower.wire import client_estimator
 
-    with pytest.raises(ValueError, match="FURLMF is not one"):
-        client_estimator(json.dumps({"model": "furl"}))
+    with pytest.raises(ValueError, match="FedMF is not one"):
+        client_estimator(json.dumps({"model": "fedmf"}))
     with pytest.raises(ValueError, match="FedReconImplicitMF has no parameter 'biases'"):
         client_estimator(json.dumps({"model": "fedrecon-implicit", "biases": True}))
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .node import check_fresh, describe, evaluate, node_data, tangent_reports, train
+from .rows import NodeRows
 from .secure import node_step
 from .server import serve
 from .settings import Settings
@@ -117,7 +118,8 @@ def make_client_app(mods=(), data: dict | None = None, policy: dict | None = Non
     @capp.train()
     def fit(msg, context):
         return _answer(msg, lambda: fresh(msg, context) or train(
-            own(context), msg.content["config"], msg.content["global"]))
+            own(context), msg.content["config"], msg.content["global"],
+            NodeRows(msg.content, context.state)))
 
     @capp.train("secagg")
     def secagg(msg, context):  # secure aggregation: one protocol step (secure.node_step)
@@ -128,7 +130,7 @@ def make_client_app(mods=(), data: dict | None = None, policy: dict | None = Non
     def tangents(msg, context):  # learned hyperparameters: the users' hypergradient reports
         return _answer(msg, lambda: fresh(msg, context) or tangent_reports(
             own(context), msg.content["config"], msg.content["global"],
-            msg.content["tangents"]))
+            msg.content["tangents"], NodeRows(msg.content, context.state)))
 
     @capp.evaluate()
     def recon(msg, context):

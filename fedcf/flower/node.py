@@ -40,6 +40,7 @@ from ..federated.round.phases import (
     client_weights,
 )
 from .ledger import keep_device, node_device
+from .rows import NodeRows
 from .wire import NO_CATALOG, arrays, client_estimator, encode_sums, encode_upload, flwr
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
@@ -225,14 +226,16 @@ def global_model(own: Interactions, est, glob) -> tuple:
     return Q, b
 
 
-def train(own: Interactions, config, glob) -> dict:
-    """FedRecon client work for the asked users: reconstruct, update, and the reply's records —
-    every user's upload, or, when the message carries a linear aggregator's ``recipe``, only
-    their sums per reduce group and item (``node_sums``)."""
-    out = client_outputs(own, config, glob)
+def train(own: Interactions, config, glob, rows: NodeRows | None = None) -> dict:
+    """The client work for the asked users (FedRecon: reconstruct, update) and the reply's
+    records — every user's upload, or, when the message carries a linear aggregator's
+    ``recipe``, only their sums per reduce group and item (``node_sums``); ``rows``: a stateful
+    estimator's user rows (``rows.NodeRows``; FedAvg's trained rows join the reply)."""
+    rows = rows or NodeRows(None)
+    out = client_outputs(own, config, glob, rows)
     if "recipe" not in config:
-        return {"upload": encode_upload(out)}
-    return {"sums": encode_sums(node_sums(out, read_recipe(config)))}
+        return {"upload": encode_upload(out), **rows.reply}
+    return {"sums": encode_sums(node_sums(out, read_recipe(config))), **rows.reply}
 
 
 def node_sums(out: ClientOutputs, recipe: dict) -> PartialSums:
@@ -265,24 +268,31 @@ def read_recipe(config) -> dict:
     return recipe
 
 
-def client_outputs(own: Interactions, config, glob) -> ClientOutputs:
-    """The asked users' FedRecon client work (reconstruct, then update) as ClientOutputs in
-    the order of the message's clients."""
-    clients, executor, cohort, params, keys = _client_work(own, config, glob)
-    return dataclasses.replace(executor.run(cohort, params, keys), clients=clients)
+def client_outputs(own: Interactions, config, glob, rows: NodeRows | None = None
+                   ) -> ClientOutputs:
+    """The asked users' client work (FedRecon: reconstruct, then update) as ClientOutputs in
+    the order of the message's clients; a stateful estimator's trained rows go where
+    ``rows`` keeps them."""
+    clients, executor, cohort, params, keys = _client_work(own, config, glob, rows)
+    out = executor.run(cohort, params, keys)
+    if executor.local_state is not None:
+        rows.keep(config["users"], executor.local_state,
+                  on_device=not executor.program.server_rows)
+    return dataclasses.replace(out, clients=clients)
 
 
-def tangent_reports(own: Interactions, config, glob, tangents) -> dict:
+def tangent_reports(own: Interactions, config, glob, tangents, rows=None) -> dict:
     """The asked users' hypergradient reports (hyper.py): each one's query loss and its
     derivatives along the last server step's tangents (the message's ``tangents`` record,
     TQ (H, n_items, K) and Tb (H, n_items)), in the order of the message's clients."""
-    clients, losses, jvp, _ = report_arrays(own, config, glob, tangents)
+    clients, losses, jvp, _ = report_arrays(own, config, glob, tangents, rows)
     return {"reports": arrays(clients=clients, losses=losses, jvp=jvp)}
 
 
-def report_arrays(own: Interactions, config, glob, tangents) -> tuple:
-    """(client ids, query losses, derivatives (m, H), query sizes) of the asked users."""
-    clients, executor, cohort, params, keys = _client_work(own, config, glob)
+def report_arrays(own: Interactions, config, glob, tangents, rows=None) -> tuple:
+    """(client ids, query losses, derivatives (m, H), query sizes) of the asked users (a
+    stateful estimator's at their current rows, which a report does not change)."""
+    clients, executor, cohort, params, keys = _client_work(own, config, glob, rows)
     TQ, Tb = read_tangents(tangents, params["Q"].shape)
     losses, jvp, weights = executor.tangents(cohort, params, (TQ, Tb), keys)
     return (clients, np.asarray(losses, np.float64), np.asarray(jvp, np.float64),
@@ -306,11 +316,12 @@ def read_tangents(tangents, shape) -> tuple[np.ndarray, np.ndarray]:
     return TQ.astype(np.float64, copy=False), Tb.astype(np.float64, copy=False)
 
 
-def _client_work(own: Interactions, config, glob):
+def _client_work(own: Interactions, config, glob, user_rows: NodeRows | None = None):
     """What running the asked users needs: (their ids in the run, an executor over this node's
     rows of them, its cohort, the message's model, the streams' keys). Row k is the message's
     k-th user; each row's stream is keyed by its client id in the run, so the results are the
-    simulation's while the arrays are sized by this node's users (rng.client_key)."""
+    simulation's while the arrays are sized by this node's users (rng.client_key). A stateful
+    estimator's users train with the rows ``user_rows`` loads (``NodeRows.load``)."""
     rows = _rows(own, config["users"])
     clients = np.asarray(config["clients"], np.int64)
     if len(clients) != len(rows) or (len(clients) and clients.min() < 0) or \
@@ -324,7 +335,9 @@ def _client_work(own: Interactions, config, glob):
     if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):
         raise NodeDataError("the message's ids must be two integers [seed, round]")
     keys = np.concatenate([ids, clients]).astype(np.uint64)
-    executor = BoundLocalExecutor(program, (sub.indptr, sub.items, sub.values))
+    local = None if est._local_state() is None else (user_rows or NodeRows(None)).load(
+        config["users"], Q.shape[1], est.dtype, on_device=not program.server_rows)
+    executor = BoundLocalExecutor(program, (sub.indptr, sub.items, sub.values), local)
     cohort = Cohort(np.arange(len(rows), dtype=np.int64), len(rows), 0, 0)
     return clients, executor, cohort, {"Q": Q, "b": b}, keys
 

@@ -208,11 +208,12 @@ def read_report_encoding(text: str, H: int) -> ReportEncoding:
     return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))
 
 
-def _begin(own, config, content, session: bytes, device: Device) -> ClientHalves:
+def _begin(own, config, content, session: bytes, device: Device, state=None) -> ClientHalves:
     """The asked users' protocol halves: they train (or compute their hypergradient reports)
     and begin the job the message's public fields describe — the encoding (clip, weigh, noise
     share, quantize) and the session — as any executor's clients do (``SecureJob``)."""
     from .node import client_estimator, client_outputs, global_model, message_number, report_arrays
+    from .rows import NodeRows
 
     k = int(config["neighbours"])
     t, neighbours = int(config["t"]), None if k < 0 else k
@@ -221,7 +222,8 @@ def _begin(own, config, content, session: bytes, device: Device) -> ClientHalves
     Q, b = global_model(own, est, glob)
     params = {"Q": Q, "b": b}
     if "report-encoding" in config:  # the hypergradient reports' own session
-        clients, losses, jvp, weights = report_arrays(own, config, glob, content["tangents"])
+        clients, losses, jvp, weights = report_arrays(own, config, glob, content["tangents"],
+                                                      NodeRows(content, state))
         ids = glob["ids"].numpy()  # checked by report_arrays
         enc = read_report_encoding(config["report-encoding"], jvp.shape[1])
         tangents = (content["tangents"]["TQ"].numpy(), content["tangents"]["Tb"].numpy())
@@ -229,7 +231,12 @@ def _begin(own, config, content, session: bytes, device: Device) -> ClientHalves
                                     Reports(clients, losses, jvp, weights), params, tangents, ids)
     job = SecureJob(read_encoding(config["encoding"], *Q.shape), t, session, neighbours)
     hp = RoundHyperparams(1.0, {}, weight_exponent=message_number(config, "weight-exponent"))
-    out = client_outputs(own, config, glob)  # checks the message's ids too
+    rows = NodeRows(content, state)
+    out = client_outputs(own, config, glob, rows)  # checks the message's ids too
+    if rows.reply:
+        raise NodeProtocolError("this model's user rows go back to the server in the clear "
+                                "(FedAvg), which a masked round does not carry; train it "
+                                "without secure aggregation, or use FURL")
     return device.begin_updates(job, out, hp, params, glob["ids"].numpy())
 
 
@@ -245,7 +252,7 @@ def node_step(own, content, state, node_config=None) -> dict:
     if step == "begin":
         state.pop(STATE_KEY, None)  # a new round: whatever was left of an old one goes
         device = node_device(state, node_config)
-        halves = _begin(own, config, content, session, device)
+        halves = _begin(own, config, content, session, device, state)
         keep_device(state, device)
         adverts = halves.advertise(halves.verifying())
         reply = {**pack("keys", [(c,) for c in halves.verifying()],
@@ -309,8 +316,9 @@ class FlowerHalves:
         glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
         more = {} if tangents is None else {"tangents": arrays(
             TQ=np.asarray(tangents[0], np.float64), Tb=np.asarray(tangents[1], np.float64))}
-        contents = {n: {"global": glob, **more, "config": {**executor.client_config(
-            np.array(sorted(cl), np.int64)), **extra}} for n, cl in self.asked.items()}
+        contents = {n: {"global": glob, **more, **executor.row_record(sorted(cl)),
+                        "config": {**executor.client_config(np.array(sorted(cl), np.int64)),
+                                   **extra}} for n, cl in self.asked.items()}
 
         def read(node, a):
             reg, adv = _registry(a), _adverts(a)
@@ -370,7 +378,7 @@ class FlowerHalves:
         app = flwr()
         records = {n: {"config": app.ConfigRecord({"step": step, "session": self.session,
                                                    **c.get("config", {})}),
-                       **{k: c[k] for k in ("global", "tangents", "secagg") if k in c}}
+                       **{k: c[k] for k in ("global", "rows", "tangents", "secagg") if k in c}}
                    for n, c in contents.items()}
         out, answered = [], set()
         stage = f"{self.group} secagg {step}"

@@ -29,6 +29,7 @@ from .wire import (
     client_params,
     content_bytes,
     decode_reports,
+    decode_rows,
     decode_sums,
     decode_upload,
     flwr,
@@ -85,6 +86,7 @@ class FlowerExecutor(RoundExecutor):
         self.grid, self.directory, self.users = grid, directory, users
         self.params_json, self.mu, self.timeout = client_params(est), float(mu), timeout
         self.refusals, self.program, self.round_stats = refusals, None, {}
+        self.local = None  # a stateful estimator's rows (set_program)
         self.in_hyper = False  # round_stats are the hypergradient exchange's (new_round_stats)
         self.counts = None if directory.counts is None else directory.counts[users]
         self.received = {}  # message type -> record -> fields received
@@ -116,13 +118,20 @@ class FlowerExecutor(RoundExecutor):
         return None
 
     def set_program(self, program, local_state=None) -> FlowerExecutor:
-        if local_state is not None:
-            raise ValueError("a Flower run trains stateless clients (Federated "
-                             "Reconstruction); a stateful estimator's user rows would have to "
-                             "live on the nodes between rounds, which the Flower app does not "
-                             "keep yet")
-        self.program = program
+        """``local_state``: a stateful estimator's rows (P, c). Where the server keeps them
+        (FedAvg) each message carries its clients' rows and the replies bring them back;
+        else they are only the starting rows a device takes for a user it has not trained
+        yet (``rows.NodeRows``)."""
+        self.program, self.local = program, local_state
         return self
+
+    def kept_rows(self, local):
+        return local if self.program.server_rows else None  # FURL: on the devices
+
+    def row_record(self, clients) -> dict:
+        """The ``"rows"`` record of a message to ``clients`` (none for a stateless model)."""
+        return {} if self.local is None else {"rows": arrays(P=self.local[0][clients],
+                                                             c=self.local[1][clients])}
 
     def refresh(self) -> np.ndarray:
         """The training users whose node is connected now — the round's availability: a node
@@ -267,20 +276,24 @@ class FlowerExecutor(RoundExecutor):
         self.new_round_stats()
         glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
         asked = self.node_clients(cohort)
-        records = {n: {"global": glob,
+        records = {n: {"global": glob, **self.row_record(c),
                        "config": flwr().ConfigRecord({**self.client_config(c), **extra})}
                    for n, c in asked.items()}
+        back = self.local is not None and self.program.server_rows  # FedAvg's rows return
         self.stage = f"round {int(ids[1])}"
-        got = []
+        got, pending = [], {}
         for node, content in self.send(records, flwr().MessageType.TRAIN, f"round-{int(ids[1])}",
                                        self.stage, {n: len(c) for n, c in asked.items()}):
             self.node = node
             try:
                 held, norms = decode(content, asked[node])
+                rows = decode_rows(content, n=len(asked[node]), K=self.local[0].shape[1],
+                                   dtype=self.local[0].dtype) if back else None
             except ReplyError as e:
                 self.refusals.add(self.stage, node, str(e), len(asked[node]))
                 continue
             got.append((node, held, asked[node]))
+            pending[node] = rows
             if len(norms) and len(self.node_norms) < NORM_ROUNDS:  # the early rounds
                 self.node_norms.setdefault(int(ids[1]), {})[node] = float(norms.max())
         if 0 < len(got) < self.min_replies:  # too few nodes by the deadline: no aggregate
@@ -291,6 +304,8 @@ class FlowerExecutor(RoundExecutor):
             got = []
         self.round_stats["flower_clients_refused"] = len(cohort.clients) - int(
             sum(len(c) for _, _, c in got))
+        for node, _, clients in got if back else ():  # an aggregated node's rows replace its
+            self.local[0][clients], self.local[1][clients] = pending[node]  # clients' rows
         return got
 
     supports_secure = True
@@ -319,7 +334,7 @@ class FlowerExecutor(RoundExecutor):
         weights = self.program.layout(self.counts[clients])[0].astype(np.float64)
         glob = arrays(Q=params["Q"], b=params["b"], ids=np.asarray(ids, np.uint64))
         tang, asked = arrays(TQ=TQ, Tb=Tb), self.node_clients(cohort)
-        records = {n: {"global": glob, "tangents": tang,
+        records = {n: {"global": glob, "tangents": tang, **self.row_record(c),
                        "config": flwr().ConfigRecord(self.client_config(c))}
                    for n, c in asked.items()}
         stage, at = f"round {int(ids[1])} (hypergradients)", {int(c): i for i, c in

@@ -16,6 +16,7 @@ from ..federated.aggregators.secagg import SecureAggregation
 from ..federated.algorithms.fedrecon import FedReconMF
 from ..federated.algorithms.hyper import check_learnable
 from ..federated.algorithms.items import ItemSpace
+from ..models.base import RatingScoreMixin
 from .wire import flower_estimator
 
 
@@ -29,10 +30,11 @@ class Settings:
         The estimator's parameters (JSON in the run config ``fedcf-params``; phase objects as
         {"name": ...} specs).
     model : str, default "fedrecon"
-        The estimator by registered name (run config ``fedcf-model``): one whose clients keep
-        nothing between rounds ("fedrecon", "fedrecon-implicit", or a registered subclass).
-        Federated ReconEval (``eval_fraction``) reports rating errors, so an implicit run
-        takes eval_fraction=0.
+        The estimator by registered name (run config ``fedcf-model``): "fedrecon",
+        "fedrecon-implicit", "fedavg", "furl", or a registered subclass. FURL's devices keep
+        their user rows in the run's node state; FedAvg's travel with each message and
+        back (so not under secure aggregation). Federated ReconEval (``eval_fraction``)
+        reports rating errors, so an implicit run takes eval_fraction=0.
     eval_fraction : float in [0, 1), default 0.1
         Share of the users held out for federated ReconEval.
     eval_support_fraction : float in (0, 1), default 0.5
@@ -60,7 +62,7 @@ class Settings:
     """
 
     params: dict = field(default_factory=dict)  # the estimator's parameters
-    model: str = "fedrecon"  # the estimator, by registered name (a stateless one)
+    model: str = "fedrecon"  # the estimator, by registered name (one with _client_params)
     eval_fraction: float = 0.1  # share of the users held out for federated ReconEval
     eval_support_fraction: float = 0.5
     min_nodes: int = 1  # wait for this many nodes before the directory query
@@ -165,7 +167,12 @@ class Settings:
         est = self.estimator()
         if isinstance(est, FedReconMF):
             self._check_fedrecon(est)
-        elif float(self.eval_fraction) > 0:
+        if est.client_program(None, 0.0).server_rows and est._aggregator().inner.secure:
+            raise ValueError(f"fedcf-model={self.model!r} with secure aggregation: its user "
+                             "rows go back to the server in the clear with each upload "
+                             "(FedAvg), which a masked round does not carry; use 'furl', "
+                             "whose rows stay on the devices")
+        if not isinstance(est, RatingScoreMixin) and float(self.eval_fraction) > 0:
             raise ValueError(f"eval-fraction={self.eval_fraction} with fedcf-model="
                              f"{self.model!r}: federated ReconEval reports rating errors, which "
                              "an implicit model does not predict; set eval-fraction=0 and rank "
@@ -178,8 +185,8 @@ class Settings:
         return self
 
     def estimator(self):
-        """The run's estimator (``model``: a stateless federated one), its parameters checked;
-        a bad name or parameter is refused, naming it."""
+        """The run's estimator (``model``, see ``wire.flower_estimator``), its parameters
+        checked; a bad name or parameter is refused, naming it."""
         cls = flower_estimator(self.model)
         try:
             est = cls(**self.params).check_params()  # names a bad parameter now, not mid-run

@@ -17,7 +17,9 @@ client's upload; ``decode_sums`` checks them against what those clients could se
 After evaluation: record ``"recon"`` (MetricRecord) with sums over the query ratings. After the
 directory query: record ``"users"`` (ArrayRecord) — raw user ids, rating counts, per-user rating
 sums — and the item catalog; under DP only the ids of the users with at least ``private-floor``
-ratings and the catalog. No message ever carries a user embedding or a user bias.
+ratings and the catalog. For FedRecon (explicit and implicit) and FURL no message carries a
+user embedding or a user bias; FedAvg's messages carry the asked users' rows down and back up
+(record ``"rows"``: ``P``, ``c``), because FedAvg keeps them on the server (``rows.py``).
 """
 
 from __future__ import annotations
@@ -42,19 +44,19 @@ NO_CATALOG = "has no item catalog yet"
 
 
 def flower_estimator(model):
-    """The estimator class registered as ``model``, if a Flower run can train it: stateless
-    clients (nothing kept between rounds) that declare the parameters they compute with
-    (``_client_params``); anything else is refused, naming it."""
+    """The estimator class registered as ``model``, if a Flower run can train it: one that
+    declares the parameters its clients compute with (``_client_params``): FedRecon explicit
+    and implicit, and FedAvg/FURL, whose user rows the nodes keep or carry (``rows.NodeRows``);
+    anything else is refused, naming it."""
     try:
         cls = registry.lookup("estimator", model)
     except ValueError as e:
         raise ValueError(f"fedcf-model={model!r}: {e}") from None
     if not isinstance(cls, type) or not issubclass(cls, FederatedMFBase) or \
-            cls._client_params is None or cls()._local_state() is not None:
-        raise ValueError(f"fedcf-model={model!r}: a Flower run trains estimators whose clients "
-                         "keep nothing between rounds and declare their client parameters "
-                         f"(FedReconMF, FedReconImplicitMF, or a subclass); {cls.__name__} is "
-                         "not one")
+            cls._client_params is None:
+        raise ValueError(f"fedcf-model={model!r}: a Flower run trains estimators that declare "
+                         "their client parameters (FedReconMF, FedReconImplicitMF, FedAvgMF, "
+                         f"FURLMF, or a subclass); {cls.__name__} is not one")
     return cls
 
 
@@ -109,8 +111,8 @@ def client_params(est) -> str:
 
 def client_estimator(params_json: str):
     """The estimator a node computes with, from ``client_params``' JSON (phase objects as saved
-    specs, or as the run config's ``{"name": ...}`` specs): a registered stateless estimator
-    (``flower_estimator``); a parameter it does not take is refused, naming it."""
+    specs, or as the run config's ``{"name": ...}`` specs): a registered estimator a Flower run
+    trains (``flower_estimator``); a parameter it does not take is refused, naming it."""
     kinds = registry.phase_kinds()
     try:
         params = {k: registry.decode(v, k) for k, v in json.loads(params_json).items()}
@@ -300,3 +302,18 @@ def content_bytes(content, sizes: dict | None = None) -> int:
             sizes[oid] = len(obj.deflate())
         total += sizes[oid]
     return total
+
+
+ROW_FIELDS = ("P", "c")
+
+
+def decode_rows(content, *, n: int, K: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A FedAvg node's new user rows (P (n, K), c (n,)) for the ``n`` clients asked, in their
+    order, after checking shape, type and finiteness (a client whose update turned non-finite
+    keeps its old row, so an honest node never sends a non-finite one)."""
+    a = read_arrays(content, "rows", ROW_FIELDS)
+    for f, shape in (("P", (n, K)), ("c", (n,))):
+        if a[f].shape != shape or a[f].dtype != np.dtype(dtype) or not np.isfinite(a[f]).all():
+            raise ReplyError(f"rows {f} must be finite {np.dtype(dtype)} of shape {shape}, got "
+                             f"{a[f].dtype} {a[f].shape}")
+    return a["P"], a["c"]

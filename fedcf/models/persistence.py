@@ -171,7 +171,7 @@ class Persistence:
         arrays.update(_ids_to_arrays(self.item_ids_, "item"))
         if "user_factors_" in arrays:
             inter = self._fitted("interactions_")
-            if inter is not None:
+            if inter is not None and inter.holds_ratings:  # a Flower server's does not
                 arrays["seen_indptr"], arrays["seen_items"] = inter.indptr, inter.items
             elif self._fitted("seen_indptr_") is not None:
                 arrays["seen_indptr"], arrays["seen_items"] = self.seen_indptr_, self.seen_items_

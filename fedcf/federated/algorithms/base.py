@@ -11,16 +11,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 from tqdm.auto import tqdm
 
-from ..._validation import (
-    Bool,
-    Dtype,
-    Int,
-    NoneOr,
-    Options,
-    Path,
-    RandomState,
-    Real,
-)
+from ..._validation import Bool, Dtype, Int, NoneOr, Options, Path, RandomState, Real
 from ...datasets import DataValidationError, Interactions, RatingsFile, SyntheticPopulation
 from ...models.base import MFEstimatorBase, atomic_fit, check_callback, check_memory
 from ..aggregators.accounting import epsilons
@@ -302,9 +293,10 @@ class FederatedMFBase(MFEstimatorBase):
         best = None if run.validation is None else run.validation.best
         self._set_globals(run.params if best is None else best)
         self.best_round_ = None if run.validation is None else run.validation.best_round
-        if run.local is not None:
+        if run.local is not None:  # kept_rows None: the rows stayed on the devices (Flower)
+            rows = run.executor.kept_rows(run.local)
             for name, value in self._local_state().fitted(run.local).items():
-                setattr(self, name, value)
+                setattr(self, name, None if rows is None else value)
         self.history_ = run.history
         if run.hyper is not None:
             self.learned_hyperparams_ = run.hyper.values()

@@ -132,6 +132,8 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
     _saved_arrays = ("item_factors_", "item_biases_", "user_factors_", "user_biases_")
     _reconstruction_kind = RidgeReconstruction  # new users: the exact ridge solve
     _default_learning_rate = 0.1
+    _client_params = ("n_factors", "biases", "client_update", "reconstruction", "dtype",
+                      "random_state")
     _parameter_constraints = {**FEDERATED_CONSTRAINTS, **HYPER_CONSTRAINTS,
                               **EXECUTOR_CONSTRAINTS, "biases": Bool(),
                               "rating_scale": RatingScale(),

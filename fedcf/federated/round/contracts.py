@@ -137,6 +137,10 @@ class ClientProgram(Protocol):
         """This program for the given users of the population only, renumbered 0, 1, ... in
         that order (a Ray shard's users): a program that holds data per user cuts it."""
 
+    # a stateful program's user rows are the server's (FedAvg: each client downloads and
+    # uploads its own row); else they stay with the devices between rounds (FURL)
+    server_rows: bool
+
 
 class WholeModelBroadcast:
     """Communication of a client program whose clients download the whole global model (and a
@@ -154,6 +158,8 @@ class WholeModelBroadcast:
 
     def values_up_local(self, n_used: int, K: int) -> int:
         return 0
+
+    server_rows = False  # a stateful program's rows stay with the devices
 
     def for_users(self, users: np.ndarray):
         return self  # nothing held per user
@@ -211,6 +217,12 @@ class RoundExecutor(ABC):
         """As ``secure_clients``, for masked hypergradient reports."""
         raise NotImplementedError(f"{type(self).__name__} does not run secure-aggregation "
                                   "clients where they are")
+
+    def kept_rows(self, local):
+        """The stateful clients' rows (``local``) as the fit may read them at the end of a
+        run: here they are the rows this process kept (in process, Ray); an executor whose
+        devices keep their own rows (a Flower run of FURL) returns None."""
+        return local
 
     def node_finding(self):
         """The measured cause of a divergence that this executor can name from what it saw of
