@@ -2,13 +2,17 @@
 
     python scripts/flower_simulation.py --json eval/results/flower.json          # ML-100K
     python scripts/flower_simulation.py --dataset synthetic --quick               # smoke test
+    python scripts/flower_simulation.py --model furl --dataset synthetic --quick  # another one
 
 Flower runs ``fedcf.flower``'s ServerApp and ClientApp on ``--partitions`` virtual SuperNodes,
 each holding a partition of the users (Flower's Ray backend). The same FedReconMF parameters are
 fitted in process on the same training users. Reported: whether the fitted item factors are
 identical bit for bit, federated ReconEval of both on the held-out users, bytes through Flower's
 messages per client per round against fedcf's own ``values_up``/``values_down`` accounting, and
-the fields every message carried (a recording client mod; no local parameter may appear).
+the fields every message carried (a recording client mod; no local parameter may appear:
+a ``"rows"`` record goes up only for FedAvg, whose rows are the server's). ``--model`` names
+another estimator (``fedcf-model``): FURL, FedMF, PFedRec and FedNCF keep their user rows in
+the simulated nodes' run state across rounds, so their bit-for-bit match checks that state.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ ALLOWED = {  # record -> fields that may cross the wire (fedcf.flower.wire)
     "upload": {"offsets", "items", "d_Q", "d_b", "weights", "losses", "clients"},
     "users": {"users", "counts", "sums", "catalog"},
     "recon": {"sse", "sae", "hits", "n", "users"},
+    "rows": {"P", "c"},  # a stateful model's rows (down: starting rows; up: FedAvg only)
 }
 
 
@@ -55,8 +60,9 @@ def recorder(folder: str):
     return mod
 
 
-def check_messages(folder: Path) -> dict:
-    """Every recorded field is an allowed one; the count of messages by type and direction."""
+def check_messages(folder: Path, rows_up: bool = False) -> dict:
+    """Every recorded field is an allowed one (a ``"rows"`` record going up only where
+    ``rows_up``: FedAvg); the count of messages by type and direction."""
     seen, bad = {}, []
     for file in folder.glob("*.jsonl"):
         for line in file.read_text().splitlines():
@@ -64,6 +70,8 @@ def check_messages(folder: Path) -> dict:
             key = f"{r['type']}/{r['dir']}"
             seen[key] = seen.get(key, 0) + 1
             for name, fields in r.get("fields", {}).items():
+                if name == "rows" and r["dir"] == "up" and not rows_up:
+                    bad.append(f"{key}: a user's rows left the device")
                 extra = set(fields) - ALLOWED.get(name, set())
                 if extra:
                     bad.append(f"{key}: record {name!r} fields {sorted(extra)}")
@@ -78,7 +86,7 @@ def simulate(args, params, data, folder) -> dict:
     from fedcf.flower import Settings, make_client_app, make_server_app
 
     results = []
-    settings = Settings(params=params, eval_fraction=args.eval_fraction,
+    settings = Settings(params=params, model=args.model, eval_fraction=args.eval_fraction,
                         min_nodes=args.partitions, model_path=str(folder / "flower_model.npz"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # run_simulation's deprecation note (flwr run is the CLI)
@@ -108,13 +116,14 @@ def per_message(history, key) -> float:
 
 
 def run(args) -> dict:
-    from fedcf import FedReconMF
+    from fedcf import load_model
 
     params = {"n_factors": args.factors, "n_rounds": args.rounds,
-              "clients_per_round": args.clients_per_round,
-              "server_optimizer": {"name": "sgd", "learning_rate": 1.0},
-              "client_update": {"name": "sgd", "learning_rate": 0.1, "steps": 50},
-              "reconstruction": "als", "random_state": args.seed}
+              "clients_per_round": args.clients_per_round, "random_state": args.seed}
+    if args.model == "fedrecon":
+        params.update({"server_optimizer": {"name": "sgd", "learning_rate": 1.0},
+                       "client_update": {"name": "sgd", "learning_rate": 0.1, "steps": 50},
+                       "reconstruction": "als"})
     data = {"dataset": args.dataset, "data-path": args.data_path or ""}
     if args.dataset == "synthetic":
         data.update({"synthetic-users": 600, "synthetic-items": 120, "synthetic-ratings": 12_000,
@@ -124,25 +133,27 @@ def run(args) -> dict:
     from fedcf.flower import fit_in_process
 
     ref, ref_eval, ref_seconds = fit_in_process(  # the devices' policy: as the nodes' below
-        params, data, args.eval_fraction, device_policy=DevicePolicy(
+        params, data, args.eval_fraction, model=args.model, device_policy=DevicePolicy(
             min_cohort=args.device_min_cohort), partitions=args.partitions)
     t0 = time.perf_counter()
     res = simulate(args, params, data, folder)
     flower_seconds = time.perf_counter() - t0
-    model = FedReconMF.load(res["model_path"])
+    model = load_model(res["model_path"])
     hist = res["history"]
     itemsize = np.dtype(params.get("dtype", "float32")).itemsize
     return {
-        "dataset": args.dataset, "partitions": args.partitions, "params": params,
+        "dataset": args.dataset, "model": args.model, "partitions": args.partitions,
+        "params": params,
         "eval_fraction": args.eval_fraction, "device_min_cohort": args.device_min_cohort,
         "n_train_users": res["n_train_users"], "n_eval_users": res["n_eval_users"],
         "identical_item_factors": bool(np.array_equal(model.item_factors_, ref.item_factors_)),
         "identical_item_biases": bool(np.array_equal(model.item_biases_, ref.item_biases_)),
         "max_abs_difference": float(np.max(np.abs(model.item_factors_.astype(np.float64)
                                                   - ref.item_factors_))),
-        "flower_recon_eval": res["recon_eval"], "local_recon_eval": ref_eval,
-        "rmse_relative_difference": abs(res["recon_eval"]["rmse"] - ref_eval["rmse"])
-        / ref_eval["rmse"],
+        "identical_losses": [h["loss"] for h in hist] == [h["loss"] for h in ref.history_],
+        "flower_recon_eval": res.get("recon_eval"), "local_recon_eval": ref_eval,
+        "rmse_relative_difference": None if ref_eval is None else
+        abs(res["recon_eval"]["rmse"] - ref_eval["rmse"]) / ref_eval["rmse"],
         "bytes_down_per_client_round": per_client_round(hist, "flower_bytes_down"),
         "bytes_up_per_client_round": per_client_round(hist, "flower_bytes_up"),
         "values_down_per_client_round": per_client_round(hist, "values_down"),
@@ -152,13 +163,17 @@ def run(args) -> dict:
         "clients_per_message": per_message(hist, "clients_used"),
         "value_bytes": itemsize, "refusals": res["refusals"],
         "flower_seconds": flower_seconds, "local_seconds": ref_seconds,
-        **check_messages(folder),
+        **check_messages(folder, rows_up=args.model == "fedavg"),
     }
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="ml-100k", choices=["ml-100k", "synthetic", "file"])
+    ap.add_argument("--model", default="fedrecon",
+                    help="the estimator by registered name (fedrecon, fedrecon-implicit, furl, "
+                         "fedavg, fedmf, pfedrec, fedncf); a ranking model needs "
+                         "--eval-fraction 0")
     ap.add_argument("--data-path", default=None)
     ap.add_argument("--partitions", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=20)

@@ -483,6 +483,22 @@ def test_flower_simulation_ml100k_matches_fedreconmf(tmp_path):
     assert r["messages"]["train/up"] >= 4 and r["messages"]["query/up"] == 10
 
 
+def test_flower_simulation_keeps_furls_rows_on_the_nodes_across_rounds(tmp_path):
+    """FURL through Flower's simulation engine: 4 nodes, 5 rounds of 100 of 540 users (so
+    users come back): the nodes' run state carries each user's row from round to round, as
+    the in-process fit keeps it, so the model is that fit's bit for bit; no row goes up."""
+    out = tmp_path / "furl.json"
+    proc = subprocess.run([sys.executable, str(load_script("flower_simulation").__file__),
+                           "--model", "furl", "--dataset", "synthetic", "--partitions", "4",
+                           "--rounds", "5", "--clients-per-round", "100", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["identical_item_factors"] and r["identical_losses"]
+    assert r["rmse_relative_difference"] < 1e-9
+    assert r["unexpected_fields"] == [] and r["refusals"] == []
+
+
 @pytest.mark.cluster
 def test_flower_deployment_superlink_and_supernodes(tmp_path):
     """A SuperLink and three SuperNodes as separate processes on 127.0.0.1 with TLS and
@@ -1115,7 +1131,7 @@ def test_an_implicit_model_over_messages_is_the_in_process_model(tmp_path, aggre
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(model="fedmf"), "a Flower run trains estimators that declare their client"),
+    (dict(model="centralized"), "a Flower run trains estimators that declare their client"),
     (dict(model="nope"), "fedcf-model=.nope.: .nope. is not a registered estimator"),
     (dict(model="fedrecon-implicit", eval_fraction=0.2), "eval-fraction=0.2 with fedcf-model"),
     (dict(model="fedrecon-implicit", params={"biases": True}), "FedReconImplicitMF has no "
@@ -1133,8 +1149,8 @@ def test_a_node_refuses_parameters_its_model_does_not_take():
 
     from fedcf.flower.wire import client_estimator
 
-    with pytest.raises(ValueError, match="FedMF is not one"):
-        client_estimator(json.dumps({"model": "fedmf"}))
+    with pytest.raises(ValueError, match="is not one"):
+        client_estimator(json.dumps({"model": "centralized"}))
     with pytest.raises(ValueError, match="FedReconImplicitMF has no parameter 'biases'"):
         client_estimator(json.dumps({"model": "fedrecon-implicit", "biases": True}))
 

@@ -1,6 +1,7 @@
-"""Stateful estimators over Flower messages: FURL's devices keep their user rows in the run's
-node state (the server never receives one), FedAvg's rows travel with each message and back;
-either way the fitted global model is the in-process one bit for bit."""
+"""Stateful estimators over Flower messages: FURL's, FedMF's, PFedRec's and FedNCF's devices
+keep their user rows in the run's node state (the server never receives one), FedAvg's rows
+travel with each message and back; either way the fitted global model is the in-process one
+bit for bit."""
 
 import json
 
@@ -67,6 +68,37 @@ def test_furl_over_messages_keeps_each_row_on_its_device(tmp_path, aggregator):
     assert model._fitted("user_factors_") is None and len(model.user_ids_) == 0
     with np.load(res["model_path"]) as f:
         assert not {"user_factors_", "user_biases_", "seen_items"} & set(f.files)
+
+
+@pytest.mark.parametrize("model, aggregator", [
+    ("fedmf", None), ("pfedrec", {"name": "mean"}), ("fedncf", None),
+    ("fedncf", {"name": "secure", "min_cohort": 2}),
+])
+def test_sampled_negative_models_over_messages_are_the_in_process_model(tmp_path, model,
+                                                                        aggregator):
+    """FedMF, PFedRec and FedNCF: each device draws its negatives from its own items (the
+    node builds the client program on its own data; the server holds none) and keeps its user
+    part; the global model — FedNCF's MLP too — is the in-process fit's bit for bit, plain,
+    as node sums, or masked; no row leaves a device; the saved model serves new users."""
+    grid = FakeGrid(partitions(3))
+    res, fitted, ref, _ = _serve(tmp_path, model, grid, aggregator, eval_fraction=0.0)
+    assert res["refusals"] == [] and type(fitted) is type(ref)
+    np.testing.assert_array_equal(fitted.item_factors_, ref.item_factors_)
+    np.testing.assert_array_equal(fitted.item_biases_, ref.item_biases_)
+    if model == "fedncf":
+        np.testing.assert_array_equal(fitted.dense_params_, ref.dense_params_)
+    assert [h["loss"] for h in res["history"]] == [h["loss"] for h in ref.history_]
+    kept = _kept(grid)
+    assert kept
+    for u, (p, c) in kept.items():
+        k = int(np.searchsorted(ref.user_ids_, u))
+        np.testing.assert_array_equal(p, ref.user_factors_[k])
+        assert c == ref.user_biases_[k]
+    assert all("rows" not in records for _, d, records in grid.log if d == "up")
+    assert fitted._fitted("user_factors_") is None
+    if model != "pfedrec":  # (PFedRec finetunes on fit data, which a loaded model lacks)
+        top = fitted.recommend(fitted.item_ids_[:3], n=5)
+        assert len(top) == 5 and not set(top["item"]) & set(fitted.item_ids_[:3])
 
 
 def test_fedavg_over_messages_brings_each_row_back_to_the_server(tmp_path):

@@ -216,7 +216,7 @@ def global_model(own: Interactions, est, glob) -> tuple:
         Q, b = glob["Q"].numpy(), glob["b"].numpy()
     except KeyError as e:
         raise NodeDataError(f"the message's global record lacks {e}") from None
-    shape = (own.n_items, est.n_factors)
+    shape = est._global_shape(own.n_items)
     if Q.shape != shape or b.shape != shape[:1]:
         raise NodeDataError(f"the message's model has Q {Q.shape} and b {b.shape}; this node's "
                             f"catalog and n_factors need Q {shape} and b {shape[:1]}")
@@ -328,8 +328,8 @@ def _client_work(own: Interactions, config, glob, user_rows: NodeRows | None = N
             len(np.unique(clients)) != len(clients):
         raise NodeDataError("the message's clients must be distinct ids >= 0, one per user")
     est = client_estimator(config["params"])
-    program = est.client_program(None, message_number(config, "mu"))
     sub = own.subset_users(rows)  # this node's users only
+    program = est.client_program(sub, message_number(config, "mu"))  # built on its own data
     Q, b = global_model(own, est, glob)
     ids = glob["ids"].numpy() if "ids" in glob else np.zeros(0)
     if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):

@@ -167,7 +167,7 @@ class Settings:
         est = self.estimator()
         if isinstance(est, FedReconMF):
             self._check_fedrecon(est)
-        if est.client_program(None, 0.0).server_rows and est._aggregator().inner.secure:
+        if est._server_rows and est._aggregator().inner.secure:
             raise ValueError(f"fedcf-model={self.model!r} with secure aggregation: its user "
                              "rows go back to the server in the clear with each upload "
                              "(FedAvg), which a masked round does not carry; use 'furl', "

@@ -45,9 +45,10 @@ NO_CATALOG = "has no item catalog yet"
 
 def flower_estimator(model):
     """The estimator class registered as ``model``, if a Flower run can train it: one that
-    declares the parameters its clients compute with (``_client_params``): FedRecon explicit
-    and implicit, and FedAvg/FURL, whose user rows the nodes keep or carry (``rows.NodeRows``);
-    anything else is refused, naming it."""
+    declares the parameters its clients compute with (``_client_params``): every federated
+    estimator — FedRecon explicit and implicit, and those whose user rows the nodes keep or
+    carry (FURL, FedAvg, FedMF, PFedRec, FedNCF; ``rows.NodeRows``); anything else (a
+    centralized model) is refused, naming it."""
     try:
         cls = registry.lookup("estimator", model)
     except ValueError as e:
@@ -55,9 +56,14 @@ def flower_estimator(model):
     if not isinstance(cls, type) or not issubclass(cls, FederatedMFBase) or \
             cls._client_params is None:
         raise ValueError(f"fedcf-model={model!r}: a Flower run trains estimators that declare "
-                         "their client parameters (FedReconMF, FedReconImplicitMF, FedAvgMF, "
-                         f"FURLMF, or a subclass); {cls.__name__} is not one")
+                         "their client parameters (a federated estimator: "
+                         f"{', '.join(_federated_names())}); {cls.__name__} is not one")
     return cls
+
+
+def _federated_names() -> list[str]:
+    return [n for n in registry.names("estimator") if isinstance(
+        c := registry.lookup("estimator", n), type) and issubclass(c, FederatedMFBase)]
 
 
 class ReplyError(ValueError):

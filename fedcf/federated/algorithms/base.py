@@ -73,9 +73,10 @@ class FederatedMFBase(MFEstimatorBase):
 
     # ------------------------------------------------------------------ hooks
     _client_update_name = "ClientUpdate"  # what ``client_update=`` takes (errors name it)
-    # the parameters that decide what a stateless client computes (a Flower node builds the
-    # estimator from them); None: the clients cannot run over Flower
+    # the parameters that decide what a client computes (a Flower node builds the estimator
+    # from them); None: the clients cannot run over Flower
     _client_params: tuple[str, ...] | None = None
+    _server_rows = False  # kept user rows are the server's (FedAvg), not the devices
     reconstruction = "als"  # how a user part is rebuilt from a support set (new users too)
     _reconstruction_kind = Reconstruction  # what ``reconstruction=`` takes
     _default_recon_lam = 0.1  # the ridge λ when the reconstruction names none
@@ -325,6 +326,11 @@ class FederatedMFBase(MFEstimatorBase):
                           np.array([self._seed(), round_idx], np.uint64))
         finally:
             ex.close()
+
+    def _global_shape(self, n_items: int) -> tuple[int, int]:
+        """(rows, columns) of a round's ``Q`` over ``n_items`` items (``b`` has the rows): what
+        a node checks a message's model against."""
+        return n_items, self._row_width()
 
     def _global_params(self) -> dict:
         """The fitted global parameters as a round sees them."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..._kernels.neumf import neumf_clients, neumf_fold_in
 from ...models.base import check_memory
-from ...models.negatives import check_layers, exclusion_csr
+from ...models.negatives import check_layers
 from ...models.sampled_nets import NeuMFNet
 from .sampled_mf import FedMF, SampledProgram
 
@@ -94,6 +94,7 @@ class FedNCF(FedMF):
                               "layers": lambda name, v: check_layers(v)}
     _default_learning_rate = 0.5
     _item_rate_factor = 2.0
+    _client_params = (*FedMF._client_params, "layers")
 
     def __init__(self, n_factors=32, *, layers=(32, 16), n_rounds=100, clients_per_round=1000,
                  client_update="sampled", negatives=4, upload_items=True, server_optimizer="sgd",
@@ -129,6 +130,9 @@ class FedNCF(FedMF):
         check_memory(self._memory_need(inter, dtype) + dense, f"FedNCF with layers="
                      f"{self.layers!r}, n_factors={self.n_factors}", "lower layers or n_factors")
 
+    def _global_shape(self, n_items: int) -> tuple[int, int]:
+        return n_items + self._n_dense(), self._row_width()  # the MLP's rows after the items
+
     def _n_dense(self) -> int:
         """Rows of the global matrix that hold the dense parameters."""
         size = self._net().dense_size
@@ -158,7 +162,7 @@ class FedNCF(FedMF):
 
     def client_program(self, inter, mu):
         return NeuMFProgram(self._cfg(inter.n_items), np.zeros(0, np.int64),
-                            exclusion_csr(inter, self._exclude_arg), inter.n_items,
+                            self._exclusions(inter), inter.n_items,
                             self._widths(), self._n_dense())
 
     # ------------------------------------------------------------------ serving

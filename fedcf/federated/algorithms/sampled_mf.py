@@ -160,6 +160,8 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
         "negatives": Int(1, 1000), "upload_items": Bool(),
     }
     _client_update_name = "SampledUpdate"
+    _client_params = ("n_factors", "client_update", "negatives", "upload_items", "dtype",
+                      "random_state")
     _default_learning_rate = 0.1  # the user part's step when client_update names none
     _item_rate_factor = 80.0  # the item rows' step: this × n_items × the user part's
 
@@ -202,12 +204,18 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
         """The training data as fit uses it, and this fit's exclusions (``exclusions_``: each
         device's items never drawn as negatives, kept for scoring)."""
         inter = super()._public_vocabulary(inter)
-        self.exclusions_ = exclusion_csr(inter, self._exclude_arg)
+        self.exclusions_ = self._exclusions(inter)
         check_negatives(self.negatives, inter.n_items)
         return inter
 
+    def _exclusions(self, inter):
+        """Each device's items never drawn as negatives (``exclusion_csr``); None for a
+        population whose ratings stay on the devices (a Flower server's): each device builds
+        its own rows from its own data."""
+        return exclusion_csr(inter, self._exclude_arg) if inter.holds_ratings else None
+
     def _fit_inputs(self) -> dict:
-        return {"exclude": _digest(self.exclusions_)}
+        return {"exclude": None if self.exclusions_ is None else _digest(self.exclusions_)}
 
     def _init_globals(self, inter, rng, dtype) -> dict:
         Q = rng.normal(0.0, self.init_scale, (inter.n_items, self.n_factors))
@@ -241,7 +249,7 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
 
     def client_program(self, inter, mu):
         return SampledProgram(self._cfg(inter.n_items), np.array(self._stages, np.int64),
-                              exclusion_csr(inter, self._exclude_arg), inter.n_items)
+                              self._exclusions(inter), inter.n_items)
 
     def _release_mean_and_scale(self, stats):
         return 0.0, None  # logits: no global mean, no rating scale

@@ -172,8 +172,6 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
     def _local_state(self) -> UserRows:
         return UserRows(self.init_scale)
 
-    _server_rows = False  # FedAvg: the server stores the user rows
-
     def client_program(self, inter, mu):
         return StatefulProgram(self._update_hp(mu, True), self._server_rows)
 
