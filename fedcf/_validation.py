@@ -146,6 +146,34 @@ def Bool():
     return rule
 
 
+BIAS_CHOICES = {False: (False, False), True: (True, True), "item": (True, False),
+                "user": (False, True)}
+
+
+def Biases():
+    """An implicit model's ``biases``: False, True (an item and a user bias), "item" or
+    "user"."""
+    def rule(name, v):
+        if not (isinstance(v, (bool, np.bool_)) or (isinstance(v, str) and v in ("item", "user"))):
+            raise ValueError(f"{name} must be False, True (an item and a user bias), 'item' or "
+                             f"'user', got {v!r}")
+        return bool(v) if isinstance(v, (bool, np.bool_)) else v
+    return rule
+
+
+def bias_flags(biases) -> tuple[bool, bool]:
+    """(item bias, user bias) of an implicit model's ``biases``."""
+    return BIAS_CHOICES[Biases()("biases", biases)]
+
+
+def moved_biases(params: dict) -> dict:
+    """A saved model's parameters with the former ``item_bias``/``user_bias`` as ``biases``."""
+    if "item_bias" in params or "user_bias" in params:
+        flags = (bool(params.pop("item_bias", False)), bool(params.pop("user_bias", False)))
+        params["biases"] = {v: k for k, v in BIAS_CHOICES.items()}[flags]
+    return params
+
+
 def Dtype():
     return lambda name, v: check_dtype(v)
 
@@ -212,10 +240,11 @@ MOVED = {
     "recon_steps": ("reconstruction", "reconstruction=SGDReconstruction(steps=...)"),
     "recon_learning_rate": ("reconstruction",
                             "reconstruction=SGDReconstruction(learning_rate=...)"),
-    "item_bias": ("biases", "biases=True/False"),
-    "user_bias": ("biases", "biases=True/False"),
+    "item_bias": ("biases", "biases=True/False (an implicit model also takes 'item' or "
+                  "'user' for one of the two)"),
+    "user_bias": ("biases", "biases=True/False (an implicit model also takes 'item' or "
+                  "'user' for one of the two)"),
     "use_biases": ("biases", "biases=True/False"),
-    "biases": ("item_bias", "item_bias=... and user_bias=..."),
     "n_epochs": ("n_rounds", "n_rounds=... (a federated fit counts rounds, not epochs)"),
     "noise_multiplier": ("aggregator", "aggregator=DPGaussianMean(..., noise_multiplier=...)"),
     "clip_norm": ("aggregator", "aggregator=DPGaussianMean(clip_norm=...) or NormClippedMean"),
@@ -233,7 +262,9 @@ def unknown_parameter(cls, name: str, known) -> str:
     known = list(known)
     where, advice = MOVED.get(name, (None, None))
     if where in known:  # the client update's class: ClientUpdate, or FedMF's SampledUpdate
-        hint = f"set it with {advice.format(update=cls._client_update_name)}"
+        if "{update}" in advice:  # (only a federated class has a client update)
+            advice = advice.format(update=cls._client_update_name)
+        hint = f"set it with {advice}"
     else:
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"did you mean {' or '.join(close)}?" if close else "it takes: " + ", ".join(known)

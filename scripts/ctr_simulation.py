@@ -143,7 +143,7 @@ def simulate(args, seed: int, quiet: bool = False) -> dict:
     fed.fit(train, callback=track, availability=available)
     fed_s = time.perf_counter() - t0
     models = {"fedrecon": fed}
-    for name, kw in [("fedrecon_biases", dict(item_bias=True, user_bias=True)),
+    for name, kw in [("fedrecon_biases", dict(biases=True)),
                      ("fedrecon_full_negatives", dict(full_negatives=True))]:
         models[name] = FedReconImplicitMF(args.factors, **kw, **fed_kw).fit(
             train, availability=available)
@@ -153,7 +153,7 @@ def simulate(args, seed: int, quiet: bool = False) -> dict:
     central_s = time.perf_counter() - t0
     models["centralized_biases"] = ImplicitMF(
         args.factors, regularization=args.central_lambda, alpha=1.0, n_epochs=10,
-        item_bias=True, user_bias=True, random_state=seed).fit(train)
+        biases=True, random_state=seed).fit(train)
     hist = fed.history_
     print(f"FedRecon: {args.rounds} rounds x {args.clients} clients in {fed_s:.1f} s; "
           f"mean clients used {np.mean([h['clients_used'] for h in hist]):.0f}, dropped "

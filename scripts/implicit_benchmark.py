@@ -106,7 +106,7 @@ def main(argv=None):
                                secs))
     t0 = time.perf_counter()
     ob = ImplicitMF(args.factors, regularization=args.biased_regularization, alpha=args.alpha,
-                    n_epochs=args.iterations, item_bias=True, user_bias=True,
+                    n_epochs=args.iterations, biases=True,
                     random_state=args.seed).fit(tr)
     rows.append(report("fedcf ImplicitMF with biases", "seen",
                        ranking_metrics(model_scores(ob, ob.user_factors_, ob.user_biases_), tr,
@@ -124,7 +124,7 @@ def main(argv=None):
                                  reconstruction=RidgeReconstruction(args.regularization),
                                  n_rounds=args.rounds,
                                  clients_per_round=args.clients, full_negatives=full,
-                                 item_bias=biases, user_bias=biases,
+                                 biases=biases,
                                  random_state=args.seed).fit(tr_u)
         P, c = fed.reconstruct_users(sup)
         up = float(np.mean([h["values_up"] for h in fed.history_]))
@@ -144,7 +144,7 @@ def main(argv=None):
                        time.perf_counter() - t0))
     t0 = time.perf_counter()
     cb = ImplicitMF(args.factors, regularization=args.biased_regularization, alpha=args.alpha,
-                    n_epochs=args.iterations, item_bias=True, user_bias=True,
+                    n_epochs=args.iterations, biases=True,
                     random_state=args.seed).fit(tr_u)
     rows.append(report("centralized ImplicitMF with biases + fold-in", "unseen",
                        ranking_metrics(model_scores(cb, *cb.reconstruct_users(sup)), sup, qry),

@@ -22,14 +22,15 @@ ESTIMATORS = [
     FedAvgMF(**FED, **SMALL),
     FURLMF(**FED, **SMALL),
     FedReconImplicitMF(**FED, **SMALL),
-    ImplicitMF(n_epochs=3, item_bias=True, user_bias=True, **SMALL),
-    FedReconImplicitMF(item_bias=True, user_bias=True, **FED, **SMALL),
+    ImplicitMF(n_epochs=3, biases=True, **SMALL),
+    FedReconImplicitMF(biases=True, **FED, **SMALL),
     FedMF(**FED, **SMALL),
     FedNCF(layers=(4,), **FED, **SMALL),
 ]
 IDS = [type(e).__name__ + ("-sgd" if isinstance(getattr(e, "reconstruction", ""),
                                                   SGDReconstruction) else "")
-       + ("-biases" if getattr(e, "item_bias", False) else "") for e in ESTIMATORS]
+       + ("-biases" if isinstance(e, (ImplicitMF, FedReconImplicitMF)) and e.biases else "")
+       for e in ESTIMATORS]
 
 
 @pytest.fixture(scope="module")

@@ -199,7 +199,7 @@ def test_federated_implicit_is_identical_with_one_and_two_threads(clicks, full, 
         for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(threads)
             m = FedReconImplicitMF(n_factors=4, n_rounds=3, clients_per_round=40,
-                                   full_negatives=full, item_bias=biases, user_bias=biases,
+                                   full_negatives=full, biases=biases,
                                    random_state=5).fit(train)
             got.append(np.c_[m.item_factors_, m.item_biases_])
     finally:
@@ -207,8 +207,9 @@ def test_federated_implicit_is_identical_with_one_and_two_threads(clicks, full, 
     assert np.array_equal(got[0], got[1])
 
 
-@pytest.mark.parametrize("ib,ub", [(True, False), (False, True), (True, True)])
-def test_biased_sweeps_equal_the_dense_twin(clicks, ib, ub):
+@pytest.mark.parametrize("biases,ib,ub", [("item", True, False), ("user", False, True),
+                                          (True, True, True)])
+def test_biased_sweeps_equal_the_dense_twin(clicks, biases, ib, ub):
     """Two ALS sweeps with biases equal alternating the dense weighted least squares of
     p_ui − b_i − c_u on [p, 1] / [q, 1]: the bias columns and offsets are the model's."""
     from sklearn.utils import check_random_state
@@ -216,7 +217,7 @@ def test_biased_sweeps_equal_the_dense_twin(clicks, ib, ub):
     from fedcf import _reference as ref
 
     train, _ = clicks
-    m = ImplicitMF(5, regularization=0.2, alpha=2.0, n_epochs=2, item_bias=ib, user_bias=ub,
+    m = ImplicitMF(5, regularization=0.2, alpha=2.0, n_epochs=2, biases=biases,
                    init_scale=0.1, dtype="float64", random_state=3).fit(train)
     rng = check_random_state(3)
     P = rng.standard_normal((train.n_users, 5)) * 0.1
@@ -265,7 +266,7 @@ def test_item_bias_learns_popularity_that_factors_alone_miss():
         return click_auc(S[~seen], held[~seen])
     aucs = {}
     for ib in (False, True):
-        m = ImplicitMF(2, regularization=50.0, n_epochs=8, item_bias=ib, user_bias=ib,
+        m = ImplicitMF(2, regularization=50.0, n_epochs=8, biases=ib,
                        random_state=0).fit(train)
         S = m.user_factors_.astype(float) @ m.item_factors_.T.astype(float) \
             + m.item_biases_ + m.user_biases_[:, None]
@@ -281,27 +282,27 @@ def test_federated_item_bias_is_aggregated_and_user_bias_stays_local(clicks):
     kw = dict(n_rounds=20, clients_per_round=40, random_state=0)
     plain = FedReconImplicitMF(6, **kw).fit(train)
     assert np.all(plain.item_biases_ == 0)
-    m = FedReconImplicitMF(6, item_bias=True, user_bias=True, **kw).fit(train)
+    m = FedReconImplicitMF(6, biases=True, **kw).fit(train)
     assert np.abs(m.item_biases_).max() > 0 and m.global_mean_ == 0.0
     assert np.all(np.isfinite(m.item_biases_))
     P, c = m.reconstruct_users(train.subset_users(np.arange(5)))
     assert np.abs(c).max() > 0  # reconstructed on the device, not a model attribute
     with pytest.raises(ValueError, match="full_negatives=True has no bias terms"):
-        FedReconImplicitMF(6, full_negatives=True, item_bias=True, **kw).fit(train)
+        FedReconImplicitMF(6, full_negatives=True, biases="item", **kw).fit(train)
 
 
 def test_biased_models_round_trip_through_save(clicks, tmp_path):
     from fedcf import FedReconImplicitMF, load_model
 
     train, _ = clicks
-    for m in (ImplicitMF(4, n_epochs=2, item_bias=True, user_bias=True, random_state=0),
-              FedReconImplicitMF(4, n_rounds=5, clients_per_round=20, item_bias=True,
-                                 user_bias=True, random_state=0)):
+    for m in (ImplicitMF(4, n_epochs=2, biases=True, random_state=0),
+              FedReconImplicitMF(4, n_rounds=5, clients_per_round=20, biases=True,
+                                 random_state=0)):
         m.fit(train)
         path = tmp_path / f"{type(m).__name__}.npz"
         m.save(path)
         back = load_model(path)
-        assert back.get_params()["item_bias"] and back.get_params()["user_bias"]
+        assert back.get_params()["biases"] is True
         np.testing.assert_array_equal(back.item_biases_, m.item_biases_)
         a = m.recommend(items=[train.item_ids[0], train.item_ids[1]], n=5)
         b = back.recommend(items=[train.item_ids[0], train.item_ids[1]], n=5)
@@ -311,16 +312,46 @@ def test_biased_models_round_trip_through_save(clicks, tmp_path):
 
 def test_item_bias_deltas_are_noised_under_dp_and_absent_without_biases(clicks):
     """The DP release noises every item's bias when the model has item biases (an untouched
-    item's bias is pure noise), and leaves them at zero when it has none."""
+    item's bias is pure noise), and leaves them at zero when it has none (a user bias alone
+    puts nothing in an upload)."""
     from fedcf import FedReconImplicitMF
     from fedcf.federated import DPGaussianMean
 
     train, _ = clicks
     got = {}
-    for biases in (False, True):
-        m = FedReconImplicitMF(4, n_rounds=3, clients_per_round=50, item_bias=biases,
+    for biases in (False, "item", "user"):
+        m = FedReconImplicitMF(4, n_rounds=3, clients_per_round=50, biases=biases,
                                aggregator=DPGaussianMean(clip_norm=0.5, noise_multiplier=1.0),
                                random_state=0).fit(train)
         got[biases] = m.item_biases_
-    assert np.all(got[False] == 0)
-    assert np.mean(got[True] != 0) > 0.99 and np.all(np.isfinite(got[True]))
+    assert np.all(got[False] == 0) and np.all(got["user"] == 0)
+    assert np.mean(got["item"] != 0) > 0.99 and np.all(np.isfinite(got["item"]))
+
+
+@pytest.mark.parametrize("cls", [ImplicitMF, "FedReconImplicitMF"])
+def test_one_bias_vocabulary_and_the_old_names_say_where_it_moved(cls, clicks, tmp_path):
+    """``biases`` (False, True, "item", "user") as on every model; the former
+    ``item_bias``/``user_bias`` are refused with where the setting lives, and a model saved
+    with them loads with them moved."""
+    import json
+
+    import fedcf
+    from fedcf import load_model
+    from fedcf._io import atomic_savez, load_npz
+
+    cls = getattr(fedcf, cls) if isinstance(cls, str) else cls
+    with pytest.raises(TypeError, match="no parameter 'item_bias'; set it with biases="):
+        cls(item_bias=True)
+    for bad in ("both", 1, None, [True]):
+        with pytest.raises(ValueError, match="biases must be False, True .*'item' or 'user'"):
+            cls(biases=bad).check_params()
+    train, _ = clicks
+    kw = {"n_epochs": 1} if cls is ImplicitMF else {"n_rounds": 2, "clients_per_round": 20}
+    m = cls(3, biases="item", random_state=0, **kw).fit(train)
+    arrays, meta = load_npz(m.save(tmp_path / "m.npz"), meta_key="metadata", what="model")
+    meta["params"].pop("biases")
+    meta["params"].update(item_bias=True, user_bias=False)
+    back = load_model(atomic_savez(tmp_path / "old.npz", arrays, json.loads(json.dumps(meta)),
+                                   meta_key="metadata"))
+    assert back.biases == "item"
+    np.testing.assert_array_equal(back.item_biases_, m.item_biases_)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedcf import FURLMF, FedReconImplicitMF, FedReconMF, load_model, registry
+from fedcf import FURLMF, CentralizedMF, FedReconImplicitMF, FedReconMF, load_model, registry
 from fedcf.datasets import DataValidationError, make_synthetic_ratings
 from fedcf.federated import (
     NCF,
@@ -254,6 +254,8 @@ def test_sgd_reconstruction_divergence_blames_the_reconstruction(client_lr, pop)
     (lambda: FedMF(epochs=2), "client_update=SampledUpdate\\(epochs="),
     (lambda: FedNCF(learning_rate=0.1), "client_update=SampledUpdate\\(learning_rate="),
     (lambda: NCF(lr=1), "NCF has no parameter 'lr'; it takes: n_factors"),
+    (lambda: CentralizedMF(use_biases=True), "set it with biases=True/False"),
+    (lambda: FedReconImplicitMF(user_bias=True), "set it with biases=True/False"),
 ])
 def test_an_unknown_constructor_name_says_where_the_setting_lives(make, match):
     with pytest.raises(TypeError, match=match):

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from .._kernels.als import implicit_solve_rows
 from .._kernels.layout import implicit_als_cfg
-from .._validation import Bool, Dtype, Int, RandomState, Real
+from .._validation import Biases, Bool, Dtype, Int, RandomState, Real, bias_flags, moved_biases
 from ..datasets import Interactions
 from .base import MFEstimatorBase, RankingScoreMixin, atomic_fit, check_memory
 from .prediction import warn_non_finite
@@ -74,14 +74,13 @@ class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
         ALS sweeps (users then items).
     init_scale : float
         Std of the normal initialization.
-    item_bias : bool, default False
-        Learn an item bias b_i: preference p_ui is fitted by b_i + p_u·q_i, so item popularity
-        need not be carried by the factors. Solved exactly with the item rows (a constant 1 is
-        appended to the user side in the item half-step, b is an offset in the user half-step),
-        regularized by the same λ.
-    user_bias : bool, default False
-        Learn a user bias c_u in the same way. It does not change a user's ranking, but it does
-        change scores compared across users (click AUC over pooled impressions).
+    biases : bool or {"item", "user"}, default False
+        True learns an item bias b_i and a user bias c_u; "item" or "user" only the one. With
+        b_i, preference p_ui is fitted by b_i + p_u·q_i, so item popularity need not be carried
+        by the factors; it is solved exactly with the item rows (a constant 1 is appended to the
+        user side in the item half-step, b is an offset in the user half-step), regularized by
+        the same λ. c_u is learned in the same way: it does not change a user's ranking, but it
+        does change scores compared across users (click AUC over pooled impressions).
     dtype, random_state, verbose
 
     Attributes
@@ -103,24 +102,25 @@ class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
     _parameter_constraints = {
         "n_factors": Int(1), "regularization": Real(0.0, low_open=True), "alpha": Real(0.0),
         "n_epochs": Int(0, 10**7), "init_scale": Real(0.0, low_open=True), "dtype": Dtype(),
-        "item_bias": Bool(), "user_bias": Bool(), "random_state": RandomState(), "verbose": Bool(),
+        "biases": Biases(), "random_state": RandomState(), "verbose": Bool(),
     }
 
     def __init__(self, n_factors=50, *, regularization=0.01, alpha=1.0, n_epochs=15,
-                 init_scale=0.01, item_bias=False, user_bias=False, dtype="float32",
+                 init_scale=0.01, biases=False, dtype="float32",
                  random_state=None, verbose=False):
         self.n_factors = n_factors
         self.regularization = regularization
         self.alpha = alpha
         self.n_epochs = n_epochs
         self.init_scale = init_scale
-        self.item_bias = item_bias
-        self.user_bias = user_bias
+        self.biases = biases
         self.dtype = dtype
         self.random_state = random_state
         self.verbose = verbose
 
-    biases = False  # the model has no bias terms (read by the shared machinery)
+    @classmethod
+    def _saved_params(cls, params: dict) -> dict:
+        return moved_biases(params)  # saved as item_bias / user_bias before
 
     @atomic_fit
     def fit(self, X, y=None, **data_kwargs):
@@ -138,7 +138,7 @@ class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
         c, b = np.zeros(inter.n_users, dtype), np.zeros(inter.n_items, dtype)
         i_indptr, i_users, i_vals = inter.to_item_csr()
         cfg = implicit_als_cfg(self.alpha, self.regularization)
-        ib, ub = bool(self.item_bias), bool(self.user_bias)
+        ib, ub = bias_flags(self.biases)
         history = []
         for epoch in tqdm(range(self.n_epochs), desc="ImplicitMF", disable=not self.verbose,
                           leave=False):
@@ -158,8 +158,8 @@ class ImplicitMF(RankingScoreMixin, MFEstimatorBase):
         """Fold-in: the exact weighted-ALS solve of each row against the frozen items."""
         return implicit_fold_in(self.item_factors_, indptr, items, values, self.alpha,
                                 self.regularization,
-                                item_biases=self.item_biases_ if self.item_bias else None,
-                                user_bias=bool(self.user_bias))
+                                item_biases=self.item_biases_ if bias_flags(self.biases)[0]
+                                else None, user_bias=bias_flags(self.biases)[1])
 
 
 def implicit_fold_in(Q, indptr, items, values, alpha, lam, *, item_biases=None,

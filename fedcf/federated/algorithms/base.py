@@ -90,8 +90,7 @@ class FederatedMFBase(MFEstimatorBase):
 
     @classmethod
     def _saved_params(cls, params: dict) -> dict:
-        """A model saved when FedReconImplicitMF, FedAvgMF and FURLMF took the reconstruction's
-        λ flat (``recon_regularization``) loads with it in ``reconstruction``."""
+        """A model saved with the flat ``recon_regularization`` loads with it moved."""
         if "recon_regularization" in params:
             params["reconstruction"] = RidgeReconstruction(params.pop("recon_regularization"))
         return params
@@ -102,8 +101,7 @@ class FederatedMFBase(MFEstimatorBase):
         return {"Q": Q.astype(dtype), "b": np.zeros(inter.n_items, dtype)}
 
     def _local_state(self):
-        """The clients' state kept between rounds (the stateful baselines' ``UserRows``), or
-        None: stateless clients (Federated Reconstruction)."""
+        """The clients' state kept between rounds (``UserRows``), or None (FedRecon)."""
         return None
 
     def _coerce(self, X, y, **data_kwargs) -> Interactions:
@@ -212,7 +210,8 @@ class FederatedMFBase(MFEstimatorBase):
         return self._client_update().rate(self._default_learning_rate)
 
     def _update_hp(self, mu, joint):
-        return self._client_update().hp(self._default_learning_rate, mu, self.biases, joint)
+        return self._client_update().hp(self._default_learning_rate, mu, self._item_biases(),
+                                         joint)
 
     def _check_combinations(self):
         """Rules that involve several parameters (subclasses extend)."""
@@ -221,7 +220,7 @@ class FederatedMFBase(MFEstimatorBase):
             check_learnable(self, hg, self._local_state() is not None)
         if self._dp_release() and "rating_scale" in self._parameter_constraints:
             self._aggregator().public_release(self._check_params().get("rating_scale"),
-                                              bool(self.biases))  # names what is missing
+                                              self._item_biases())  # names what is missing
         if self._aggregator().sampling == "poisson" and self.oversample > 0:
             raise ValueError("oversample must be 0 with DPGaussianMean: differential privacy "
                              "samples clients by Poisson sampling, which has no surplus to cut")
@@ -241,7 +240,7 @@ class FederatedMFBase(MFEstimatorBase):
     def release_mean(self, stats: dict | None = None) -> float:
         """μ a fit uses and releases: under DP the public one (``stats`` unused), else the
         training data's mean ``stats["mean"]`` (0 without biases)."""
-        if stats is None and not self._dp_release() and self.biases:
+        if stats is None and not self._dp_release() and self._item_biases():
             raise ValueError("release_mean needs the data's value statistics (stats=) when the "
                              "model is not trained under differential privacy")
         return self._release_mean_and_scale(stats)[0]
@@ -328,9 +327,12 @@ class FederatedMFBase(MFEstimatorBase):
             ex.close()
 
     def _global_shape(self, n_items: int) -> tuple[int, int]:
-        """(rows, columns) of a round's ``Q`` over ``n_items`` items (``b`` has the rows): what
-        a node checks a message's model against."""
+        """(rows, columns) of a round's ``Q`` (``b`` has the rows) over ``n_items`` items."""
         return n_items, self._row_width()
+
+    def _item_biases(self) -> bool:
+        """Whether the model has item biases: every upload carries their deltas."""
+        return bool(self.biases)
 
     def _global_params(self) -> dict:
         """The fitted global parameters as a round sees them."""
@@ -371,7 +373,7 @@ class FederatedMFBase(MFEstimatorBase):
                   aggregator=aggregator.bind(RunContext(
                       n_eligible=len(eligible), clients_per_round=self.clients_per_round,
                       n_rounds=self.n_rounds, n_items=len(params["b"]), n_factors=K, seed=seed,
-                      biases=bool(self.biases),
+                      biases=self._item_biases(),
                       eligible_weights=program.layout(counts[eligible])[0],
                       reports=None if self._hypergradients() is None else
                       "cohort" if hyper_select is None else "holdout",
@@ -395,8 +397,8 @@ class FederatedMFBase(MFEstimatorBase):
         if self._dp_release():
             if "rating_scale" not in self._parameter_constraints:  # implicit: no rating scale
                 return 0.0, None
-            return self._aggregator().public_release(scale, bool(self.biases)), scale
-        return (stats["mean"] if self.biases else 0.0), scale or (stats["min"], stats["max"])
+            return self._aggregator().public_release(scale, self._item_biases()), scale
+        return (stats["mean"] if self._item_biases() else 0.0), scale or (stats["min"], stats["max"])
 
     def _public_vocabulary(self, inter):
         """Under DP with ``public_items``: the data on exactly that item vocabulary (a training

@@ -13,7 +13,7 @@ from ..._kernels.implicit_clients import (
     implicit_slots,
 )
 from ..._kernels.layout import IC_ITEM_BIAS, IC_SPLIT, IC_SUPPORT_FRAC, IC_USER_BIAS, implicit_cfg
-from ..._validation import Bool, Int, Real
+from ..._validation import Biases, Bool, Int, Real, bias_flags, moved_biases
 from ...models.base import RankingScoreMixin
 from ...models.implicit_mf import coerce_implicit, implicit_fold_in, implicit_side
 from ..round.contracts import WholeModelBroadcast, phase_rule
@@ -53,7 +53,7 @@ class ImplicitProgram(WholeModelBroadcast):
 
 class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     """Federated Reconstruction for implicit feedback (clicks, shares), score = p_u·q_i
-    (+ b_i + c_u with ``item_bias`` / ``user_bias``).
+    (+ b_i + c_u with ``biases``).
 
     Each round a sampled client reconstructs its embedding p exactly by confidence-weighted ALS
     (Hu, Koren & Volinsky: confidence 1 + ``alpha``·r on its items, 1 elsewhere) against the
@@ -86,12 +86,11 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     negative_weight : float, default 1.0
         ν, the weight of the negative term.
     full_negatives : bool, default False
-    item_bias : bool, default False
-        A global item bias b_i, aggregated like the item rows (its deltas are part of every
-        upload, clipped and noised with them under DP); the reconstruction treats it as an offset.
-        Needs sampled negatives.
-    user_bias : bool, default False
-        A local user bias c_u, reconstructed with p on the device (never uploaded).
+    biases : bool or {"item", "user"}, default False
+        True: a global item bias b_i and a local user bias c_u; "item" or "user": only the one.
+        b_i is aggregated like the item rows (its deltas are part of every upload, clipped and
+        noised with them under DP); the reconstruction treats it as an offset. c_u is
+        reconstructed with p on the device (never uploaded). Needs sampled negatives.
     split : {"none", "random", "time"} or SupportQuerySplit, default "none"
         As in FedReconMF.
     init_scale : float, default 0.1
@@ -115,21 +114,20 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
 
     _reconstruction_kind = RidgeReconstruction  # the confidence-weighted ridge solve
     _client_params = ("n_factors", "alpha", "reconstruction", "client_update", "negatives",
-                      "negative_weight", "full_negatives", "item_bias", "user_bias", "split",
+                      "negative_weight", "full_negatives", "biases", "split",
                       "init_scale", "dtype", "random_state")
     _default_recon_lam = 0.01
     _parameter_constraints = {
         **FEDERATED_CONSTRAINTS, **EXECUTOR_CONSTRAINTS,
         "alpha": Real(0.0), "reconstruction": phase_rule("reconstruction", RidgeReconstruction),
         "negatives": Int(0, 10**4), "negative_weight": Real(0.0), "full_negatives": Bool(),
-        "item_bias": Bool(), "user_bias": Bool(),
+        "biases": Biases(),
         "split": phase_rule("split", SupportQuerySplit),
     }
 
     def __init__(self, n_factors=50, *, alpha=1.0, reconstruction="als", n_rounds=500,
                  clients_per_round=100, server_optimizer="sgd", client_update="sgd", negatives=4,
-                 negative_weight=1.0, full_negatives=False, item_bias=False, user_bias=False,
-                 split="none",
+                 negative_weight=1.0, full_negatives=False, biases=False, split="none",
                  client_weighting="num_examples", min_examples=1, oversample=0.0, dropout=0.0,
                  init_scale=0.1, eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, executor=None, random_state=None, verbose=False):
@@ -143,8 +141,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         self.negatives = negatives
         self.negative_weight = negative_weight
         self.full_negatives = full_negatives
-        self.item_bias = item_bias
-        self.user_bias = user_bias
+        self.biases = biases
         self.split = split
         self.client_weighting = client_weighting
         self.min_examples = min_examples
@@ -160,10 +157,12 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         self.random_state = random_state
         self.verbose = verbose
 
-    @property
-    def biases(self) -> bool:
-        """Whether uploads carry item-bias deltas (what DP noises and clipping bounds)."""
-        return bool(self.item_bias)
+    def _item_biases(self) -> bool:
+        return bias_flags(self.biases)[0]  # "user": no item-bias deltas to upload
+
+    @classmethod
+    def _saved_params(cls, params: dict) -> dict:
+        return moved_biases(super()._saved_params(params))  # item_bias / user_bias before
 
     def _release_mean_and_scale(self, stats):
         return 0.0, super()._release_mean_and_scale(stats)[1]  # implicit: no global mean
@@ -174,10 +173,10 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
             raise ValueError(f"reconstruction={self.reconstruction!r}: the implicit ridge solve "
                              "needs regularization > 0 (its confidence weights leave unrated "
                              "directions unbounded); the default is 0.01")
-        if self.full_negatives and (self.item_bias or self.user_bias):
+        if self.full_negatives and any(bias_flags(self.biases)):
             raise ValueError("full_negatives=True has no bias terms (its closed-form negative "
                              "step is linear in the rows); use sampled negatives "
-                             "(full_negatives=False) with item_bias / user_bias")
+                             "(full_negatives=False) with biases")
         if self.full_negatives and self.aggregator is not None:
             raise ValueError("full_negatives=True uploads a K×K matrix per client, which only the "
                              "default weighted mean aggregates; use aggregator=None or sampled "
@@ -193,7 +192,7 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
         split = resolve_split(self.split)
         cfg = implicit_cfg(split.kind, split.support_fraction, self.alpha,
                            self._recon_lam(), self.negatives, self.negative_weight,
-                           self.item_bias, self.user_bias)
+                           *bias_flags(self.biases))
         return ImplicitProgram(cfg, self._update_hp(0.0, False), bool(self.full_negatives))
 
     def fit(self, X, y=None, *, callback=None, availability=None, **data_kwargs):
@@ -207,5 +206,5 @@ class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):
     def _reconstruct_csr(self, indptr, items, values, keys):
         return implicit_fold_in(self.item_factors_, indptr, items, values, self.alpha,
                                 self._recon_lam(),
-                                item_biases=self.item_biases_ if self.item_bias else None,
-                                user_bias=bool(self.user_bias))
+                                item_biases=self.item_biases_ if self._item_biases() else None,
+                                user_bias=bias_flags(self.biases)[1])
