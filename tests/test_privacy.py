@@ -652,3 +652,38 @@ def test_epsilon_against_the_server_is_reported_without_amplification(pop):
     assert len(ks) == 1 and m.epsilon_server_ > 2 * m.epsilon_
     assert m.history_[-1]["epsilon_server"] == m.epsilon_server_
     assert all(h["epsilon_server"] >= h["epsilon"] for h in m.history_)
+
+
+def test_dp_is_a_mechanism_around_a_summing_aggregator():
+    """DifferentialPrivacy is not itself a mean: in the clear it wraps a ``ClippedSum`` (the
+    clip rule and the fixed denominator, linear), and its release is that sum's delta plus the
+    noise — from one call, or from partial sums reduced where the clients ran."""
+    import warnings
+
+    from fedcf.federated import DifferentialPrivacy, SecureAggregation, WeightedMean
+    from fedcf.federated.aggregators.weighted import ClippedSum
+    from fedcf.testing import CONTEXT, uploads
+
+    agg = DPGaussianMean(0.05, 1.0, weight_cap=3.0, insecure_seeded_noise=True)
+    assert not isinstance(agg, WeightedMean) and isinstance(agg.inner, ClippedSum)
+    assert DifferentialPrivacy(SecureAggregation(), 0.5, 1.0).inner.secure
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bound = agg.bind(CONTEXT)
+    clear = bound.inner
+    assert clear.fixed_denominator == bound.denominator_ and clear.weight_cap == 3.0
+    out, hp = uploads(), RoundHyperparams(1.0, {})
+    got = bound(out, hp, 2)
+    plain = ClippedSum(0.05, 3.0, bound.denominator_)(out, hp, 2)
+    noise_only = bound.finish(dataclasses.replace(plain, items=plain.items[:0],
+                                                  d_Q=plain.d_Q[:0], d_b=plain.d_b[:0]), 2)
+    np.testing.assert_allclose(got.d_Q - noise_only.d_Q, _dense(plain, len(got.items)),
+                               atol=1e-12)
+    again = bound.reduce(bound.partials(out, hp), 2)
+    np.testing.assert_array_equal(again.d_Q, got.d_Q)
+
+
+def _dense(delta, n_items):
+    full = np.zeros((n_items, delta.d_Q.shape[1]))
+    full[delta.items] = delta.d_Q
+    return full

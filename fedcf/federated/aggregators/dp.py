@@ -1,6 +1,7 @@
-"""User-level differential privacy as an aggregator wrapper (DP-FedAvg, McMahan et al. 2018):
-``DifferentialPrivacy`` around the weighted mean or secure aggregation, and ``DPGaussianMean``,
-the weighted mean under DP. Noise and Poisson cohorts come from ``secret`` (the OS's secure
+"""User-level differential privacy as a mechanism around a summing aggregator (DP-FedAvg,
+McMahan et al. 2018): ``DifferentialPrivacy`` around the clipped sum in the clear
+(``ClippedSum``) or secure aggregation, and ``DPGaussianMean``, the clipped sum in the clear
+under DP. Noise and Poisson cohorts come from ``secret`` (the OS's secure
 generator); ε from ``accounting``; adaptive clipping after Andrew et al. 2021.
 """
 
@@ -14,23 +15,20 @@ import numpy as np
 import pandas as pd
 
 from ..round import secret
-from ..round.contracts import RunContext
+from ..round.contracts import Aggregator, RunContext
 from ..round.phases import ClientOutputs, GlobalDelta, RoundHyperparams
 from ..round.reports import clipped, dp_noise
 from .dp_plan import check_delta, report_plan, warn_if_noise_swamps
 from .robust import _positive
 from .secagg import SecureAggregation
-from .weighted import WeightedMean, clip_factors
+from .weighted import ClippedSum
 
 
-def centred_count(unclipped: np.ndarray, w: np.ndarray) -> float:
-    """Σ (b − ½) over the clients used (w > 0): the adaptive clip's count, sensitivity ½."""
-    return float(np.where(w > 0, unclipped - 0.5, 0.0).sum())
-
-
-class DifferentialPrivacy(WeightedMean):
+class DifferentialPrivacy(Aggregator):
     """User-level differential privacy around a summing aggregator (DP-FedAvg, McMahan et al.
-    2018): the weighted mean (``aggregator=None``) or ``SecureAggregation``.
+    2018): the clipped sum in the clear (``aggregator=None``: ``ClippedSum``) or
+    ``SecureAggregation``. This class is the mechanism only — the clip, the fixed denominator,
+    the noise, the accountant — and ``inner`` is the summing aggregator it wraps.
 
     Each client's whole upload (item-row deltas and bias deltas) is clipped to L2 norm
     ``clip_norm`` = C; the clipped uploads are summed with equal weight; Gaussian noise
@@ -143,13 +141,22 @@ class DifferentialPrivacy(WeightedMean):
         self.noise = noise
         self.accounting = accounting
         self.insecure_seeded_noise = insecure_seeded_noise
-        self.context, self.sigma_, self.denominator_ = None, None, None
+        self.context, self.sigma_, self.denominator_, self.clear_ = None, None, None, None
         self.validate()
 
     @property
     def inner(self):
-        """The summing aggregator the noise wraps: secure aggregation, or this mean itself."""
-        return self if self.aggregator is None else self.aggregator
+        """The summing aggregator the noise wraps: secure aggregation, or the clipped sum in the
+        clear (``ClippedSum``; the bound run's own after ``bind``)."""
+        if self.aggregator is not None:
+            return self.aggregator
+        return self.clear_ or ClippedSum(self.clip_norm, self.weight_cap)
+
+    def _clear(self) -> ClippedSum:
+        """The clipped sum in the clear (``inner``) at this round's clip."""
+        clear = self.inner
+        clear.clip_norm = self.clip_
+        return clear
 
     @property
     def linear(self) -> bool:  # the mean in the clear with a fixed clip: reducible from partials
@@ -243,6 +250,8 @@ class DifferentialPrivacy(WeightedMean):
             np.minimum(context.eligible_weights, self.weight_cap).sum() / self.weight_cap)
         bound.context = context
         bound.q, bound.denominator_ = q, q * total
+        if self.aggregator is None:
+            bound.clear_ = ClippedSum(float(self.clip_norm), self.weight_cap, bound.denominator_)
         bound.accountant = (RdpAccountant if self.accounting == "rdp" else
                             PldAccountant)(self.delta)
         bound.clip_ = bound.used_clip_ = float(self.clip_norm)
@@ -265,9 +274,20 @@ class DifferentialPrivacy(WeightedMean):
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
         if self.aggregator is None:
-            return super().__call__(out, hp, round_idx)
+            clear = self._clear()
+            delta = clear(out, hp, round_idx)
+            self.unclipped_ = clear.unclipped_
+            return self.finish(delta, round_idx)
         return self.after_secure(self.aggregator.masked_mean(
             out, hp, round_idx, **self.secure_kwargs()), round_idx)
+
+    def partials(self, out: ClientOutputs, hp: RoundHyperparams):
+        """The clipped sum's PartialSums (``linear``: a fixed clip in the clear)."""
+        return self._clear().partials(out, hp)
+
+    def reduce(self, parts, round_idx: int = 0) -> GlobalDelta:
+        """The clipped sum of the partial sums, noised."""
+        return self.finish(self._clear().reduce(parts, round_idx), round_idx)
 
     @property
     def secure(self) -> bool:
@@ -300,27 +320,12 @@ class DifferentialPrivacy(WeightedMean):
             return delta
         return self.finish(delta, round_idx)
 
-    def client_factors(self, out: ClientOutputs, w: np.ndarray):
-        """(factor of each client's upload: clip to C times its capped weight; whether it was
-        at or below C) — ``weighted.clip_factors`` with this round's clip."""
-        return clip_factors(out, w, self.clip_, self.weight_cap)
-
     def node_recipe(self) -> dict | None:
-        if not self.linear or type(self).client_numerators is not \
-                DifferentialPrivacy.client_numerators:
-            return None
-        cap = None if self.weight_cap is None else float(self.weight_cap)
-        return {"clip": float(self.clip_), "cap": cap, "weighted": False}
-
-    def client_numerators(self, out: ClientOutputs, w: np.ndarray):
-        clip, unclipped = self.client_factors(out, w)
-        self.unclipped_ = centred_count(unclipped, w)
-        return clip
-
-    def denominator(self, totals: dict) -> float:
-        return self.denominator_
+        return self._clear().node_recipe() if self.linear else None
 
     def finish(self, delta: GlobalDelta, round_idx: int) -> GlobalDelta:
+        """The mechanism's step after the sum: Gaussian noise on every row of the catalog, then
+        the adaptive clip's step."""
         c = self.context
         n_items, K = c.n_items, c.n_factors
         std = self.update_sigma_ * self.clip_ / self.denominator_

@@ -1,5 +1,6 @@
 """The weighted mean of a round's uploads, the summing aggregator the clipped means, DP and
-secure aggregation build on, and the per-client weights and clip factors they share."""
+secure aggregation build on; the clipped sum DP wraps in the clear (``ClippedSum``); and the
+per-client weights and clip factors they share."""
 
 from __future__ import annotations
 
@@ -91,6 +92,51 @@ class WeightedMean(Aggregator):
         return self.finish(GlobalDelta(mg.items, mg.s_Q / denom, mg.s_b / denom, rank, summary,
                                        int(mg.totals["values_up"])), round_idx)
 
+
+class ClippedSum(WeightedMean):
+    """Σ_k f_k·Δ_k / D: each client's whole upload clipped to L2 norm ``clip_norm`` = C, times
+    its capped weight min(n_k, c)/c with ``weight_cap`` = c (else 1), summed and divided by the
+    fixed ``fixed_denominator`` D (``weighted.clip_factors``: the DP clip rule). The summing
+    aggregator ``DifferentialPrivacy`` wraps in the clear; linear, so shards and nodes send its
+    partial sums. ``unclipped_`` is the last sum's count of clients at or below C, centred
+    (``centred_count``: the adaptive clip's count).
+
+    Parameters
+    ----------
+    clip_norm : float > 0, default 1.0
+    weight_cap : float > 0 or None, default None
+    fixed_denominator : float > 0, default 1.0
+
+    Examples
+    --------
+    >>> from fedcf.federated.aggregators.weighted import ClippedSum
+    >>> ClippedSum(0.5, fixed_denominator=20.0).node_recipe()
+    {'clip': 0.5, 'cap': None, 'weighted': False}
+    """
+
+    def __init__(self, clip_norm: float = 1.0, weight_cap: float | None = None,
+                 fixed_denominator: float = 1.0):
+        self.clip_norm, self.weight_cap = clip_norm, weight_cap
+        self.fixed_denominator, self.unclipped_ = fixed_denominator, 0.0
+
+    def client_numerators(self, out: ClientOutputs, w: np.ndarray):
+        clip, unclipped = clip_factors(out, w, self.clip_norm, self.weight_cap)
+        self.unclipped_ = centred_count(unclipped, w)
+        return clip
+
+    def node_recipe(self) -> dict | None:
+        if type(self).client_numerators is not ClippedSum.client_numerators:
+            return None
+        cap = None if self.weight_cap is None else float(self.weight_cap)
+        return {"clip": float(self.clip_norm), "cap": cap, "weighted": False}
+
+    def denominator(self, totals: dict) -> float:
+        return self.fixed_denominator
+
+
+def centred_count(unclipped: np.ndarray, w: np.ndarray) -> float:
+    """Σ (b − ½) over the clients used (w > 0): the adaptive clip's count, sensitivity ½."""
+    return float(np.where(w > 0, unclipped - 0.5, 0.0).sum())
 
 def entries(out: ClientOutputs, hp: RoundHyperparams):
     """What every aggregator starts from: (non-finite mask, weights, empty count, owner of each
