@@ -937,6 +937,73 @@ def test_one_wild_node_is_clipped_by_default(tmp_path):
     assert all(h["clients_clipped"] > 0 for h in clipped["history"])
 
 
+def test_a_node_share_cap_keeps_a_random_part_of_an_oversized_node():
+    """No node keeps more than max-node-share of the users kept: three nodes of 50 users and
+    one of 200 keep 50, 50, 50 and 100 (40 % of 250); balanced nodes, two nodes, or a share of
+    1 keep everyone; the capped node is named; the choice is the run seed's."""
+    from fedcf.flower import Directory
+    from fedcf.flower.directory import Refusals, cap_node_shares
+
+    def directory(sizes):
+        node_of = np.repeat(np.arange(len(sizes)), sizes)
+        return Directory(user_ids=np.arange(len(node_of)), node_of=node_of,
+                         nodes=[BIG + k for k in range(len(sizes))], counts=None, sums=None,
+                         catalog=np.arange(3))
+
+    d, refusals = directory([50, 50, 200, 50]), Refusals()
+    kept = cap_node_shares(d, 0.4, 0, refusals)
+    assert np.bincount(d.node_of[kept]).tolist() == [50, 50, 100, 50]
+    assert [r["node"] for r in refusals.items] == [BIG + 2]
+    assert "lists 200 users" in refusals.items[0]["reason"]
+    assert np.array_equal(kept, cap_node_shares(d, 0.4, 0, Refusals()))
+    assert not np.array_equal(kept, cap_node_shares(d, 0.4, 1, Refusals()))
+    for sizes, share in (([60, 50, 55], 0.4), ([50, 200], 0.4), ([50, 50, 200], 1.0)):
+        d, refusals = directory(sizes), Refusals()
+        assert len(cap_node_shares(d, share, 0, refusals)) == sum(sizes)
+        assert refusals.items == []
+
+
+def test_fabricated_users_are_capped_so_the_median_clip_stays_honest(tmp_path):
+    """A registered node listing 4x an honest node's users (fabricated, with plausible ratings)
+    that negates and scales its clients' deltas 1000-fold: uncapped (max-node-share=1) it holds
+    most of each cohort, the median clip follows its deltas and the held-out RMSE degrades;
+    at the default cap (40 % of the users) the median stays the honest clients', so the clip
+    stays near the honest run's and the RMSE moves much less (not nothing: the liar's 40 %
+    still send negated deltas, each within the honest clip). The node is named."""
+    from fedcf.eval.protocols import federated_recon_eval
+
+    nodes, catalog = _device_files(tmp_path, 3)
+    full = load_dataset(DATA)
+    rng = np.random.default_rng(0)
+    fake_users = np.repeat(np.arange(10**6, 10**6 + 320), 20)
+    fake = pd.DataFrame({"userId": fake_users, "movieId": rng.choice(full.item_ids,
+                                                                     len(fake_users)),
+                         "rating": rng.integers(1, 6, len(fake_users)).astype(float),
+                         "timestamp": 0}).drop_duplicates(["userId", "movieId"])
+    (tmp_path / "liar").mkdir()
+    fake.to_csv(tmp_path / "liar" / "ratings.csv", index=False)
+    liar = {"data-path": str(tmp_path / "liar" / "ratings.csv")}
+    flip = {BIG + 3: _replace_upload("d_Q", lambda a: a * -1e3)}
+    params = {**PARAMS, "n_rounds": 6, "eval_every": 0}
+    runs = {}
+    for name, grid, share in (("honest", FakeGrid(nodes, run_config={}), 0.4),
+                              ("capped", FakeGrid(nodes + [liar], {}, tamper=flip), 0.4),
+                              ("uncapped", FakeGrid(nodes + [liar], {}, tamper=flip), 1.0)):
+        res = serve(grid, Settings(params=dict(params), eval_fraction=0.0, catalog_path=catalog,
+                                   max_node_share=share,
+                                   model_path=str(tmp_path / f"{name}.npz")).check())
+        model = FedReconMF.load(res["model_path"])
+        runs[name] = (res, federated_recon_eval(model, full, seed=0,
+                                                support_fraction=0.5)["rmse"])
+    capped, uncapped = runs["capped"][0], runs["uncapped"][0]
+    assert [r["node"] for r in capped["refusals"] if r["stage"] == "directory"] == [BIG + 3]
+    assert not [r for r in uncapped["refusals"] if r["stage"] == "directory"]
+    clip = {k: np.median([h["clip_norm"] for h in r["history"]]) for k, (r, _) in runs.items()}
+    rmse = {k: v for k, (_, v) in runs.items()}
+    assert clip["capped"] < 3 * clip["honest"] < clip["uncapped"] / 30, clip
+    assert rmse["capped"] - rmse["honest"] < (rmse["uncapped"] - rmse["honest"]) / 3, rmse
+
+
 LINEAR = [{"name": "mean"}, {"name": "norm-clipped", "clip_norm": 0.3}, DP]
 
 
@@ -1134,8 +1201,8 @@ def test_an_implicit_model_over_messages_is_the_in_process_model(tmp_path, aggre
     (dict(model="centralized"), "a Flower run trains estimators that declare their client"),
     (dict(model="nope"), "fedcf-model=.nope.: .nope. is not a registered estimator"),
     (dict(model="fedrecon-implicit", eval_fraction=0.2), "eval-fraction=0.2 with fedcf-model"),
-    (dict(model="fedrecon-implicit", params={"biases": True}), "FedReconImplicitMF has no "
-                                                               "parameter 'biases'"),
+    (dict(model="fedrecon-implicit", params={"rating_scale": [1, 5]}),
+     "FedReconImplicitMF has no parameter 'rating_scale'"),
 ])
 def test_a_flower_model_setting_is_checked(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -1151,8 +1218,8 @@ def test_a_node_refuses_parameters_its_model_does_not_take():
 
     with pytest.raises(ValueError, match="is not one"):
         client_estimator(json.dumps({"model": "centralized"}))
-    with pytest.raises(ValueError, match="FedReconImplicitMF has no parameter 'biases'"):
-        client_estimator(json.dumps({"model": "fedrecon-implicit", "biases": True}))
+    with pytest.raises(ValueError, match="FedReconImplicitMF has no parameter 'rating_scale'"):
+        client_estimator(json.dumps({"model": "fedrecon-implicit", "rating_scale": [1, 5]}))
 
 
 def test_a_new_estimator_runs_over_flower_unchanged(custom_estimator, tmp_path):

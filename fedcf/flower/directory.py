@@ -132,6 +132,41 @@ def _outliers_refused(entries, refusals, scale) -> list:
     return kept
 
 
+def cap_node_shares(directory: Directory, share: float, seed: int,
+                    refusals: Refusals) -> np.ndarray:
+    """Positions of the directory's users the run may train and evaluate: all of them, except
+    that no node may hold more than ``share`` of the users kept. A node over it keeps a random
+    ``share`` of the total (the largest T with Σ_k min(n_k, share·T) = T, found by fixed-point
+    iteration; seeded by the run's ``seed``) and is named in ``refusals``. Not applied with
+    ``share`` ≥ 1 or with at most 1/share nodes, where it cannot hold."""
+    n_nodes = len(directory.nodes)
+    counts = np.bincount(directory.node_of, minlength=n_nodes).astype(np.float64)
+    keep_all = np.arange(len(directory.user_ids))
+    if share >= 1.0 or (counts > 0).sum() <= 1.0 / share:
+        if share < 1.0:
+            log.warning("fedcf.flower: %d nodes hold users; max-node-share=%g needs more than "
+                        "%d, so it is not applied (a node may hold most of a cohort)",
+                        int((counts > 0).sum()), share, int(1.0 / share))
+        return keep_all
+    total = counts.sum()
+    for _ in range(200):  # T shrinks by a factor ≤ share per step toward its fixed point
+        new = np.minimum(counts, share * total).sum()
+        if total - new < 0.5:
+            break
+        total = new
+    allowed = np.minimum(counts, np.floor(share * total)).astype(np.int64)
+    keep = np.ones(len(keep_all), bool)
+    rng = np.random.default_rng([seed, 0x5EA7])
+    for k in np.flatnonzero(counts > allowed):
+        mine = np.flatnonzero(directory.node_of == k)
+        keep[rng.choice(mine, len(mine) - allowed[k], replace=False)] = False
+        refusals.add("directory", directory.nodes[k], f"it lists {len(mine)} users, more than "
+                     f"max-node-share={share:g} of the run allows ({allowed[k]}); "
+                     f"{len(mine) - allowed[k]} of them are left out of training and evaluation",
+                     int(len(mine) - allowed[k]))
+    return keep_all[keep]
+
+
 @dataclass
 class Directory:
     """Who holds which user, from the nodes' answers to the first (query) message: raw user ids

@@ -20,7 +20,14 @@ from ..federated.algorithms.base import run_seed
 from ..federated.round.contracts import RoundExecutor
 from ..federated.round.partials import PartialSums, add_nodes
 from ..federated.round.phases import ClientOutputs, cohort_order
-from .directory import Directory, FlowerPopulation, Refusals, exchange, message
+from .directory import (
+    Directory,
+    FlowerPopulation,
+    Refusals,
+    cap_node_shares,
+    exchange,
+    message,
+)
 from .settings import Settings
 from .wire import (
     RECON_FIELDS,
@@ -442,8 +449,10 @@ def serve(grid, settings: Settings) -> dict:
                                 settings.catalog(), scale)
     seed = run_seed(est.random_state)
     f = float(settings.eval_fraction)
-    train, test = user_split_indices(len(directory.user_ids), (1 - f, f), seed) if f else \
-        (np.arange(len(directory.user_ids)), np.zeros(0, np.int64))
+    kept = cap_node_shares(directory, float(settings.max_node_share), seed, refusals)
+    train, test = user_split_indices(len(kept), (1 - f, f), seed) if f else \
+        (np.arange(len(kept)), np.zeros(0, np.int64))
+    train, test = kept[train], kept[test]  # positions in the directory
     pop = FlowerPopulation(directory, train, None)
     mu = est.release_mean(None if est.dp_release else pop.value_stats())
     pop.executor = FlowerExecutor(grid, directory, train, est, mu, settings.reply_timeout,

@@ -30,11 +30,12 @@ class Settings:
         The estimator's parameters (JSON in the run config ``fedcf-params``; phase objects as
         {"name": ...} specs).
     model : str, default "fedrecon"
-        The estimator by registered name (run config ``fedcf-model``): "fedrecon",
-        "fedrecon-implicit", "fedavg", "furl", or a registered subclass. FURL's devices keep
-        their user rows in the run's node state; FedAvg's travel with each message and
-        back (so not under secure aggregation). Federated ReconEval (``eval_fraction``)
-        reports rating errors, so an implicit run takes eval_fraction=0.
+        The estimator by registered name (run config ``fedcf-model``): any federated one
+        ("fedrecon", "fedrecon-implicit", "furl", "fedavg", "fedmf", "pfedrec", "fedncf") or
+        a registered subclass. FURL's, FedMF's, PFedRec's and FedNCF's devices keep their user
+        rows in the run's node state; FedAvg's travel with each message and back (so not
+        under secure aggregation). Federated ReconEval (``eval_fraction``) reports rating
+        errors, so a ranking model's run takes eval_fraction=0.
     eval_fraction : float in [0, 1), default 0.1
         Share of the users held out for federated ReconEval.
     eval_support_fraction : float in (0, 1), default 0.5
@@ -51,6 +52,13 @@ class Settings:
         The run's public item catalog, one integer item id per line. With it the directory
         query sends the catalog and each node maps its own items into it: the setting for
         nodes that hold their own data (node config ``data-path``).
+    max_node_share : float in (0, 1], default 0.4
+        The largest share of the run's users one node may hold (``directory.cap_node_shares``):
+        a node that lists more (fabricated users, say) has a random part of its users left
+        out of training and evaluation, named in the refusals — so while most nodes are
+        honest, no node holds the majority of a cohort that a robust mean (the median clip)
+        assumes. It needs more than 1/share nodes (3 at the default); with fewer it cannot
+        hold and is not applied. 1 turns it off.
 
     Examples
     --------
@@ -72,19 +80,20 @@ class Settings:
     model_path: str | None = None  # where the fitted model (.npz) is saved
     result_path: str | None = None  # a JSON of the run (history, evaluation, refusals, bytes)
     catalog_path: str | None = None  # the run's public item catalog (one integer id per line)
+    max_node_share: float = 0.4  # the largest share of the run's users one node may hold
 
     KEYS = {"fedcf-params": "params", "fedcf-model": "model", "eval-fraction": "eval_fraction",
             "eval-support-fraction": "eval_support_fraction", "min-nodes": "min_nodes",
             "wait-seconds": "wait_seconds", "reply-timeout": "reply_timeout",
             "min-replies": "min_replies",
             "model-path": "model_path", "result-path": "result_path",
-            "catalog-path": "catalog_path"}
+            "catalog-path": "catalog_path", "max-node-share": "max_node_share"}
 
     @classmethod
     def from_run_config(cls, run_config) -> Settings:
         """Keys: fedcf-params (JSON of the estimator's parameters), fedcf-model, eval-fraction,
         eval-support-fraction, min-nodes, min-replies, wait-seconds, reply-timeout, model-path,
-        result-path; others (the nodes' dataset keys) are ignored here."""
+        result-path, catalog-path, max-node-share; others (the nodes' dataset keys) are ignored here."""
         kw = {cls.KEYS[k]: v for k, v in dict(run_config).items() if k in cls.KEYS}
         if isinstance(kw.get("params"), str):
             try:
@@ -135,13 +144,17 @@ class Settings:
                 ("eval_support_fraction", float, self.eval_support_fraction),
                 ("min_nodes", int, self.min_nodes), ("min_replies", int, self.min_replies),
                 ("wait_seconds", float, self.wait_seconds),
-                ("reply_timeout", float, self.reply_timeout)):
+                ("reply_timeout", float, self.reply_timeout),
+                ("max_node_share", float, self.max_node_share)):
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
                     not np.isfinite(value) or (kind is int and value != int(value)):
                 raise TypeError(f"{key.replace('_', '-')} must be a finite {kind.__name__}, got "
                                 f"{value!r}")
         if not 0.0 <= float(self.eval_fraction) < 1.0:
             raise ValueError(f"eval-fraction must be in [0, 1), got {self.eval_fraction}")
+        if not 0.0 < float(self.max_node_share) <= 1.0:
+            raise ValueError(f"max-node-share must be in (0, 1] (1: no cap), got "
+                             f"{self.max_node_share}")
         if not 0.0 < float(self.eval_support_fraction) < 1.0:
             raise ValueError(f"eval-support-fraction must be in (0, 1), got "
                              f"{self.eval_support_fraction}")
