@@ -57,6 +57,8 @@ def row(name, model, test, t0, **extra):
     h = model.history_
     return {"name": name, "aggregator": repr(model.aggregator), "rmse": res["rmse"],
             "accuracy": res["accuracy"], "epsilon": h[-1].get("epsilon"),
+            # against a server that knows every cohort: no amplification by sampling
+            "epsilon_server": model._fitted("epsilon_server_"),
             "values_up": float(np.mean([r["values_up"] for r in h])),
             "seconds": time.perf_counter() - t0, **extra}
 

@@ -1,7 +1,9 @@
-"""FedRecon as a Flower app (optional extra ``fedcf[flower]``): a ClientApp whose nodes hold their
-users' ratings and send only sparse item-row deltas, and a ServerApp running FedReconMF's own round
-loop over them (selection, any fedcf aggregator, server optimizer, checkpoints, federated
-ReconEval). The fitted model is an ordinary ``FedReconMF`` ``.npz``.
+"""fedcf's federated estimators as a Flower app (optional extra ``fedcf[flower]``): a ClientApp
+whose nodes hold their users' ratings (and, for FURL and the sampled-negative models, their
+users' rows) and send only sparse item-row deltas, and a ServerApp running the estimator's own
+round loop over them (selection, any fedcf aggregator, server optimizer, checkpoints, federated
+ReconEval). FedRecon is the default (run config ``fedcf-model``); the fitted model is an
+ordinary ``.npz`` of the estimator.
 
 - ``client_app`` / ``server_app``: the apps (``make_client_app`` / ``make_server_app`` build
   variants, e.g. with Flower mods or fixed settings);

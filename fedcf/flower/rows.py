@@ -1,5 +1,5 @@
-"""The user rows of a stateful estimator on a Flower node (FURLMF: the device keeps them;
-FedAvgMF: the server does, and each message carries them).
+"""The user rows of a stateful estimator on a Flower node (FURLMF, FedMF, PFedRec, FedNCF: the
+device keeps them; FedAvgMF: the server does, and each message carries them).
 
 A train message for a stateful estimator carries record ``"rows"`` (P, c): the asked users'
 rows in the message's order. For FedAvg these are the server's rows, and the node answers with

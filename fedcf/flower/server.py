@@ -1,4 +1,4 @@
-"""The server side of the Flower app: FedReconMF's own round loop, whose client work is sent to
+"""The server side of the Flower app: the estimator's own round loop, whose client work is sent to
 Flower nodes as messages (``FlowerExecutor``), over the users the nodes said they hold
 (``Directory``, ``FlowerPopulation``: directory.py). Selection, aggregation (any fedcf
 aggregator), the server optimizer, checkpoints and the history are the ones of an in-process
