@@ -921,20 +921,29 @@ def test_a_bad_catalog_file_is_named_before_any_node_is_contacted(tmp_path, text
         Settings(params=PARAMS, catalog_path=str(path)).check()
 
 
-def test_one_wild_node_is_clipped_by_default(tmp_path):
+@pytest.mark.parametrize("scale", [1e3, 1e30])
+def test_one_wild_node_is_clipped_by_default(tmp_path, scale):
     """A Flower run that names no aggregator clips each upload to 3x the round's median norm:
-    one node of four sending deltas scaled 1000-fold barely moves the held-out RMSE, where the
-    plain mean (named explicitly) lets it move the RMSE several percent in four rounds."""
-    wild = {BIG + 1: _replace_upload("d_Q", lambda a: a * 1e3)}
-    wild_sums = {BIG + 1: _edit_reply("sums", "s_Q", lambda a: a * 1e3)}  # the plain mean's
+    one node of four sending deltas scaled 1000-fold (or 10^30-fold) barely moves the held-out
+    RMSE. Under the plain mean (named explicitly), whose node sums no clip bounds, a node
+    whose sums per client are far beyond the other nodes' is refused by name each round and
+    the run goes on; a node 5-fold off the others is not refused."""
+    wild = {BIG + 1: _replace_upload("d_Q", lambda a: a * scale)}
+    wild_sums = {BIG + 1: _edit_reply("sums", "s_Q", lambda a: a * scale)}  # the plain mean's
     honest, _ = run(FakeGrid(partitions(4)), tmp_path, {**PARAMS, "eval_every": 0})
     clipped, _ = run(FakeGrid(partitions(4), tamper=wild), tmp_path, PARAMS)
-    plain, _ = run(FakeGrid(partitions(4), tamper=wild_sums), tmp_path,
-                   {**PARAMS, "aggregator": {"name": "mean"}})
+    mean = {**PARAMS, "aggregator": {"name": "mean"}}
+    plain, _ = run(FakeGrid(partitions(4), tamper=wild_sums), tmp_path, mean)
     base = honest["recon_eval"]["rmse"]
     assert clipped["recon_eval"]["rmse"] < 1.01 * base, (clipped["recon_eval"], base)
-    assert plain["recon_eval"]["rmse"] > 1.05 * base, (plain["recon_eval"], base)
     assert all(h["clients_clipped"] > 0 for h in clipped["history"])
+    refused = [r for r in plain["refusals"] if r["stage"].startswith("round")]
+    assert len(refused) == PARAMS["n_rounds"] and all(
+        r["node"] == BIG + 1 and "times the median" in r["reason"] for r in refused)
+    assert plain["recon_eval"]["rmse"] < 1.05 * base, (plain["recon_eval"], base)
+    mild, _ = run(FakeGrid(partitions(4), tamper={BIG + 1: _edit_reply(
+        "sums", "s_Q", lambda a: a * 5)}), tmp_path, mean)
+    assert not [r for r in mild["refusals"] if r["stage"].startswith("round")]
 
 
 def test_a_node_share_cap_keeps_a_random_part_of_an_oversized_node():

@@ -268,12 +268,35 @@ class FlowerExecutor(RoundExecutor):
             parts = decode_sums(content, clients=clients, n_items=Q.shape[0], K=Q.shape[1],
                                 recipe=recipe, weights=w)
             size = np.sqrt(float(np.sum(parts.s_Q ** 2) + np.sum(parts.s_b ** 2)))
-            return parts, np.array([size / max(len(clients), 1)])
+            sizes[self.node] = size / max(len(clients), 1)
+            return parts, np.array([sizes[self.node]])
 
+        sizes = {}
         got = self._train(cohort, params, ids, {"recipe": json.dumps(recipe)}, decode)
+        if recipe["clip"] is None:  # nothing in the recipe bounds a node's sums
+            got = self._wild_sums_refused(got, sizes)
         if not got:
             return aggregator.partials(_no_outputs(Q), hp)
         return add_nodes([parts for _, parts, _ in sorted(got, key=lambda g: g[0])])
+
+    def _wild_sums_refused(self, got, sizes) -> list:
+        """Under a recipe without a clip (the plain mean) a node's sums have no public bound:
+        a node whose sums per client are more than ``NODE_BLOWUP`` times the median of the
+        other accepted nodes' (two at least) is refused by name and the round goes on without
+        it, instead of the aggregate (or the run) following it."""
+        keep = []
+        for node, parts, clients in got:
+            others = [sizes[n] for n, _, _ in got if n != node]
+            mid = float(np.median(others)) if len(others) >= 2 else np.inf
+            if sizes[node] > NODE_BLOWUP * max(mid, 1e-30):
+                self.refusals.add(self.stage, node, f"its sums have norm {sizes[node]:.3g} per "
+                                  f"client, more than {NODE_BLOWUP:g} times the median "
+                                  f"{mid:.3g} of the other nodes' (the plain mean has no clip "
+                                  "to bound them)", len(clients))
+                self.round_stats["flower_clients_refused"] += len(clients)
+                continue
+            keep.append((node, parts, clients))
+        return keep
 
     def _train(self, cohort, params, ids, extra: dict, decode) -> list:
         """One training exchange: each node gets the global model and its clients' config
