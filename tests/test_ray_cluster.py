@@ -97,11 +97,14 @@ def test_fit_on_a_head_node_reached_by_address(head):
         time.sleep(1)
     assert probe.returncode == 0, probe.stderr[-2000:]
     # the driver's environment lacks conftest's single-machine setting: connect() sets it for
-    # a loopback address (without it the driver waited ~10 minutes for the head)
-    out = subprocess.run([sys.executable, "-c", DRIVER, head], capture_output=True, text=True,
-                         timeout=LIFETIME - 60, env=_without_single_machine())
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "OK ['127.0.0.1'] 2.0" in out.stdout  # the head's node: loopback, its 2 CPUs
+    # a loopback address (without it the driver waited ~10 minutes for the head), also when
+    # the driver imported ray before fedcf (Ray reads the setting at import)
+    for first in ("", "import ray\n"):
+        out = subprocess.run([sys.executable, "-c", first + DRIVER, head], capture_output=True,
+                             text=True, timeout=(LIFETIME - 60) / 2,
+                             env=_without_single_machine())
+        assert out.returncode == 0, (first, out.stderr[-3000:])
+        assert "OK ['127.0.0.1'] 2.0" in out.stdout  # the head's node: loopback, its 2 CPUs
 
 
 @pytest.mark.parametrize("address,err,match", [

@@ -145,14 +145,19 @@ class RayExecutor(Executor):
 def connect(address: str | None):
     """Join ``address`` (or the running / a new local Ray instance); errors name the address.
 
-    A local instance that fedcf starts listens on 127.0.0.1 only when Ray is first imported
-    here (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by Ray at import: the node then takes
-    the loopback address instead of binding every interface)."""
-    if (address is None or _loopback(address)) and "ray" not in sys.modules:
+    For a local instance or a loopback head the driver must take Ray's single-machine setting
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: its node is then the loopback address, not the
+    host's; without it the driver waits ~10 minutes for a node that never answers). Ray reads
+    it at import, so it is set before the import here, and a driver that imported ``ray``
+    first gets the setting too (``_single_machine``)."""
+    local = address is None or _loopback(address)
+    if local and "ray" not in sys.modules:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray = _ray()
     if ray.is_initialized():
         return ray
+    if local:
+        _single_machine()
     _probe(address)
     try:
         if address is None:
@@ -168,6 +173,20 @@ def connect(address: str | None):
 
 
 LOOPBACK = {"_node_ip_address": "127.0.0.1"}  # ray.init arguments of a local instance
+
+
+def _single_machine() -> None:
+    """Ray's single-machine setting for this driver even when ``ray`` was imported before
+    fedcf without it: Ray computed ``ray_constants.ENABLE_RAY_CLUSTER`` from the variable at
+    import and reads the constant when the driver looks up its node's address; the variable
+    is set too, for the processes Ray starts. An explicit
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` is left as it is."""
+    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0") != "0":
+        return
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _loopback(address: str) -> bool:
