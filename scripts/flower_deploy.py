@@ -377,6 +377,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from fedcf import FedReconMF
+    from fedcf.federated import DevicePolicy
     from fedcf.flower import fit_in_process
     from fedcf.provenance import report_result, run_meta
 
@@ -409,7 +410,9 @@ def main(argv=None) -> dict:
     out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline,
                  secure=not args.insecure, intruders=args.intruders, kill_at=kill,
                  node_configs=node_configs)
-    ref, ref_eval, _ = fit_in_process(params, data, 0.1)
+    ref, ref_eval, _ = fit_in_process(  # the simulated devices take the nodes' policy
+        params, data, 0.1, device_policy=DevicePolicy(threshold=0.5)
+        if args.secure_aggregation else None)
     model = FedReconMF.load(out["model_path"])
     hist = out.pop("history")
     out = {"meta": run_meta("flower_deploy.py", argv, packages=("flwr",)), "dataset":

@@ -32,12 +32,16 @@ def _ray_cli() -> list[str]:
             "sys.argv[0] = 'ray'; sys.exit(main())"]
 
 
+TOKEN = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "fedcf" * 8}  # the test head's auth
+
+
 @pytest.fixture
 def head():
-    """A Ray head on 127.0.0.1 with 2 CPUs, in its own process group, stopped at the end."""
+    """A Ray head on 127.0.0.1 with 2 CPUs and token authentication, in its own process group,
+    stopped at the end."""
     port = _free_port()
     tmp = tempfile.mkdtemp(prefix="fr")  # short: Ray's unix sockets live under it
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **TOKEN,
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # loopback only (see conftest.py)
     proc = subprocess.Popen(
         ["timeout", str(LIFETIME), *_ray_cli(), "start", "--head", "--block",
@@ -72,8 +76,10 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _without_single_machine() -> dict:
-    return {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+def _without_single_machine(token: bool = True) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+           and not k.startswith("RAY_AUTH")}
+    return {**env, **(TOKEN if token else {})}
 
 
 def test_a_local_instance_started_by_fedcf_listens_on_loopback_only():
@@ -91,7 +97,8 @@ def test_fit_on_a_head_node_reached_by_address(head):
     deadline = time.monotonic() + 60
     while True:  # the head answers once its GCS is up
         probe = subprocess.run([*_ray_cli(), "status", "--address", head],
-                               capture_output=True, text=True, timeout=60)
+                               capture_output=True, text=True, timeout=60,
+                               env={**os.environ, **TOKEN})
         if probe.returncode == 0 or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -105,6 +112,14 @@ def test_fit_on_a_head_node_reached_by_address(head):
                              env=_without_single_machine())
         assert out.returncode == 0, (first, out.stderr[-3000:])
         assert "OK ['127.0.0.1'] 2.0" in out.stdout  # the head's node: loopback, its 2 CPUs
+    # a driver without the cluster's token is told so, not to start a cluster
+    code = ("from fedcf.federated.executors.ray_executor import connect\n"
+            "try:\n    connect(__import__('sys').argv[1])\n"
+            "except ConnectionError as e:\n    print('REFUSED', e)\n")
+    out = subprocess.run([sys.executable, "-c", code, head], capture_output=True, text=True,
+                         timeout=90, env=_without_single_machine(token=False))
+    assert "REFUSED could not join the Ray cluster" in out.stdout, out.stderr[-2000:]
+    assert "RAY_AUTH_MODE=token" in out.stdout and "ray start --head" not in out.stdout
 
 
 @pytest.mark.parametrize("address,err,match", [

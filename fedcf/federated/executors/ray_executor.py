@@ -166,9 +166,15 @@ def connect(address: str | None):
         else:
             ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, TimeoutError) as e:
-        raise ConnectionError(f"could not reach a Ray cluster at address={address!r} ({e}); "
-                              "start one with `ray start --head` or pass address=None for a "
-                              "local one") from e
+        if address is None or address == "auto" or "://" in address:
+            hint = "start one with `ray start --head` or pass address=None for a local one"
+        else:  # _probe found something listening there
+            hint = ("something listens there but did not accept this driver: a cluster with "
+                    "token authentication (RAY_AUTH_MODE=token) needs the same RAY_AUTH_MODE "
+                    "and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) in the driver's environment; "
+                    "else check that the driver runs the cluster's Ray version")
+        raise ConnectionError(f"could not join the Ray cluster at address={address!r} ({e}); "
+                              f"{hint}") from e
     return ray
 
 
