@@ -937,6 +937,10 @@ def test_one_wild_node_is_clipped_by_default(tmp_path, scale):
     base = honest["recon_eval"]["rmse"]
     assert clipped["recon_eval"]["rmse"] < 1.01 * base, (clipped["recon_eval"], base)
     assert all(h["clients_clipped"] > 0 for h in clipped["history"])
+    # the clipped uploads are the wild node's, and the history says so
+    assert all(str(BIG + 1) in h["flower_clipped_by_node"] and
+               h["flower_clipped_by_node"][str(BIG + 1)] == max(
+                   h["flower_clipped_by_node"].values()) for h in clipped["history"])
     refused = [r for r in plain["refusals"] if r["stage"].startswith("round")]
     assert len(refused) == PARAMS["n_rounds"] and all(
         r["node"] == BIG + 1 and "times the median" in r["reason"] for r in refused)
@@ -1174,10 +1178,11 @@ def test_each_round_samples_the_connected_nodes_and_a_returning_node_rejoins(tmp
 
 
 @pytest.mark.parametrize("aggregator,record,field", [
-    ({"name": "mean"}, "sums", "s_Q"),  # linear: the node sends its clients' sums
+    # (the plain mean's node sums that far off the others are refused before they count:
+    # test_one_wild_node_is_clipped_by_default)
     ({"name": "trimmed-mean", "beta": 0.0}, "upload", "d_Q")])  # every upload
 def test_a_divergence_caused_by_one_node_names_the_node(tmp_path, aggregator, record, field):
-    """With an unclipped aggregate, one node sending 10^30-scaled deltas (or sums) makes the
+    """With an unclipped aggregate of uploads, one node sending 10^30-scaled deltas makes the
     run diverge: the error names that node and what was measured (it used to blame
     server_learning_rate)."""
     wild = {BIG + 1: _edit_reply(record, field, lambda a: a * 1e30)}

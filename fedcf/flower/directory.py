@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -378,3 +379,21 @@ class FlowerPopulation:
         return {"source": self.source, "executor": None, "user_ids": self.user_ids,
                 "item_ids": self.item_ids, "n_users": self.n_users, "n_items": self.n_items,
                 "_stats": self._stats, "_counts": self._counts, "nnz": self.nnz}
+
+
+def wait_for_nodes(grid, min_nodes: int, seconds: float) -> list[int]:
+    """The connected nodes, once at least ``min_nodes`` are (or all there are after
+    ``seconds``; none at all is an error)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        nodes = sorted(int(n) for n in grid.get_node_ids())
+        if len(nodes) >= min_nodes or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if not nodes:
+        raise RuntimeError(f"no Flower node connected within {seconds:g} s; start SuperNodes "
+                           "pointing at this SuperLink's Fleet API")
+    if len(nodes) < min_nodes:
+        log.warning("fedcf.flower: only %d of min-nodes=%d nodes connected after %g s; going on",
+                    len(nodes), min_nodes, seconds)
+    return nodes

@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 
-from ..eval.protocols import finish_recon_sums
 from ..eval.splits import user_split_indices
 from ..federated.aggregators.weighted import upload_norms
 from ..federated.algorithms.base import run_seed
@@ -27,10 +26,11 @@ from .directory import (
     cap_node_shares,
     exchange,
     message,
+    wait_for_nodes,
 )
+from .evaluation import federated_recon_eval
 from .settings import Settings
 from .wire import (
-    RECON_FIELDS,
     ReplyError,
     arrays,
     client_params,
@@ -94,6 +94,7 @@ class FlowerExecutor(RoundExecutor):
         self.params_json, self.mu, self.timeout = client_params(est), float(mu), timeout
         self.refusals, self.program, self.round_stats = refusals, None, {}
         self.local = None  # a stateful estimator's rows (set_program)
+        self.round_norms: dict = {}  # node -> its clients' upload norms this round
         self.in_hyper = False  # round_stats are the hypergradient exchange's (new_round_stats)
         self.counts = None if directory.counts is None else directory.counts[users]
         self.received = {}  # message type -> record -> fields received
@@ -131,6 +132,17 @@ class FlowerExecutor(RoundExecutor):
         yet (``rows.NodeRows``)."""
         self.program, self.local = program, local_state
         return self
+
+    def attribute(self, stats: dict) -> dict:
+        """The nodes whose uploads this round's clip cut (``stats["clip_norm"]``, a clip the
+        server took over every upload) and how many of each one's: history key
+        ``flower_clipped_by_node``, node id -> clients clipped."""
+        norms, self.round_norms = self.round_norms, {}
+        clip = stats.get("clip_norm")
+        if clip is None or not norms:
+            return {}
+        cut = {str(n): int(np.sum(v > clip)) for n, v in norms.items()}
+        return {"flower_clipped_by_node": {n: k for n, k in cut.items() if k}}
 
     def kept_rows(self, local):
         return local if self.program.server_rows else None  # FURL: on the devices
@@ -239,6 +251,7 @@ class FlowerExecutor(RoundExecutor):
             return out, upload_norms(out)[~bad]
 
         got = self._train(cohort, params, ids, {}, decode)
+        self.round_norms = {node: upload_norms(out) for node, out, _ in got}
         if not got:
             return _no_outputs(Q)
         return ClientOutputs.concat([out for _, out, _ in got]).take(
@@ -398,61 +411,6 @@ def _no_outputs(Q) -> ClientOutputs:
     z = np.zeros(0, np.int64)
     return ClientOutputs(np.zeros(1, np.int64), z, np.zeros((0, Q.shape[1]), Q.dtype),
                          np.zeros(0, Q.dtype), np.zeros(0), np.zeros(0), None, z)
-
-
-def federated_recon_eval(grid, directory: Directory, users: np.ndarray, model, *, seed: int,
-                         support_fraction: float, timeout: float, refusals: Refusals) -> dict:
-    """Federated ReconEval: each node holding evaluation users gets the model and their ids,
-    they reconstruct on their own support sets and the node reports sums over their query
-    ratings; the server adds the reports (``eval.protocols.finish_recon_sums``)."""
-    node = directory.node_of[users]
-    glob = arrays(Q=model.item_factors_, b=model.item_biases_)
-    msgs, asked = [], {}
-    for k in np.unique(node):
-        n, raw = directory.nodes[k], directory.user_ids[users[node == k]]
-        asked[n] = len(raw)
-        config = flwr().ConfigRecord({
-            "users": [int(u) for u in raw], "params": client_params(model),
-            "mu": float(model.global_mean_), "rating_scale": [float(x) for x in
-                                                              model.rating_scale_],
-            "support": float(support_fraction), "seed": int(seed)})
-        msgs.append(message({"global": glob, "config": config}, n,
-                             flwr().MessageType.EVALUATE, "recon-eval"))
-    parts = []
-    for n, content in exchange(grid, msgs, timeout, "recon eval", refusals):
-        rec = content.metric_records.get("recon")
-        try:
-            if rec is None or set(rec) != set(RECON_FIELDS):
-                raise ReplyError(f"the reply needs a 'recon' metric record with {RECON_FIELDS}")
-            part = {k: rec[k] for k in RECON_FIELDS}
-            if not all(np.isfinite(float(v)) for v in part.values()) or part["n"] < 0 or \
-                    not 0 <= part["hits"] <= part["n"] or not 0 <= part["users"] <= asked[n] \
-                    or part["sse"] < 0 or part["sae"] < 0:
-                raise ReplyError(f"its sums are not possible: {part}")
-            parts.append(part)
-        except ReplyError as e:
-            refusals.add("recon eval", n, str(e), asked[n])
-    out = finish_recon_sums(parts)
-    out["nodes_reporting"] = len(parts)
-    return out
-
-
-def wait_for_nodes(grid, min_nodes: int, seconds: float) -> list[int]:
-    """The connected nodes, once at least ``min_nodes`` are (or all there are after
-    ``seconds``; none at all is an error)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        nodes = sorted(int(n) for n in grid.get_node_ids())
-        if len(nodes) >= min_nodes or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    if not nodes:
-        raise RuntimeError(f"no Flower node connected within {seconds:g} s; start SuperNodes "
-                           "pointing at this SuperLink's Fleet API")
-    if len(nodes) < min_nodes:
-        log.warning("fedcf.flower: only %d of min-nodes=%d nodes connected after %g s; going on",
-                    len(nodes), min_nodes, seconds)
-    return nodes
 
 
 def serve(grid, settings: Settings) -> dict:

@@ -218,6 +218,12 @@ class RoundExecutor(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not run secure-aggregation "
                                   "clients where they are")
 
+    def attribute(self, stats: dict) -> dict:
+        """What this executor can attribute to where its clients ran, given the aggregator's
+        round ``stats`` (merged into the round's history record): a Flower run names the nodes
+        whose uploads the round's clip cut; nothing here."""
+        return {}
+
     def kept_rows(self, local):
         """The stateful clients' rows (``local``) as the fit may read them at the end of a
         run: here they are the rows this process kept (in process, Ray); an executor whose

@@ -210,7 +210,8 @@ class Run:
                 "values_down": self.program.values_down(n_items, K, s.n_clients),
                 "server_seconds": server_seconds, "seconds": seconds, **self.timing,
                 **({} if eps is None else {"epsilon": eps, "epsilon_server": eps_server}),
-                **self.aggregator.round_stats, **self.executor.round_stats}
+                **self.aggregator.round_stats, **self.executor.round_stats,
+                **self.executor.attribute(self.aggregator.round_stats)}
 
     # ------------------------------------------------------------------ one round
     def learn_hyperparams(self, cohort, ids) -> dict:
