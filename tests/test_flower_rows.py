@@ -195,3 +195,27 @@ def test_fedavg_with_secure_aggregation_is_refused_before_the_run():
     """FedAvg's rows go to the server in the clear, which a masked round cannot carry."""
     with pytest.raises(ValueError, match="use 'furl', whose rows stay on the devices"):
         Settings(params={"aggregator": {"name": "secure"}}, model="fedavg").check()
+
+
+def test_under_adaptive_dp_a_sampled_models_layout_is_checked_by_its_own_rule(tmp_path):
+    """Adaptive clipping needs every upload, and under DP the server knows no count: a reply's
+    layout is checked by the client program's own rule (FedNCF: its slots follow from the
+    positives, plus the dense rows), so honest replies pass — the model is the in-process
+    one — and a reply whose weights do not give its slots is refused."""
+    import warnings
+
+    from test_flower import _replace_upload
+
+    dp = {"name": "dp", "clip_norm": 0.5, "noise_multiplier": 0.8, "target_quantile": 0.5,
+          "insecure_seeded_noise": True}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (seeded noise: no ε, said by a warning)
+        res, fitted, ref, _ = _serve(tmp_path, "fedncf", FakeGrid(partitions(3)), dp, 0.0)
+        assert res["refusals"] == []
+        np.testing.assert_array_equal(fitted.item_factors_, ref.item_factors_)
+        np.testing.assert_array_equal(fitted.dense_params_, ref.dense_params_)
+        lying = FakeGrid(partitions(3), tamper={BIG + 1: _replace_upload(
+            "weights", lambda a: a + 1)})
+        res, _, _, _ = _serve(tmp_path / "l", "fedncf", lying, dp, 0.0)
+    reasons = [r["reason"] for r in res["refusals"] if r["node"] == BIG + 1]
+    assert reasons and all("other slot counts" in r for r in reasons)

@@ -242,7 +242,8 @@ class FlowerExecutor(RoundExecutor):
                 self.program.layout(self.counts[clients])  # under DP: the reply's layout
             out = decode_upload(content, clients=clients, slots=slots, weights=None if
                                 weights is None else weights.astype(np.float64),
-                                n_items=Q.shape[0], K=Q.shape[1], dtype=Q.dtype)
+                                n_items=Q.shape[0], K=Q.shape[1], dtype=Q.dtype,
+                                program=self.program)
             bad = ~out.finite_clients()
             if bad.any():  # the aggregator leaves these out and counts them
                 self.refusals.add(self.stage, self.node, "non-finite values from clients "

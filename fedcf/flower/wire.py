@@ -138,22 +138,23 @@ def encode_upload(out: ClientOutputs) -> object:
 
 
 def decode_upload(content, *, clients: np.ndarray, slots: np.ndarray | None,
-                  weights: np.ndarray | None, n_items: int, K: int, dtype) -> ClientOutputs:
+                  weights: np.ndarray | None, n_items: int, K: int, dtype,
+                  program=None) -> ClientOutputs:
     """The ClientOutputs of one node's reply, after checking it is what the server asked for:
     the same clients in the same order, the layout the client program gives for their rating
     counts (slots and query sizes), item ids in the catalog, K columns. Non-finite deltas pass
     (the aggregator leaves such clients out and counts them, as in a simulation).
 
     ``slots=None, weights=None`` (a run under DP, where the server knows no rating count): the
-    layout is the reply's own, checked to be FedRecon's — each client's weight is its query
-    size, the number of its delta slots."""
+    layout is the reply's own, checked against the client ``program``'s rule for the slots of
+    a weight (``slots_of``: FedRecon's slots are its query size) where it has one."""
     a = read_arrays(content, "upload", UPLOAD_FIELDS)
     got = np.asarray(a["clients"])
     if got.shape != clients.shape or not np.array_equal(got, clients):
         raise ReplyError(f"it answers for clients {got[:5].tolist()}…, not the "
                          f"{len(clients)} asked for")
     if slots is None:
-        slots, weights = _reply_layout(a, len(clients))
+        slots, weights = _reply_layout(a, len(clients), program)
     offsets = np.asarray(a["offsets"])
     expect = np.zeros(len(clients) + 1, np.int64)
     np.cumsum(slots, out=expect[1:])
@@ -279,8 +280,10 @@ def _check_sum_bounds(groups, s_Q, s_b, stats, asked, where, recipe, weights):
                          "weights (the clip) allow")
 
 
-def _reply_layout(a: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(slots, weights) a reply declares, when the server has no count to derive them from."""
+def _reply_layout(a: dict, n: int, program=None) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, weights) a reply declares, when the server has no count to derive them from:
+    whole weights ≥ 0, and slots the ``program``'s for those weights where it has a rule
+    (``slots_of``; None: FedRecon's, one slot per query example)."""
     offsets, weights = np.asarray(a["offsets"]), np.asarray(a["weights"])
     if offsets.shape != (n + 1,) or not np.issubdtype(offsets.dtype, np.integer) or \
             (n and offsets[0] != 0):
@@ -288,9 +291,15 @@ def _reply_layout(a: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
     slots = np.diff(offsets).astype(np.int64)
     if (slots < 0).any():
         raise ReplyError("its offsets must not decrease")
-    if weights.shape != (n,) or not np.array_equal(weights.astype(np.float64), slots):
-        raise ReplyError("its weights are not the clients' query sizes (their slot counts)")
-    return slots, slots.astype(np.float64)
+    w = weights.astype(np.float64) if weights.shape == (n,) and \
+        np.issubdtype(weights.dtype, np.number) else None
+    if w is None or not (np.isfinite(w).all() and (w >= 0).all() and (w == np.round(w)).all()):
+        raise ReplyError("its weights must be one whole number >= 0 per client")
+    want = w.astype(np.int64) if program is None else program.slots_of(w.astype(np.int64))
+    if want is not None and not np.array_equal(want, slots):
+        raise ReplyError("its weights are not the clients' query sizes (the client program "
+                         "gives other slot counts for them)")
+    return slots, w
 
 
 def content_bytes(content, sizes: dict | None = None) -> int:

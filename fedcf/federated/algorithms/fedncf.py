@@ -30,9 +30,8 @@ class NeuMFProgram(SampledProgram):
     widths: np.ndarray
     n_dense: int
 
-    def layout(self, counts):
-        weight, slots = super().layout(counts)
-        return weight, slots + self.n_dense
+    def slots_of(self, weights):
+        return super().slots_of(weights) + self.n_dense  # and the dense rows
 
     def run(self, data, clients, params, local, ids, out):
         neumf_clients(data, clients, (params["Q"], params["b"]), local, self.excl, self.cfg,

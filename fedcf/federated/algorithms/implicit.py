@@ -35,6 +35,9 @@ class ImplicitProgram(WholeModelBroadcast):
         q = query_sizes(counts, int(self.cfg[IC_SPLIT]), float(self.cfg[IC_SUPPORT_FRAC]))
         return q, (q if self.full_negatives else implicit_slots(counts, self.cfg, self.hp))
 
+    def slots_of(self, weights):
+        return weights if self.full_negatives else None  # sampled negatives: from the count
+
     def run(self, data, clients, params, local, ids, out):
         Q, b = params["Q"], params["b"]
         offsets, d_items, d_Q, d_b, losses = out

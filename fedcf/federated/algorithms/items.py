@@ -406,7 +406,10 @@ class CatalogProgram(WholeModelBroadcast):
 
     def layout(self, counts):
         q = query_sizes(counts.astype(np.int64), int(self.cfg[0]), float(self.cfg[1]))
-        return q, q * self.max_terms + int(self.cc[OC_DEFAULT] >= 0)
+        return q, self.slots_of(q)
+
+    def slots_of(self, weights):
+        return weights * self.max_terms + int(self.cc[OC_DEFAULT] >= 0)
 
     def run(self, data, clients, params, local, ids, out):
         catalog_clients(data, clients, (params["Q"], params["b"]), self.imap, self.cfg, self.cc,

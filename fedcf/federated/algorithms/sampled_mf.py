@@ -66,8 +66,11 @@ class SampledProgram(WholeModelBroadcast):
     def layout(self, counts):
         """Weight: the device's positives; slots: every item it can touch."""
         n = counts.astype(np.int64)
-        touched = n * (1 + int(self.cfg[0]) * int(self.cfg[1]))
-        return n, np.minimum(touched, self.n_items)
+        return n, self.slots_of(n)
+
+    def slots_of(self, weights):
+        touched = weights.astype(np.int64) * (1 + int(self.cfg[0]) * int(self.cfg[1]))
+        return np.minimum(touched, self.n_items)
 
     def run(self, data, clients, params, local, ids, out):
         sampled_clients(data, clients, (params["Q"], params["b"]), local, self.excl, self.cfg,

@@ -141,6 +141,11 @@ class ClientProgram(Protocol):
     # uploads its own row); else they stay with the devices between rounds (FURL)
     server_rows: bool
 
+    def slots_of(self, weights: np.ndarray) -> np.ndarray | None:
+        """The output slots of clients with these aggregation weights, where the layout
+        follows from the weight alone (a server that knows no count checks a reply's layout
+        with it); None where it does not."""
+
 
 class WholeModelBroadcast:
     """Communication of a client program whose clients download the whole global model (and a
@@ -160,6 +165,9 @@ class WholeModelBroadcast:
         return 0
 
     server_rows = False  # a stateful program's rows stay with the devices
+
+    def slots_of(self, weights: np.ndarray) -> np.ndarray | None:
+        return weights  # one slot per query example (FedRecon, FedAvg/FURL)
 
     def for_users(self, users: np.ndarray):
         return self  # nothing held per user
