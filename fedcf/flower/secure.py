@@ -23,8 +23,9 @@ masking, the survivors' shares still unmask the sum (the protocol's dropout tole
 
 What the server learns: every message it relays (keys, ciphertexts, masked vectors,
 signatures, shares) and the sum. The verifying keys travel through the server, as the keys of
-an honest-but-curious server's PKI; against a server that substitutes keys the devices need
-a registry the server cannot write (see eval/PRIVACY.md).
+an honest-but-curious server's PKI; against a server that substitutes keys the devices pin
+their federation's identity keys (``keys.py``: node configs ``identity-key`` and
+``pinned-keys``), and every client key must carry a pinned endorsement.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from ..federated.aggregators.secagg_protocol import (
 from ..federated.round.device import Device, DeviceRefusal
 from ..federated.round.phases import RoundHyperparams
 from ..federated.round.reports import ReportEncoding, Reports
+from .keys import ENDORSEMENT_BYTES, check_endorsements, endorse, load_identity, load_pinned
 from .ledger import keep_device, node_device
 from .wire import ReplyError, arrays, flwr
 
@@ -55,10 +57,12 @@ STEPS = ("begin", "share", "mask", "consistency", "unmask")
 STATE_KEY = "fedcf-secagg"
 # nonce 12 ‖ AES-GCM of (sender 8, receiver 8, index 2, two shares) ‖ tag 16
 CT_BYTES = 12 + 18 + 2 * SHARE_BYTES + 16
-WIDTH = {"keys": 32, "adverts": 128, "shares": CT_BYTES, "sigs": 64, "unmask": SHARE_BYTES}
+WIDTH = {"keys": 32, "adverts": 128, "shares": CT_BYTES, "sigs": 64, "unmask": SHARE_BYTES,
+         "endorse": ENDORSEMENT_BYTES}
 INTS = {"keys": ("client",), "adverts": ("client",), "shares": ("sender", "receiver"),
         "masked": ("client",), "sigs": ("client",), "unmask": ("sender", "secret", "about",
-                                                               "index")}
+                                                               "index"),
+        "endorse": ("client",)}
 
 
 class NodeProtocolError(ValueError):
@@ -101,6 +105,14 @@ def unpack(kind: str, a: dict, dim: int | None = None) -> tuple[np.ndarray, np.n
 
 def _registry(a) -> dict:
     ints, data = unpack("keys", a)
+    return {int(c): data[k].tobytes() for k, c in enumerate(ints[:, 0])}
+
+
+def _endorsements(a) -> dict:
+    """Client -> its node's endorsement of its key (none when the table carries no column)."""
+    if "endorse.data" not in a:
+        return {}
+    ints, data = unpack("endorse", a)
     return {int(c): data[k].tobytes() for k, c in enumerate(ints[:, 0])}
 
 
@@ -259,11 +271,18 @@ def node_step(own, content, state, node_config=None) -> dict:
                         list(halves.verifying().values())),
                  **pack("adverts", [(a.client,) for a in adverts],
                         [a.c_pk + a.s_pk + a.signature for a in adverts])}
+        if (node_config or {}).get("identity-key"):  # the device vouches for its clients' keys
+            me = load_identity(node_config["identity-key"])
+            reply.update(pack("endorse", [(c,) for c in halves.verifying()],
+                              [endorse(me, session, c, k) for c, k in halves.verifying().items()]))
         return _keep(state, session, halves, reply)
     halves = _restore(state, session)
     a = {k: v.numpy() for k, v in content["secagg"].items()} if "secagg" in content else {}
     try:
         if step == "share":
+            if (node_config or {}).get("pinned-keys"):  # only keys its federation vouched for
+                check_endorsements(_registry(a), _endorsements(a),
+                                   load_pinned(node_config["pinned-keys"]), session)
             halves.trust(_registry(a))
             reply = pack("shares", *_share_rows(halves.share(_adverts(a))))
         elif step == "mask":
@@ -321,15 +340,18 @@ class FlowerHalves:
                                    **extra}} for n, cl in self.asked.items()}
 
         def read(node, a):
-            reg, adv = _registry(a), _adverts(a)
+            reg, adv, ends = _registry(a), _adverts(a), _endorsements(a)
             if set(reg) != self.asked[node] or sorted(x.client for x in adv) != sorted(reg):
                 raise ReplyError("its keys and adverts are not one per client asked")
-            return reg, adv
+            if not set(ends) <= set(reg):
+                raise ReplyError("it endorses keys of clients it was not asked about")
+            return reg, adv, ends
 
-        self.registry, self.adverts = {}, []
-        for reg, adv in self._step("begin", contents, read):
+        self.registry, self.adverts, self.endorsements = {}, [], {}
+        for reg, adv, ends in self._step("begin", contents, read):
             self.registry.update(reg)
             self.adverts += adv
+            self.endorsements.update(ends)  # relayed as they came: only the devices check
 
     def verifying(self) -> dict:
         return dict(self.registry)
@@ -338,10 +360,13 @@ class FlowerHalves:
         return list(self.adverts)  # they came with the answers to ``begin``
 
     def share(self, adverts):
+        ends = self.endorsements
         table = arrays(**pack("keys", [(c,) for c in self.registry],
                               list(self.registry.values())),
                        **pack("adverts", [(a.client,) for a in adverts],
-                              [a.c_pk + a.s_pk + a.signature for a in adverts]))
+                              [a.c_pk + a.s_pk + a.signature for a in adverts]),
+                       **(pack("endorse", [(c,) for c in ends], list(ends.values()))
+                          if ends else {}))
         return self._gather("share", {n: {"secagg": table} for n in self.live}, _bundles)
 
     def mask(self, inboxes, dropped):
