@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from test_flower import BIG, SEC_PARAMS, FakeGrid, partitions, reference, run  # noqa: E402
+from test_flower import SEC_PARAMS, FakeGrid, partitions, reference, run  # noqa: E402
 
 from fedcf.flower.keys import load_identity, load_pinned, make_identity  # noqa: E402
 from fedcf.flower.secure import FlowerHalves  # noqa: E402
@@ -117,4 +117,3 @@ def test_identity_and_pinned_files_are_checked(tmp_path):
     (tmp_path / "e.txt").write_text("# nothing\n")
     with pytest.raises(ValueError, match="lists no key"):
         load_pinned(tmp_path / "e.txt")
-    assert BIG  # (the fake grid's node ids, as in test_flower)
