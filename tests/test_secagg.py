@@ -333,6 +333,14 @@ def test_secure_aggregation_with_server_noise_dp():
     eps = [h["epsilon"] for h in m.history_]
     assert eps == sorted(eps) and m.epsilon_ <= 10.0 * 1.001 and m.noise_multiplier_ > 0
     assert len({h["clients_sampled"] for h in m.history_}) > 1  # Poisson sampling
+    # the clients' loss is outside ε: under DP it is not in the masked sum at all
+    assert all(np.isnan(h["loss"]) for h in m.history_)
+    from fedcf.federated.aggregators.secagg_client import STATS, Encoding
+
+    col = N_ITEMS * (K + 1) + STATS.index("loss")  # then its weight r
+    dp_rows = Encoding(N_ITEMS, K, 12, 1.0, 10.0, clip=0.5).encode(cohort(), HP)[1]
+    plain_rows = Encoding(N_ITEMS, K, 12, 1.0, 10.0).encode(cohort(), HP)[1]
+    assert not dp_rows[:, col:col + 2].any() and plain_rows[:, col:col + 2].any()
     # the unmasked sum is the DP sum: same result as DPGaussianMean alone on the same cohort
     out = cohort()
     ctx = RunContext(n_items=N_ITEMS, seed=1, clients_per_round=12, n_eligible=1000,

@@ -34,8 +34,9 @@ class Encoding:
     normalised weight, r = min(n, W)/W the normalised query size (the loss is weighted by
     query size as in the plain round; sizes above W weigh as W), both 0 for a client not
     used; s = u (plain) or the DP factor; "used" = s (plain) or 1 (DP: counts the clients in
-    the fixed-denominator sum). Each column has its own fixed-point scale, so that m clients
-    sum without overflow modulo 2³²."""
+    the fixed-denominator sum). Under DP the loss and r are sent as zeros: the round's mean
+    loss is a statistic ε does not cover. Each column has its own fixed-point scale, so that m
+    clients sum without overflow modulo 2³²."""
 
     n_items: int
     K: int
@@ -117,6 +118,8 @@ class Encoding:
         loss = np.where(used, np.minimum(np.nan_to_num(out.losses), self.loss_bound), 0.0)
         recon_bad = bad & ~np.isfinite(out.losses)
         r = np.where(used, np.minimum(out.weights, self.max_weight) / self.max_weight, 0.0)
+        if self.clip is not None:  # under DP the loss is outside ε: not sent (the round's
+            loss = r = np.zeros(len(w))  # mean loss reads as NaN)
         rows[:, self.n_dense:] = np.column_stack([  # the loss is weighted by query size
             r * loss, r, np.where(used & self.adaptive, bit - 0.5, 0.0),
             np.where(used, s if self.clip is None else 1.0, 0.0), ~used & ~bad,
