@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from report_common import pct, provenance, signed_pct, table
+from report_common import claim, pct, provenance, signed_pct, table
 
 
 def population_values(rows) -> dict:
@@ -12,6 +12,9 @@ def population_values(rows) -> dict:
               r.get("target_epsilon", st["target_epsilon"]) == st["target_epsilon"])
     rel = dp["rmse"] / plain["rmse"] - 1
     met = dp["epsilon"] <= st["target_epsilon"] * 1.001 and rel <= 0.03
+    noised = [r for r in rows if r.get("epsilon")]
+    claim("PRIVACY.md", "ε against the server is larger than ε in every population DP row",
+          noised and all((r.get("epsilon_server") or 0) > r["epsilon"] for r in noised))
     return {
         "population_provenance": provenance(rows[0]["meta"], "privacy_population.json"),
         "population_data": f"{st['population']:,} users, {rows[0]['train_users']:,} in training",
@@ -37,6 +40,10 @@ def population_values(rows) -> dict:
 def privacy_values(rows) -> dict:
     def num(x, fmt=".4f"):
         return "" if x is None else format(x, fmt)
+
+    dp = [r for r in rows if r.get("epsilon") and r.get("epsilon_server") is not None]
+    claim("PRIVACY.md", "ε against the server is larger than ε against the public release in "
+          "every DP row", dp and all(r["epsilon_server"] > r["epsilon"] for r in dp))
 
     st = rows[0]["meta"]["settings"]
     util = [r for r in rows if "rmse" in r and "attack" not in r]
