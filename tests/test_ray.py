@@ -120,7 +120,8 @@ def test_under_secure_aggregation_the_shards_mask_and_the_driver_gets_messages_o
         for n in (1, 2, 4) if isinstance(agg, SecureAggregation) else (2,):  # (suite time)
             m = FedReconMF(**kw, aggregator=agg, executor=RayExecutor(n)).fit(pop)
             np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
-            assert [h["loss"] for h in m.history_] == [h["loss"] for h in ref.history_]
+            np.testing.assert_array_equal([h["loss"] for h in m.history_],  # (NaN under DP:
+                                          [h["loss"] for h in ref.history_])  # not sent)
             assert [h["secagg_survivors"] for h in m.history_] == \
                 [h["secagg_survivors"] for h in ref.history_]
             assert m.learned_hyperparams_ == ref.learned_hyperparams_
