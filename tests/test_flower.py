@@ -467,19 +467,26 @@ def test_write_app_project(tmp_path):
 @pytest.mark.network
 @pytest.mark.cluster
 @pytest.mark.ray
+def _simulate(tmp_path, *args) -> dict:
+    """scripts/flower_simulation.py with ``args`` in a subprocess: its result JSON, checked for
+    the in-process model's item factors and ReconEval, and for no refusal or stray field."""
+    out = tmp_path / "sim.json"
+    proc = subprocess.run([sys.executable, str(load_script("flower_simulation").__file__),
+                           *args, "--json", str(out)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["identical_item_factors"] and r["rmse_relative_difference"] < 1e-9
+    assert r["unexpected_fields"] == [] and r["refusals"] == []
+    return r
+
+
 def test_flower_simulation_ml100k_matches_fedreconmf(tmp_path):
     """Flower's simulation engine (Ray backend), 10 nodes holding ML-100K partitions, 4
     rounds: the same model bit for bit as FedReconMF in process, and the same ReconEval."""
     load_dataset({"dataset": "ml-100k"})  # skips the test when the data are unreachable
-    out = tmp_path / "flower.json"
-    proc = subprocess.run([sys.executable, str(load_script("flower_simulation").__file__),
-                           "--partitions", "10", "--rounds", "4", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(out.read_text())
-    assert r["identical_item_factors"] and r["identical_item_biases"]
-    assert r["rmse_relative_difference"] < 1e-9
-    assert r["unexpected_fields"] == [] and r["refusals"] == []
+    r = _simulate(tmp_path, "--partitions", "10", "--rounds", "4")
+    assert r["identical_item_biases"]
     assert r["messages"]["train/up"] >= 4 and r["messages"]["query/up"] == 10
 
 
@@ -487,16 +494,9 @@ def test_flower_simulation_keeps_furls_rows_on_the_nodes_across_rounds(tmp_path)
     """FURL through Flower's simulation engine: 4 nodes, 5 rounds of 100 of 540 users (so
     users come back): the nodes' run state carries each user's row from round to round, as
     the in-process fit keeps it, so the model is that fit's bit for bit; no row goes up."""
-    out = tmp_path / "furl.json"
-    proc = subprocess.run([sys.executable, str(load_script("flower_simulation").__file__),
-                           "--model", "furl", "--dataset", "synthetic", "--partitions", "4",
-                           "--rounds", "5", "--clients-per-round", "100", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(out.read_text())
-    assert r["identical_item_factors"] and r["identical_losses"]
-    assert r["rmse_relative_difference"] < 1e-9
-    assert r["unexpected_fields"] == [] and r["refusals"] == []
+    r = _simulate(tmp_path, "--model", "furl", "--dataset", "synthetic", "--partitions", "4",
+                  "--rounds", "5", "--clients-per-round", "100")
+    assert r["identical_losses"]
 
 
 @pytest.mark.cluster
