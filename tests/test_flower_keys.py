@@ -100,6 +100,19 @@ def test_a_node_outside_the_pinned_list_cannot_join_the_sum(tmp_path, caplog):
     assert "no endorsement by a pinned device key" in caplog.text
 
 
+def test_an_interrupted_identity_write_leaves_no_half_key(tmp_path, monkeypatch):
+    import os
+
+    def broken(fd, mode):
+        os.close(fd)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fdopen", broken)
+    with pytest.raises(OSError, match="disk full"):
+        make_identity(tmp_path / "id")
+    assert not (tmp_path / "id").exists()
+
+
 def test_identity_and_pinned_files_are_checked(tmp_path):
     key = make_identity(tmp_path / "id")
     assert len(bytes.fromhex(key)) == 32 and load_identity(tmp_path / "id")

@@ -9,7 +9,10 @@ keys accepts the cohort's key registry only when every client's key carries an e
 a pinned identity: a server that substitutes a client's key (to sit in the middle of its key
 agreement and read its masks) or invents clients of its own is refused by every pinned
 device, and the round is lost instead of read. Without ``pinned-keys`` the registry is taken
-as the server relays it (the honest-but-curious model).
+as the server relays it (the honest-but-curious model). The pins stop a server alone, not one
+that colludes with a pinned node: an endorsement binds a key to a client id and a session, but
+which node holds which client is the server's word, so a pinned node can endorse a key of the
+server's making for another node's client.
 
 ``make_identity(path)`` writes a new identity key and returns its public key (hex, one line of
 a ``pinned-keys`` file).
@@ -41,8 +44,12 @@ def make_identity(path) -> str:
     except FileExistsError:
         raise ValueError(f"identity key {str(p)!r} exists already; a node keeps its identity "
                          "(remove the file first to make a new one)") from None
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(raw)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+    except BaseException:  # an interrupted write leaves no half key behind
+        p.unlink(missing_ok=True)
+        raise
     return key.public_key().public_bytes_raw().hex()
 
 
