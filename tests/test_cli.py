@@ -413,6 +413,31 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(files, tmp_path, delay):
     assert not out.exists()
 
 
+def test_an_interrupt_wrapped_by_a_library_import_is_still_an_interrupt(monkeypatch, capsys):
+    """Ctrl-C while a library defines a class reaches main as "RuntimeError: Error calling
+    __set_name__" caused by the KeyboardInterrupt (seen once under load in the test above):
+    still exit code 130 and one line. Any other error is not swallowed."""
+    from fedcf.cli import app, interrupted, main
+
+    def wrapped(args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from exc
+
+    monkeypatch.setattr(app, "main", wrapped)
+    assert main(["train"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("fedcf: interrupted")
+    assert not interrupted(RuntimeError("a plain failure"))
+
+    def failing(args):
+        raise RuntimeError("a plain failure")
+
+    monkeypatch.setattr(app, "main", failing)
+    with pytest.raises(RuntimeError, match="a plain failure"):
+        main(["train"])
+
+
 @pytest.mark.parametrize("command", ["", "train", "evaluate", "recommend", "benchmark",
                                      "compile", "plot"])
 def test_help_loads_nothing_heavy(command):

@@ -27,7 +27,9 @@ def main(argv=None) -> int:
         from .app import main as run
 
         code = run(args)
-    except KeyboardInterrupt:
+    except BaseException as exc:  # noqa: BLE001 - re-raised unless it is an interrupt
+        if not interrupted(exc):
+            raise
         print("fedcf: interrupted; no output file was left half-written", file=sys.stderr)
         code = 130
     finally:
@@ -45,13 +47,28 @@ def run_script(main, name: str, strict: bool = False) -> None:
     pending = _interrupt_twice()
     try:
         result = main()
-    except KeyboardInterrupt:
+    except BaseException as exc:  # noqa: BLE001 - re-raised unless it is an interrupt
+        if not interrupted(exc):
+            raise
         print(f"{name}: interrupted; no result file was left half-written", file=sys.stderr)
         _exit_interrupted()
     finally:
         for timer in pending:
             timer.cancel()
     sys.exit(1 if strict and not result else 0)
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C, or an error it caused: an interrupt that lands while a
+    library defines a class reaches us wrapped ("RuntimeError: Error calling __set_name__",
+    the KeyboardInterrupt as its cause)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _exit_interrupted():
