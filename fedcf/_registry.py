@@ -13,11 +13,8 @@ ESTIMATORS = {name: registry.lookup("estimator", name) for name in registry.name
 def load_model(path):
     """Load a model written by any fedcf estimator's ``save``; the class is read from the file."""
     _, meta = load_npz(path, meta_key=_META, what="model")
-    from .models.ncf import NCF  # FedNCF's centralized counterpart: saved, not a CLI model
-
     by_class = {cls.__name__: cls for cls in (registry.lookup("estimator", name)  # as now
                                               for name in registry.names("estimator"))}
-    by_class.setdefault(NCF.__name__, NCF)
     cls = by_class.get(meta.get("class"))
     if cls is None:
         raise ValueError(f"{str(path)!r} holds a {meta.get('class')!r}, which is not a "

@@ -66,6 +66,7 @@ _ENTRIES: dict[str, dict[str, object]] = {
         "fedmf": "fedcf.federated.algorithms.sampled_mf:FedMF",
         "pfedrec": "fedcf.federated.algorithms.sampled_mf:PFedRec",
         "fedncf": "fedcf.federated.algorithms.fedncf:FedNCF",
+        "ncf": "fedcf.models.ncf:NCF",
     },
 }
 

@@ -74,11 +74,13 @@ def _centralized_sgd(data):
 
 
 def _fedavg(data):
-    from fedcf import FedAvgMF
+    """The stateful baselines, FedAvg and FURL (user rows kept between rounds)."""
+    from fedcf import FURLMF, FedAvgMF
 
     train_t, test_t, train_u, test_u = data
     _federated(FedAvgMF, train_t, test_t, None)
     _federated(FedAvgMF, train_u, None, test_u)
+    _federated(FURLMF, train_t, test_t, None)
 
 
 def _fedrecon_sgd(data):
@@ -138,7 +140,8 @@ def _sampled(data):
 
 def _neumf(data):
     """FedNCF and centralized NCF (the NeuMF network)."""
-    from fedcf.federated import NCF, FedNCF
+    from fedcf import NCF
+    from fedcf.federated import FedNCF
 
     train = _binary(data)
     FedNCF(n_factors=4, n_rounds=2, clients_per_round=8, random_state=0).fit(train) \
@@ -163,6 +166,27 @@ PATHS = {"centralized": _centralized, "fedavg": _fedavg, "fedrecon-sgd": _fedrec
          "fedrecon-als": _fedrecon_als, "hypergradient": _hypergradient,
          "fedrecon-variants": _fedrecon_variants, "centralized-sgd": _centralized_sgd,
          "implicit": _implicit, "sampled": _sampled, "neumf": _neumf, "catalog": _catalog}
+
+
+# the path of each estimator class whose kernels do not depend on its settings
+_PATH_OF = {"ImplicitMF": "implicit", "FedReconImplicitMF": "implicit", "FedAvgMF": "fedavg",
+            "FURLMF": "fedavg", "FedMF": "sampled", "PFedRec": "sampled", "FedNCF": "neumf",
+            "NCF": "neumf"}
+
+
+def path_of(estimator) -> str:
+    """The compile path whose kernels ``estimator`` runs (a subclass: its nearest known
+    ancestor's)."""
+    for cls in type(estimator).__mro__:
+        if cls.__name__ in _PATH_OF:
+            return _PATH_OF[cls.__name__]
+    params = estimator.get_params(deep=False)
+    if "solver" in params:  # CentralizedMF
+        return "centralized-sgd" if params["solver"] == "sgd" else "centralized"
+    if type(params.get("item_space")).__name__ == "OpenCatalog":
+        return "catalog"
+    sgd = "sgd" in str(params.get("reconstruction", "als")).lower()
+    return "fedrecon-sgd" if sgd else "fedrecon-als"
 
 
 def check_paths(paths) -> list[str]:

@@ -46,7 +46,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from fedcf import FedReconImplicitMF, ImplicitMF
+from fedcf import NCF, FedReconImplicitMF, ImplicitMF
 from fedcf.datasets import Interactions, SyntheticPopulation, load_movielens
 from fedcf.eval.loo import (
     leave_one_out,
@@ -56,7 +56,7 @@ from fedcf.eval.loo import (
     training_exclusions,
 )
 from fedcf.eval.splits import user_split_indices
-from fedcf.federated import NCF, FedMF, FedNCF, PFedRec, RidgeReconstruction, SampledUpdate
+from fedcf.federated import FedMF, FedNCF, PFedRec, RidgeReconstruction, SampledUpdate
 from fedcf.provenance import report_result, run_meta
 
 SAMPLED = {"FedMF": FedMF, "FedNCF": FedNCF, "PFedRec": PFedRec, "NCF": NCF}

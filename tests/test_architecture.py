@@ -50,7 +50,6 @@ PACKAGE_ALLOWED = {
     ("fedcf/cli/common.py", "_read", "__dict__"): "argparse namespace: tables read so far",
     ("fedcf/cli/common.py", "_say", "getattr"): "argparse namespace of any command",
     ("fedcf/cli/train.py", "build_estimator", "getattr"): "argparse shortcut flags",
-    ("fedcf/cli/train.py", "_warmup_path", "getattr"): "the estimator's solver settings",
     ("fedcf/testing.py", "AggregatorContract.test_linear_means_reducible_from_partial_sums_in_any_split",
      "getattr"): "compares a delta's arrays field by field",
     ("fedcf/testing.py", "ExecutorContract.test_runs_a_cohort_as_the_local_executor_does",

@@ -19,7 +19,8 @@ from fedcf.model_selection import PerUserSplit
 FAST = {"fedrecon": ["--rounds", "8"], "fedavg": ["--rounds", "8"], "furl": ["--rounds", "8"],
         "fedrecon-implicit": ["--rounds", "8"], "centralized": ["--epochs", "3"],
         "implicit": ["--epochs", "3"], "fedmf": ["--rounds", "8"], "pfedrec": ["--rounds", "8"],
-        "fedncf": ["--rounds", "8", "--set", "layers=[4]"]}
+        "fedncf": ["--rounds", "8", "--set", "layers=[4]"],
+        "ncf": ["--epochs", "2", "--set", "layers=[4]"]}
 
 
 def test_the_cli_trains_every_registered_estimator():

@@ -9,8 +9,17 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from fedcf import FURLMF, CentralizedMF, FedAvgMF, FedReconImplicitMF, FedReconMF, ImplicitMF
+from fedcf import (
+    FURLMF,
+    NCF,
+    CentralizedMF,
+    FedAvgMF,
+    FedReconImplicitMF,
+    FedReconMF,
+    ImplicitMF,
+)
 from fedcf.federated import FedMF, FedNCF, SGDReconstruction
+from fedcf.models.sampled_nets import NeuMFScoring
 
 SMALL = dict(n_factors=3, random_state=0)
 FED = dict(n_rounds=4, clients_per_round=40)
@@ -26,6 +35,7 @@ ESTIMATORS = [
     FedReconImplicitMF(biases=True, **FED, **SMALL),
     FedMF(**FED, **SMALL),
     FedNCF(layers=(4,), **FED, **SMALL),
+    NCF(layers=(4,), n_epochs=3, **SMALL),
 ]
 IDS = [type(e).__name__ + ("-sgd" if isinstance(getattr(e, "reconstruction", ""),
                                                   SGDReconstruction) else "")
@@ -95,7 +105,7 @@ def test_predict_fallbacks(fitted, name):
     pairs = pd.DataFrame({"user": ["ghost", "u3", "ghost"], "item": [1, "nope", "nope"]})
     pred = m.predict(pairs, clip=False)
     assert np.all(np.isfinite(pred))
-    if isinstance(m, FedNCF):  # no user / item term: that side's embeddings at zero
+    if isinstance(m, NeuMFScoring):  # no user / item term: that side's embeddings at zero
         zero = {"pg": np.zeros((1, 3)), "pm": np.zeros((1, 3))}
         net, dense = m._net(), m._net().unpack(m.dense_params_.astype(float))
         row = m.item_factors_[list(m.item_ids_).index(1)].astype(float)

@@ -3,6 +3,8 @@ finite differences, the round kernels against their NumPy twins, the sampler aga
 exclusions, scoring independent of who shares a call, the round's phases (DP, secure
 aggregation) applied to all three federated ones, and bad input."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -82,17 +84,24 @@ def _params(m):
     return {**out, "dense": m.dense_params_} if isinstance(m, FedNCF) else out
 
 
-def test_ncf_negatives_avoid_own_items_and_exclusions():
+def test_ncf_negatives_avoid_own_items_and_exclusions(monkeypatch):
+    """Every negative fit draws for a user avoids the user's items and ``exclude``'s."""
     sp = leave_one_out(_data(), order="random", random_state=0)
     neg = sample_negatives(sp, 10, random_state=0)
     ex = training_exclusions(sp, "clean", neg)
-    m = NCF(4, n_epochs=1, random_state=0).fit(sp.train, exclude=ex)
-    ex_csr = ex.to_csr()
-    rng = np.random.default_rng(0)
-    for u in range(sp.n_users):
-        pos = sp.train.items[sp.train.indptr[u]:sp.train.indptr[u + 1]]
-        items, y = m._draw(*m._device_data(u), rng)
-        drawn = items[y == 0]
+    ex_csr, draws = ex.to_csr(), []
+    real = NCF._draw
+
+    def spy(self, positives, excluded, n_items, rng):
+        items, y = real(self, positives, excluded, n_items, rng)
+        draws.append((positives.copy(), items[y == 0]))
+        return items, y
+
+    monkeypatch.setattr(NCF, "_draw", spy)
+    NCF(4, n_epochs=1, random_state=0).fit(sp.train, exclude=ex)
+    assert len(draws) == sp.n_users
+    for u, (pos, drawn) in enumerate(draws):
+        assert np.array_equal(pos, sp.train.items[sp.train.indptr[u]:sp.train.indptr[u + 1]])
         assert len(drawn) == 4 * len(pos)
         assert not set(drawn) & (set(ex_csr[[u]].indices) | set(pos))
 
@@ -361,12 +370,9 @@ def test_ncf_kernel_epoch_equals_its_numpy_twin(lam, monkeypatch):
     fast = NCF(4, **kw).fit(sp.train)
     monkeypatch.setattr(NCF, "_kernel", False)
     slow = NCF(4, **kw).fit(sp.train)
-    for k in fast.global_params_:
-        np.testing.assert_allclose(fast.global_params_[k], slow.global_params_[k], rtol=1e-9,
-                                   atol=1e-12, err_msg=k)
-    for k in fast.user_params_:
-        np.testing.assert_allclose(fast.user_params_[k], slow.user_params_[k], rtol=1e-9,
-                                   atol=1e-12, err_msg=k)
+    for k in ("item_factors_", "dense_params_", "user_factors_"):
+        np.testing.assert_allclose(getattr(fast, k), getattr(slow, k), rtol=1e-9, atol=1e-12,
+                                   err_msg=k)
     assert [h["loss"] for h in fast.history_] == pytest.approx(
         [h["loss"] for h in slow.history_], rel=1e-12)
 
@@ -536,11 +542,12 @@ def test_ncf_refuses_bad_users_and_n():
     for users in ([48], [-1], [0.5], [[0]]):  # out of range, negative (no wrap), float, 2-D
         with pytest.raises(ValueError, match=r"dense user ids in \[0, 48\)"):
             m.user_scores(users)
-    with pytest.raises(ValueError, match="n must be >= 0"):
-        m.recommend(inter.user_ids[0], n=-1)
-    with pytest.raises(TypeError, match="n must be an integer"):
-        m.recommend(inter.user_ids[0], n="3")
-    assert m.recommend(inter.user_ids[0], n=0) == []
+    for n in (-1, "3", 2.0, True):
+        with pytest.raises(ValueError, match="n must be a non-negative integer"):
+            m.recommend(user=inter.user_ids[0], n=n)
+    with pytest.raises(KeyError, match="was not seen in fit"):
+        m.recommend(user="nobody", n=3)
+    assert len(m.recommend(user=inter.user_ids[0], n=0)) == 0
 
 
 def test_pfedrec_recommends_for_an_empty_history_by_the_item_biases():
@@ -617,10 +624,13 @@ def test_a_program_for_some_users_holds_their_exclusions_only():
 
 
 def test_ncf_saves_and_loads_to_the_same_scores_and_refuses_a_damaged_file(tmp_path):
-    """Centralized NCF: one .npz (no pickle) → the same scores for seen and new users, the same
-    recommendations (its fit items left out), load_model finds it; a short array, another
-    class's file and a folder are refused by name; a loaded model refits from scratch."""
+    """Centralized NCF saves as every estimator of the family: one .npz (no pickle) → the same
+    scores for seen and new users, the same recommendations (its fit items left out),
+    load_model finds it; a short array, another class's file and a folder are refused by name;
+    a loaded model refits from scratch; a file of the earlier layout (``global_*``/``user_*``
+    arrays) loads to the same model."""
     from fedcf import load_model
+    from fedcf._io import atomic_savez
 
     inter = _data()
     m = NCF(3, layers=(4,), n_epochs=2, random_state=0).fit(inter)
@@ -631,13 +641,16 @@ def test_ncf_saves_and_loads_to_the_same_scores_and_refuses_a_damaged_file(tmp_p
     np.testing.assert_array_equal(back.user_scores([0, 5]), m.user_scores([0, 5]))
     np.testing.assert_array_equal(back.score_new_users(inter.subset_users(np.arange(3))),
                                   m.score_new_users(inter.subset_users(np.arange(3))))
-    assert back.recommend(inter.user_ids[2], n=4) == m.recommend(inter.user_ids[2], n=4)
+    u = inter.user_ids[2]
+    assert back.recommend(user=u, n=4).equals(m.recommend(user=u, n=4))
+    seen = inter.items[inter.indptr[2]:inter.indptr[3]]
+    assert not set(m.recommend(user=u, n=4)["item"]) & set(inter.item_ids[seen])
     with np.load(path, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
-    arrays["global_qg"] = arrays["global_qg"][:-1]  # one item short
-    np.savez(tmp_path / "bad.npz", **arrays)
-    with pytest.raises(ValueError, match="'global_qg' is missing, of another shape"):
-        NCF.load(tmp_path / "bad.npz")
+    for name in ("item_factors_", "dense_params_"):
+        np.savez(tmp_path / "bad.npz", **{**arrays, name: arrays[name][:-1]})
+        with pytest.raises(ValueError, match="damaged or edited"):
+            NCF.load(tmp_path / "bad.npz")
     other = FedNCF(3, layers=(4,), n_rounds=1, random_state=0).fit(inter).save(tmp_path / "f")
     with pytest.raises(ValueError, match="holds a FedNCF"):
         NCF.load(other)
@@ -645,3 +658,20 @@ def test_ncf_saves_and_loads_to_the_same_scores_and_refuses_a_damaged_file(tmp_p
         m.save(tmp_path)
     refit = back.set_params(n_epochs=1).fit(inter)
     assert len(refit.history_) == 1 and refit.interactions_ is not None
+    # the earlier layout: the network as global_*/user_* arrays, the fold-in seed in the meta
+    d, net = 3, m._net()
+    old = {"global_qg": m.item_factors_[:, :d], "global_qm": m.item_factors_[:, d:],
+           **{f"global_{k}": v for k, v in net.unpack(m.dense_params_).items()},
+           "user_pg": m.user_factors_[:, :d], "user_pm": m.user_factors_[:, d:],
+           **{k: v for k, v in arrays.items() if k.startswith(("user_ids", "item_ids", "seen"))}}
+    meta = {"format_version": 1, "class": "NCF", "score_seed": m.score_seed_,
+            "params": json.loads(arrays["metadata"].item())["params"], "history": m.history_}
+    atomic_savez(tmp_path / "old.npz", old, meta, meta_key="metadata")
+    before = load_model(tmp_path / "old.npz")
+    np.testing.assert_array_equal(before.user_scores([0, 5]), m.user_scores([0, 5]))
+    np.testing.assert_array_equal(before.score_new_users(inter.subset_users(np.arange(3))),
+                                  m.score_new_users(inter.subset_users(np.arange(3))))
+    del old["global_h"]
+    atomic_savez(tmp_path / "old.npz", old, meta, meta_key="metadata")
+    with pytest.raises(ValueError, match="earlier format .* damaged or edited"):
+        load_model(tmp_path / "old.npz")

@@ -11,10 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedcf import FURLMF, CentralizedMF, FedReconImplicitMF, FedReconMF, load_model, registry
+from fedcf import FURLMF, NCF, CentralizedMF, FedReconImplicitMF, FedReconMF, load_model, registry
 from fedcf.datasets import DataValidationError, make_synthetic_ratings
 from fedcf.federated import (
-    NCF,
     ClientUpdate,
     DPGaussianMean,
     FedMF,
@@ -408,6 +407,7 @@ def sparse():  # MovieLens-like density (2.5 %); FedReconImplicitMF's defaults d
 
 @pytest.mark.parametrize("name", registry.names("estimator"))
 def test_each_estimator_and_its_serving_run_with_their_documented_defaults(name, sparse):
+    from fedcf.cli.common import is_implicit
     from fedcf.model_selection import PerUserSplit, UserKFold, UserShuffleSplit, recon_scorer
 
     df = sparse.to_dataframe()
@@ -419,8 +419,7 @@ def test_each_estimator_and_its_serving_run_with_their_documented_defaults(name,
         m = registry.lookup("estimator", name)().fit(df.iloc[train])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        implicit = "ndcg" if name in ("implicit", "fedrecon-implicit", "fedmf", "pfedrec",
-                                      "fedncf") else None
+        implicit = is_implicit(m)  # a ranking model (RankingScoreMixin)
         score = m.score(df.iloc[test])
         recs = m.recommend(user=df.user.iloc[train[0]])
         held_out = recon_scorer("ndcg@10" if implicit else "rmse")(m, held)

@@ -130,3 +130,34 @@ def test_compiled_paths_are_marked_in_the_cache_folder_and_skipped(monkeypatch, 
     _warmup._mark("fedavg")
     with pytest.raises(ValueError, match="unknown compile path"):
         _warmup.is_compiled("nope")
+
+
+def test_each_registered_estimator_names_a_path_that_trains_its_class(monkeypatch):
+    """``fedcf train`` marks ``path_of(model)`` compiled after a fit: that path must train an
+    estimator of the model's class (with its settings' kernels), or the note "compiling ..."
+    would be skipped for kernels that were never compiled."""
+    from fedcf import registry
+    from fedcf.warmup import path_of
+
+    fitted = []
+    estimators = [registry.lookup("estimator", n) for n in registry.names("estimator")]
+    def spying(fit):
+        def spy(self, *a, **k):
+            fitted.append(type(self))
+            return fit(self, *a, **k)
+        return spy
+
+    for cls in {c for e in estimators for c in e.__mro__ if "fit" in vars(c)}:
+        monkeypatch.setattr(cls, "fit", spying(vars(cls)["fit"]))
+    trained = {}
+    for name, run in _warmup.PATHS.items():
+        fitted.clear()
+        run(_warmup._tiny())
+        trained[name] = list(fitted)
+    for name in registry.names("estimator"):
+        est = registry.lookup("estimator", name)()
+        classes = set(trained[path_of(est)])
+        assert type(est) in classes, (name, path_of(est), classes)
+    sgd = registry.lookup("estimator", "fedrecon")(reconstruction="sgd")
+    assert path_of(sgd) == "fedrecon-sgd" and path_of(registry.lookup(
+        "estimator", "centralized")(solver="sgd")) == "centralized-sgd"

@@ -10,7 +10,7 @@ from .common import SUMMARY, UsageError, _pyplot, output_path
 def plot_history(model, out) -> Path:
     """PNG of a model's ``history_``: loss (and per-round evaluation) per round, clients used and
     dropped, values uploaded, learned hyperparameters if any; a centralized model's training
-    RMSE per epoch."""
+    RMSE (or loss, or seconds) per epoch."""
     import pandas as pd
 
     from ..datasets import atomic_write
@@ -20,8 +20,11 @@ def plot_history(model, out) -> Path:
     if hist.empty:
         raise UsageError("the model has no training history to plot")
     if "round" not in hist:
+        col = next((c for c in ("train_rmse", "loss", "seconds") if c in hist), None)
+        if col is None or "epoch" not in hist:
+            raise UsageError(f"the model's history has no per-epoch measure to plot (columns "
+                             f"{sorted(hist.columns)})")
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        col = "train_rmse" if "train_rmse" in hist else "seconds"
         ax.plot(hist["epoch"] + 1, hist[col], marker="o")
         ax.set(xlabel="epoch", ylabel=col.replace("_", " "), title=type(model).__name__)
     else:

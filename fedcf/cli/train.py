@@ -89,26 +89,13 @@ def _validation_callback(est, args):
     return callback
 
 
-def _warmup_path(est) -> str:
-    """The ``fedcf compile`` path whose kernels ``est`` runs."""
-    name = type(est).__name__
-    if "Implicit" in name:
-        return "implicit"
-    if name == "CentralizedMF":
-        return "centralized-sgd" if getattr(est, "solver", "als") == "sgd" else "centralized"
-    if name in ("FedAvgMF", "FURLMF"):
-        return "fedavg"
-    recon = getattr(est, "reconstruction", "als")
-    return "fedrecon-sgd" if "sgd" in str(recon).lower() else "fedrecon-als"
-
-
 def _note_first_compile(est, args) -> str | None:
     """Say so when this model's kernels are not in the cache yet: the first fit then compiles
     them before its first round, which would otherwise look like a hang. Returns the path to
     mark as compiled once the fit succeeds (None: already marked)."""
-    from ..warmup import is_compiled
+    from ..warmup import is_compiled, path_of
 
-    path = _warmup_path(est)
+    path = path_of(est)
     if is_compiled(path):
         return None
     _say(args, f"note: compiling fedcf's kernels for this model first (once per machine and "

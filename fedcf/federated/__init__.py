@@ -2,7 +2,6 @@
 the ranking papers' baselines (FedMF, FedNCF, PFedRec), and the phases a round is composed of
 (to replace one: a custom executor or aggregator)."""
 
-from ..models.ncf import NCF
 from .aggregators.accounting import device_budget
 from .aggregators.dp import DifferentialPrivacy, DPGaussianMean
 from .aggregators.robust import (
@@ -53,7 +52,7 @@ __all__ = [
     # estimators
     "FedReconMF", "FedReconImplicitMF", "FedAvgMF", "FURLMF",
     # the ranking papers' sampled-negative baselines
-    "FedMF", "FedNCF", "PFedRec", "NCF",
+    "FedMF", "FedNCF", "PFedRec",
     # aggregators
     "WeightedMean", "NormClippedMean", "DifferentialPrivacy", "DPGaussianMean",
     "SecureAggregation", "TrimmedMean", "CoordinateMedian", "FoolsGoldMean", "ItemNormalizedMean",
@@ -76,3 +75,11 @@ __all__ = [
     # server optimizers
     "ServerOptimizer", "SGD", "Momentum", "Adagrad", "Adam", "Yogi", "OPTIMIZERS",
 ]
+
+_MOVED = {"NCF": "fedcf.NCF (fedcf.models.ncf): centralized NCF is not a federated estimator"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        raise ImportError(f"fedcf.federated.{name} moved to {_MOVED[name]}")
+    raise AttributeError(f"module 'fedcf.federated' has no attribute {name!r}")

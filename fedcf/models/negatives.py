@@ -1,13 +1,15 @@
-"""What a device may draw as negatives, and the checks of the sampled-negative models'
-settings shared by the federated (FedMF, PFedRec, FedNCF) and the centralized (NCF) ones."""
+"""What a device may draw as negatives, the checks of the sampled-negative models' settings, and
+how they serve (``DeviceFoldIn``), shared by the federated (FedMF, PFedRec, FedNCF) and the
+centralized (NCF) ones."""
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
 
+from .._validation import check_int
 from ..datasets import DataValidationError, Interactions
-from .base import _plain
+from .base import _plain, user_keys
 
 
 def exclusion_csr(inter: Interactions, exclude=None) -> tuple:
@@ -67,3 +69,59 @@ def check_layers(layers) -> tuple:
         raise ValueError(f"layers must be a non-empty tuple of widths >= 1, e.g. (32, 16), "
                          f"got {given!r}")
     return tuple(int(w) for w in layers)
+
+
+class DeviceFoldIn:
+    """Serving of the sampled-negative models (FedMF, FedNCF, NCF; PFedRec scores its own
+    way): a user seen in fit scores with the row fit kept; a new user's row is trained on
+    their own device from their positives, everything global frozen (``_fold_in``)."""
+
+    def _fold_in(self, indptr, items, excl, keys, epochs: int):
+        """(P, c): user parts of new devices holding the CSR rows (model items), each trained
+        for ``epochs`` local epochs, ``excl`` (indptr, items) never drawn as a negative, ``keys``
+        (one per row) seeding each device's draws."""
+        raise NotImplementedError
+
+    def _fold_in_epochs(self) -> int:
+        """A new device's local epochs by default: as many passes as fit made over a user."""
+        raise NotImplementedError
+
+    def _reconstruct_csr(self, indptr, items, values, keys):
+        own = Interactions(indptr=np.asarray(indptr, np.int64), items=np.asarray(items),
+                           values=np.ones(len(items)), timestamps=None,
+                           user_ids=np.arange(len(indptr) - 1),
+                           item_ids=np.arange(self.item_factors_.shape[0]))
+        P, c = self._fold_in(indptr, items, exclusion_csr(own), keys, self._fold_in_epochs())
+        dt = self.item_factors_.dtype
+        return P.astype(dt), c.astype(dt)
+
+    def user_scores(self, users) -> np.ndarray:
+        """Scores of every item (model item order) for dense users seen in fit: (len, n_items).
+        A user's scores do not depend on which other users share the call."""
+        self._check_fitted()
+        users = self._dense_users(users)
+        return self.score_all_items(self.user_factors_[users], self.user_biases_[users])
+
+    def score_new_users(self, inter: Interactions, exclude=None, *, epochs=None) -> np.ndarray:
+        """Scores of every item (model item order) for users unseen in fit, each trained on
+        their own device from ``inter`` (same item map as fit) with everything global frozen,
+        for ``epochs`` local epochs (default: as many passes as fit made over a user; 0: no
+        training). ``exclude`` as in fit. A user's scores depend only on their own data and
+        raw id."""
+        self._check_fitted()
+        epochs = check_int("epochs", self._fold_in_epochs() if epochs is None else epochs,
+                           low=0)
+        if not isinstance(inter, Interactions) or not np.array_equal(inter.item_ids,
+                                                                     self.item_ids_):
+            raise DataValidationError("score_new_users needs Interactions over the model's item "
+                                      "map (item_catalog=model.item_ids_)")
+        excl, keys = exclusion_csr(inter, exclude), user_keys(inter.user_ids)
+        P, c = self._fold_in(inter.indptr, inter.items, excl, keys, epochs)
+        return self._scores_of(inter.indptr, inter.items, excl, keys, P, c)
+
+    def _scores_of(self, indptr, items, excl, keys, P, c) -> np.ndarray:
+        """Scores of every item for user parts (P, c) of devices holding the CSR rows."""
+        return self.score_all_items(P, c)
+
+    def _dense_users(self, users) -> np.ndarray:
+        return dense_users(users, len(self.user_ids_))

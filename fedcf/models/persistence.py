@@ -63,7 +63,7 @@ def _ids_from_arrays(arrays, what: str) -> np.ndarray:
 # accounting (public figures, covered by ε) and the learned server hyperparameters (not kept
 # in a DP release: they come from the clients' unnoised loss derivatives)
 _FITTED_VALUES = ("epsilon_", "epsilon_server_", "epsilons_", "noise_multiplier_",
-                  "learned_hyperparams_")
+                  "learned_hyperparams_", "score_seed_")
 
 
 def npz_path(path) -> Path:
@@ -114,6 +114,13 @@ class Persistence:
         """The constructor parameters of a saved model, any a former version named otherwise
         moved to where they live now (a subclass that renamed a parameter says how)."""
         return params
+
+    @classmethod
+    def _saved_arrays_of(cls, arrays: dict, meta: dict) -> dict:
+        """The arrays of a saved model, any a former version laid out otherwise moved to where
+        they live now (``meta`` updated to match; a subclass that changed its layout says
+        how)."""
+        return arrays
 
     def _dp_release(self) -> bool:
         """Whether this model was trained under differential privacy (federated subclasses)."""
@@ -200,6 +207,7 @@ class Persistence:
         if meta.get("class") != cls.__name__:
             raise ValueError(f"{where} holds a {meta.get('class')}, not a {cls.__name__}; load it "
                              f"with fedcf.{meta.get('class')}.load")
+        arrays = cls._saved_arrays_of(dict(arrays), meta)
         params = cls._saved_params({k: registry.decode(v, k) for k, v in meta["params"].items()})
         model = cls(**params)
         missing = [a for a in ("item_factors_", "item_biases_", "user_ids", "item_ids")

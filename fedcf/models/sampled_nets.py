@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
+from .negatives import check_layers
+
 
 def _bce(s: np.ndarray, y: np.ndarray):
     """Mean binary cross-entropy of logits ``s`` and its gradient per logit."""
@@ -147,3 +149,48 @@ class NeuMFNet:
                                 + a @ h[self.d:] + dense["hb"][0])
         return out
 
+
+class NeuMFScoring:
+    """Scoring of a fitted NeuMF network, shared by centralized NCF and FedNCF: a row of
+    ``item_factors_`` (and of ``user_factors_``) holds both branches' embeddings [q_g | q_m],
+    ``dense_params_`` the MLP and the output layer (``NeuMFNet.pack``'s order)."""
+
+    def _net(self) -> NeuMFNet:
+        return NeuMFNet(self.n_factors, check_layers(self.layers))
+
+    def _widths(self) -> np.ndarray:
+        return np.array(check_layers(self.layers), np.int64)
+
+    def _row_width(self) -> int:
+        return 2 * self.n_factors
+
+    def _parts(self, P, Qi):
+        """(user, item, dense) dicts of NeuMFNet from user rows P and item rows Qi."""
+        d = self.n_factors
+        P, Qi = np.asarray(P, np.float64), np.asarray(Qi, np.float64)
+        return ({"pg": P[:, :d], "pm": P[:, d:]}, {"qg": Qi[:, :d], "qm": Qi[:, d:]},
+                self._net().unpack(np.asarray(self.dense_params_, np.float64)))
+
+    def score_all_items(self, factors, biases) -> np.ndarray:
+        """(n_users, n_items) NeuMF logits for the user rows ``factors`` (biases unused)."""
+        users, items, dense = self._parts(factors, self.item_factors_)
+        return self._net().all_scores(users, items, dense)
+
+    def _pair_scores(self, users, items, P, c, out) -> None:
+        """NeuMF logits of pairs; an unknown user or item (−1) has zero embeddings."""
+        P = np.vstack([np.asarray(P, np.float64), np.zeros((1, self._row_width()))])
+        Qi = np.vstack([np.asarray(self.item_factors_, np.float64),
+                        np.zeros((1, self._row_width()))])
+        if len(out):
+            user, rows, dense = self._parts(P[np.asarray(users)], Qi[np.asarray(items)])
+            out[:] = self._net().logits(user, rows, dense)
+
+    def _check_loaded(self, where: str):
+        super()._check_loaded(where)
+        theta = self._fitted("dense_params_")
+        size = self._net().dense_size
+        if theta is None or theta.shape != (size,) or theta.dtype.kind != "f" \
+                or not np.isfinite(theta).all():
+            raise ValueError(f"{where}: the dense parameters ({None if theta is None else theta.shape}) "
+                             f"do not match a {type(self).__name__} with n_factors={self.n_factors} "
+                             f"and layers={self.layers} ({size} finite numbers): damaged or edited")

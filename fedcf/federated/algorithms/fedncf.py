@@ -18,7 +18,7 @@ import numpy as np
 from ..._kernels.neumf import neumf_clients, neumf_fold_in
 from ...models.base import check_memory
 from ...models.negatives import check_layers
-from ...models.sampled_nets import NeuMFNet
+from ...models.sampled_nets import NeuMFScoring
 from .sampled_mf import FedMF, SampledProgram
 
 
@@ -42,7 +42,7 @@ class NeuMFProgram(SampledProgram):
         raise ValueError("FedNCF does not learn round hyperparameters")
 
 
-class FedNCF(FedMF):
+class FedNCF(NeuMFScoring, FedMF):
     """Federated NeuMF (FedNCF, Perifanis & Efraimidis, 2022) on fedcf's federated round: a GMF
     branch p_g ⊙ q_g and an MLP branch over [p_m, q_m] (ReLU layers ``layers``) joined into one
     logit, trained by binary cross-entropy on each device's positives and sampled negatives.
@@ -112,15 +112,6 @@ class FedNCF(FedMF):
         self.layers = layers
 
     # ------------------------------------------------------------------ the round
-    def _net(self) -> NeuMFNet:
-        return NeuMFNet(self.n_factors, check_layers(self.layers))
-
-    def _widths(self) -> np.ndarray:
-        return np.array(check_layers(self.layers), np.int64)
-
-    def _row_width(self) -> int:
-        return 2 * self.n_factors
-
     def _check_memory(self, inter, dtype):
         """The matrix factorization's need, plus the MLP: its rows in the global state and a
         copy in every upload of the cohort (each device uploads all of them)."""
@@ -165,42 +156,11 @@ class FedNCF(FedMF):
                             self._widths(), self._n_dense())
 
     # ------------------------------------------------------------------ serving
-    def _fold_in(self, indptr, items, excl, keys, epochs=None):
+    def _fold_in(self, indptr, items, excl, keys, epochs: int):
         """User rows of new devices trained on each device, everything global frozen."""
-        epochs = self.n_rounds * self._client_update().epochs if epochs is None else epochs
         n, Q = len(indptr) - 1, self._global_params()["Q"].astype(np.float64)
         P = np.zeros((n, self._row_width()))
         neumf_fold_in(np.asarray(indptr, np.int64), np.asarray(items, np.int64), excl, Q,
                       len(self.item_ids_), self._widths(), self._cfg(len(self.item_ids_), epochs),
                       int(epochs), self._seed(), np.asarray(keys, np.uint64), P)
         return P, np.zeros(n)
-
-    def _parts(self, P, Qi):
-        """(user, item, dense) dicts of NeuMFNet from user rows P and item rows Qi."""
-        d = self.n_factors
-        P, Qi = np.asarray(P, np.float64), np.asarray(Qi, np.float64)
-        return ({"pg": P[:, :d], "pm": P[:, d:]}, {"qg": Qi[:, :d], "qm": Qi[:, d:]},
-                self._net().unpack(np.asarray(self.dense_params_, np.float64)))
-
-    def score_all_items(self, factors, biases) -> np.ndarray:
-        """(n_users, n_items) NeuMF logits for the user rows ``factors`` (biases unused)."""
-        users, items, dense = self._parts(factors, self.item_factors_)
-        return self._net().all_scores(users, items, dense)
-
-    def _pair_scores(self, users, items, P, c, out) -> None:
-        """NeuMF logits of pairs; an unknown user or item (−1) has zero embeddings."""
-        P = np.vstack([np.asarray(P, np.float64), np.zeros((1, self._row_width()))])
-        Qi = np.vstack([np.asarray(self.item_factors_, np.float64),
-                        np.zeros((1, self._row_width()))])
-        if len(out):
-            user, rows, dense = self._parts(P[np.asarray(users)], Qi[np.asarray(items)])
-            out[:] = self._net().logits(user, rows, dense)
-
-    def _check_loaded(self, where: str):
-        super()._check_loaded(where)
-        theta = self._fitted("dense_params_")
-        size = self._net().dense_size
-        if theta is None or theta.shape != (size,) or theta.dtype.kind != "f":
-            raise ValueError(f"{where}: the dense parameters ({None if theta is None else theta.shape}) "
-                             f"do not match a FedNCF with n_factors={self.n_factors} and "
-                             f"layers={self.layers} ({size} numbers): damaged or edited")

@@ -28,12 +28,12 @@ from ..._kernels.sampled import (
     sampled_clients,
     sampled_fold_in,
 )
-from ..._validation import Bool, Int, check_int
-from ...datasets import DataValidationError, Interactions
+from ..._validation import Bool, Int
+from ...datasets import Interactions
 from ...datasets.interactions import csr_take
 from ...models.base import RankingScoreMixin, user_keys
 from ...models.implicit_mf import coerce_implicit
-from ...models.negatives import check_negatives, dense_users, exclusion_csr
+from ...models.negatives import DeviceFoldIn, check_negatives, exclusion_csr
 from ..round.contracts import WholeModelBroadcast, phase_rule
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .client_update import SampledUpdate
@@ -99,7 +99,7 @@ class DeviceRows:
 _OWN = {k: v for k, v in FEDERATED_CONSTRAINTS.items() if k != "client_update"}
 
 
-class FedMF(RankingScoreMixin, FederatedMFBase):
+class FedMF(DeviceFoldIn, RankingScoreMixin, FederatedMFBase):
     """FedMF (Chai et al., 2020) on implicit feedback: score = p_u·q_i + c_u + b_i, trained by
     binary cross-entropy on each device's positives and sampled negatives, on the federated
     round of fedcf (any aggregator: differential privacy, secure aggregation, robust means).
@@ -277,11 +277,10 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
         return damped
 
     # ------------------------------------------------------------------ serving
-    def _fold_in(self, indptr, items, excl, keys, epochs=None):
-        """User parts of new devices (rows of a CSR over model items), trained on each device
-        with the global rows frozen; ``epochs`` default: as many passes as a device made in
-        fit (n_rounds × the update's epochs)."""
-        epochs = self.n_rounds * self._client_update().epochs if epochs is None else epochs
+    def _fold_in_epochs(self) -> int:
+        return self.n_rounds * self._client_update().epochs  # a device's passes in fit
+
+    def _fold_in(self, indptr, items, excl, keys, epochs: int):
         n, K = len(indptr) - 1, self.item_factors_.shape[1]
         P, c = np.zeros((n, K)), np.zeros(n)
         Q, b = self.item_factors_.astype(np.float64), self.item_biases_.astype(np.float64)
@@ -289,45 +288,6 @@ class FedMF(RankingScoreMixin, FederatedMFBase):
                         self._cfg(len(b), epochs), int(epochs), self._seed(),
                         np.asarray(keys, np.uint64), P, c)
         return P, c
-
-    def _reconstruct_csr(self, indptr, items, values, keys):
-        own = Interactions(indptr=np.asarray(indptr, np.int64), items=np.asarray(items),
-                           values=np.ones(len(items)), timestamps=None,
-                           user_ids=np.arange(len(indptr) - 1),
-                           item_ids=np.arange(self.item_factors_.shape[0]))
-        P, c = self._fold_in(indptr, items, exclusion_csr(own), keys)
-        dt = self.item_factors_.dtype
-        return P.astype(dt), c.astype(dt)
-
-    def user_scores(self, users) -> np.ndarray:
-        """Scores of every item (model item order) for dense users seen in fit: (len, n_items).
-        A user's scores do not depend on which other users share the call."""
-        self._check_fitted()
-        users = self._dense_users(users)
-        return self.score_all_items(self.user_factors_[users], self.user_biases_[users])
-
-    def score_new_users(self, inter: Interactions, exclude=None, *, epochs=None) -> np.ndarray:
-        """Scores of every item (model item order) for users unseen in fit, each trained on
-        their own device from ``inter`` (same item map as fit) with the global rows frozen, for
-        ``epochs`` local epochs (default n_rounds × the update's epochs; 0: no training). ``exclude``
-        as in fit. A user's scores depend only on their own data and raw id."""
-        self._check_fitted()
-        epochs = check_int("epochs", self.n_rounds * self._client_update().epochs
-                           if epochs is None else epochs, low=0)
-        if not isinstance(inter, Interactions) or not np.array_equal(inter.item_ids,
-                                                                     self.item_ids_):
-            raise DataValidationError("score_new_users needs Interactions over the model's item "
-                                      "map (item_catalog=model.item_ids_)")
-        excl = exclusion_csr(inter, exclude)
-        P, c = self._fold_in(inter.indptr, inter.items, excl, user_keys(inter.user_ids), epochs)
-        return self._scores_of(inter.indptr, inter.items, excl, user_keys(inter.user_ids), P, c)
-
-    def _scores_of(self, indptr, items, excl, keys, P, c) -> np.ndarray:
-        """Scores of every item for user parts (P, c) of devices holding the CSR rows."""
-        return self.score_all_items(P, c)
-
-    def _dense_users(self, users) -> np.ndarray:
-        return dense_users(users, len(self.user_ids_))
 
 
 class PFedRec(FedMF):
