@@ -366,15 +366,15 @@ def _train_reply(users=(0,), clients=(0,), Q=(50, 6), dtype=np.float32, ids=2, p
 
 @pytest.mark.parametrize("kw, reason", [
     ({"users": [10**9]}, "user 1000000000 is not held by this node"),
-    ({"Q": (49, 6)}, "this node's catalog and n_factors need Q (50, 6)"),
-    ({"Q": (50, 5)}, "need Q (50, 6)"),
+    ({"Q": (49, 6)}, "this node's catalog and parameters declare Q (50, 6)"),
+    ({"Q": (50, 5)}, "declare Q (50, 6)"),
     ({"dtype": np.float64}, "dtype float64/float64, expected float32"),
     ({"ids": 3}, "ids must be two integers"),
     ({"users": [0, 2], "clients": [0, 0]}, "clients must be distinct"),
     ({"clients": [-1]}, "clients must be distinct ids >= 0"),
     ({"params": "{"}, "estimator parameters are refused"),
     ({"params": '{"n_factors": -1}'}, "n_factors"),
-    ({"Q": (49, 6), "kind": "evaluate"}, "need Q (50, 6)"),
+    ({"Q": (49, 6), "kind": "evaluate"}, "(item_factors_: 50 rows, rows, bias in item_biases_)"),
 ])
 def test_node_refuses_a_bad_message(kw, reason):
     """A node answers a message it cannot serve with an error reply naming the problem (never a

@@ -216,10 +216,12 @@ def global_model(own: Interactions, est, glob) -> tuple:
         Q, b = glob["Q"].numpy(), glob["b"].numpy()
     except KeyError as e:
         raise NodeDataError(f"the message's global record lacks {e}") from None
-    shape = est._global_shape(own.n_items)
+    state = est._model_state(own.n_items)
+    shape = state.shape
     if Q.shape != shape or b.shape != shape[:1]:
         raise NodeDataError(f"the message's model has Q {Q.shape} and b {b.shape}; this node's "
-                            f"catalog and n_factors need Q {shape} and b {shape[:1]}")
+                            f"catalog and parameters declare Q {shape} and b {shape[:1]} "
+                            f"({'; '.join(state.describe())})")
     if Q.dtype != np.dtype(est.dtype) or b.dtype != Q.dtype:
         raise NodeDataError(f"the message's model has dtype {Q.dtype}/{b.dtype}, expected "
                             f"{np.dtype(est.dtype)}")
@@ -329,13 +331,14 @@ def _client_work(own: Interactions, config, glob, user_rows: NodeRows | None = N
         raise NodeDataError("the message's clients must be distinct ids >= 0, one per user")
     est = client_estimator(config["params"])
     sub = own.subset_users(rows)  # this node's users only
-    program = est.client_program(sub, message_number(config, "mu"))  # built on its own data
+    alg = est._algorithm(sub, message_number(config, "mu"))  # built on its own data
+    program = alg.program
     Q, b = global_model(own, est, glob)
     ids = glob["ids"].numpy() if "ids" in glob else np.zeros(0)
     if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):
         raise NodeDataError("the message's ids must be two integers [seed, round]")
     keys = np.concatenate([ids, clients]).astype(np.uint64)
-    local = None if est._local_state() is None else (user_rows or NodeRows(None)).load(
+    local = None if alg.local is None else (user_rows or NodeRows(None)).load(
         config["users"], Q.shape[1], est.dtype, on_device=not program.server_rows)
     executor = BoundLocalExecutor(program, (sub.indptr, sub.items, sub.values), local)
     cohort = Cohort(np.arange(len(rows), dtype=np.int64), len(rows), 0, 0)
@@ -370,19 +373,20 @@ def evaluate(own: Interactions, config, glob, state=None, node_config=None) -> d
         raise NodeDataError("the evaluation asks for a user more than once; each user "
                             "reports once")
     est = client_estimator(config["params"])
-    est.item_factors_, est.item_biases_ = global_model(own, est, glob)
+    est.item_ids_, est.user_ids_ = own.item_ids, np.zeros(0, np.int64)
+    Q, b = global_model(own, est, glob)
+    est._set_globals({"Q": Q, "b": b})  # the declared arrays (FedNCF's dense part too)
     est.global_mean_ = message_number(config, "mu")
     lo, hi = (message_number(config, "rating_scale", i) for i in (0, 1))
     if not lo < hi:
         raise NodeDataError(f"the message's rating_scale ({lo}, {hi}) is not (low < high)")
     est.rating_scale_ = (lo, hi)
-    est.item_ids_, est.user_ids_ = own.item_ids, np.zeros(0, np.int64)
     support = message_number(config, "support")
     if not 0.0 < support < 1.0:
         raise NodeDataError(f"the message's support fraction {support} is not in (0, 1)")
     seed = int(message_number(config, "seed", integer=True))
     device = node_device(state, node_config)  # the message is sound: now the device's rules
-    rows = rows[device.admit_eval(model_digest(est.item_factors_, est.item_biases_), rows)]
+    rows = rows[device.admit_eval(model_digest(Q, b), rows)]
     if state is not None:
         keep_device(state, device)
     return recon_sums(est, own.subset_users(rows), support_fraction=support, seed=seed)

@@ -23,6 +23,7 @@ from ..round.guard import STAGES, Diverged, DivergenceGuard, warn_if_nothing_tra
 from ..round.loop import Checkpointer, Run
 from ..round.optimizers import ServerOptimizer
 from ..round.phases import Cohort, RoundHyperparams, Selector, reachable_users
+from ..round.state import Algorithm, ModelState, Part
 from .client_update import ClientUpdate
 from .early_stopping import EarlyStopping
 from .hyper import (
@@ -326,9 +327,16 @@ class FederatedMFBase(MFEstimatorBase):
         finally:
             ex.close()
 
-    def _global_shape(self, n_items: int) -> tuple[int, int]:
-        """(rows, columns) of a round's ``Q`` (``b`` has the rows) over ``n_items`` items."""
-        return n_items, self._row_width()
+    def _algorithm(self, inter, mu: float) -> Algorithm:
+        """This estimator's algorithm on ``inter`` (``round.state.Algorithm``)."""
+        return Algorithm(self._model_state(inter.n_items), self.client_program(inter, mu),
+                         self._local_state(), float(mu))
+
+    def _model_state(self, n_items: int) -> ModelState:
+        """The global arrays over ``n_items`` items (``round.state``): item factors with their
+        biases, one row per item."""
+        return ModelState((Part("item_factors_", n_items, bias="item_biases_"),),
+                          self._row_width())
 
     def _item_biases(self) -> bool:
         """Whether the model has item biases: every upload carries their deltas."""
@@ -336,7 +344,8 @@ class FederatedMFBase(MFEstimatorBase):
 
     def _global_params(self) -> dict:
         """The fitted global parameters as a round sees them."""
-        return {"Q": self.item_factors_, "b": self.item_biases_}
+        state = self._model_state(len(self.item_ids_))
+        return state.pack({n: self._fitted(n) for n in state.names}, self.item_factors_.dtype)
 
     def _start(self, inter, availability, callback=None) -> Run:
         """Initial global parameters (or a checkpoint's), and the phases of this run."""
@@ -345,24 +354,24 @@ class FederatedMFBase(MFEstimatorBase):
         self._check_memory(inter, dtype)
         rng = np.random.default_rng([seed, 0xC0FFEE])
         params = self._init_globals(inter, rng, dtype)
-        state = self._local_state()
-        local = None if state is None else state.init(inter.n_users, K, rng, dtype)
         stats = None if self._dp_release() else inter.value_stats()  # DP: public μ, scale
         mu, scale = self._release_mean_and_scale(stats)
+        alg = self._algorithm(inter, mu)  # built once: the loop and the executors run it
+        local = None if alg.local is None else alg.local.init(inter.n_users, K, rng, dtype)
         counts = inter.counts()
         eligible = np.flatnonzero(counts >= max(self.min_examples, 1))
         if len(eligible) == 0:
             raise ValueError(f"no client has at least min_examples={self.min_examples} examples "
                              f"(the largest has {int(counts.max()) if len(counts) else 0}); "
                              "lower min_examples")
-        program = self.client_program(inter, mu)
+        program = alg.program
         aggregator = self._aggregator()
         stopping, validation = self._early_stopping(), None
         if stopping is not None:
             eligible, validation = stopping.bind(eligible, seed, self.n_rounds, params["Q"].shape)
         self.validation_users_ = None if validation is None else inter.user_ids[validation.held]
         eligible, hyper_select = self._hyper_holdout(eligible, seed, aggregator, inter)
-        opt = self._server_optimizer()
+        opt, hg = self._server_optimizer(), self._hypergradients()
         self.server_optimizer_, self.early_stopping_ = opt, stopping
         run = Run(seed=seed, params=params, opt=opt, local=local, program=program,
                   select=Selector(seed, eligible, self.clients_per_round, self.oversample,
@@ -378,10 +387,11 @@ class FederatedMFBase(MFEstimatorBase):
                       reports=None if self._hypergradients() is None else
                       "cohort" if hyper_select is None else "holdout",
                       n_holdout=0 if hyper_select is None else len(hyper_select.eligible),
-                      learns_exponent=self._learns_exponent())),
+                      learns_exponent=hg is not None and "weight_exponent" in hg.learn)),
                   hyperparams=self._round_hyperparams(), guard=self._guard(inter, mu, opt),
                   checkpointer=self._checkpointer(inter, seed),
-                  observe=self._observer(callback), hyper=self._make_hyper(),
+                  observe=self._observer(callback),
+                  hyper=HyperLearner.of(hg, self._round_hyperparams()),
                   hyper_select=hyper_select, validation=validation)
         warn_if_masked_on_driver(run.executor, run.aggregator)
         self.rating_scale_ = scale
@@ -434,18 +444,6 @@ class FederatedMFBase(MFEstimatorBase):
         return hyper_holdout(self._hypergradients(), self._local_state() is not None, eligible,
                              seed, aggregator, inter, self.clients_per_round)
 
-    def _learns_exponent(self) -> bool:
-        hyper = self._hypergradients()
-        return hyper is not None and "weight_exponent" in hyper.learn
-
-    def _make_hyper(self):
-        """Learned round hyperparameters (hyper.py), or None: the fixed ones."""
-        hg = self._hypergradients()
-        if hg is None:
-            return None
-        return HyperLearner.start(hg.learn, self._round_hyperparams(), float(hg.learning_rate),
-                                  hg.optimizer, hg.ranges(), float(hg.clip_norm))
-
     def _resolve_auto(self, inter) -> None:  # settle "auto" parameters from the data (none)
         pass
 
@@ -487,8 +485,9 @@ class FederatedMFBase(MFEstimatorBase):
                 + (0 if self._local_state() is None else inter.n_users * K * dtype.itemsize))
 
     def _set_globals(self, params):
-        self.item_factors_ = params["Q"]
-        self.item_biases_ = params["b"]
+        """The fitted global arrays from a round's parameters (views of them)."""
+        for name, value in self._model_state(len(self.item_ids_)).unpack(params).items():
+            setattr(self, name, value)
 
 
 def run_seed(random_state) -> int:

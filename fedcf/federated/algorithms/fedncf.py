@@ -1,11 +1,11 @@
 """FedNCF (federated NeuMF) on the federated round (phases.py), so differential privacy, secure
 aggregation, robust aggregators, checkpoints and the divergence guard apply to it as to FedMF.
 
-The global parameters travel as one matrix of width 2·n_factors: item row i is [q_g | q_m] (the
-GMF and MLP embeddings) and R more rows hold the MLP and output layer packed row after row
-(``_kernels.neumf.dense_layout``'s order, zero padded) — the way OpenCatalog carries its
-adapter rows. Every device touches the dense rows, so each round's mean includes them; a clip
-bounds a device's whole upload, item and dense rows together. A device keeps its user row
+The global model is two named arrays (``_model_state``): the item rows [q_g | q_m] (the GMF and
+MLP embeddings, row-sparse) and the MLP with the output layer (``dense_params_``, a dense part
+in ``_kernels.neumf.dense_layout``'s order). Every device uploads the dense part whole, so
+each round's mean includes it; a clip bounds a device's whole upload, item rows and dense part
+together. A device keeps its user row
 [p_g | p_m] between rounds (``DeviceRows``) and never uploads it.
 """
 
@@ -19,6 +19,7 @@ from ..._kernels.neumf import neumf_clients, neumf_fold_in
 from ...models.base import check_memory
 from ...models.negatives import check_layers
 from ...models.sampled_nets import NeuMFScoring
+from ..round.state import ModelState, Part, dense_part
 from .sampled_mf import FedMF, SampledProgram
 
 
@@ -120,40 +121,24 @@ class FedNCF(NeuMFScoring, FedMF):
         check_memory(self._memory_need(inter, dtype) + dense, f"FedNCF with layers="
                      f"{self.layers!r}, n_factors={self.n_factors}", "lower layers or n_factors")
 
-    def _global_shape(self, n_items: int) -> tuple[int, int]:
-        return n_items + self._n_dense(), self._row_width()  # the MLP's rows after the items
-
-    def _n_dense(self) -> int:
-        """Rows of the global matrix that hold the dense parameters."""
-        size = self._net().dense_size
-        return -(-size // self._row_width())
+    def _model_state(self, n_items: int) -> ModelState:
+        """Item rows [q_g | q_m] (their bias column unused: ``item_biases_`` stays zero), then
+        the MLP and the output layer, a dense part every device uploads whole."""
+        W = self._row_width()
+        return ModelState((Part("item_factors_", n_items, bias="item_biases_"),
+                           dense_part("dense_params_", self._net().dense_size, W)), W)
 
     def _init_globals(self, inter, rng, dtype) -> dict:
         emb = rng.normal(0.0, self.init_scale, (inter.n_items, self._row_width()))
         theta = self._net().pack(self._net().init_dense(rng))
-        return self._packed(emb, theta, dtype)
-
-    def _packed(self, emb, theta, dtype) -> dict:
-        """The round's parameters: item rows, then theta row after row (zero padded)."""
-        n, W, R = len(emb), self._row_width(), self._n_dense()
-        Q = np.zeros((n + R, W), dtype)
-        Q[:n] = emb
-        Q[n:].reshape(-1)[:len(theta)] = theta
-        return {"Q": Q, "b": np.zeros(n + R, dtype)}
-
-    def _set_globals(self, params):
-        n = len(params["b"]) - self._n_dense()
-        self.item_factors_, self.item_biases_ = params["Q"][:n], params["b"][:n]
-        size = self._net().dense_size
-        self.dense_params_ = params["Q"][n:].reshape(-1)[:size].copy()
-
-    def _global_params(self) -> dict:
-        return self._packed(self.item_factors_, self.dense_params_, self.item_factors_.dtype)
+        return self._model_state(inter.n_items).pack(
+            {"item_factors_": emb, "item_biases_": np.zeros(inter.n_items),
+             "dense_params_": theta}, dtype)
 
     def client_program(self, inter, mu):
         return NeuMFProgram(self._cfg(inter.n_items), np.zeros(0, np.int64),
-                            self._exclusions(inter), inter.n_items,
-                            self._widths(), self._n_dense())
+                            self._exclusions(inter), inter.n_items, self._widths(),
+                            self._model_state(inter.n_items).dense_rows)
 
     # ------------------------------------------------------------------ serving
     def _fold_in(self, indptr, items, excl, keys, epochs: int):

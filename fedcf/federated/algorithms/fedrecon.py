@@ -226,32 +226,16 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
                  eval_every=0, checkpoint_path=None, checkpoint_every=50,
                  dtype="float32", aggregator=None, executor=None, hypergradients=None,
                  early_stopping="auto", item_space="full", random_state=None, verbose=False):
-        self.n_factors = n_factors
-        self.biases = biases
-        self.n_rounds = n_rounds
-        self.clients_per_round = clients_per_round
-        self.server_optimizer = server_optimizer
-        self.client_update = client_update
-        self.client_weighting = client_weighting
-        self.min_examples = min_examples
-        self.oversample = oversample
-        self.dropout = dropout
-        self.init_scale = init_scale
-        self.rating_scale = rating_scale
-        self.split = split
-        self.reconstruction = reconstruction
-        self.joint = joint
-        self.eval_every = eval_every
-        self.checkpoint_path = checkpoint_path
-        self.checkpoint_every = checkpoint_every
-        self.dtype = dtype
-        self.aggregator = aggregator
-        self.executor = executor
-        self.hypergradients = hypergradients
-        self.early_stopping = early_stopping
-        self.item_space = item_space
-        self.random_state = random_state
-        self.verbose = verbose
+        self.n_factors, self.biases, self.n_rounds = n_factors, biases, n_rounds
+        self.clients_per_round, self.server_optimizer = clients_per_round, server_optimizer
+        self.client_update, self.client_weighting = client_update, client_weighting
+        self.min_examples, self.oversample, self.dropout = min_examples, oversample, dropout
+        self.init_scale, self.rating_scale, self.split = init_scale, rating_scale, split
+        self.reconstruction, self.joint, self.eval_every = reconstruction, joint, eval_every
+        self.checkpoint_path, self.checkpoint_every = checkpoint_path, checkpoint_every
+        self.dtype, self.aggregator, self.executor = dtype, aggregator, executor
+        self.hypergradients, self.early_stopping = hypergradients, early_stopping
+        self.item_space, self.random_state, self.verbose = item_space, random_state, verbose
 
     # ------------------------------------------------------------------ item space
     def fit(self, X, y=None, *, item_features=None, **kwargs):
@@ -367,10 +351,15 @@ class FedReconMF(RatingScoreMixin, FederatedMFBase):
         return self._fit_rows.init(rng, self.n_factors, self.init_scale, dtype)
 
     def _set_globals(self, params):
-        if self._fit_rows is None:
-            return super()._set_globals(params)
-        for name, value in self._fit_rows.split(params["Q"], params["b"]).items():
-            setattr(self, name, value)
+        super()._set_globals(params)  # the declared arrays (an open space's rows among them)
+        if self._fit_rows is not None:  # ... whose items are the catalog's
+            self.item_ids_ = self._fit_rows.catalog_ids
+            if not self._fit_rows.learned:
+                self.default_params_ = None
+
+    def _model_state(self, n_items: int):
+        rows = self._fit_rows if self._fit_rows is not None else self._rows()
+        return super()._model_state(n_items) if rows is None else rows.state(self.n_factors)
 
     def _global_params(self) -> dict:
         if self._fitted_space().open:

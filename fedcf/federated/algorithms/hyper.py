@@ -237,6 +237,15 @@ class HyperLearner:
     clip: float = 1.0  # L2 bound of one report under secure aggregation and DP
 
     @classmethod
+    def of(cls, hg, hp: RoundHyperparams):
+        """The learner of a ``Hypergradients`` setting from the run's initial hyperparameters
+        (None for None: the round keeps its fixed hyperparameters)."""
+        if hg is None:
+            return None
+        return cls.start(hg.learn, hp, float(hg.learning_rate), hg.optimizer, hg.ranges(),
+                         float(hg.clip_norm))
+
+    @classmethod
     def start(cls, names, hp: RoundHyperparams, learning_rate: float, optimizer: str,
               ranges: dict | None = None, clip: float = 1.0):
         """From the run's initial hyperparameters, which must lie in the learnable ``ranges``

@@ -35,6 +35,7 @@ from ...models.base import LocalParams
 from ...models.persistence import _ids_to_array
 from ..round.contracts import WholeModelBroadcast
 from ..round.params import Params
+from ..round.state import INLINE, ModelState, Part
 
 FEATURE_ARRAYS = ("feature_item_ids_", "feature_indptr_", "feature_indices_", "feature_values_",
                   "feature_shape_")
@@ -273,24 +274,26 @@ class ItemRows:
             G[-1] = 0.0
         return {"Q": G.astype(dtype), "b": np.zeros(self.n_global, dtype)}
 
-    def split(self, G, gb) -> dict:
-        """The fitted attributes of global rows (G, gb)."""
-        C, A = self.n_catalog, self.n_adapter
-        return {"item_ids_": self.catalog_ids, "item_factors_": G[:C], "item_biases_": gb[:C],
-                "adapter_factors_": G[C:C + A], "adapter_biases_": gb[C:C + A],
-                "default_params_": np.append(G[C + A], gb[C + A])
-                if self.space.learned_default else None}
+    def state(self, n_factors: int) -> ModelState:
+        """The global arrays (``round.state``): the catalog's rows, the adapter's (UNK, one per
+        feature), and the learned default as [row | bias]."""
+        parts = [Part("item_factors_", self.n_catalog, bias="item_biases_"),
+                 Part("adapter_factors_", self.n_adapter, bias="adapter_biases_")]
+        if self.learned:
+            parts.append(Part("default_params_", 1, bias=INLINE))
+        return ModelState(tuple(parts), n_factors)
+
+    @property
+    def learned(self) -> bool:
+        """Whether the rows end with a learned default."""
+        return bool(self.space.learned_default)
 
     def join(self, model) -> tuple[np.ndarray, np.ndarray]:
-        """A fitted model's global rows (G, gb) in the kernels' layout (inverse of ``split``)."""
-        K = model.item_factors_.shape[1]
-        parts = [model.item_factors_, model.adapter_factors_]
-        bias = [model.item_biases_, model.adapter_biases_]
-        if self.space.learned_default:
-            parts.append(model.default_params_[None, :K])
-            bias.append(model.default_params_[K:])
-        dt = model.item_factors_.dtype
-        return np.vstack(parts).astype(dt), np.concatenate(bias).astype(dt)
+        """A fitted model's global rows (G, gb) in the kernels' layout (``state``'s table)."""
+        state = self.state(model.item_factors_.shape[1])
+        table = state.pack({n: model._fitted(n) for n in state.names},
+                           model.item_factors_.dtype)
+        return table["Q"], table["b"]
 
     def check(self, model, where: str) -> None:
         """Refuse a loaded model whose open-space arrays do not fit these rows."""
