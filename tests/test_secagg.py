@@ -82,6 +82,32 @@ def test_the_protocol_sums_exactly_the_survivors(m, dropped):
             assert np.mean(msg.y == X[msg.client]) < 0.01
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_masking_clients_run_side_by_side_each_with_its_own_result(threads, monkeypatch):
+    """The mask step runs a device's clients on fedcf's threads: the sum is exact whatever
+    the thread count, the masked vectors come back in the clients' order, and a client its
+    device's policy refuses falls silent alone."""
+    import numba
+
+    from fedcf.federated.aggregators import secagg_client
+    from fedcf.federated.round.device import DeviceRefusal
+
+    monkeypatch.setattr(numba, "get_num_threads", lambda: threads)
+    X = _vectors(9)
+    total, u3, server = simulate(X, range(9), 7)
+    np.testing.assert_array_equal(total, _sum(X, u3))
+    halves = secagg_client.ClientHalves(range(4), X[:4], 3, os.urandom(16), None)
+    halves.halves = {c: c for c in range(4)}
+
+    def step(h):
+        if h == 2:
+            raise DeviceRefusal("policy")
+        return h * 10
+
+    assert halves._each([3, 2, 1, 0], step, parallel=True) == [30, 10, 0]
+    assert sorted(halves.halves) == [0, 1, 3]
+
+
 @pytest.mark.parametrize("dropped", [(), (1, 7)])  # t = 3 of 5: never short
 def test_secagg_plus_masks_and_shares_with_neighbours_only_and_sums_exactly(dropped):
     """SecAgg+ (neighbours=k): each client's shares go to itself and its k ring neighbours, the

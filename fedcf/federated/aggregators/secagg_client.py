@@ -7,8 +7,10 @@ clients (``ClientHalves``; ``simulate`` runs one aggregation with every half her
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from ..round.client_steps import ClipValues, NoiseShare, Quantize, run_steps
@@ -205,9 +207,11 @@ class ClientHalves:
         return self._each(self.ids, lambda h: h.share_keys(adverts))
 
     def mask(self, inboxes: dict, dropped) -> list:
+        """Each client's masked vector; the clients run side by side on this machine's threads
+        (their mask expansions and additions release the GIL), each one's result its own."""
         gone = set(int(c) for c in dropped)
         return self._each([c for c in self.ids if c in inboxes and c not in gone],
-                          lambda h: h.masked_input(self.q[h.id], inboxes[h.id]))
+                          lambda h: h.masked_input(self.q[h.id], inboxes[h.id]), parallel=True)
 
     def consistency(self, u3) -> list:
         return self._each([c for c in self.ids if c in set(u3)], lambda h: h.consistency(u3))
@@ -215,18 +219,28 @@ class ClientHalves:
     def unmask(self, u3, sigs) -> list:
         return self._each([c for c in self.ids if c in set(u3)], lambda h: h.unmask(u3, sigs))
 
-    def _each(self, ids, step) -> list:
-        """``step`` of each client half in ``ids`` still here; one its device's policy refuses
-        falls silent from then on (the refusal is logged on the device, never sent)."""
-        out = []
-        for c in ids:
-            if c not in self.halves:
-                continue
+    def _each(self, ids, step, parallel: bool = False) -> list:
+        """``step`` of each client half in ``ids`` still here, in ``ids``' order (``parallel``:
+        on a pool of fedcf's thread count); one its device's policy refuses falls silent from
+        then on (the refusal is logged on the device, never sent)."""
+        here = [c for c in ids if c in self.halves]
+
+        def one(c):
             try:
-                out.append(step(self.halves[c]))
-            except DeviceRefusal:
+                return step(self.halves[c])
+            except DeviceRefusal as refused:
+                return refused
+
+        threads = min(numba.get_num_threads(), len(here)) if parallel else 1
+        if threads > 1:
+            with ThreadPoolExecutor(threads) as pool:
+                results = list(pool.map(one, here))
+        else:
+            results = [one(c) for c in here]
+        for c, r in zip(here, results):
+            if isinstance(r, DeviceRefusal):
                 del self.halves[c]
-        return out
+        return [r for r in results if not isinstance(r, DeviceRefusal)]
 
 
 def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
