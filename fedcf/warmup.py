@@ -386,10 +386,13 @@ class CompileClock(event.Listener):
 
     def __init__(self):
         self.seconds, self.count, self._depth, self._t0 = 0.0, 0, 0, 0.0
+        self.kernels: dict[str, int] = {}  # compilations per kernel (its qualified name)
 
     def on_start(self, ev):
         if self._depth == 0:
             self._t0 = time.perf_counter()
+            name = ev.data["dispatcher"].py_func.__qualname__
+            self.kernels[name] = self.kernels.get(name, 0) + 1
         self._depth += 1
 
     def on_end(self, ev):

@@ -129,6 +129,20 @@ def secagg_cost_values(rows) -> dict:
             "run; the script prints which." + phone}
 
 
+def secagg_fit_values(rows) -> dict:
+    """PRIVACY.md's whole fit under DP around secure aggregation (scripts/secagg_fit.py)."""
+    cmd = "`python scripts/secagg_fit.py --json eval/results/secagg_fit.json`"
+    if not rows:
+        return {"secagg_fit": f"Not measured yet: run {cmd}."}
+    body = table(["executor", "clients per round", "rounds", "minutes", "steady round, s",
+                  "10-minute target"],
+                 [(r["executor"] + (f", {r['shards']} shards" if r["shards"] else ""),
+                   r["clients"], r["rounds"], f"{r['seconds'] / 60:.1f}",
+                   f"{r['steady_seconds_per_round']:.2f}",
+                   "met" if r["seconds"] <= 600 else "not met") for r in rows])
+    return {"secagg_fit": provenance(rows[0]["meta"], "secagg_fit.json") + "\n\n" + body}
+
+
 def flower_secagg_values(dep) -> dict:
     """PRIVACY.md's Flower deployment under secure aggregation (scripts/flower_deploy.py
     --secure-aggregation)."""

@@ -85,6 +85,25 @@ def readme_blocks(paper, cold, random_rows, impl, ctr, bench) -> dict:
     return blocks
 
 
+def suite_block(rows) -> str:
+    """The sentence on how long the tests take (scripts/suite_time.py)."""
+    if not rows:
+        return ("Not measured yet: run `python scripts/suite_time.py --json "
+                "eval/results/suite.json`.")
+    by = {r["hogs"]: r for r in rows}
+    idle, busy = by.get(0), next((r for h, r in sorted(by.items()) if h), None)
+    parts = [f"{idle['pytest_seconds'] / 60:.1f} minutes on two idle cores"] if idle else []
+    if busy:
+        parts.append(f"{busy['pytest_seconds'] / 60:.1f} minutes beside {busy['hogs']} "
+                     "CPU-bound processes")
+    first = rows[0]
+    return (f"The tests took {' and '.join(parts)} with the kernels in Numba's cache "
+            f"({first['passed']:,} passed; {first['compiled'].removeprefix('fedcf: ')}), "
+            f"measured {first['meta']['date'][:10]} by `scripts/suite_time.py` "
+            "(`eval/results/suite.json`); a fresh clone first compiles the kernels, on both "
+            "cores.")
+
+
 def install_block(doc) -> str:
     """The sentence on what the two commands install (scripts/install_footprint.py)."""
     base, test = doc["rows"]

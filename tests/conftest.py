@@ -34,6 +34,55 @@ def pytest_sessionstart(session):
                       "as they go", stacklevel=1)
 
 
+COMPILES = pytest.StashKey()  # this process's CompileClock, from configure to session end
+
+
+def pytest_configure(config):
+    """Count the Numba compilations each test process makes (a cache load is not one): after
+    the warm-up the workers should load every kernel, and the run's summary says what they
+    compiled instead (``pytest_terminal_summary``)."""
+    from fedcf.warmup import CompileClock
+
+    config.stash[COMPILES] = CompileClock().__enter__()
+    config.stash[WORKER_COMPILES] = {}
+
+
+WORKER_COMPILES = pytest.StashKey()  # the controller's: what each worker reported
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand its compilations to the controller
+        clock = session.config.stash[COMPILES]
+        workeroutput["fedcf_compiles"] = {"seconds": clock.seconds, "kernels": clock.kernels}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    out = getattr(node, "workeroutput", None) or {}
+    if "fedcf_compiles" in out:
+        node.config.stash[WORKER_COMPILES][node.gateway.id] = out["fedcf_compiles"]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """One line: the Numba compilations the test processes made and their seconds."""
+    runs = dict(config.stash[WORKER_COMPILES])
+    if not runs:  # no workers (-n 0): this process ran the tests
+        clock = config.stash[COMPILES]
+        runs = {"main": {"seconds": clock.seconds, "kernels": clock.kernels}}
+    kernels: dict[str, int] = {}  # kernel -> how many processes compiled it
+    for r in runs.values():
+        for k in r["kernels"]:
+            kernels[k] = kernels.get(k, 0) + 1
+    seconds = sum(r["seconds"] for r in runs.values())
+    count = sum(n for r in runs.values() for n in r["kernels"].values())
+    again = sorted(k for k, n in kernels.items() if n > 1)
+    terminalreporter.write_line(
+        f"fedcf: {count} Numba compilations of {len(kernels)} kernels in {len(runs)} test "
+        f"process(es), {seconds:.1f} s" + (f"; compiled in more than one process: "
+                                            f"{', '.join(again[:8])}" if again else ""))
+
+
 # The suite runs on pytest-xdist workers (pyproject: ``-n auto --dist loadgroup``). The tests that
 # start Ray (a local instance, a head node, Flower's simulation engine) carry the ``ray`` marker and
 # share one group, so they run one after another on one worker: two Ray sessions never race for

@@ -488,6 +488,23 @@ def test_the_cost_script_reports_client_and_server_time_and_bytes():
         assert r["bytes_up_per_client"] > r["plain_bytes"]  # the vector plus keys and shares
 
 
+def test_the_fit_script_times_a_whole_dp_secure_fit_and_its_steady_round(tmp_path):
+    import json
+
+    from conftest import load_script
+
+    rows = load_script("secagg_fit").main(["--dataset", "synthetic", "--rounds", "5",
+                                           "--probe", "2", "--clients", "12", "--executors",
+                                           "local", "--json", str(tmp_path / "f.json")])
+    (r,) = rows
+    assert (r["executor"], r["rounds"], r["clients"], r["shards"]) == ("local", 5, 12, None)
+    assert r["seconds"] > 0 and r["probe_seconds"] > 0
+    assert r["steady_seconds_per_round"] == pytest.approx(
+        (r["seconds"] - r["probe_seconds"]) / 3)
+    assert json.loads((tmp_path / "f.json").read_text())[0]["meta"]["command"].startswith(
+        "scripts/secagg_fit.py")
+
+
 @pytest.mark.parametrize("noise", ["server", "distributed"])
 def test_adaptive_clipping_learns_only_the_cohorts_count_from_the_secure_sum(noise):
     """The server under secure aggregation cannot take each upload's norm: the clients' "not

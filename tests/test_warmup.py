@@ -45,6 +45,7 @@ def test_compile_clock_counts_compilations_not_calls():
         twice(2.0)  # same types: no second compilation
         twice(3)  # int: a second one
     assert clock.count == 2 and clock.seconds > 0
+    assert clock.kernels == {"test_compile_clock_counts_compilations_not_calls.<locals>.twice": 2}
     with CompileClock() as again:
         twice(4.0)
     assert again.count == 0 and again.seconds == 0
@@ -161,3 +162,30 @@ def test_each_registered_estimator_names_a_path_that_trains_its_class(monkeypatc
     sgd = registry.lookup("estimator", "fedrecon")(reconstruction="sgd")
     assert path_of(sgd) == "fedrecon-sgd" and path_of(registry.lookup(
         "estimator", "centralized")(solver="sgd")) == "centralized-sgd"
+
+
+def test_the_suite_time_script_runs_pytest_idle_and_beside_busy_neighbours(tmp_path,
+                                                                           monkeypatch):
+    """scripts/suite_time.py: a run per number of CPU-bound neighbours, pytest's summary and
+    the test processes' compile line read back, and every neighbour stopped afterwards."""
+    import json
+    import subprocess as sp
+
+    mod = load_script("suite_time")
+    started = []
+    real = sp.Popen
+
+    def popen(*a, **k):
+        started.append(real(*a, **k))
+        return started[-1]
+
+    monkeypatch.setattr(mod.subprocess, "Popen", popen)
+    rows = mod.main(["--hogs", "0", "1", "--json", str(tmp_path / "s.json"), "--",
+                     "tests/test_state.py", "-k", "inverse", "-n", "0", "-p", "no:cacheprovider"])
+    assert [r["hogs"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["returncode"] == 0 and r["passed"] == 1 and r["pytest_seconds"] > 0
+        assert r["compiled"].startswith("fedcf: ") and "Numba compilations" in r["compiled"]
+    hogs = [p for p in started if p.args[1:] == ["-c", mod.HOG]]
+    assert len(hogs) == 1 and hogs[0].poll() is not None  # the neighbour was stopped
+    assert json.loads((tmp_path / "s.json").read_text())[1]["hogs"] == 1

@@ -1,0 +1,73 @@
+#!/usr/bin/env python
+"""How long the test suite takes: README's test command (``python -m pytest -q``) run from this
+checkout on an idle machine, then beside ``--hogs`` CPU-bound processes (what a shared CI
+machine does to it), with the wall time, pytest's own summary and the line in which the test
+processes report the Numba kernels they compiled (``tests/conftest.py``; the session's warm-up
+compiles the rest ahead of them, in two worker processes).
+
+Example: python scripts/suite_time.py --json eval/results/suite.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedcf.provenance import run_meta, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+HOG = "while True:\n    pass\n"
+
+
+def run_suite(pytest_args: list[str], hogs: int, timeout: float) -> dict:
+    """One run of the suite beside ``hogs`` busy processes (stopped afterwards, also on
+    failure)."""
+    busy = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(hogs)]
+    try:
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", *pytest_args], cwd=ROOT,
+                             capture_output=True, text=True, timeout=timeout)
+        seconds = time.perf_counter() - t0
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    lines = res.stdout.splitlines()
+    summary = next((ln for ln in reversed(lines) if re.search(r"\d+ (passed|failed)", ln)), "")
+    compiled = next((ln for ln in lines if ln.startswith("fedcf: ") and "Numba" in ln), "")
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
+    pytest_s = re.search(r" in ([\d.]+)s", summary)
+    return {"hogs": hogs, "returncode": res.returncode, "wall_seconds": seconds,
+            "pytest_seconds": float(pytest_s.group(1)) if pytest_s else None,
+            "summary": summary.strip("= "), "compiled": compiled, **counts}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hogs", type=int, nargs="+", default=[0, 2],
+                    help="runs to make, by the number of CPU-bound neighbours (0: idle)")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("pytest_args", nargs="*", help="after --: arguments for pytest (default: "
+                    "none, the README command)")
+    args = ap.parse_args(argv)
+    rows = []
+    for hogs in args.hogs:
+        r = run_suite(args.pytest_args, hogs, args.timeout)
+        rows.append(r)
+        print(f"{hogs} CPU-bound neighbours: {r['wall_seconds'] / 60:.1f} min, "
+              f"{r['summary']}; {r['compiled']}", flush=True)
+    if args.json:
+        meta = {**run_meta("suite_time.py", argv), "settings": vars(args)}
+        write_json(args.json, [{**r, "meta": meta} for r in rows])
+    return rows
+
+
+if __name__ == "__main__":
+    from fedcf.cli import run_script
+
+    run_script(main, "suite_time.py")
