@@ -54,6 +54,7 @@ from report_readme import (  # noqa: E402
     layout_block,
     readme_blocks,
     reproduce_block,
+    suite_block,
     tune_block,
 )
 from report_results import budget_selections, budget_values, results_values  # noqa: E402, F401
@@ -138,6 +139,7 @@ def documents() -> dict[Path, str]:
             "layout": layout_block(ROOT),
             **({"install": install_block(load("install.json"))} if load("install.json")
                else {}),
+            "suite": suite_block(load("suite.json")),
             **({"grid": grid_block(load("grid_search.json"))} if load("grid_search.json")
                else {}),
             **({"ray": scale_summary(load("ray_scale.json"))} if load("ray_scale.json")
