@@ -55,6 +55,9 @@ def main(argv=None):
     ap.add_argument("pytest_args", nargs="*", help="after --: arguments for pytest (default: "
                     "none, the README command)")
     args = ap.parse_args(argv)
+    if any(h < 0 for h in args.hogs) or args.timeout <= 0:
+        ap.error(f"--hogs takes counts >= 0 (got {args.hogs}) and --timeout seconds > 0 "
+                 f"(got {args.timeout})")
     rows = []
     for hogs in args.hogs:
         r = run_suite(args.pytest_args, hogs, args.timeout)

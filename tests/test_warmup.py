@@ -189,3 +189,5 @@ def test_the_suite_time_script_runs_pytest_idle_and_beside_busy_neighbours(tmp_p
     hogs = [p for p in started if p.args[1:] == ["-c", mod.HOG]]
     assert len(hogs) == 1 and hogs[0].poll() is not None  # the neighbour was stopped
     assert json.loads((tmp_path / "s.json").read_text())[1]["hogs"] == 1
+    with pytest.raises(SystemExit):
+        mod.main(["--hogs", "-1"])  # a negative count is named, not run as zero
