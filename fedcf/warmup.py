@@ -117,7 +117,9 @@ def _implicit(data):
 
     train = data[2]
     ImplicitMF(n_factors=4, n_epochs=1).fit(train).recommend(train.user_ids[:3], n=5)
-    FedReconImplicitMF(n_factors=4, n_rounds=2, clients_per_round=8, random_state=0).fit(train)
+    for full in (False, True):
+        FedReconImplicitMF(n_factors=4, n_rounds=2, clients_per_round=8, full_negatives=full,
+                           random_state=0).fit(train)
 
 
 def _binary(data):
@@ -160,12 +162,34 @@ def _catalog(data):
     model.recon_predict(data[3], data[3])
 
 
+def _float64(data):
+    """``dtype="float64"``: the same kernels compiled for double precision (FedRecon with both
+    reconstructions and hypergradients, FedAvg with hypergradients, FURL, implicit, centralized)."""
+    from fedcf import FURLMF, CentralizedMF, FedAvgMF, FedReconImplicitMF, FedReconMF, ImplicitMF
+
+    train_t, test_t, train_u, test_u = data
+    f64 = dict(dtype="float64")
+    for solver in ("als", "sgd"):
+        _evaluate(CentralizedMF(n_factors=4, solver=solver, n_epochs=1, **f64).fit(train_t),
+                  test_t)
+    _federated(FedReconMF, train_u, None, test_u, **_PAPER, **f64)
+    _federated(FedReconMF, train_t, test_t, None, **_OURS, **f64)
+    _federated(FedReconMF, train_u, None, test_u, hypergradients=Hypergradients(), **_OURS, **f64)
+    _federated(FedAvgMF, train_t, test_t, None, hypergradients=Hypergradients(), **f64)
+    _federated(FURLMF, train_t, test_t, None, **f64)
+    ImplicitMF(n_factors=4, n_epochs=1, **f64).fit(train_u).recommend(train_u.user_ids[:3], n=5)
+    for full in (False, True):
+        FedReconImplicitMF(n_factors=4, n_rounds=2, clients_per_round=8, full_negatives=full,
+                           random_state=0, **f64).fit(train_u)
+
+
 # in the order the main job (scripts/movielens_benchmark.py) first needs them; then what only
 # the other estimators use
 PATHS = {"centralized": _centralized, "fedavg": _fedavg, "fedrecon-sgd": _fedrecon_sgd,
          "fedrecon-als": _fedrecon_als, "hypergradient": _hypergradient,
          "fedrecon-variants": _fedrecon_variants, "centralized-sgd": _centralized_sgd,
-         "implicit": _implicit, "sampled": _sampled, "neumf": _neumf, "catalog": _catalog}
+         "implicit": _implicit, "sampled": _sampled, "neumf": _neumf, "catalog": _catalog,
+         "float64": _float64}
 
 
 # the path of each estimator class whose kernels do not depend on its settings
@@ -177,6 +201,17 @@ _PATH_OF = {"ImplicitMF": "implicit", "FedReconImplicitMF": "implicit", "FedAvgM
 def path_of(estimator) -> str:
     """The compile path whose kernels ``estimator`` runs (a subclass: its nearest known
     ancestor's)."""
+    path = _float32_path_of(estimator)
+    if str(estimator.get_params(deep=False).get("dtype")) == "float64" and path in _IN_FLOAT64:
+        return "float64"
+    return path
+
+
+_IN_FLOAT64 = ("centralized", "centralized-sgd", "fedavg", "fedrecon-sgd", "fedrecon-als",
+               "implicit")  # the paths _float64 runs in double precision too
+
+
+def _float32_path_of(estimator) -> str:
     for cls in type(estimator).__mro__:
         if cls.__name__ in _PATH_OF:
             return _PATH_OF[cls.__name__]
@@ -245,9 +280,9 @@ def _mark(path: str) -> None:
             pass
 
 
-def _run_paths(paths, report=None) -> dict[str, float]:
+def _run_paths(paths, report=None, data=None) -> dict[str, float]:
     """Run each path here; report(path, seconds, error) after each."""
-    data = _tiny()
+    data = _tiny() if data is None else data
     seconds = {}
     for path in paths:
         t0 = time.perf_counter()
@@ -266,42 +301,63 @@ def _run_paths(paths, report=None) -> dict[str, float]:
 
 
 def _worker(paths, *, nice: int = 0) -> subprocess.Popen:
+    """A process that compiles ``paths``; with ``paths == ["-"]``, each path written to its
+    stdin in turn (one per line, until stdin closes)."""
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     preexec = (lambda: os.nice(nice)) if nice and hasattr(os, "nice") else None
     return subprocess.Popen([sys.executable, "-m", "fedcf.warmup", *paths], env=env,
+                            stdin=subprocess.PIPE if paths == ["-"] else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             preexec_fn=preexec)
 
 
 def _parse(line: str):
-    """A worker's report line "done <path> <seconds>" or "failed <path> <seconds> <error>"."""
+    """A worker's report line "done <path> <seconds>" or "failed <path> <seconds> <error>":
+    (path, seconds, error or None)."""
     parts = line.rstrip("\n").split(" ", 3)
     if len(parts) < 3 or parts[0] not in ("done", "failed"):
         return None
-    return parts[1], float(parts[2]), (parts[3] if len(parts) > 3 else "failed")
+    error = (parts[3] if len(parts) > 3 else "failed") if parts[0] == "failed" else None
+    return parts[1], float(parts[2]), error
 
 
 def compile_kernels(paths=None, *, n_jobs: int = 1) -> dict[str, float]:
     """Compile (or load from the cache) the kernels of the named paths (None = all of ``PATHS``).
 
-    ``n_jobs`` > 1 spreads the paths over that many worker processes (compilation is single
-    threaded, so this is how a second core helps). Returns the seconds each path took; raises
-    RuntimeError naming a path that failed.
+    ``n_jobs`` > 1 runs the paths in that many worker processes, each taking the next path in
+    order when it finishes one (compilation is single threaded, so this is how a second core
+    helps). Returns the seconds each path took; raises RuntimeError naming a path that failed.
     """
     paths = check_paths(paths)
     if isinstance(n_jobs, bool) or not isinstance(n_jobs, numbers.Integral) or n_jobs < 1:
         raise ValueError(f"n_jobs must be a positive integer, got {n_jobs!r}")
     if n_jobs == 1:
         return _run_paths(paths)
-    workers = [_worker(paths[j::n_jobs]) for j in range(min(n_jobs, len(paths)))]
+    todo, lock = list(reversed(paths)), threading.Lock()
     seconds, failed = {}, {}
-    for w in workers:
-        for line in w.stdout:
-            parsed = _parse(line)
-            if parsed:
-                seconds[parsed[0]] = parsed[1]
-                if line.startswith("failed"):
-                    failed[parsed[0]] = parsed[2]
+
+    def serve(proc):
+        while True:
+            with lock:
+                path = todo.pop() if todo else None
+            if path is None:
+                break
+            proc.stdin.write(path + "\n")
+            proc.stdin.flush()
+            parsed = _parse(proc.stdout.readline())
+            if parsed is None:  # the worker died: its path is missing below
+                break
+            seconds[parsed[0]] = parsed[1]
+            if parsed[2] is not None:
+                failed[parsed[0]] = parsed[2]
+        proc.stdin.close()
+
+    workers = [_worker(["-"]) for _ in range(min(n_jobs, len(paths)))]
+    threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    for t, w in zip(threads, workers):
+        t.join()
         w.wait()
     missing = [p for p in paths if p not in seconds]
     if failed or missing:
@@ -346,7 +402,7 @@ class BackgroundCompile:
             if parsed:
                 with self._cond:
                     self.done[parsed[0]] = parsed[1]
-                    if line.startswith("failed"):
+                    if parsed[2] is not None:
                         self.failed[parsed[0]] = parsed[2]
                     self._cond.notify_all()
         with self._cond:
@@ -385,21 +441,25 @@ class CompileClock(event.Listener):
     from the cache are not compilations): ``with CompileClock() as clock: ...; clock.seconds``."""
 
     def __init__(self):
-        self.seconds, self.count, self._depth, self._t0 = 0.0, 0, 0, 0.0
+        self.seconds, self.count, self._depth, self._t0, self._sig = 0.0, 0, 0, 0.0, ""
         self.kernels: dict[str, int] = {}  # compilations per kernel (its qualified name)
+        self.signatures: list[tuple[str, float]] = []  # ("kernel(argument types)", seconds)
 
     def on_start(self, ev):
         if self._depth == 0:
             self._t0 = time.perf_counter()
             name = ev.data["dispatcher"].py_func.__qualname__
             self.kernels[name] = self.kernels.get(name, 0) + 1
+            self._sig = f"{name}{tuple(ev.data['args'])}"
         self._depth += 1
 
     def on_end(self, ev):
         self._depth -= 1
         if self._depth == 0:
-            self.seconds += time.perf_counter() - self._t0
+            seconds = time.perf_counter() - self._t0
+            self.seconds += seconds
             self.count += 1
+            self.signatures.append((self._sig, seconds))
 
     def __enter__(self):
         event.register("numba:compile", self)
@@ -414,6 +474,11 @@ def _main(argv):
         print(f"{'failed' if error else 'done'} {path} {seconds:.3f}"
               + (f" {error}" if error else ""), flush=True)
 
+    if argv == ["-"]:  # paths from stdin, one per line, each run when it arrives
+        data = _tiny()
+        for line in sys.stdin:
+            _run_paths(check_paths([line.strip()]), report, data)
+        return
     _run_paths(check_paths(argv), report)
 
 

@@ -13,6 +13,9 @@ pytest_plugins = ["pytester"]
 # this set before Ray is imported, Ray takes the loopback address as the node's (Ray 2.x binds
 # every interface otherwise, whatever --node-ip-address says). Subprocesses inherit it.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# and their workers run at the tests' priority: at Ray's default (nice 15) they starved beside
+# the other xdist worker, and the Ray tests (one worker's whole share) ran several times longer
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 def pytest_sessionstart(session):
@@ -24,7 +27,9 @@ def pytest_sessionstart(session):
     try:
         from fedcf import warmup
 
-        todo = [p for p in warmup.PATHS if not warmup.is_compiled(p)]
+        # the longest paths first: each worker takes the next path when it finishes one
+        heavy = ["float64", "catalog", "neumf", "implicit", "sampled", "fedavg"]
+        todo = [p for p in heavy + list(warmup.PATHS) if not warmup.is_compiled(p)]
         if todo:
             warmup.compile_kernels(todo, n_jobs=max(1, min(2, os.cpu_count() or 1)))
     except Exception as e:  # noqa: BLE001 - the tests compile what they need themselves
@@ -54,7 +59,8 @@ def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: hand its compilations to the controller
         clock = session.config.stash[COMPILES]
-        workeroutput["fedcf_compiles"] = {"seconds": clock.seconds, "kernels": clock.kernels}
+        workeroutput["fedcf_compiles"] = {"seconds": clock.seconds, "kernels": clock.kernels,
+                                          "signatures": clock.signatures}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -69,7 +75,8 @@ def pytest_terminal_summary(terminalreporter, config):
     runs = dict(config.stash[WORKER_COMPILES])
     if not runs:  # no workers (-n 0): this process ran the tests
         clock = config.stash[COMPILES]
-        runs = {"main": {"seconds": clock.seconds, "kernels": clock.kernels}}
+        runs = {"main": {"seconds": clock.seconds, "kernels": clock.kernels,
+                         "signatures": clock.signatures}}
     kernels: dict[str, int] = {}  # kernel -> how many processes compiled it
     for r in runs.values():
         for k in r["kernels"]:
@@ -77,6 +84,10 @@ def pytest_terminal_summary(terminalreporter, config):
     seconds = sum(r["seconds"] for r in runs.values())
     count = sum(n for r in runs.values() for n in r["kernels"].values())
     again = sorted(k for k, n in kernels.items() if n > 1)
+    log = os.environ.get("FEDCF_COMPILE_LOG")
+    if log:  # every compilation's kernel and argument types, per test process
+        Path(log).write_text("".join(f"{name} {sec:.2f} {sig}\n" for name, r in sorted(runs.items())
+                                     for sig, sec in r.get("signatures", [])))
     terminalreporter.write_line(
         f"fedcf: {count} Numba compilations of {len(kernels)} kernels in {len(runs)} test "
         f"process(es), {seconds:.1f} s" + (f"; compiled in more than one process: "

@@ -61,12 +61,12 @@ def pop():
 
 
 def test_the_model_is_bit_identical_to_the_local_run_and_the_driver_fetches_two_sums(pop):
-    """1, 2, 5 and 8 shards (ranges that are not subtrees, an odd count for the reducer tree):
-    the local model bit for bit; the shards send more bytes as they are added, the driver
-    fetches at most two objects' worth (the reducers added the shards' sums)."""
+    """1, 2 and 5 shards (ranges that are not subtrees; 5: an odd count, three levels of the
+    reducer tree): the local model bit for bit; the shards send more bytes as they are added,
+    the driver fetches at most two objects' worth (the reducers added the shards' sums)."""
     ref = FedReconMF(**KW).fit(pop)
     fetched, sent = {}, {}
-    for n_shards in (1, 2, 5, 8):
+    for n_shards in (1, 2, 5):
         m = FedReconMF(**KW, executor=RayExecutor(n_shards)).fit(pop)
         np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
         np.testing.assert_array_equal(m.item_biases_, ref.item_biases_)
@@ -75,9 +75,9 @@ def test_the_model_is_bit_identical_to_the_local_run_and_the_driver_fetches_two_
         fetched[n_shards] = [h["driver_bytes_up"] for h in m.history_]
         sent[n_shards] = [h["shard_bytes_up"] for h in m.history_]
     assert fetched[1] == sent[1] and fetched[2] == sent[2]  # nothing to add before the driver
-    assert all(f8 <= f2 <= 2 * f1 and f5 < s5 and f8 < s8 for f1, f2, f5, f8, s5, s8 in zip(
-        fetched[1], fetched[2], fetched[5], fetched[8], sent[5], sent[8]))
-    assert all(a < b < min(c, d) for a, b, c, d in zip(sent[1], sent[2], sent[5], sent[8]))
+    assert all(f2 <= 2 * f1 and f5 <= 2 * f1 and f5 < s5 for f1, f2, f5, s5 in zip(
+        fetched[1], fetched[2], fetched[5], sent[5]))
+    assert all(a < b < c for a, b, c in zip(sent[1], sent[2], sent[5]))
 
 
 @pytest.mark.parametrize("agg", [DPGaussianMean(0.5, 1.0, delta=1e-4, insecure_seeded_noise=True),

@@ -83,14 +83,18 @@ def _without_single_machine(token: bool = True) -> dict:
 
 
 def test_a_local_instance_started_by_fedcf_listens_on_loopback_only():
-    code = ("from fedcf.federated.executors.ray_executor import connect\n"
+    """... and its workers run at the driver's priority (Ray's default is nice 15)."""
+    code = ("import os\n"
+            "from fedcf.federated.executors.ray_executor import connect\n"
             "ray = connect(None)\n"
             "print('NODE', ray.util.get_node_ip_address())\n"
+            "print('NICE', ray.get(ray.remote(lambda: os.nice(0)).remote()))\n"
             "ray.shutdown()\n")
+    env = {k: v for k, v in _without_single_machine().items() if k != "RAY_worker_niceness"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=180, env={**_without_single_machine(),
-                                           "RAY_USAGE_STATS_ENABLED": "0"})
+                         timeout=180, env={**env, "RAY_USAGE_STATS_ENABLED": "0"})
     assert "NODE 127.0.0.1" in out.stdout, out.stderr[-2000:]
+    assert "NICE 0" in out.stdout, out.stderr[-2000:]
 
 
 def test_fit_on_a_head_node_reached_by_address(head):

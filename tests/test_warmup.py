@@ -71,6 +71,22 @@ def test_worker_processes_compile_and_report(tmp_path):
     assert cli(["-q", "compile", "--paths", "centralized-sgd"]) == 0
 
 
+def test_workers_take_the_next_path_when_they_finish_one(monkeypatch):
+    """Paths are handed out one at a time (a worker that finished asks for the next), every
+    path runs once, and a path whose worker died is named, not waited for."""
+    paths = ["centralized-sgd", "fedrecon-variants", "centralized"]
+    seconds = compile_kernels(paths, n_jobs=2)
+    assert list(seconds) == paths and all(s > 0 for s in seconds.values())
+
+    def dying(paths, *, nice=0):
+        return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    monkeypatch.setattr(_warmup, "_worker", dying)
+    with pytest.raises(RuntimeError, match="compiling failed for .*centralized-sgd"):
+        compile_kernels(paths, n_jobs=2)
+
+
 def test_background_compile_waits_for_its_paths_and_stops(monkeypatch):
     monkeypatch.setattr(_warmup, "is_compiled", lambda path: False)
     with BackgroundCompile(["centralized-sgd"], n_workers=1) as bg:

@@ -149,10 +149,17 @@ def connect(address: str | None):
     (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: its node is then the loopback address, not the
     host's; without it the driver waits ~10 minutes for a node that never answers). Ray reads
     it at import, so it is set before the import here, and a driver that imported ``ray``
-    first gets the setting too (``_single_machine``)."""
+    first gets the setting too (``_single_machine``).
+
+    A local instance's workers do the fit's work while the driver waits, so they run at the
+    driver's priority (``RAY_worker_niceness=0`` unless set): at Ray's default (nice 15) they
+    got a few percent of a core beside any other busy process and a fit on a shared machine
+    stalled behind it."""
     local = address is None or _loopback(address)
     if local and "ray" not in sys.modules:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if address is None:  # the workers of a local instance run at the driver's priority
+        os.environ.setdefault("RAY_worker_niceness", "0")
     ray = _ray()
     if ray.is_initialized():
         return ray
