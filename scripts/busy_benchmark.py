@@ -1,13 +1,17 @@
 #!/usr/bin/env python
-"""fedcf on a busy machine: the same FedRecon fit alone and beside CPU-bound neighbours, with
-OpenMP's passive wait (fedcf's default: it sets ``OMP_WAIT_POLICY=PASSIVE``), with the variable
-unset (OpenMP's own default: idle workers spin a while, then sleep) and with the active wait
-(workers spin).
+"""fedcf on a busy machine and across threads: the same FedRecon fit (ALS and SGD
+reconstruction) idle on all cores, idle on one thread, and beside CPU-bound neighbours, under
+each OpenMP wait policy, all in one run.
 
-Each fit runs in a fresh process (the kernels' cache warm: a warm-up fit runs first) and reports
-the seconds of ``fit`` alone; neighbours are processes that spin on one core each until the fit
-ends. The ratio busy / idle of each wait policy is the figure: near 1 + neighbours / cores is
-fair sharing; far above it is the workers spinning against descheduled partners.
+Policies: ``PASSIVE`` (idle workers sleep at once), ``unset`` (OpenMP's own default: spin about
+3 ms, then sleep), ``ACTIVE`` (spin), and ``spin:N`` (the variable unset and
+``GOMP_SPINCOUNT=N``: spin N iterations, roughly N / 100 µs, then sleep); ``default`` is what
+fedcf sets itself when the environment names no policy. Each fit runs in a fresh process (the
+kernels' cache warm: a warm-up fit runs first) and reports the seconds of ``fit`` alone;
+neighbours are processes that spin on one core each until the fit ends. The figures per policy
+and reconstruction: idle 1 thread / idle all threads (the thread scaling) and beside neighbours
+/ idle (near 1 + neighbours / cores is fair sharing; far above it is workers spinning against
+descheduled partners).
 
     python scripts/busy_benchmark.py --json eval/results/busy.json
 """
@@ -24,44 +28,84 @@ import time
 
 FIT = """
 import json, os, sys, time
-from fedcf import FedReconMF  # loads the kernels: fedcf sets its wait policy here
+from fedcf import FedReconMF  # fedcf sets its own wait policy here unless one is set
+{policy}  # before the first parallel kernel (or set_num_threads) loads the OpenMP runtime
+import numba
 from fedcf.datasets import make_synthetic_ratings
-{policy}  # before the first parallel kernel loads the OpenMP runtime
+numba.set_num_threads({threads})
 users, items, ratings, rounds = {size}
 inter = make_synthetic_ratings(users, items, ratings, n_factors=8, random_state=0)
 t0 = time.perf_counter()
-FedReconMF(server_optimizer="sgd", early_stopping=None,
+FedReconMF(server_optimizer="sgd", early_stopping=None, reconstruction="{recon}",
            n_factors=50, n_rounds=rounds, clients_per_round=100, random_state=0).fit(inter)
 print(json.dumps(time.perf_counter() - t0))
 """
 SPIN = "while True:\n    pass\n"
+WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+POLICIES = ("default", "PASSIVE", "unset", "ACTIVE")  # and spin:N
+RECONS = ("als", "sgd")
 
 
-POLICIES = ("PASSIVE", "unset", "ACTIVE")  # unset: OpenMP's own default (spin, then sleep)
+def policy_code(policy: str) -> str:
+    """The lines that set ``policy`` in the fit's process after fedcf set its own."""
+    if policy == "default":
+        return "pass"
+    code = "[os.environ.pop(v, None) for v in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')]"
+    if policy.startswith("spin:"):
+        return code + f'; os.environ["GOMP_SPINCOUNT"] = "{int(policy[5:])}"'
+    return code + ("" if policy == "unset" else f'; os.environ["OMP_WAIT_POLICY"] = "{policy}"')
 
 
-def fit_seconds(policy: str, size: tuple) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    line = 'os.environ.pop("OMP_WAIT_POLICY", None)' if policy == "unset" else \
-        f'os.environ["OMP_WAIT_POLICY"] = "{policy}"'
-    out = subprocess.run([sys.executable, "-c", FIT.format(size=size, policy=line)], env=env,
-                         capture_output=True, text=True, timeout=1800)
+def check_policy(policy: str) -> str:
+    if policy in POLICIES:
+        return policy
+    if policy.startswith("spin:") and policy[5:].isdigit():
+        return policy
+    raise ValueError(f"unknown wait policy {policy!r}: choose from {list(POLICIES)} or spin:N "
+                     "(N a whole number of spin iterations)")
+
+
+def fit_seconds(policy: str, recon: str, threads: int, size: tuple) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in WAIT_VARS}
+    code = FIT.format(size=size, policy=policy_code(policy), threads=threads, recon=recon)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"the fit failed: {out.stderr[-2000:]}")
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def measure(policy: str, neighbours: int, size: tuple, repeats: int) -> dict:
+def measure(runs_of, neighbours: int) -> list:
+    """runs_of() with ``neighbours`` CPU-bound processes running beside it."""
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(neighbours)]
     try:
         time.sleep(0.5 if neighbours else 0.0)
-        runs = [fit_seconds(policy, size) for _ in range(repeats)]
+        return runs_of()
     finally:
         for p in spinners:
             p.kill()
             p.wait()
-    return {"policy": policy, "neighbours": neighbours, "seconds_min": min(runs),
-            "seconds_median": statistics.median(runs), "runs": runs}
+
+
+def row(policy, recon, neighbours, threads, runs) -> dict:
+    return {"policy": policy, "recon": recon, "neighbours": neighbours, "threads": threads,
+            "seconds_min": min(runs), "seconds_median": statistics.median(runs), "runs": runs}
+
+
+def measure_policy(policy, recon, cores, neighbours, size, repeats) -> list:
+    """Idle on all cores and on one thread (alternated), then beside the neighbours."""
+    idle = {t: [] for t in dict.fromkeys((cores, 1))}  # one machine core: one row
+    for _ in range(repeats):
+        for threads in idle:
+            idle[threads].append(fit_seconds(policy, recon, threads, size))
+    busy = measure(lambda: [fit_seconds(policy, recon, cores, size) for _ in range(repeats)],
+                   neighbours)
+    rows = [row(policy, recon, 0, t, r) for t, r in idle.items()]
+    top = rows[0]["seconds_median"]
+    rows[0]["speedup_from_1_thread"] = rows[-1]["seconds_median"] / top
+    rows.append(row(policy, recon, neighbours, cores, busy))
+    rows[-1]["ratio_to_idle"] = rows[-1]["seconds_median"] / top
+    return rows
 
 
 def main(argv=None) -> dict:
@@ -70,23 +114,30 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="a small fit, no warm-up (for the tests)")
     ap.add_argument("--policies", default=",".join(POLICIES),
-                    help=f"comma-separated, from {list(POLICIES)}")
+                    help=f"comma-separated, from {list(POLICIES)} or spin:N")
+    ap.add_argument("--recons", default=",".join(RECONS), help=f"comma-separated, from {RECONS}")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from fedcf.provenance import report_result, run_meta
 
-    policies = [p for p in args.policies.split(",") if p]
-    if not policies or any(p not in POLICIES for p in policies):
-        ap.error(f"--policies takes names from {list(POLICIES)}, got {args.policies!r}")
+    try:
+        policies = [check_policy(p) for p in args.policies.split(",") if p]
+    except ValueError as exc:
+        ap.error(f"--policies: {exc}")
+    recons = [r for r in args.recons.split(",") if r]
+    if not policies or not recons or any(r not in RECONS for r in recons):
+        ap.error(f"--policies and --recons need at least one name each (--recons from {RECONS}), "
+                 f"got {args.policies!r} and {args.recons!r}")
+    if args.neighbours < 1 or args.repeats < 1:
+        ap.error("--neighbours and --repeats must be at least 1")
+    cores = os.cpu_count() or 1
     size = (300, 100, 6000, 3) if args.quick else (943, 1682, 100_000, 500)
     if not args.quick:
-        fit_seconds("PASSIVE", size)  # warm-up: compile or load the kernels
-    rows = [measure(policy, n, size, args.repeats) for policy in policies
-            for n in (0, args.neighbours)]
-    for policy in policies:
-        idle, busy = (r for r in rows if r["policy"] == policy)
-        busy["ratio_to_idle"] = busy["seconds_median"] / idle["seconds_median"]
-    out = {"meta": run_meta("busy_benchmark.py", argv), "cores": os.cpu_count(),
+        for recon in recons:
+            fit_seconds("default", recon, cores, size)  # warm-up: compile or load the kernels
+    rows = [r for policy in policies for recon in recons
+            for r in measure_policy(policy, recon, cores, args.neighbours, size, args.repeats)]
+    out = {"meta": run_meta("busy_benchmark.py", argv), "cores": cores,
            "fit": {"users": size[0], "items": size[1], "ratings": size[2], "rounds": size[3],
                    "clients_per_round": 100, "n_factors": 50}, "rows": rows}
     return report_result(out, args.json)

@@ -97,7 +97,7 @@ def documents() -> dict[Path, str]:
         ROOT / "eval" / "CTR.md": render(t["CTR"], {**ctr_values(ctr, impl, pop),
                                                    **ope_values(load("ope.json"))}),
         ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], {
-            **perf_values(bench), **busy_values(load("busy.json"))}),
+            **perf_values(bench, load("busy.json")), **busy_values(load("busy.json"))}),
         **({ROOT / "eval" / "HYPER.md": render((TEMPLATES / "HYPER.md").read_text(),
                                                 {**hyper_values(load("hyper.json"),
                                                                 load("hyper_1m.json")),

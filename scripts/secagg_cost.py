@@ -4,7 +4,7 @@ n items (K factors, a bias and a weight per row, as FedRecon's uploads) with fed
 (``fedcf.federated.aggregators.secagg_protocol``), every client half in this process.
 
 Per configuration: seconds in all client halves divided by m (what one device spends: key
-agreement, Shamir sharing, share encryption, m − 1 ChaCha20 mask expansions over the whole
+agreement, Shamir sharing, share encryption, m − 1 AES-CTR mask expansions over the whole
 vector), seconds in the server half (relaying, and unmasking: a Shamir reconstruction per
 survivor and per dropped client, masks regenerated for the dropped), bytes each client uploads
 (its masked vector dominates; averaged over every client that advertised keys, the dropped

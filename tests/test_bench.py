@@ -35,11 +35,23 @@ def test_busy_benchmark_times_both_wait_policies_and_fedcf_asks_for_passive(tmp_
 
     busy = load_script("busy_benchmark")
     doc = busy.main(["--quick", "--repeats", "1", "--neighbours", "1", "--policies",
-                     "PASSIVE,unset", "--json", str(tmp_path / "busy.json")])
-    got = {(r["policy"], r["neighbours"]) for r in doc["rows"]}
-    assert got == {(p, n) for p in ("PASSIVE", "unset") for n in (0, 1)}
-    assert all(r["seconds_min"] > 0 for r in doc["rows"])
+                     "default,spin:1000", "--recons", "als", "--json", str(tmp_path / "busy.json")])
+    cores = doc["cores"]
+    got = sorted((r["policy"], r["neighbours"], r["threads"]) for r in doc["rows"])
+    assert got == sorted({(p, n, t) for p in ("default", "spin:1000")
+                          for n, t in ((0, cores), (0, 1), (1, cores))})
+    assert all(r["seconds_min"] > 0 and r["recon"] == "als" for r in doc["rows"])
+    for r in doc["rows"]:  # the figures are the ratios of the medians they name
+        same = {(q["neighbours"], q["threads"]): q for q in doc["rows"]
+                if q["policy"] == r["policy"]}
+        idle = same[(0, cores)]["seconds_median"]
+        if "speedup_from_1_thread" in r:
+            assert r["speedup_from_1_thread"] == same[(0, 1)]["seconds_median"] / idle
+        if "ratio_to_idle" in r:
+            assert r["ratio_to_idle"] == r["seconds_median"] / idle
     assert sum("ratio_to_idle" in r for r in doc["rows"]) == 2
+    with pytest.raises(SystemExit):
+        busy.main(["--quick", "--policies", "spin:lots"])
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     code = "import os; from fedcf import FedReconMF; print(os.environ['OMP_WAIT_POLICY'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

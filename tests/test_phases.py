@@ -220,3 +220,27 @@ def test_item_normalized_mean_names_a_bad_power(bad):
 
     with pytest.raises(ValueError, match="power must be a number in"):
         ItemNormalizedMean(bad)
+
+
+def test_small_kernels_run_on_the_calling_thread_and_the_count_comes_back():
+    """fedcf._threads.small: below SERIAL_BELOW values the kernel sees one thread (no sleeping
+    thread to wake), at or above it every thread; the caller's count is restored, also when
+    the kernel raises."""
+    import numba
+    from numba import njit
+
+    from fedcf import _threads
+
+    @njit
+    def seen(fail):
+        if fail:
+            raise ValueError("boom")
+        return numba.get_num_threads()
+
+    before = numba.get_num_threads()
+    assert _threads.small(seen, 10, False) == 1
+    assert numba.get_num_threads() == before
+    assert _threads.small(seen, _threads.SERIAL_BELOW, False) == before
+    with pytest.raises(ValueError, match="boom"):
+        _threads.small(seen, 10, True)
+    assert numba.get_num_threads() == before

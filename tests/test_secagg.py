@@ -137,11 +137,39 @@ def test_secrets_come_from_the_os_not_from_any_seed():
     assert len(set(keys[0])) == 4  # and no two clients of one round share a mask key
 
 
-def test_the_mask_prg_is_the_chacha20_keystream():
-    """RFC 7539, appendix A.1, test vector 1: key and nonce zero, block counter 0."""
-    expected = ("76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
-                "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586")
-    assert secagg_protocol.prg(bytes(32), 16).astype("<u4").tobytes().hex() == expected
+def test_the_mask_prg_is_the_aes_ctr_keystream():
+    """AES-128 in counter mode from counter block 0: the keystream is the encryption of the
+    blocks 0, 1, 2, ... (computed here with ECB); with the zero key, block 0 encrypts to the
+    well-known 66e94bd4... (FIPS-197's AES-128 of the zero block under the zero key)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    key = bytes(range(32))
+    ecb = Cipher(algorithms.AES(key[:16]), modes.ECB()).encryptor()
+    blocks = b"".join(i.to_bytes(16, "big") for i in range(4))
+    assert secagg_protocol.prg(key, 16).astype("<u4").tobytes() == ecb.update(blocks)
+    assert secagg_protocol.prg(bytes(32), 4).astype("<u4").tobytes().hex() == \
+        "66e94bd4ef8a2c3b884cfa59ca342b2e"
+    scratch = secagg_protocol.prg_scratch(16)
+    assert secagg_protocol.prg(key, 16, scratch).base is scratch  # written into the scratch
+    assert np.array_equal(secagg_protocol.prg(key, 16, scratch), secagg_protocol.prg(key, 16))
+
+
+def test_masks_added_on_threads_give_the_same_sum():
+    """The server removes its masks on threads, each into its own sum: modulo 2^32 the order
+    does not matter, so 1, 2 and 5 threads give the same words (and the serial formula)."""
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32)
+    masks = [(os.urandom(32), int(s)) for s in rng.choice([-1, 1], 7)]
+    want = base.copy()
+    for key, sign in masks:
+        want = (want + sign * secagg_protocol.prg(key, 1000).astype(np.int64)).astype(np.uint32)
+    for threads in (1, 2, 5):
+        got = base.copy()
+        secagg_protocol.add_masks(got, masks, threads)
+        assert np.array_equal(got, want), threads
+    got = base.copy()
+    secagg_protocol.add_masks(got, [], 2)
+    assert np.array_equal(got, base)
 
 
 def _halves(m, t):

@@ -1,5 +1,5 @@
 """The weighted mean under secure aggregation: each client's dense upload is quantized,
-masked by the client half of ``secagg_protocol`` (X25519, HKDF, AES-GCM, Ed25519 and ChaCha20
+masked by the client half of ``secagg_protocol`` (X25519, HKDF, AES-GCM, Ed25519 and AES-CTR
 from ``cryptography``, Shamir sharing vectorised in ``shamir``; secrets from the OS), and the server
 half learns only the sum over the surviving cohort.
 

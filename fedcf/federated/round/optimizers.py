@@ -25,6 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..._kernels.server import adagrad_rows, sgd_rows
+from ..._threads import small
 from .params import Params
 
 # (low, high, high is excluded): momentum or beta of 1 never forgets and Adam's bias correction
@@ -172,7 +173,8 @@ class SGD(ServerOptimizer):
     def step_rows(self, state, params, rows, delta_rows, *, learning_rate=None):
         lr = float(self.learning_rate if learning_rate is None else learning_rate)
         state["rows_finite"] = _sparse_rows(params, rows, delta_rows,
-                                            lambda x2, k, r, d2: sgd_rows(x2, r, d2, lr))
+                                            lambda x2, k, r, d2: small(sgd_rows, d2.size, x2, r,
+                                                                       d2, lr))
         state["t"] += 1
         return state, params
 
@@ -269,7 +271,8 @@ class Adagrad(ServerOptimizer):
 
         def update(x2, k, r, d2):
             acc = state["a"][k]
-            return adagrad_rows(x2, acc if acc.ndim == 2 else acc.reshape(-1, 1), r, d2, lr, eps)
+            return small(adagrad_rows, d2.size, x2, acc if acc.ndim == 2 else acc.reshape(-1, 1),
+                         r, d2, lr, eps)
         state["rows_finite"] = _sparse_rows(params, rows, delta_rows, update)
         state["t"] += 1
         return state, params

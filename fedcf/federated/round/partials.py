@@ -20,6 +20,7 @@ from operator import attrgetter
 import numpy as np
 
 from ..._kernels.server import group_counters, grouped_tree_sum, sum_sorted_runs, tree_sum_runs
+from ..._threads import small
 
 TREE_DEPTH = 6
 REDUCE_GROUPS = 2 ** TREE_DEPTH  # leaves of the reduction tree
@@ -105,7 +106,8 @@ def group_sums(out, clients, num, w, bad, empty) -> PartialSums:
     order = np.argsort(keys, kind="stable")  # by group, item, then cohort position
     n = int(valid.sum())
     dq, db, key = np.empty((n, K)), np.empty(n), np.empty(n, np.int64)
-    r = sum_sorted_runs(order[len(order) - n:], keys, out.d_Q, out.d_b, num[owner], dq, db, key)
+    r = small(sum_sorted_runs, out.d_Q.size, order[len(order) - n:], keys, out.d_Q, out.d_b,
+              num[owner], dq, db, key)
     return replace(parts, groups=key[:r] // span, items=key[:r] % span, s_Q=dq[:r], s_b=db[:r])
 
 
@@ -153,8 +155,8 @@ def merged_sums(out, clients, num, w, bad, empty) -> Merged:
     parts = _group_counters(out, clients, num, w, bad, empty)
     n = len(out.items)
     items, dq, db = np.empty(n, np.int64), np.empty((n, out.d_Q.shape[1])), np.empty(n)
-    m = grouped_tree_sum(out.offsets, out.items, reduce_group(clients),
-                         np.asarray(num, np.float64), out.d_Q, out.d_b, TREE_DEPTH, items, dq, db)
+    m = small(grouped_tree_sum, out.d_Q.size, out.offsets, out.items, reduce_group(clients),
+              np.asarray(num, np.float64), out.d_Q, out.d_b, TREE_DEPTH, items, dq, db)
     return Merged(items[:m], dq[:m], db[:m], *_merge_counters(parts))
 
 
@@ -197,7 +199,7 @@ def tree_sums(items, lo, levels, s_Q, s_b, a=0, b=REDUCE_GROUPS):
     n = len(order)
     out = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
            np.empty((n, s_Q.shape[1])), np.empty(n))
-    m = tree_sum_runs(order, items, lo, levels, s_Q, s_b, TREE_DEPTH, a, b, *out)
+    m = small(tree_sum_runs, s_Q.size, order, items, lo, levels, s_Q, s_b, TREE_DEPTH, a, b, *out)
     if m < 0:
         raise ValueError(f"partial sums hold tree nodes outside groups [0, {REDUCE_GROUPS}): "
                          "they were not made by group_sums/compact of this fedcf version")

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..._kernels.server import finite_clients
+from ..._threads import small
 from ...datasets._validation import show
 from . import secret
 from .contracts import Executor, RoundExecutor
@@ -248,7 +249,7 @@ class ClientOutputs:
 
     def finite_clients(self) -> np.ndarray:
         """True for each client whose upload (row and bias deltas) is all finite."""
-        return finite_clients(self.offsets, self.d_Q, self.d_b)
+        return small(finite_clients, self.d_Q.size, self.offsets, self.d_Q, self.d_b)
 
     def client_ids(self) -> np.ndarray:
         return np.arange(self.n_clients) if self.clients is None else self.clients
@@ -469,7 +470,7 @@ def empty_delta(K: int, summary: RoundSummary, client_w=None) -> GlobalDelta:
 def client_weights(out: ClientOutputs, hp: RoundHyperparams):
     """(non-finite mask, weights w_k = n_k ** exponent with 0 for empty or non-finite uploads,
     number of empty clients)."""
-    bad = ~finite_clients(out.offsets, out.d_Q, out.d_b)
+    bad = ~small(finite_clients, out.d_Q.size, out.offsets, out.d_Q, out.d_b)
     if out.rank_terms is not None:
         bad |= ~np.isfinite(out.rank_terms).all(axis=(1, 2))
     w = np.where(out.weights > 0, out.weights ** hp.weight_exponent, 0.0)
