@@ -11,9 +11,11 @@ Example: python scripts/suite_time.py --json eval/results/suite.json
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,25 +25,30 @@ ROOT = Path(__file__).resolve().parents[1]
 HOG = "while True:\n    pass\n"
 
 
-def run_suite(pytest_args: list[str], hogs: int, timeout: float) -> dict:
+def run_suite(pytest_args: list[str], hogs: int, timeout: float, cold: bool = False) -> dict:
     """One run of the suite beside ``hogs`` busy processes (stopped afterwards, also on
-    failure)."""
+    failure); ``cold``: with an empty Numba cache of its own (as a fresh clone has), so the
+    session's warm-up compiles every kernel first — inside the wall time, outside pytest's."""
     busy = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(hogs)]
+    cache = tempfile.TemporaryDirectory(prefix="fedcf-suite-cache-") if cold else None
+    env = {**os.environ, **({"FEDCF_NUMBA_CACHE": cache.name} if cache else {})}
     try:
         t0 = time.perf_counter()
         res = subprocess.run([sys.executable, "-m", "pytest", "-q", *pytest_args], cwd=ROOT,
-                             capture_output=True, text=True, timeout=timeout)
+                             capture_output=True, text=True, timeout=timeout, env=env)
         seconds = time.perf_counter() - t0
     finally:
         for p in busy:
             p.kill()
             p.wait()
+        if cache is not None:
+            cache.cleanup()
     lines = res.stdout.splitlines()
     summary = next((ln for ln in reversed(lines) if re.search(r"\d+ (passed|failed)", ln)), "")
     compiled = next((ln for ln in lines if ln.startswith("fedcf: ") and "Numba" in ln), "")
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
     pytest_s = re.search(r" in ([\d.]+)s", summary)
-    return {"hogs": hogs, "returncode": res.returncode, "wall_seconds": seconds,
+    return {"hogs": hogs, "cold": cold, "returncode": res.returncode, "wall_seconds": seconds,
             "pytest_seconds": float(pytest_s.group(1)) if pytest_s else None,
             "summary": summary.strip("= "), "compiled": compiled, **counts}
 
@@ -51,6 +58,8 @@ def main(argv=None):
     ap.add_argument("--hogs", type=int, nargs="+", default=[0, 2],
                     help="runs to make, by the number of CPU-bound neighbours (0: idle)")
     ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--cold", action="store_true",
+                    help="each run with an empty Numba cache of its own, as a fresh clone")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("pytest_args", nargs="*", help="after --: arguments for pytest (default: "
                     "none, the README command)")
@@ -60,7 +69,7 @@ def main(argv=None):
                  f"(got {args.timeout})")
     rows = []
     for hogs in args.hogs:
-        r = run_suite(args.pytest_args, hogs, args.timeout)
+        r = run_suite(args.pytest_args, hogs, args.timeout, args.cold)
         rows.append(r)
         print(f"{hogs} CPU-bound neighbours: {r['wall_seconds'] / 60:.1f} min, "
               f"{r['summary']}; {r['compiled']}", flush=True)

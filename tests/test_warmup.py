@@ -207,3 +207,25 @@ def test_the_suite_time_script_runs_pytest_idle_and_beside_busy_neighbours(tmp_p
     assert json.loads((tmp_path / "s.json").read_text())[1]["hogs"] == 1
     with pytest.raises(SystemExit):
         mod.main(["--hogs", "-1"])  # a negative count is named, not run as zero
+
+
+def test_the_suite_time_script_can_start_each_run_from_an_empty_cache(monkeypatch):
+    """``--cold``: pytest runs with a Numba cache folder of its own, empty at the start (as a
+    fresh clone's), removed afterwards; the row says so."""
+    import os
+    import subprocess as sp
+
+    mod = load_script("suite_time")
+    seen = []
+
+    def run(cmd, **kw):
+        cache = kw["env"]["FEDCF_NUMBA_CACHE"]
+        seen.append((cache, os.listdir(cache)))
+        return sp.CompletedProcess(cmd, 0, "fedcf: 3 Numba compilations of 2 kernels in 1 test "
+                                           "process(es), 1.0 s\n== 1 passed in 1.00s ==\n", "")
+
+    monkeypatch.setattr(mod.subprocess, "run", run)
+    rows = mod.main(["--cold", "--hogs", "0"])
+    assert rows[0]["cold"] and rows[0]["passed"] == 1
+    assert seen[0][1] == [] and not os.path.exists(seen[0][0])
+    assert seen[0][0] != os.environ.get("FEDCF_NUMBA_CACHE")

@@ -231,20 +231,28 @@ def run_round(clients, server: SecAggServer, dropped, *, min_survivors: int = 0,
     return total, u3
 
 
-def share_graph(adverts: dict, session: bytes, neighbours: int | None) -> dict:
-    """Each advertised client's share holders: itself and its neighbours. ``neighbours`` None
-    (or at least |U1| − 1): everyone (Bonawitz et al.). Else SecAgg+ (Bell et al. 2020): the
-    clients on a ring ordered by a hash of the session and their advertised keys — fixed by
-    what every client saw, not chosen by the server — each with ⌈k/2⌉ neighbours on either
-    side. Symmetric: v holds u's shares iff u holds v's."""
+def share_graph(adverts: dict, session: bytes, neighbours: int | None, only=None) -> dict:
+    """Each advertised client's share holders: itself and its neighbours (``only``: just that
+    client's). ``neighbours`` None (or at least |U1| − 1): everyone (Bonawitz et al.). Else
+    SecAgg+ (Bell et al. 2020): the clients on a ring ordered by a hash of the session and their
+    advertised keys — fixed by what every client saw, not chosen by the server — each with
+    ⌈k/2⌉ neighbours on either side. Symmetric: v holds u's shares iff u holds v's."""
     ids = sorted(adverts)
+    who = ids if only is None else [only]
     if neighbours is None or neighbours >= len(ids) - 1:
-        return {u: ids for u in ids}
-    ring = sorted(ids, key=lambda c: hashlib.sha256(
-        session + _ints([c]) + adverts[c].s_pk + adverts[c].c_pk).digest())
+        return {u: ids for u in who}
+    ring, pos = _ring(session, tuple((c, adverts[c].s_pk, adverts[c].c_pk) for c in ids))
     half, n = (neighbours + 1) // 2, len(ring)
-    pos = {c: i for i, c in enumerate(ring)}
-    return {u: sorted({ring[(pos[u] + d) % n] for d in range(-half, half + 1)}) for u in ids}
+    return {u: sorted({ring[(pos[u] + d) % n] for d in range(-half, half + 1)}) for u in who}
+
+
+@functools.lru_cache(maxsize=4)
+def _ring(session: bytes, keys: tuple):
+    """(the SecAgg+ ring of the advertised clients, each one's position): computed once for
+    the clients of one device that saw the same adverts."""
+    ring = sorted((c for c, _, _ in keys), key={c: hashlib.sha256(
+        session + _ints([c]) + s_pk + c_pk).digest() for c, s_pk, c_pk in keys}.__getitem__)
+    return ring, {c: i for i, c in enumerate(ring)}
 
 
 class SecAggClient:
@@ -303,7 +311,7 @@ class SecAggClient:
         self._adverts, self._share_keys = {a.client: a for a in adverts}, {}
         if self.id not in self._adverts:
             raise ProtocolAbort(f"client {self.id}: its own keys are not in the advert list")
-        holders = share_graph(self._adverts, self.session, self.neighbours)[self.id]
+        holders = share_graph(self._adverts, self.session, self.neighbours, self.id)[self.id]
         if self.policy is not None:
             self.policy.check_sharing(self.id, len(self._adverts), len(holders), self.t)
         if 2 * self.t <= len(holders):  # t ≤ h/2: two disjoint groups of holders could
