@@ -118,7 +118,7 @@ MUTANTS = [
     ("secagg: mask seeds not from the OS", FED + "aggregators/secagg_protocol.py",
      "self._s_seed, self._b_seed = os.urandom(SEED_BYTES), os.urandom(SEED_BYTES)",
      "self._s_seed, self._b_seed = bytes(SEED_BYTES), bytes(SEED_BYTES)"),
-    ("secagg: masks from a NumPy generator, not AES-CTR", FED + "aggregators/secagg_protocol.py",
+    ("secagg: masks from a NumPy generator, not AES-CTR", FED + "aggregators/secagg_masks.py",
      '    enc.update_into(_zeros(4 * size), memoryview(out).cast("B"))\n    return out[:size]',
      "    return np.random.default_rng(list(seed_key)).integers(0, 2**32, size, "
      "dtype=np.uint64).astype(np.uint32)"),

@@ -50,7 +50,9 @@ def run_suite(pytest_args: list[str], hogs: int, timeout: float, cold: bool = Fa
     pytest_s = re.search(r" in ([\d.]+)s", summary)
     return {"hogs": hogs, "cold": cold, "returncode": res.returncode, "wall_seconds": seconds,
             "pytest_seconds": float(pytest_s.group(1)) if pytest_s else None,
-            "summary": summary.strip("= "), "compiled": compiled, **counts}
+            "summary": summary.strip("= "), "compiled": compiled,
+            "failures": [ln.split(" ", 2)[1] for ln in lines if ln.startswith(("FAILED ", "ERROR "))],
+            **counts}
 
 
 def main(argv=None):

@@ -201,6 +201,7 @@ def test_the_suite_time_script_runs_pytest_idle_and_beside_busy_neighbours(tmp_p
     assert [r["hogs"] for r in rows] == [0, 1]
     for r in rows:
         assert r["returncode"] == 0 and r["passed"] == 1 and r["pytest_seconds"] > 0
+        assert r["failures"] == []
         assert r["compiled"].startswith("fedcf: ") and "Numba compilations" in r["compiled"]
     hogs = [p for p in started if p.args[1:] == ["-c", mod.HOG]]
     assert len(hogs) == 1 and hogs[0].poll() is not None  # the neighbour was stopped
@@ -221,11 +222,14 @@ def test_the_suite_time_script_can_start_each_run_from_an_empty_cache(monkeypatc
     def run(cmd, **kw):
         cache = kw["env"]["FEDCF_NUMBA_CACHE"]
         seen.append((cache, os.listdir(cache)))
-        return sp.CompletedProcess(cmd, 0, "fedcf: 3 Numba compilations of 2 kernels in 1 test "
-                                           "process(es), 1.0 s\n== 1 passed in 1.00s ==\n", "")
+        return sp.CompletedProcess(cmd, 1, "fedcf: 3 Numba compilations of 2 kernels in 1 test "
+                                           "process(es), 1.0 s\nFAILED tests/test_x.py::test_y - "
+                                           "AssertionError\n== 1 failed, 1 passed in 1.00s ==\n",
+                                   "")
 
     monkeypatch.setattr(mod.subprocess, "run", run)
     rows = mod.main(["--cold", "--hogs", "0"])
-    assert rows[0]["cold"] and rows[0]["passed"] == 1
+    assert rows[0]["cold"] and rows[0]["passed"] == 1 and rows[0]["failed"] == 1
+    assert rows[0]["failures"] == ["tests/test_x.py::test_y"]  # named, to look into
     assert seen[0][1] == [] and not os.path.exists(seen[0][0])
     assert seen[0][0] != os.environ.get("FEDCF_NUMBA_CACHE")
