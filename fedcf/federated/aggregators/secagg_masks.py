@@ -40,7 +40,7 @@ def add_mask(total: np.ndarray, seed_key: bytes, sign: int, scratch: np.ndarray)
 
 def add_masks(total: np.ndarray, masks: list, threads: int = 1) -> None:
     """total + Σ sign · PRG(key) (mod 2³²) in place over ``masks`` [(key, ±1)], the expansions
-    spread over ``threads`` threads (ChaCha20 and the additions release the GIL), each into its
+    spread over ``threads`` threads (AES-CTR and the additions release the GIL), each into its
     own sum: addition modulo 2³² is exact in any order, so the result is the same."""
     groups = [masks[j::threads] for j in range(min(threads, len(masks)))] or [[]]
 

@@ -3,10 +3,10 @@
 
 Every cryptographic step comes from a library: X25519 key agreement, HKDF-SHA256 key
 derivation, AES-GCM share encryption, Ed25519 signatures and the AES-128-CTR keystream that
-expands a mask seed (``cryptography``). Shamir secret sharing is field arithmetic, vectorised here over
-GF(2³¹ − 1) (``shamir``: one NumPy pass per split, Lagrange weights cached per holder set). Every
-secret (key seeds, self-mask seeds, share coefficients, nonces) comes from the OS's secure
-randomness, never from ``random_state``.
+expands a mask seed (``cryptography``; ``secagg_masks``). Shamir secret sharing is field
+arithmetic, vectorised here over GF(2³¹ − 1) (``shamir``: one NumPy pass per split, Lagrange
+weights cached per holder set). Every secret (key seeds, self-mask seeds, share coefficients,
+nonces) comes from the OS's secure randomness, never from ``random_state``.
 
 A client's vector x_u (integers modulo 2³²) travels as
 
