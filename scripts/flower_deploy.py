@@ -175,14 +175,24 @@ def node_costs(folder, nodes: int) -> list[dict]:
 
 def cost_summary(costs: list[dict], warm: float | None) -> dict:
     """Per message type: messages, median handler and start-up seconds, largest peak memory;
-    ``warm``: the train handler's seconds in a warm process (no isolation), measured here."""
+    with a warm device process (``fedcf.flower.warm``), the medians of its whole tasks' wall
+    and CPU seconds (pull, handler, reply) too. ``warm``: the train handler's seconds in this process,
+    measured here: what the same work costs with no Flower around it."""
     out = {}
-    for kind in sorted({c["message"] for c in costs}):
-        mine = [c for c in costs if c["message"] == kind]
+    handled = [c for c in costs if "seconds" in c]
+    for kind in sorted({c["message"] for c in handled}):
+        mine = [c for c in handled if c["message"] == kind]
         starts = [c["startup_seconds"] for c in mine if c["startup_seconds"] is not None]
+        tasks = [c for c in costs if "task_seconds" in c and c["message"] == kind]
         out[kind] = {"messages": len(mine),
                      "handler_seconds": float(np.median([c["seconds"] for c in mine])),
                      "startup_seconds": float(np.median(starts)) if starts else None,
+                     "task_seconds": float(np.median([c["task_seconds"] for c in tasks]))
+                     if tasks else None,
+                     "task_cpu_seconds": float(np.median([c["task_cpu_seconds"] for c in tasks]))
+                     if tasks else None,
+                     "task_requests": float(np.median([c["requests"] for c in tasks]))
+                     if tasks else None,
                      "peak_rss_mib": float(max(c["peak_rss_mib"] for c in mine))}
     if "train" in out:
         out["train"]["warm_process_seconds"] = warm
@@ -221,12 +231,22 @@ def superlink_args(creds: dict | None, link: int, folder: Path) -> list[str]:
             "--database", str(folder / "state.db"), "--disable-runtime-dependency-installation"]
 
 
-def supernode_args(creds: dict | None, k: int, link: int, port: int, node_config: str) -> list[str]:
-    """SuperNode ``k``'s command line: its key with ``creds``, else plain."""
+def supernode_args(creds: dict | None, k: int, link: int, port: int, node_config: str,
+                   warm: bool = False) -> list[str]:
+    """SuperNode ``k``'s command line: its key with ``creds``, else plain; with ``warm`` it
+    starts no executor of its own (``--isolation process``: ``warm_args``'s process answers)."""
     tls = ["--root-certificates", str(creds["ca"]), "--auth-supernode-private-key",
            str(creds[f"node{k}"])] if creds else ["--insecure"]
     return [tool("flower-supernode"), *tls, "--superlink", f"127.0.0.1:{link}", "--host",
-            "127.0.0.1", "--port", str(port), "--node-config", node_config]
+            "127.0.0.1", "--port", str(port), "--node-config", node_config,
+            *(["--isolation", "process"] if warm else [])]
+
+
+def warm_args(port: int) -> list[str]:
+    """The warm device process (``fedcf.flower.warm``) of the SuperNode whose runtime API is
+    on 127.0.0.1:``port`` (plain HTTP on loopback: it never leaves the device)."""
+    return [sys.executable, "-m", "fedcf.flower.warm", "--runtime-api-address",
+            f"127.0.0.1:{port}", "--insecure"]
 
 
 def flwr_home(folder: Path, link: int, creds: dict | None) -> Path:
@@ -240,7 +260,8 @@ def flwr_home(folder: Path, link: int, creds: dict | None) -> Path:
     return home
 
 
-def prepare(folder, *, nodes: int, run_config: dict, node_configs: list[str]) -> str:
+def prepare(folder, *, nodes: int, run_config: dict, node_configs: list[str],
+            warm: bool = False) -> str:
     """Write everything a deployment needs into ``folder`` (certificates and node keys, the
     devices' files, the catalog, the app, FLWR_HOME) and return the shell commands that start
     it and run the app, for an operator to run by hand."""
@@ -259,15 +280,19 @@ def prepare(folder, *, nodes: int, run_config: dict, node_configs: list[str]) ->
     cmds += [line(map(shlex.quote, [tool("flwr"), "supernode", "register",
                                     str(creds[f"node{k}"]) + ".pub", "local"]))
              for k in range(nodes)]
-    cmds += [line(map(shlex.quote, supernode_args(creds, k, link, 9401 + k, node_configs[k])))
-             + " &" for k in range(nodes)]
+    for k in range(nodes):
+        cmds.append(line(map(shlex.quote, supernode_args(creds, k, link, 9401 + k,
+                                                         node_configs[k], warm))) + " &")
+        if warm:  # the node's one warm process, once its runtime API listens
+            cmds += ["sleep 3", line(map(shlex.quote, warm_args(9401 + k))) + " &"]
     cmds += [f"{shlex.quote(tool('flwr'))} run {shlex.quote(str(app))} local --stream"]
     return "\n".join(cmds)
 
 
 def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
            secure: bool = True, intruders: int = 0, kill_at: str | None = None,
-           kill_signal: int = signal.SIGKILL, node_configs: list[str] | None = None) -> dict:
+           kill_signal: int = signal.SIGKILL, node_configs: list[str] | None = None,
+           warm: bool = False) -> dict:
     """Start the SuperLink and ``nodes`` SuperNodes, ``flwr run`` the app with ``run_config``,
     wait for its result file; always stop every process. With ``secure`` (the default) every
     connection is TLS and only registered SuperNodes get in; ``intruders`` more nodes start
@@ -276,7 +301,9 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     no goodbye to the SuperLink) as soon as its log shows a message of that group arriving.
     ``node_configs``: each SuperNode's ``--node-config`` (e.g. ``device_files``'s: a device
     holding its own data; an intruder gets node 0's); by default node k holds partition k of
-    the run's dataset (the simulation harness). Returns the ServerApp's result plus the
+    the run's dataset (the simulation harness). ``warm``: each SuperNode's messages are
+    answered by one long-lived ``fedcf.flower.warm`` process (its own process group, started
+    after the node) instead of a fresh process per message. Returns the ServerApp's result plus the
     addresses the processes listened on and the seconds taken."""
     from fedcf.flower import write_app
 
@@ -292,6 +319,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                                        "result-path": str(result_path)})
     limit = ["timeout", "-s", "KILL", str(int(deadline) + 30)]
     procs, outside, t0, killed = [], set(), time.monotonic(), None
+    node_procs, warm_procs = {}, {}
 
     def start(name, args, extra_env=None):
         log = open(folder / f"{name}.log", "w")
@@ -311,22 +339,29 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                 if reg.returncode != 0:
                     raise RuntimeError(f"flwr supernode register failed: {reg.stdout}"
                                        f"{reg.stderr}")
+            cost_log, port = {"FEDCF_NODE_COST_LOG": str(folder / f"node{k}_cost.jsonl")}, \
+                free_port()
             node = start(f"supernode{k}", supernode_args(
-                creds, k, link, free_port(), node_configs[k % nodes] if node_configs else
-                f"partition-id={k % nodes} num-partitions={nodes}"),
-                {"FEDCF_NODE_COST_LOG": str(folder / f"node{k}_cost.jsonl")})
+                creds, k, link, port, node_configs[k % nodes] if node_configs else
+                f"partition-id={k % nodes} num-partitions={nodes}", warm), cost_log)
+            node_procs[k] = node
             if k >= nodes:
                 outside.add(node.pid)
+            elif warm:
+                wait_port(port, node, 60)
+                warm_procs[k] = start(f"warm{k}", warm_args(port), cost_log)
         run = subprocess.run([tool("flwr"), "run", str(app), "local"], env=env, cwd=folder,
                              capture_output=True, text=True, timeout=120)
         if run.returncode != 0:
             raise RuntimeError(f"flwr run failed ({run.returncode}): {run.stdout}{run.stderr}")
         addresses = listening({p.pid for p in procs})
-        victim, victim_log = procs[nodes], folder / f"supernode{nodes - 1}.log"
+        victim, victim_log = node_procs[nodes - 1], folder / f"supernode{nodes - 1}.log"
         while not result_path.exists():
             if kill_at and killed is None and f"ROUND {kill_at}]" in victim_log.read_text():
-                os.killpg(victim.pid, kill_signal)
-                outside.add(victim.pid)
+                for p in (victim, warm_procs.get(nodes - 1)):  # the device: node and worker
+                    if p is not None:
+                        os.killpg(p.pid, kill_signal)
+                        outside.add(p.pid)
                 killed = time.monotonic() - t0
             if time.monotonic() - t0 > deadline:
                 raise TimeoutError(f"no result after {deadline:g} s; logs in {folder}")
@@ -374,6 +409,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--prepare", action="store_true",
                     help="write the certificates, node keys, devices' files, catalog and app "
                     "into --folder and print the commands that start the deployment, then exit")
+    ap.add_argument("--warm", action="store_true",
+                    help="each SuperNode's messages are answered by one long-lived process "
+                    "(fedcf.flower.warm, --isolation process) instead of a process per message")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from fedcf import FedReconMF
@@ -403,13 +441,14 @@ def main(argv=None) -> dict:
     if args.prepare:
         if not args.device_data:
             ap.error("--prepare writes the devices' files: add --device-data")
-        print(prepare(folder, nodes=args.nodes, run_config=config, node_configs=node_configs))
+        print(prepare(folder, nodes=args.nodes, run_config=config, node_configs=node_configs,
+                      warm=args.warm))
         return {"prepared": str(folder)}
     print(f"starting a SuperLink and {args.nodes} SuperNodes in {folder} (logs there) ...",
           file=sys.stderr, flush=True)
     out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline,
                  secure=not args.insecure, intruders=args.intruders, kill_at=kill,
-                 node_configs=node_configs)
+                 node_configs=node_configs, warm=args.warm)
     ref, ref_eval, _ = fit_in_process(  # the simulated devices take the nodes' policy
         params, data, 0.1, device_policy=DevicePolicy(threshold=0.5)
         if args.secure_aggregation else None)
@@ -418,7 +457,7 @@ def main(argv=None) -> dict:
     out = {"meta": run_meta("flower_deploy.py", argv, packages=("flwr",)), "dataset":
            args.dataset, "nodes": args.nodes, "tls_and_node_auth": not args.insecure,
            "intruders": args.intruders, "secure_aggregation": args.secure_aggregation,
-           "device_data": args.device_data,
+           "device_data": args.device_data, "warm": args.warm,
            **out, "local_recon_eval": ref_eval,
            "identical_item_factors": bool(np.array_equal(model.item_factors_,
                                                          ref.item_factors_)),

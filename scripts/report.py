@@ -145,7 +145,8 @@ def documents() -> dict[Path, str]:
             **({"ray": scale_summary(load("ray_scale.json"))} if load("ray_scale.json")
                else {}),
             **({"flower": flower_block(load("flower.json"), load("flower_deploy.json"),
-                                       load("flower_deploy_devices.json"))}
+                                       load("flower_deploy_devices.json"),
+                                       load("flower_deploy_warm.json"))}
                if load("flower.json") else {}),
             **({"catalog": catalog_block(load("out_of_catalog.json"))}
                if load("out_of_catalog.json") else {})}),

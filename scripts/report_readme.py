@@ -142,7 +142,9 @@ def deploy_lines(dep) -> list[str]:
                      f"here holds about {users:,.0f} users): {down:,.0f} KiB down (the global "
                      f"model) and {up:,.0f} KiB up, one message each way.")
     cost = (dep.get("device_cost") or {}).get("train")
-    if cost:
+    if cost and cost.get("task_seconds") is not None:
+        lines.append(warm_line(cost))
+    elif cost:
         lines.append(
             f"- What a training message cost a node, as the node logged it on its own machine "
             f"(medians over {cost['messages']} messages): {cost['startup_seconds']:.2f} s of "
@@ -161,6 +163,23 @@ def deploy_lines(dep) -> list[str]:
     return lines
 
 
+def warm_line(cost) -> str:
+    """A training message's cost on a node answered by its warm process (fedcf.flower.warm)."""
+    ratio = cost["task_cpu_seconds"] / cost["warm_process_seconds"]
+    return (f"- What a training message cost a node answered by one warm process "
+            f"(`python -m fedcf.flower.warm`, the SuperNode started with `--isolation "
+            f"process`), as the node logged it (medians over {cost['messages']} messages): "
+            f"{cost['handler_seconds'] * 1e3:,.1f} ms in fedcf's handler; the whole task "
+            f"(pull the message and its arrays through the SuperNode's runtime API, run, push "
+            f"the reply: {cost['task_requests']:,.0f} HTTP requests, one per object and step) "
+            f"{cost['task_cpu_seconds'] * 1e3:,.0f} ms of CPU and "
+            f"{cost['task_seconds'] * 1e3:,.0f} ms of wall time (waiting for the arrays to "
+            f"reach the SuperNode included); peak memory {cost['peak_rss_mib']:,.0f} MiB, one "
+            f"process for the whole run. The same users' work with no Flower around it: "
+            f"{cost['warm_process_seconds'] * 1e3:,.1f} ms, so a message's CPU is "
+            f"{ratio:,.0f}× that (target ≤ 10×: {'met' if ratio <= 10 else 'missed'}).")
+
+
 def _refused(sim) -> str:
     """The simulation's refused replies, the evaluation ones explained by the devices' rule."""
     ev = [r for r in sim["refusals"] if r["stage"].startswith("recon eval")]
@@ -173,7 +192,7 @@ def _refused(sim) -> str:
     return text
 
 
-def flower_block(sim, dep, devices=None) -> str:
+def flower_block(sim, dep, devices=None, warm=None) -> str:
     """"Deploying with Flower": the simulation on ML-100K and the real deployments."""
     f, loc = sim["flower_recon_eval"], sim["local_recon_eval"]
     same = "identical bit for bit" if sim["identical_item_factors"] and \
@@ -197,7 +216,8 @@ def flower_block(sim, dep, devices=None) -> str:
              f"{sim['bytes_up_per_client_round']:,.0f} B up.",
              f"- Simulation wall time {sim['flower_seconds']:.0f} s (the in-process fit: "
              f"{sim['local_seconds']:.1f} s)."]
-    for name, d in (("flower_deploy.json", dep), ("flower_deploy_devices.json", devices)):
+    for name, d in (("flower_deploy.json", dep), ("flower_deploy_devices.json", devices),
+                    ("flower_deploy_warm.json", warm)):
         if d is not None:
             lines += ["", provenance(d["meta"], name), "", *deploy_lines(d)]
     return "\n".join(lines)

@@ -19,6 +19,9 @@ ROUND_ALLOWED = {
         "reads the constructor's own parameter names (scikit-learn's get_params)",
     ("fedcf/federated/round/partials.py", "PartialSums.arrays", "getattr"):
         "reads the dataclass's declared fields by name",
+    ("fedcf/flower/warm.py", "pull_task_input", "__dict__"):
+        "a pulled Flower message's id: Flower's Metadata has no setter; flwr-clientapp sets it "
+        "so too",
 }
 ROUND_LIMIT = 5
 

@@ -504,7 +504,9 @@ def test_flower_deployment_superlink_and_supernodes(tmp_path):
     """A SuperLink and three SuperNodes as separate processes on 127.0.0.1 with TLS and
     SuperNode authentication, each a device holding its own users' ratings in its own file
     (the run config names no dataset; the server sends its catalog), ``flwr run``, training
-    under secure aggregation: a fourth node whose key was never registered is kept out (it
+    under secure aggregation, every node's messages answered by one warm process
+    (``fedcf.flower.warm``, ``--isolation process``): a fourth node whose key was never
+    registered is kept out (it
     would hold the first device's users, which the directory would refuse); the server
     received protocol messages only (no upload record); the model is the in-process
     secure-aggregation model bit for bit; every socket is on loopback, every process is gone.
@@ -516,7 +518,7 @@ def test_flower_deployment_superlink_and_supernodes(tmp_path):
     config = {"fedcf-params": json.dumps(params), "eval-fraction": 0.2,  # no dataset named
               "catalog-path": catalog, "model-path": str(tmp_path / "deployed.npz")}
     res = deploy.deploy(tmp_path / "run", nodes=3, run_config=config, deadline=300,
-                        intruders=1, node_configs=devices)
+                        intruders=1, node_configs=devices, warm=True)
     assert res["listening"] and all(a.startswith("127.0.0.1:") for a in res["listening"])
     assert res["refusals"] == [] and res["n_nodes"] == 3  # the intruder never got in
     assert res["intruders_turned_away"] == 1  # the SuperLink refused to activate it
@@ -532,8 +534,12 @@ def test_flower_deployment_superlink_and_supernodes(tmp_path):
     # what each message cost a device, from the nodes' own logs (never sent to the server)
     costs = res["node_costs"]
     assert {"query", "train.secagg", "evaluate"} <= {c["message"] for c in costs}
-    assert all(c["startup_seconds"] is not None and c["peak_rss_mib"] > 0 for c in costs)
+    handled = [c for c in costs if "seconds" in c]
+    assert all(c["startup_seconds"] is None and c["peak_rss_mib"] > 0 for c in handled)
     assert {c["node"] for c in costs} == {0, 1, 2}
+    tasks = [c for c in costs if "task_seconds" in c]  # each message a task of the warm process
+    assert len(tasks) == len(handled) and all(c["status"] == "completed" for c in tasks)
+    assert all(c["task_seconds"] >= h["seconds"] for c, h in zip(tasks, handled))
 
 
 # ------------------------------------------------------------------ secure aggregation
@@ -1453,6 +1459,21 @@ def test_a_prepared_deployment_names_only_files_it_wrote(tmp_path, capsys):
     assert cmds[-1].endswith("local --stream")
     catalog = (tmp_path / "devices" / "catalog.txt").read_text().split()
     assert len(catalog) > 0 and (tmp_path / "app" / "pyproject.toml").exists()
+
+
+def test_a_prepared_warm_deployment_starts_one_warm_process_per_node(tmp_path, capsys):
+    """``--prepare --warm``: each SuperNode starts with ``--isolation process`` (no process
+    per message) and is followed by its warm process, on that node's runtime API port."""
+    deploy = load_script("flower_deploy")
+    deploy.main(["--prepare", "--device-data", "--warm", "--nodes", "2", "--folder",
+                 str(tmp_path)])
+    cmds = capsys.readouterr().out.strip().splitlines()
+    nodes = [i for i, c in enumerate(cmds) if "flower-supernode" in c]
+    assert len(nodes) == 2 and all("--isolation process" in cmds[i] for i in nodes)
+    for i in nodes:
+        port = cmds[i].split("--port ")[1].split()[0]
+        worker = next(c for c in cmds[i + 1:] if "fedcf.flower.warm" in c)
+        assert f"--runtime-api-address 127.0.0.1:{port} " in worker + " "
 
 
 def test_the_in_process_reference_leaves_out_nodes_that_would_not_report():

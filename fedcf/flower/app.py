@@ -54,24 +54,34 @@ def node_cost(msg, seconds: float) -> dict | None:
     """When the node's environment names a file in ``FEDCF_NODE_COST_LOG``, append to it (one
     JSON line) what answering ``msg`` cost this device: the handler's seconds (loading the
     node's data included), how old the process was when the message arrived (with Flower's
-    subprocess isolation: the start-up it paid), its CPU seconds and peak memory so far. The
+    subprocess isolation: the start-up it paid; None in a warm process, ``fedcf.flower.warm``,
+    which logs each task's whole seconds instead), its CPU seconds and peak memory so far. The
     log stays on the device; nothing of it is sent."""
+    import resource
+
+    age = None if WARM_PROCESS else process_age()
+    return write_cost({
+        "message": str(msg.metadata.message_type), "seconds": seconds,
+        "startup_seconds": None if age is None else max(age - seconds, 0.0),
+        "cpu_seconds": time.process_time(),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+WARM_PROCESS = False  # set by fedcf.flower.warm: this process answers message after message
+
+
+def write_cost(record: dict) -> dict | None:
+    """Append ``record`` as one JSON line to the device's own cost log (``FEDCF_NODE_COST_LOG``)
+    when its environment names one; return it, or None without a log."""
     path = os.environ.get(COST_LOG)
     if not path:
         return None
-    import resource
-
-    age = process_age()
-    cost = {"message": str(msg.metadata.message_type), "seconds": seconds,
-            "startup_seconds": None if age is None else max(age - seconds, 0.0),
-            "cpu_seconds": time.process_time(),
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     try:
         with open(path, "a") as fh:  # one short line per write: appends do not interleave
-            fh.write(json.dumps(cost) + "\n")
+            fh.write(json.dumps(record) + "\n")
     except OSError as e:  # the device's log is not the message's business
         print(f"fedcf: cannot write the node cost log {path!r}: {e}", file=sys.stderr)
-    return cost
+    return record
 
 
 def process_age() -> float | None:
