@@ -162,6 +162,34 @@ def device_files(folder, data: dict, nodes: int) -> tuple[list[str], str]:
     return configs, str(catalog)
 
 
+SCENARIOS = ("restart", "stall", "liar", "overlap")
+
+
+def hostile_files(folder, node_configs: list[str], scenario: str) -> list[str]:
+    """The devices' files of a scenario with a dishonest device (``device_files``' honest ones
+    changed): ``liar`` adds a registered device holding one user whose ratings are ±10⁶ (its
+    claims to the directory follow from its file); ``overlap`` copies the first device's first
+    user into the last device's file (both devices claim that user)."""
+    import pandas as pd
+
+    paths = [Path(c.split('"')[1]) for c in node_configs]
+    first = pd.read_csv(paths[0])
+    if scenario == "liar":
+        items = first.movieId.unique()[:3]
+        lie = pd.DataFrame({"userId": int(first.userId.max()) + 10**6, "movieId": items,
+                            "rating": [1e6, -1e6, 1e6][:len(items)], "timestamp": 0})
+        path = Path(folder) / f"device{len(paths)}" / "ratings.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lie.to_csv(path, index=False)
+        return node_configs + [f'data-path="{path}"']
+    if scenario == "overlap":
+        last = pd.read_csv(paths[-1])
+        shared = first[first.userId == first.userId.iloc[0]]
+        pd.concat([last, shared]).to_csv(paths[-1], index=False)
+        return node_configs
+    raise ValueError(f"no devices' files to change for scenario {scenario!r}")
+
+
 def node_costs(folder, nodes: int) -> list[dict]:
     """What each message cost the device that answered it, as the nodes logged it on their own
     machine (``fedcf.flower.app.node_cost``: nothing of it was sent to the server)."""
@@ -292,7 +320,8 @@ def prepare(folder, *, nodes: int, run_config: dict, node_configs: list[str],
 def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
            secure: bool = True, intruders: int = 0, kill_at: str | None = None,
            kill_signal: int = signal.SIGKILL, node_configs: list[str] | None = None,
-           warm: bool = False) -> dict:
+           warm: bool = False, restart_at: str | None = None, stall_at: str | None = None,
+           stall_seconds: float = 0.0) -> dict:
     """Start the SuperLink and ``nodes`` SuperNodes, ``flwr run`` the app with ``run_config``,
     wait for its result file; always stop every process. With ``secure`` (the default) every
     connection is TLS and only registered SuperNodes get in; ``intruders`` more nodes start
@@ -303,7 +332,12 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     holding its own data; an intruder gets node 0's); by default node k holds partition k of
     the run's dataset (the simulation harness). ``warm``: each SuperNode's messages are
     answered by one long-lived ``fedcf.flower.warm`` process (its own process group, started
-    after the node) instead of a fresh process per message. Returns the ServerApp's result plus the
+    after the node) instead of a fresh process per message. ``restart_at``: a group; the last
+    node (and its warm process) is killed when that group's message arrives and started again at
+    once with the same key and data (a device that restarted: it keeps its node id, not its
+    state), again every 2 s while the SuperLink refuses it. ``stall_at``: a group; the last
+    node is stopped (SIGSTOP) when that group's message arrives and continued ``stall_seconds``
+    later (a device that froze). Returns the ServerApp's result plus the
     addresses the processes listened on and the seconds taken."""
     from fedcf.flower import write_app
 
@@ -319,7 +353,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                                        "result-path": str(result_path)})
     limit = ["timeout", "-s", "KILL", str(int(deadline) + 30)]
     procs, outside, t0, killed = [], set(), time.monotonic(), None
-    node_procs, warm_procs = {}, {}
+    node_procs, warm_procs, node_args, events = {}, {}, {}, {}
 
     def start(name, args, extra_env=None):
         log = open(folder / f"{name}.log", "w")
@@ -327,6 +361,40 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                                       env={**env, **(extra_env or {})}, cwd=folder,
                                       start_new_session=True))
         return procs[-1]
+
+    def start_device(k, suffix):
+        """SuperNode ``k`` (and its warm process): started, or started again after a kill."""
+        cost_log = {"FEDCF_NODE_COST_LOG": str(folder / f"node{k}_cost.jsonl")}
+        args, port = node_args[k]
+        node_procs[k] = start(f"supernode{k}{suffix}", args, cost_log)
+        if warm and k < nodes:
+            wait_port(port, node_procs[k], 60)
+            warm_procs[k] = start(f"warm{k}{suffix}", warm_args(port), cost_log)
+
+    def device_signal(k, sig):
+        for p in (node_procs[k], warm_procs.get(k)):  # the device: node and warm process
+            if p is not None:
+                if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):
+                    outside.add(p.pid)
+                elif sig == signal.SIGCONT:
+                    outside.discard(p.pid)
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:  # gone already
+                    pass
+
+    def restart_device(k, sig):
+        device_signal(k, sig)
+        for p in (node_procs[k], warm_procs.get(k)):
+            if p is not None:
+                p.wait(30)
+        try:
+            start_device(k, "_restarted")
+        except RuntimeError:  # refused before its runtime API listened: the next attempt
+            pass
+
+    def arrived(group) -> bool:
+        return f"ROUND {group}]" in victim_log.read_text()
 
     try:
         sl = start("superlink", superlink_args(creds, link, folder))
@@ -339,38 +407,59 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                 if reg.returncode != 0:
                     raise RuntimeError(f"flwr supernode register failed: {reg.stdout}"
                                        f"{reg.stderr}")
-            cost_log, port = {"FEDCF_NODE_COST_LOG": str(folder / f"node{k}_cost.jsonl")}, \
-                free_port()
-            node = start(f"supernode{k}", supernode_args(
-                creds, k, link, port, node_configs[k % nodes] if node_configs else
-                f"partition-id={k % nodes} num-partitions={nodes}", warm), cost_log)
-            node_procs[k] = node
+            port = free_port()
+            node_args[k] = (supernode_args(creds, k, link, port, node_configs[k % nodes]
+                                           if node_configs else
+                                           f"partition-id={k % nodes} num-partitions={nodes}",
+                                           warm), port)
+            start_device(k, "")
             if k >= nodes:
-                outside.add(node.pid)
-            elif warm:
-                wait_port(port, node, 60)
-                warm_procs[k] = start(f"warm{k}", warm_args(port), cost_log)
+                outside.add(node_procs[k].pid)
         run = subprocess.run([tool("flwr"), "run", str(app), "local"], env=env, cwd=folder,
                              capture_output=True, text=True, timeout=120)
         if run.returncode != 0:
             raise RuntimeError(f"flwr run failed ({run.returncode}): {run.stdout}{run.stderr}")
         addresses = listening({p.pid for p in procs})
-        victim, victim_log = node_procs[nodes - 1], folder / f"supernode{nodes - 1}.log"
+        victim, victim_log = nodes - 1, folder / f"supernode{nodes - 1}.log"
         while not result_path.exists():
-            if kill_at and killed is None and f"ROUND {kill_at}]" in victim_log.read_text():
-                for p in (victim, warm_procs.get(nodes - 1)):  # the device: node and worker
-                    if p is not None:
-                        os.killpg(p.pid, kill_signal)
-                        outside.add(p.pid)
-                killed = time.monotonic() - t0
+            now = time.monotonic() - t0
+            if kill_at and killed is None and arrived(kill_at):
+                device_signal(victim, kill_signal)
+                killed = now
+            if restart_at and "restarted" not in events and arrived(restart_at):
+                restart_device(victim, kill_signal)
+                events["restarted"] = {"group": restart_at, "seconds": now, "attempts": 1}
+            elif "restarted" in events and "rejoined" not in events and \
+                    node_procs[victim].poll() is not None:
+                # its supervisor's part: the SuperLink refuses a node id whose killed session
+                # it still counts as online (Flower: until two missed 30 s heartbeats)
+                time.sleep(2)
+                restart_device(victim, signal.SIGKILL)
+                events["restarted"]["attempts"] += 1
+            elif "restarted" in events and "rejoined" not in events and "SuperNode ID" in \
+                    (folder / f"supernode{victim}_restarted.log").read_text():
+                events["rejoined"] = {"seconds": now}  # the SuperLink let it in again
+            if stall_at and "stalled" not in events and arrived(stall_at):
+                device_signal(victim, signal.SIGSTOP)
+                events["stalled"] = {"group": stall_at, "seconds": now}
+            if "stalled" in events and "resumed" not in events and \
+                    now - events["stalled"]["seconds"] >= stall_seconds:
+                device_signal(victim, signal.SIGCONT)
+                events["resumed"] = {"seconds": now}
             if time.monotonic() - t0 > deadline:
                 raise TimeoutError(f"no result after {deadline:g} s; logs in {folder}")
-            if any(p.poll() is not None for p in procs if p.pid not in outside):
-                raise RuntimeError(f"a Flower process exited early; logs in {folder}")
+            rejoining = {p.pid for p in (node_procs[victim], warm_procs.get(victim)) if p} \
+                if "restarted" in events and "rejoined" not in events else set()
+            gone = [p for p in procs if p.pid not in outside | rejoining and p.poll() is not None]
+            if gone:
+                raise RuntimeError(f"a Flower process exited early ({gone[0].args[4:6]}, code "
+                                   f"{gone[0].returncode}); logs in {folder}")
             time.sleep(1)
         result = json.loads(result_path.read_text())
         addresses = sorted(set(addresses) | set(listening({p.pid for p in procs})))
     finally:
+        for k in node_procs:  # a stopped device must be continued to be stopped
+            device_signal(k, signal.SIGCONT)
         stop(procs)
     turned_away = sum("Failed to activate SuperNode" in (folder / f"supernode{k}.log").read_text()
                       for k in range(nodes, nodes + intruders))
@@ -378,7 +467,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     result.update(listening=addresses, deploy_seconds=time.monotonic() - t0,
                   killed_node_at=None if killed is None else {"group": kill_at,
                                                               "seconds": killed},
-                  intruders_turned_away=turned_away,
+                  intruders_turned_away=turned_away, device_events=events,
                   left_running=sorted(members({p.pid for p in procs})),
                   flwr_run_output=run.stdout.strip().splitlines()[-1:])
     return result
@@ -412,8 +501,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--warm", action="store_true",
                     help="each SuperNode's messages are answered by one long-lived process "
                     "(fedcf.flower.warm, --isolation process) instead of a process per message")
+    ap.add_argument("--scenario", choices=SCENARIOS, default=None,
+                    help="a device that misbehaves (with --device-data): restart (the last "
+                    "node killed in round 1 and started again), stall (the last node frozen "
+                    "in round 1 for twice the reply timeout), liar (an extra registered device "
+                    "whose one user rates ±10⁶), overlap (the last device also claims the "
+                    "first device's first user)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.scenario and not args.device_data:
+        ap.error("--scenario needs --device-data (the devices' own files)")
     from fedcf import FedReconMF
     from fedcf.federated import DevicePolicy
     from fedcf.flower import fit_in_process
@@ -438,6 +535,10 @@ def main(argv=None) -> dict:
     if args.secure_aggregation:  # each device's own policy accepts that threshold
         node_configs = [f"{c} threshold=0.5" for c in node_configs or [
             f"partition-id={k} num-partitions={args.nodes}" for k in range(args.nodes)]]
+    nodes = args.nodes
+    if args.scenario in ("liar", "overlap"):
+        node_configs = hostile_files(folder / "devices", node_configs, args.scenario)
+        nodes = len(node_configs)
     if args.prepare:
         if not args.device_data:
             ap.error("--prepare writes the devices' files: add --device-data")
@@ -446,9 +547,12 @@ def main(argv=None) -> dict:
         return {"prepared": str(folder)}
     print(f"starting a SuperLink and {args.nodes} SuperNodes in {folder} (logs there) ...",
           file=sys.stderr, flush=True)
-    out = deploy(folder, nodes=args.nodes, run_config=config, deadline=args.deadline,
+    out = deploy(folder, nodes=nodes, run_config=config, deadline=args.deadline,
                  secure=not args.insecure, intruders=args.intruders, kill_at=kill,
-                 node_configs=node_configs, warm=args.warm)
+                 node_configs=node_configs, warm=args.warm,
+                 restart_at="round-1" if args.scenario == "restart" else None,
+                 stall_at="round-1" if args.scenario == "stall" else None,
+                 stall_seconds=2 * args.reply_timeout)
     ref, ref_eval, _ = fit_in_process(  # the simulated devices take the nodes' policy
         params, data, 0.1, device_policy=DevicePolicy(threshold=0.5)
         if args.secure_aggregation else None)
@@ -457,10 +561,13 @@ def main(argv=None) -> dict:
     out = {"meta": run_meta("flower_deploy.py", argv, packages=("flwr",)), "dataset":
            args.dataset, "nodes": args.nodes, "tls_and_node_auth": not args.insecure,
            "intruders": args.intruders, "secure_aggregation": args.secure_aggregation,
-           "device_data": args.device_data, "warm": args.warm,
+           "device_data": args.device_data, "warm": args.warm, "scenario": args.scenario,
            **out, "local_recon_eval": ref_eval,
            "identical_item_factors": bool(np.array_equal(model.item_factors_,
                                                          ref.item_factors_)),
+           "rmse_vs_honest": out["recon_eval"]["rmse"] / ref_eval["rmse"] - 1,
+           "clients_used_per_round": [r["clients_used"] for r in hist],
+           "clients_sampled_per_round": [r["clients_sampled"] for r in hist],
            "round_seconds": [r["seconds"] for r in hist],
            "messages_per_round": [r["flower_messages"] for r in hist],
            "bytes_up_per_round": [r["flower_bytes_up"] for r in hist],

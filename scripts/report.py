@@ -24,6 +24,7 @@ import report_common  # noqa: E402
 from report_catalog import catalog_block, catalog_values  # noqa: E402
 from report_common import CLAIMS, fill_blocks, render  # noqa: E402
 from report_ctr import ctr_values, ope_values  # noqa: E402
+from report_deploy import scenario_block
 from report_hyper import (  # noqa: E402
     figure8_values,
     hyper_seeds_values,
@@ -149,7 +150,10 @@ def documents() -> dict[Path, str]:
                                        load("flower_deploy_warm.json"))}
                if load("flower.json") else {}),
             **({"catalog": catalog_block(load("out_of_catalog.json"))}
-               if load("out_of_catalog.json") else {})}),
+               if load("out_of_catalog.json") else {}),
+            "flower_scenarios": scenario_block(
+                {p.stem.removeprefix("flower_scenario_"): load(p.name)
+                 for p in sorted(RESULTS.glob("flower_scenario_*.json"))})}),
     }
 
 

@@ -8,6 +8,7 @@ simulation engine (Ray) on ML-100K, test_flower_deployment a SuperLink and Super
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -540,6 +541,31 @@ def test_flower_deployment_superlink_and_supernodes(tmp_path):
     tasks = [c for c in costs if "task_seconds" in c]  # each message a task of the warm process
     assert len(tasks) == len(handled) and all(c["status"] == "completed" for c in tasks)
     assert all(c["task_seconds"] >= h["seconds"] for c, h in zip(tasks, handled))
+
+
+@pytest.mark.cluster
+def test_a_restarted_device_serves_again_in_a_real_deployment(tmp_path):
+    """A real restart under TLS and node authentication: the last of two warm devices is
+    stopped when round 1's message arrives and started again at once with the same key and
+    data (its SuperNode keeps its node id, its state is gone). The server sends it the
+    catalog again before it is next asked to work, so it serves its users in the last round
+    and in the evaluation; it never answers "no item catalog" again."""
+    deploy = load_script("flower_deploy")
+    params = {**PARAMS, "n_rounds": 4, "clients_per_round": 20}
+    devices, catalog = deploy.device_files(tmp_path / "devices", DATA, 2)
+    config = {"fedcf-params": json.dumps(params), "eval-fraction": 0.2, "reply-timeout": 15,
+              "catalog-path": catalog, "model-path": str(tmp_path / "deployed.npz")}
+    res = deploy.deploy(tmp_path / "run", nodes=2, run_config=config, deadline=240,
+                        node_configs=devices, warm=True, restart_at="round-1",
+                        kill_signal=signal.SIGTERM)
+    assert res["device_events"]["restarted"]["group"] == "round-1"
+    assert "rejoined" in res["device_events"]
+    last = res["history"][-1]
+    assert last["flower_messages"] == 2 and last["clients_used"] == last["clients_sampled"]
+    assert not [r for r in res["refusals"] if "no item catalog" in r["reason"] and
+                r["stage"] != "round 1"], res["refusals"]
+    assert res["recon_eval"]["nodes_reporting"] == 2
+    assert res["left_running"] == []
 
 
 # ------------------------------------------------------------------ secure aggregation

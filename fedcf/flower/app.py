@@ -25,13 +25,11 @@ from .rows import NodeRows
 from .secure import node_step
 from .server import serve
 from .settings import Settings
-from .wire import arrays, flwr
+from .wire import ERROR_CODE, arrays, flwr
 
 app = flwr()
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import ServerApp  # noqa: E402
-
-ERROR_CODE = 4201  # a fedcf node could not do what the message asked (the reason says why)
 
 
 def _answer(msg, work):

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .wire import DIRECTORY_FIELDS, NO_CATALOG, ReplyError, arrays, flwr, read_arrays
+from .wire import DIRECTORY_FIELDS, ERROR_CODE, NO_CATALOG, ReplyError, arrays, flwr, read_arrays
 
 log = logging.getLogger("fedcf.flower")
 NO_REPLY = "no reply within"
+UNREACHABLE = "Flower answered for the node"  # an error reply not from a fedcf node
 
 
 class Refusals:
@@ -23,13 +24,19 @@ class Refusals:
 
     def __init__(self):
         self.items: list[dict] = []
-        self.lost_catalog: set = set()  # nodes that said they lost the run's catalog (restart)
+        self.lost_catalog: set = set()  # nodes that may have lost the run's state (restart):
+        # they said so, gave no reply, or Flower answered for them (unreachable)
         self.timed_out: set = set()  # nodes that gave no reply in time since last asked
+
+    def refused_entries(self) -> set:
+        """Nodes whose directory entry was refused for what it said (not for silence)."""
+        return {r["node"] for r in self.items if r["stage"] == "directory" and
+                not r["reason"].startswith((NO_REPLY, UNREACHABLE))}
 
     def add(self, stage: str, node: int, reason: str, clients: int = 0):
         self.items.append({"stage": stage, "node": int(node), "reason": reason,
                            "clients": int(clients)})
-        if NO_CATALOG in reason:
+        if NO_CATALOG in reason or reason.startswith((NO_REPLY, UNREACHABLE)):
             self.lost_catalog.add(int(node))
         if reason.startswith(NO_REPLY):
             self.timed_out.add(int(node))
@@ -57,7 +64,9 @@ def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals,
         node = to.get(reply.metadata.reply_to_message_id, int(reply.metadata.src_node_id))
         answered.add(node)
         if reply.has_error():
-            refusals.add(stage, node, f"the node reported an error: {reply.error.reason}",
+            who = "the node reported an error" if reply.error.code == ERROR_CODE else \
+                f"{UNREACHABLE} (code {reply.error.code})"
+            refusals.add(stage, node, f"{who}: {reply.error.reason}",
                          (clients or {}).get(node, 0))
             continue
         yield node, reply.content

@@ -101,6 +101,8 @@ class FlowerExecutor(RoundExecutor):
         # a stalled node (no reply in time) sits out 1, 2, 4, then 8 rounds, so it costs one
         # deadline per back-off, not every round
         self.refreshes, self.misses, self.skip_until = 0, {}, {}
+        self.seen = {int(n) for n in directory.nodes}  # connected at the last look
+        self.turned_away: set = set()  # nodes the directory refused: never asked again
         # round -> node -> its largest finite upload norm (with node sums: its sums' norm
         # per client)
         self.node_norms: dict = {}
@@ -164,11 +166,13 @@ class FlowerExecutor(RoundExecutor):
             log.info("fedcf.flower: node %s missed a deadline; it sits out %d round(s)", n,
                      2 ** min(k - 1, MAX_BACKOFF))
         self.refusals.timed_out.clear()
-        now = [int(n) for n in self.grid.get_node_ids()
-               if self.skip_until.get(int(n), 0) <= self.refreshes]
+        connected = {int(n) for n in self.grid.get_node_ids()}
         d = self.directory
-        self.rejoin(now)
-        new = [n for n in now if n not in d.nodes]
+        self.refusals.lost_catalog.update(n for n in self.seen - connected if n in d.nodes)
+        self.seen = connected  # a node that was gone may come back without its state
+        now = self.rejoin([n for n in sorted(connected)
+                           if self.skip_until.get(n, 0) <= self.refreshes])
+        new = [n for n in now if n not in d.nodes and n not in self.turned_away]
         if new:
             try:
                 d.admit(Directory.query(self.grid, new, self.timeout, self.refusals,
@@ -177,24 +181,46 @@ class FlowerExecutor(RoundExecutor):
                         self.refusals, [n for n in now if n in d.nodes])
             except RuntimeError:  # none of them answered with users: they stay out
                 pass
+            # a node the directory refused (its claims, or only users the run never listed)
+            # is not asked again; one that gave no answer may still join
+            self.turned_away.update(n for n in self.refusals.refused_entries()
+                                    if n in new and n not in d.nodes)
         connected = np.isin(np.asarray(d.nodes, dtype=np.uint64)[d.node_of[self.users]],
                             np.asarray(now, dtype=np.uint64))
         return d.user_ids[self.users[connected]]
 
-    def rejoin(self, now) -> None:
-        """Nodes of this run that said they lost its catalog (a SuperNode that restarted keeps
-        its id under node authentication, but not its state) get the directory query again,
-        which carries the catalog: they serve their users from this round on."""
+    def rejoin(self, now) -> list:
+        """``now`` without the nodes that failed to re-join. Nodes of this run that may have
+        lost its state — they said so, missed a deadline, were unreachable or disconnected (a
+        SuperNode that restarted keeps its id under node authentication, but not its state) —
+        get the directory query again before they are asked to work; it carries the catalog,
+        so they serve their users from this round on. One that does not answer it sits this
+        round out and is asked again next time."""
         d = self.directory
         again = sorted(n for n in self.refusals.lost_catalog if n in now and n in d.nodes)
+        if not (again and d.catalog_sent):
+            self.refusals.lost_catalog.difference_update(again)
+            return list(now)
+        log.info("fedcf.flower: re-sending the catalog to node(s) %s", again)
+        before = len(self.refusals.items)
         self.refusals.lost_catalog.difference_update(again)
-        if again and d.catalog_sent:
-            log.info("fedcf.flower: re-sending the catalog to node(s) %s", again)
-            try:
-                Directory.query(self.grid, again, self.timeout, self.refusals, d.private_floor,
-                                d.catalog, d.scale)
-            except RuntimeError:  # none answered with users: they stay as they are
-                pass
+        try:
+            Directory.query(self.grid, again, self.timeout, self.refusals, d.private_floor,
+                            d.catalog, d.scale)
+        except RuntimeError:  # none answered with users
+            pass
+        failed = {r["node"] for r in self.refusals.items[before:]}
+        self.refusals.lost_catalog.update(failed)  # asked again next time
+        return [n for n in now if n not in failed]
+
+    def ready(self) -> None:
+        """Before the nodes are asked outside a round (federated evaluation): the connected
+        nodes that may have lost the run's state get its catalog again."""
+        connected = {int(n) for n in self.grid.get_node_ids()}
+        self.refusals.lost_catalog.update(n for n in self.seen - connected
+                                          if n in self.directory.nodes)
+        self.seen = connected
+        self.rejoin(sorted(connected))
 
     def new_round_stats(self, hyper: bool = False) -> None:
         """Start a round's measurements (bytes, messages). The hypergradient exchange comes
@@ -439,11 +465,14 @@ def serve(grid, settings: Settings) -> dict:
     mu = est.release_mean(None if est.dp_release else pop.value_stats())
     pop.executor = FlowerExecutor(grid, directory, train, est, mu, settings.reply_timeout,
                                   refusals, min_replies=settings.min_replies)
+    pop.executor.turned_away = {n for n in refusals.refused_entries()
+                                if n not in directory.nodes}
     evaluate = dict(seed=seed, support_fraction=settings.eval_support_fraction,
                     timeout=settings.reply_timeout, refusals=refusals)
     callback = None
     if est.eval_every and len(test):  # federated ReconEval every eval_every rounds
         def callback(model, done):
+            pop.executor.ready()
             return federated_recon_eval(grid, directory, test, model, **evaluate)
     # each round samples from the users whose node is connected now (churn: a node that left
     # is not asked; one that came back, with a new id, serves its users again)
@@ -451,6 +480,7 @@ def serve(grid, settings: Settings) -> dict:
     result = {"n_nodes": len(nodes), "n_train_users": len(train), "n_eval_users": len(test),
               "n_items": len(directory.catalog), "params": json.loads(client_params(est))}
     if len(test):
+        pop.executor.ready()
         result["recon_eval"] = federated_recon_eval(grid, directory, test, est, **evaluate)
     if settings.model_path:
         result["model_path"] = str(est.save(settings.model_path))

@@ -41,6 +41,7 @@ DIRECTORY_FIELDS = ("users", "counts", "sums", "catalog")
 RECON_FIELDS = ("sse", "sae", "hits", "n", "users")
 # what a node that lost the run's catalog (a restart) says, so the server re-sends it
 NO_CATALOG = "has no item catalog yet"
+ERROR_CODE = 4201  # a fedcf node could not do what the message asked (the reason says why)
 
 
 def flower_estimator(model):

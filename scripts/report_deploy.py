@@ -1,0 +1,61 @@
+"""The Flower guide's "A deployment that survives its own nodes" table, from the committed
+runs of ``scripts/flower_deploy.py --scenario ...`` (eval/results/flower_scenario_*.json)."""
+
+from __future__ import annotations
+
+import numpy as np
+from report_common import provenance, signed_pct, table
+
+DEVICE = {
+    "liar": "an extra registered device whose one user rates ±10⁶ (its directory claims follow "
+            "from its file)",
+    "overlap": "the last device also lists the first device's first user",
+    "restart": "the last device killed (SIGKILL) when its round-1 message arrived, started again "
+               "at once with the same key and data",
+    "stall": "the last device frozen (SIGSTOP) when its round-1 message arrived, continued "
+             "after twice the reply timeout",
+}
+
+
+def _server(doc) -> str:
+    """What the server did about the scenario's device, from the run's own records."""
+    refused = [r for r in doc["refusals"] if r["stage"] == "directory"]
+    rounds = [r for r in doc["refusals"] if r["stage"].startswith("round ")]
+    ev = doc.get("device_events") or {}
+    parts = []
+    if refused:
+        parts.append("; ".join(f"node …{str(r['node'])[-4:]} refused at the directory: "
+                               f"{r['reason'][:90]}" for r in refused))
+    if "restarted" in ev:
+        back = ev.get("rejoined", {}).get("seconds")
+        parts.append(f"the SuperLink let the restarted node in after "
+                     f"{ev['restarted']['attempts']} attempts, "
+                     f"{back - ev['restarted']['seconds']:.0f} s after the kill"
+                     if back is not None else "the restarted node never got back in")
+    if "stalled" in ev:
+        parts.append(f"stalled {ev['resumed']['seconds'] - ev['stalled']['seconds']:.0f} s"
+                     if "resumed" in ev else "stalled to the end")
+    if rounds:
+        parts.append(f"{len(rounds)} round replies refused or missing "
+                     f"({', '.join(sorted({r['stage'] for r in rounds}))})")
+    return "; ".join(parts) or "nothing refused"
+
+
+def scenario_block(docs: dict) -> str:
+    """One row per scenario: the device, what the server did, nodes asked per round, round
+    seconds, ReconEval RMSE against the honest in-process fit."""
+    if not docs:
+        return "Not measured yet."
+    rows, metas = [], []
+    for name in sorted(docs):
+        d = docs[name]
+        metas.append(provenance(d["meta"], f"flower_scenario_{name}.json"))
+        secs = d["round_seconds"]
+        rows.append((name, DEVICE.get(name, name), _server(d),
+                     " ".join(str(m) for m in d["messages_per_round"]),
+                     f"{np.median(secs):.1f} / {max(secs):.1f}",
+                     f"{d['recon_eval']['rmse']:.4f} ({signed_pct(d['rmse_vs_honest'])}); "
+                     f"model {'identical' if d['identical_item_factors'] else 'not identical'}"))
+    return "\n\n".join(["\n".join(f"- {m}" for m in metas), table(
+        ["scenario", "the device", "what the server did", "nodes asked per round",
+         "round s (median / max)", "ReconEval RMSE vs the honest in-process fit"], rows)])
