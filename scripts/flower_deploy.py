@@ -387,7 +387,11 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
         device_signal(k, sig)
         for p in (node_procs[k], warm_procs.get(k)):
             if p is not None:
-                p.wait(30)
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:  # as a supervisor does: then SIGKILL
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(10)
         try:
             start_device(k, "_restarted")
         except RuntimeError:  # refused before its runtime API listened: the next attempt
@@ -545,7 +549,7 @@ def main(argv=None) -> dict:
         print(prepare(folder, nodes=args.nodes, run_config=config, node_configs=node_configs,
                       warm=args.warm))
         return {"prepared": str(folder)}
-    print(f"starting a SuperLink and {args.nodes} SuperNodes in {folder} (logs there) ...",
+    print(f"starting a SuperLink and {nodes} SuperNodes in {folder} (logs there) ...",
           file=sys.stderr, flush=True)
     out = deploy(folder, nodes=nodes, run_config=config, deadline=args.deadline,
                  secure=not args.insecure, intruders=args.intruders, kill_at=kill,

@@ -17,6 +17,10 @@ DEVICE = {
 }
 
 
+def _short(text: str, n: int = 90) -> str:
+    return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " …"
+
+
 def _server(doc) -> str:
     """What the server did about the scenario's device, from the run's own records."""
     refused = [r for r in doc["refusals"] if r["stage"] == "directory"]
@@ -24,8 +28,8 @@ def _server(doc) -> str:
     ev = doc.get("device_events") or {}
     parts = []
     if refused:
-        parts.append("; ".join(f"node …{str(r['node'])[-4:]} refused at the directory: "
-                               f"{r['reason'][:90]}" for r in refused))
+        parts.append("; ".join(f"directory, node …{str(r['node'])[-4:]}: {_short(r['reason'])}"
+                               for r in refused))
     if "restarted" in ev:
         back = ev.get("rejoined", {}).get("seconds")
         parts.append(f"the SuperLink let the restarted node in after "
@@ -52,10 +56,12 @@ def scenario_block(docs: dict) -> str:
         metas.append(provenance(d["meta"], f"flower_scenario_{name}.json"))
         secs = d["round_seconds"]
         rows.append((name, DEVICE.get(name, name), _server(d),
+                     f"{d['n_train_users'] + d['n_eval_users']:,}",
                      " ".join(str(m) for m in d["messages_per_round"]),
                      f"{np.median(secs):.1f} / {max(secs):.1f}",
                      f"{d['recon_eval']['rmse']:.4f} ({signed_pct(d['rmse_vs_honest'])}); "
                      f"model {'identical' if d['identical_item_factors'] else 'not identical'}"))
     return "\n\n".join(["\n".join(f"- {m}" for m in metas), table(
-        ["scenario", "the device", "what the server did", "nodes asked per round",
+        ["scenario", "the device", "what the server did", "users in the run",
+         "nodes asked per round",
          "round s (median / max)", "ReconEval RMSE vs the honest in-process fit"], rows)])

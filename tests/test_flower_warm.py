@@ -160,3 +160,34 @@ def test_serve_returns_when_idle_or_stopped(runtime):
     assert ex.serve(idle_seconds=0.05) == 0 and runtime.closed == 1
     ex.stop()
     assert ex.serve() == 0  # stopped before it began
+
+
+def test_sigterm_stops_a_warm_process_that_is_waiting_for_its_supernode():
+    """A warm process whose SuperNode is gone keeps asking (the node may come back); SIGTERM
+    between tasks ends it at once with exit code 0 (it does not wait out HTTP retries)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    proc = subprocess.Popen([sys.executable, "-m", "fedcf.flower.warm", "--runtime-api-address",
+                             f"127.0.0.1:{port}", "--insecure"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            out = os.read(proc.stdout.fileno(), 4096) if proc.stdout else b""
+            if b"retrying" in out or b"Connection" in out:
+                break
+        assert proc.poll() is None, "the warm process gave up on its own"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

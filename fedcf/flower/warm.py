@@ -33,6 +33,7 @@ from pathlib import Path
 from .wire import flwr
 
 POLL_SECONDS = (0.01, 0.25)  # no task: ask again after 10 ms, doubling up to 250 ms
+STOP_GRACE = 10.0  # seconds a task may still take after SIGTERM/SIGINT
 RETRY = (0.005, 0.05)  # an object still on its way to the SuperNode: first and longest wait
 
 
@@ -136,6 +137,7 @@ class WarmExecutor:
         self._apps: dict[tuple, object] = {}  # (fab id, version, hash) -> loaded ClientApp
         self._stop = threading.Event()
         self._token, self._client = TaskToken(), None  # the tasks' HTTP client, made once
+        self.busy = False  # a task is running
 
     def stop(self):
         """Finish the task at hand, then return from ``serve``."""
@@ -185,6 +187,13 @@ class WarmExecutor:
     def run_task(self, token: str) -> bool:
         """One task, as ``flwr-clientapp`` runs it, in this process; True when it completed.
         A handler's exception becomes an error reply and a failed task, as in Flower."""
+        self.busy = True
+        try:
+            return self._run_task(token)
+        finally:
+            self.busy = False
+
+    def _run_task(self, token: str) -> bool:
         rc = _flower()
         from flwr.app import Message
         from flwr.app.error import Error
@@ -258,8 +267,15 @@ def main(argv=None) -> int:
     if args.parent_pid is not None:
         from flwr.supercore.app_utils import start_parent_process_monitor
         start_parent_process_monitor(args.parent_pid)
+    def on_signal(*_):  # between tasks (asking, waiting) stop now; else finish the task at
+        ex.stop()       # hand, but give up on it after STOP_GRACE s (its SuperNode may be gone)
+        if not ex.busy:
+            raise SystemExit(0)
+        import os
+        threading.Timer(STOP_GRACE, os._exit, args=(1,)).start()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: ex.stop())
+        signal.signal(sig, on_signal)
     ex.serve()
     return 0
 
