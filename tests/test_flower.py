@@ -1393,19 +1393,26 @@ class RestartGrid(FakeGrid):
         return super().send_and_receive(messages, timeout=timeout)
 
 
-def test_a_restarted_device_node_serves_again_from_the_next_round(tmp_path):
-    """A node holding its own data restarts between rounds, keeping its id: its first message
-    after the restart fails ("no item catalog yet": its state is gone), the server re-sends
-    the catalog, and from the next round on its clients train again."""
+def test_a_restarted_device_node_loses_no_round(tmp_path):
+    """A node holding its own data restarts between rounds, keeping its id, and no round
+    noticed: its first message after the restart fails ("no item catalog yet": its state is
+    gone); the server sends it the catalog and the same message again within the round, so
+    its clients train in every round — the model is the one without the restart."""
     nodes, catalog = _device_files(tmp_path, 3)
     grid = RestartGrid(nodes, BIG + 1, at=2, run_config={})
-    res, model = run(grid, tmp_path, {**PARAMS, "n_rounds": 4}, catalog_path=catalog)
+    params = {**PARAMS, "n_rounds": 4}
+    res, model = run(grid, tmp_path, params, catalog_path=catalog)
     lost = [r for r in res["refusals"] if "no item catalog yet" in r["reason"]]
-    assert len(lost) == 1 and lost[0]["node"] == BIG + 1 and lost[0]["clients"] > 0
-    answered = [not r.has_error() for m, r in grid.sent if m.metadata.message_type == "train"
-                and int(m.metadata.dst_node_id) == BIG + 1]
-    assert answered == [True, False, True, True]  # rounds 1 to 4: only round 2 is lost
-    assert np.isfinite(model.item_factors_).all()
+    assert len(lost) == 1 and lost[0]["node"] == BIG + 1 and lost[0]["stage"] == "round 1"
+    to_it = [(m.metadata.message_type, not r.has_error()) for m, r in grid.sent
+             if int(m.metadata.dst_node_id) == BIG + 1 and m.metadata.message_type != "evaluate"]
+    assert to_it == [("query", True), ("train", True), ("train", False), ("query", True),
+                     ("train", True), ("train", True), ("train", True)], to_it
+    assert all(h["clients_used"] + h["clients_empty"] == h["clients_sampled"]
+               for h in res["history"])
+    _, honest = run(FakeGrid(nodes, run_config={}), tmp_path / "h", params,
+                    catalog_path=catalog)
+    np.testing.assert_array_equal(model.item_factors_, honest.item_factors_)
 
 
 def test_a_stalled_node_sits_out_a_growing_back_off(tmp_path):

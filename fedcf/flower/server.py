@@ -31,6 +31,7 @@ from .directory import (
 from .evaluation import federated_recon_eval
 from .settings import Settings
 from .wire import (
+    NO_CATALOG,
     ReplyError,
     arrays,
     client_params,
@@ -166,12 +167,8 @@ class FlowerExecutor(RoundExecutor):
             log.info("fedcf.flower: node %s missed a deadline; it sits out %d round(s)", n,
                      2 ** min(k - 1, MAX_BACKOFF))
         self.refusals.timed_out.clear()
-        connected = {int(n) for n in self.grid.get_node_ids()}
-        d = self.directory
-        self.refusals.lost_catalog.update(n for n in self.seen - connected if n in d.nodes)
-        self.seen = connected  # a node that was gone may come back without its state
-        now = self.rejoin([n for n in sorted(connected)
-                           if self.skip_until.get(n, 0) <= self.refreshes])
+        d, skip = self.directory, self.skip_until
+        now = self.rejoin([n for n in self.connected() if skip.get(n, 0) <= self.refreshes])
         new = [n for n in now if n not in d.nodes and n not in self.turned_away]
         if new:
             try:
@@ -180,9 +177,7 @@ class FlowerExecutor(RoundExecutor):
                                         d.scale),
                         self.refusals, [n for n in now if n in d.nodes])
             except RuntimeError:  # none of them answered with users: they stay out
-                pass
-            # a node the directory refused (its claims, or only users the run never listed)
-            # is not asked again; one that gave no answer may still join
+                pass  # one the directory refused for what it said is not asked again
             self.turned_away.update(n for n in self.refusals.refused_entries()
                                     if n in new and n not in d.nodes)
         connected = np.isin(np.asarray(d.nodes, dtype=np.uint64)[d.node_of[self.users]],
@@ -190,12 +185,10 @@ class FlowerExecutor(RoundExecutor):
         return d.user_ids[self.users[connected]]
 
     def rejoin(self, now) -> list:
-        """``now`` without the nodes that failed to re-join. Nodes of this run that may have
-        lost its state — they said so, missed a deadline, were unreachable or disconnected (a
-        SuperNode that restarted keeps its id under node authentication, but not its state) —
-        get the directory query again before they are asked to work; it carries the catalog,
-        so they serve their users from this round on. One that does not answer it sits this
-        round out and is asked again next time."""
+        """``now`` without the nodes that failed to re-join. Nodes that may have lost the run's
+        state (they said so, missed a deadline, were unreachable or gone; a restarted SuperNode
+        keeps its id, not its state) get the directory query, with the catalog, before they
+        are asked to work. One that does not answer it sits the round out."""
         d = self.directory
         again = sorted(n for n in self.refusals.lost_catalog if n in now and n in d.nodes)
         if not (again and d.catalog_sent):
@@ -213,14 +206,16 @@ class FlowerExecutor(RoundExecutor):
         self.refusals.lost_catalog.update(failed)  # asked again next time
         return [n for n in now if n not in failed]
 
+    def connected(self) -> list:
+        """The connected nodes; one gone since the last look may be back without its state."""
+        now = {int(n) for n in self.grid.get_node_ids()}
+        self.refusals.lost_catalog.update(n for n in self.seen - now if n in self.directory.nodes)
+        self.seen = now
+        return sorted(now)
+
     def ready(self) -> None:
-        """Before the nodes are asked outside a round (federated evaluation): the connected
-        nodes that may have lost the run's state get its catalog again."""
-        connected = {int(n) for n in self.grid.get_node_ids()}
-        self.refusals.lost_catalog.update(n for n in self.seen - connected
-                                          if n in self.directory.nodes)
-        self.seen = connected
-        self.rejoin(sorted(connected))
+        """Before asking the nodes outside a round (evaluation): ``rejoin`` the connected."""
+        self.rejoin(self.connected())
 
     def new_round_stats(self, hyper: bool = False) -> None:
         """Start a round's measurements (bytes, messages). The hypergradient exchange comes
@@ -251,7 +246,16 @@ class FlowerExecutor(RoundExecutor):
         stats["flower_bytes_down"] = stats.get("flower_bytes_down", 0) + sum(
             content_bytes(m.content, sizes) for m in msgs)
         stats["flower_messages"] = stats.get("flower_messages", 0) + len(msgs)
+        before = len(self.refusals.items)
         replies = list(exchange(self.grid, msgs, self.timeout, stage, self.refusals, clients))
+        lost = sorted({r["node"] for r in self.refusals.items[before:]
+                       if NO_CATALOG in r["reason"]} & set(records))
+        if lost and self.directory.catalog_sent:  # restarted unnoticed: catalog, then again
+            resend = [message(records[n], n, kind, group) for n in self.rejoin(lost)]
+            stats["flower_messages"] += len(resend)
+            stats["flower_bytes_down"] += sum(content_bytes(m.content, sizes) for m in resend)
+            replies += exchange(self.grid, resend, self.timeout,
+                                f"{stage} (sent again with the catalog)", self.refusals, clients)
         stats["flower_bytes_up"] = stats.get("flower_bytes_up", 0) + sum(
             content_bytes(c) for _, c in replies)
         for _, content in replies:  # what the server received, by message type and record
