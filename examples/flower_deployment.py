@@ -28,7 +28,11 @@ folder = Path(tempfile.mkdtemp(prefix="fedcf_deploy_"))
 # ``--prepare`` writes a throw-away certificate authority and the SuperLink's certificate,
 # a key pair per SuperNode, each device's own ratings file and the public catalog, the Flower
 # app with its run config, and the ``flwr`` connection; it prints the commands that start it all.
-flower_deploy.main(["--prepare", "--device-data", "--nodes", "2", "--folder", str(folder)])
+# With ``--warm`` each SuperNode runs with ``--isolation process`` beside one long-lived
+# ``python -m fedcf.flower.warm`` process that answers all its messages (no process start per
+# message).
+flower_deploy.main(["--prepare", "--device-data", "--warm", "--nodes", "2", "--folder",
+                    str(folder)])
 
 for path in sorted(p for p in folder.rglob("*") if p.is_file()):
     print(f"{path.relative_to(folder)}  ({path.stat().st_size:,} bytes)")

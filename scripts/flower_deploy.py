@@ -162,14 +162,27 @@ def device_files(folder, data: dict, nodes: int) -> tuple[list[str], str]:
     return configs, str(catalog)
 
 
-SCENARIOS = ("restart", "stall", "liar", "overlap")
+SCENARIOS = ("restart", "stall", "liar", "overlap", "fabricated")
+
+
+def hostile_warm(address: str) -> int:
+    """A dishonest device's warm process: fedcf's, except that every upload it sends carries
+    its clients' item deltas negated and scaled 1000-fold (``--scenario fabricated``)."""
+    from dataclasses import replace
+
+    from fedcf.flower import node, warm
+
+    honest = node.encode_upload
+    node.encode_upload = lambda out: honest(replace(out, d_Q=out.d_Q * -1e3))
+    return warm.main(["--runtime-api-address", address, "--insecure"])
 
 
 def hostile_files(folder, node_configs: list[str], scenario: str) -> list[str]:
     """The devices' files of a scenario with a dishonest device (``device_files``' honest ones
     changed): ``liar`` adds a registered device holding one user whose ratings are ±10⁶ (its
-    claims to the directory follow from its file); ``overlap`` copies the first device's first
-    user into the last device's file (both devices claim that user)."""
+    claims to the directory follow from its file); ``fabricated`` adds one holding four times
+    a device's users, made up (its warm process is ``hostile_warm``); ``overlap`` copies the
+    first device's first user into the last device's file (both devices claim that user)."""
     import pandas as pd
 
     paths = [Path(c.split('"')[1]) for c in node_configs]
@@ -182,12 +195,35 @@ def hostile_files(folder, node_configs: list[str], scenario: str) -> list[str]:
         path.parent.mkdir(parents=True, exist_ok=True)
         lie.to_csv(path, index=False)
         return node_configs + [f'data-path="{path}"']
+    if scenario == "fabricated":  # 4x a device's users, plausible ratings, 20 each
+        n = 4 * first.userId.nunique()
+        rng = np.random.default_rng(0)
+        users = np.repeat(np.arange(n) + int(first.userId.max()) + 10**6, 20)
+        fake = pd.DataFrame({"userId": users, "movieId": rng.choice(
+            first.movieId.unique(), len(users)), "rating": rng.integers(1, 6, len(users)),
+            "timestamp": 0}).drop_duplicates(["userId", "movieId"])
+        path = Path(folder) / f"device{len(paths)}" / "ratings.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fake.to_csv(path, index=False)
+        return node_configs + [f'data-path="{path}"']
     if scenario == "overlap":
         last = pd.read_csv(paths[-1])
         shared = first[first.userId == first.userId.iloc[0]]
         pd.concat([last, shared]).to_csv(paths[-1], index=False)
         return node_configs
     raise ValueError(f"no devices' files to change for scenario {scenario!r}")
+
+
+def honest_users_rmse(data: dict, deployed, honest) -> dict:
+    """ReconEval (half of each user's ratings as support) over every honest user, of the
+    deployed model and of the honest in-process fit: a comparison on the same users whatever
+    users a dishonest device added to the run."""
+    from fedcf.eval.protocols import federated_recon_eval
+    from fedcf.flower.node import load_dataset
+
+    full = load_dataset(data)
+    return {name: federated_recon_eval(m, full, seed=0, support_fraction=0.5)["rmse"]
+            for name, m in (("deployed", deployed), ("honest_fit", honest))}
 
 
 def node_costs(folder, nodes: int) -> list[dict]:
@@ -321,7 +357,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
            secure: bool = True, intruders: int = 0, kill_at: str | None = None,
            kill_signal: int = signal.SIGKILL, node_configs: list[str] | None = None,
            warm: bool = False, restart_at: str | None = None, stall_at: str | None = None,
-           stall_seconds: float = 0.0) -> dict:
+           stall_seconds: float = 0.0, hostile: int | None = None) -> dict:
     """Start the SuperLink and ``nodes`` SuperNodes, ``flwr run`` the app with ``run_config``,
     wait for its result file; always stop every process. With ``secure`` (the default) every
     connection is TLS and only registered SuperNodes get in; ``intruders`` more nodes start
@@ -337,7 +373,8 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     once with the same key and data (a device that restarted: it keeps its node id, not its
     state), again every 2 s while the SuperLink refuses it. ``stall_at``: a group; the last
     node is stopped (SIGSTOP) when that group's message arrives and continued ``stall_seconds``
-    later (a device that froze). Returns the ServerApp's result plus the
+    later (a device that froze). ``hostile``: the node whose warm process is
+    ``hostile_warm``'s (with ``warm``). Returns the ServerApp's result plus the
     addresses the processes listened on and the seconds taken."""
     from fedcf.flower import write_app
 
@@ -369,7 +406,9 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
         node_procs[k] = start(f"supernode{k}{suffix}", args, cost_log)
         if warm and k < nodes:
             wait_port(port, node_procs[k], 60)
-            warm_procs[k] = start(f"warm{k}{suffix}", warm_args(port), cost_log)
+            args = [sys.executable, str(Path(__file__).resolve()), "--hostile-warm",
+                    f"127.0.0.1:{port}"] if k == hostile else warm_args(port)
+            warm_procs[k] = start(f"warm{k}{suffix}", args, cost_log)
 
     def device_signal(k, sig):
         for p in (node_procs[k], warm_procs.get(k)):  # the device: node and warm process
@@ -511,8 +550,11 @@ def main(argv=None) -> dict:
                     "in round 1 for twice the reply timeout), liar (an extra registered device "
                     "whose one user rates ±10⁶), overlap (the last device also claims the "
                     "first device's first user)")
+    ap.add_argument("--hostile-warm", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.hostile_warm:
+        return {"hostile_warm_exit": hostile_warm(args.hostile_warm)}
     if args.scenario and not args.device_data:
         ap.error("--scenario needs --device-data (the devices' own files)")
     from fedcf import FedReconMF
@@ -526,6 +568,8 @@ def main(argv=None) -> dict:
               "random_state": 0}
     if args.secure_aggregation:  # t > m/2 leaves room for a node of three to be lost
         params["aggregator"] = {"name": "secure", "threshold": 0.5, "value_bound": 10.0}
+    if args.scenario == "fabricated":  # the defence this threat needs (with the node cap)
+        params["aggregator"] = {"name": "median", "row_clip": 1.0}
     data = {"dataset": args.dataset, "data-path": args.data_path, "synthetic-users": 200,
             "synthetic-items": 60, "synthetic-ratings": 4000}
     config = {**data, "fedcf-params": json.dumps(params), "eval-fraction": 0.1,
@@ -540,7 +584,7 @@ def main(argv=None) -> dict:
         node_configs = [f"{c} threshold=0.5" for c in node_configs or [
             f"partition-id={k} num-partitions={args.nodes}" for k in range(args.nodes)]]
     nodes = args.nodes
-    if args.scenario in ("liar", "overlap"):
+    if args.scenario in ("liar", "overlap", "fabricated"):
         node_configs = hostile_files(folder / "devices", node_configs, args.scenario)
         nodes = len(node_configs)
     if args.prepare:
@@ -556,7 +600,8 @@ def main(argv=None) -> dict:
                  node_configs=node_configs, warm=args.warm,
                  restart_at="round-1" if args.scenario == "restart" else None,
                  stall_at="round-1" if args.scenario == "stall" else None,
-                 stall_seconds=2 * args.reply_timeout)
+                 stall_seconds=2 * args.reply_timeout,
+                 hostile=nodes - 1 if args.scenario == "fabricated" else None)
     ref, ref_eval, _ = fit_in_process(  # the simulated devices take the nodes' policy
         params, data, 0.1, device_policy=DevicePolicy(threshold=0.5)
         if args.secure_aggregation else None)
@@ -570,6 +615,7 @@ def main(argv=None) -> dict:
            "identical_item_factors": bool(np.array_equal(model.item_factors_,
                                                          ref.item_factors_)),
            "rmse_vs_honest": out["recon_eval"]["rmse"] / ref_eval["rmse"] - 1,
+           "honest_users_rmse": honest_users_rmse(data, model, ref),
            "clients_used_per_round": [r["clients_used"] for r in hist],
            "clients_sampled_per_round": [r["clients_sampled"] for r in hist],
            "round_seconds": [r["seconds"] for r in hist],

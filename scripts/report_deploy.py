@@ -14,6 +14,8 @@ DEVICE = {
                "at once with the same key and data",
     "stall": "the last device frozen (SIGSTOP) when its round-1 message arrived, continued "
              "after twice the reply timeout",
+    "fabricated": "an extra registered device listing 4× a device's users, made up, whose "
+                  "uploads carry negated 1000-fold deltas (aggregator: row-clipped median)",
 }
 
 
@@ -47,7 +49,9 @@ def _server(doc) -> str:
 
 def scenario_block(docs: dict) -> str:
     """One row per scenario: the device, what the server did, nodes asked per round, round
-    seconds, ReconEval RMSE against the honest in-process fit."""
+    seconds, and ReconEval (half of each user's ratings as support) over every honest user of
+    the deployed model and of the honest in-process fit (the same users whatever a dishonest
+    device added)."""
     if not docs:
         return "Not measured yet."
     rows, metas = [], []
@@ -55,13 +59,16 @@ def scenario_block(docs: dict) -> str:
         d = docs[name]
         metas.append(provenance(d["meta"], f"flower_scenario_{name}.json"))
         secs = d["round_seconds"]
+        h = d["honest_users_rmse"]
         rows.append((name, DEVICE.get(name, name), _server(d),
                      f"{d['n_train_users'] + d['n_eval_users']:,}",
                      " ".join(str(m) for m in d["messages_per_round"]),
                      f"{np.median(secs):.1f} / {max(secs):.1f}",
-                     f"{d['recon_eval']['rmse']:.4f} ({signed_pct(d['rmse_vs_honest'])}); "
-                     f"model {'identical' if d['identical_item_factors'] else 'not identical'}"))
+                     f"{h['deployed']:.4f} vs {h['honest_fit']:.4f} "
+                     f"({signed_pct(h['deployed'] / h['honest_fit'] - 1)}); model "
+                     f"{'identical' if d['identical_item_factors'] else 'not identical'}"))
     return "\n\n".join(["\n".join(f"- {m}" for m in metas), table(
         ["scenario", "the device", "what the server did", "users in the run",
          "nodes asked per round",
-         "round s (median / max)", "ReconEval RMSE vs the honest in-process fit"], rows)])
+         "round s (median / max)",
+        "RMSE over every honest user: deployed vs the honest in-process fit"], rows)])

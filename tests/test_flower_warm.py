@@ -191,3 +191,31 @@ def test_sigterm_stops_a_warm_process_that_is_waiting_for_its_supernode():
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_reply_the_supernode_no_longer_takes_fails_the_task_not_the_process(runtime, caplog,
+                                                                               monkeypatch):
+    """After a stall the SuperNode may have dropped the task: the push of its reply raises
+    (Flower: "the push session may have expired"). The task is failed and logged; the next
+    task is served."""
+    from flwr.app import Message, RecordDict
+
+    pushes = []
+    steps = warm._flower()
+    real = steps.push_message
+
+    def push_message(client, reply, context):
+        pushes.append(client.token.value)
+        if len(pushes) == 1:
+            raise RuntimeError("Failed to push object: the push session may have expired")
+        return real(client, reply, context)
+
+    monkeypatch.setattr(steps, "push_message", push_message)
+    ex = warm.WarmExecutor("127.0.0.1:9401", poll=0.001)
+    ex._apps[("fedcf/app", "1.0.0", "abc")] = lambda message, context: Message(
+        RecordDict(), reply_to=message)
+    with caplog.at_level("WARNING", logger="fedcf.flower.warm"):
+        assert ex.serve(max_tasks=2) == 2
+    assert ex.failed == 1 and pushes == ["t1", "t2"]
+    assert "could not hand back" in caplog.text and "push session" in caplog.text
+    assert [t for t, _ in runtime.replies] == ["t2"]

@@ -25,6 +25,7 @@ or sent by the SuperLink run here, as with Flower's executor.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import threading
 import time
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from .wire import flwr
 
+log = logging.getLogger(__name__)
 POLL_SECONDS = (0.01, 0.25)  # no task: ask again after 10 ms, doubling up to 250 ms
 STOP_GRACE = 10.0  # seconds a task may still take after SIGTERM/SIGINT
 RETRY = (0.005, 0.05)  # an object still on its way to the SuperNode: first and longest wait
@@ -194,10 +196,7 @@ class WarmExecutor:
             self.busy = False
 
     def _run_task(self, token: str) -> bool:
-        rc = _flower()
-        from flwr.app import Message
-        from flwr.app.error import Error
-        from flwr.common.constant import ErrorCode, SubStatus
+        from flwr.common.constant import SubStatus
         from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
 
         from . import app as fedcf_app
@@ -209,34 +208,57 @@ class WarmExecutor:
                                           certificates=self.certificates, token=self._token)
         client, self._token.value, self._token.requests = self._client, token, 0
         heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
-        message = reply = context = None
-        status, details = SubStatus.FAILED, "ClientApp task failed"
+        heartbeat.start()
+        message = None
         try:
-            heartbeat.start()
-            message, context, run, fab = pull_task_input(client)
-            reply = self._app(run, fab)(message=message, context=context)
-            status, details = SubStatus.COMPLETED, ""
-        except Exception as e:  # noqa: BLE001 - reported to the SuperNode, as flwr-clientapp does
-            details = f"{type(e)}:<'{e}'>"
-            if message is not None:
-                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                      reason=details), reply_to=message)
+            message, context, reply, status, details = self._work(client)
+            status = self._hand_back(client, context, reply, status, details)
         finally:
-            try:
-                if reply is not None and context is not None:
-                    rc.push_message(client, reply, context)
-                rc.push_task_output(client, context, status, details)
-            finally:
-                heartbeat.stop()
-                self._token.value = ""
-                fedcf_app.write_cost({  # the whole task: pull, handler, reply, context
-                    "message": None if message is None else str(message.metadata.message_type),
-                    "task_seconds": time.perf_counter() - started,
-                    "task_cpu_seconds": time.process_time() - cpu, "status": str(status),
-                    "requests": self._token.requests})
+            heartbeat.stop()
+            self._token.value = ""
+        fedcf_app.write_cost({  # the whole task: pull, handler, reply, context
+            "message": None if message is None else str(message.metadata.message_type),
+            "task_seconds": time.perf_counter() - started,
+            "task_cpu_seconds": time.process_time() - cpu, "status": str(status),
+            "requests": self._token.requests})
         self.tasks += 1
         self.failed += status != SubStatus.COMPLETED
         return status == SubStatus.COMPLETED
+
+    def _work(self, client):
+        """Pull the task and run the app: (message, context, reply, status, details); a
+        handler's exception becomes an error reply, as in ``flwr-clientapp``."""
+        from flwr.app import Message
+        from flwr.app.error import Error
+        from flwr.common.constant import ErrorCode, SubStatus
+
+        message = context = None
+        try:
+            message, context, run, fab = pull_task_input(client)
+            reply = self._app(run, fab)(message=message, context=context)
+            return message, context, reply, SubStatus.COMPLETED, ""
+        except Exception as e:  # noqa: BLE001 - reported to the SuperNode, as flwr-clientapp does
+            details = f"{type(e)}:<'{e}'>"
+            reply = None if message is None else Message(
+                Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details),
+                reply_to=message)
+            return message, context, reply, SubStatus.FAILED, details
+
+    def _hand_back(self, client, context, reply, status, details):
+        """Push the reply and the task's outcome; the task's status. A SuperNode that no longer
+        takes them (this process stalled past the task, the node restarted) fails the task,
+        not the process."""
+        from flwr.common.constant import SubStatus
+
+        try:
+            if reply is not None and context is not None:
+                _flower().push_message(client, reply, context)
+            _flower().push_task_output(client, context, status, details)
+            return status
+        except Exception as e:  # noqa: BLE001 - the next task may still be served
+            log.warning("fedcf.flower.warm: could not hand back a task (%s: %s)",
+                        type(e).__name__, e)
+            return SubStatus.FAILED
 
 
 def main(argv=None) -> int:
