@@ -557,6 +557,8 @@ def main(argv=None) -> dict:
         return {"hostile_warm_exit": hostile_warm(args.hostile_warm)}
     if args.scenario and not args.device_data:
         ap.error("--scenario needs --device-data (the devices' own files)")
+    if args.scenario == "fabricated" and not args.warm:
+        ap.error("--scenario fabricated needs --warm (the dishonest device is a warm process)")
     from fedcf import FedReconMF
     from fedcf.federated import DevicePolicy
     from fedcf.flower import fit_in_process

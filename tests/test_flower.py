@@ -1552,6 +1552,18 @@ def test_a_prepared_deployment_names_only_files_it_wrote(tmp_path, capsys):
     assert len(catalog) > 0 and (tmp_path / "app" / "pyproject.toml").exists()
 
 
+@pytest.mark.parametrize("argv, match", [
+    (["--scenario", "liar"], "--scenario needs --device-data"),
+    (["--scenario", "fabricated", "--device-data"], "--scenario fabricated needs --warm"),
+    (["--scenario", "lying"], "invalid choice"),
+])
+def test_a_deployment_scenario_names_what_it_needs(argv, match, capsys):
+    deploy = load_script("flower_deploy")
+    with pytest.raises(SystemExit) as e:
+        deploy.main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
 def test_a_prepared_warm_deployment_starts_one_warm_process_per_node(tmp_path, capsys):
     """``--prepare --warm``: each SuperNode starts with ``--isolation process`` (no process
     per message) and is followed by its warm process, on that node's runtime API port."""

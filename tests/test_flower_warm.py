@@ -14,6 +14,9 @@ from fedcf.flower import warm  # noqa: E402
 @pytest.mark.parametrize("kw, match", [
     ({"address": "127.0.0.1"}, "host:port"),
     ({"address": 9401}, "host:port"),
+    ({"address": "127.0.0.1:port"}, "host:port"),
+    ({"address": ":9401"}, "host:port"),
+    ({"address": "127.0.0.1:70000"}, "host:port"),
     ({"address": "127.0.0.1:9401", "insecure": False}, "certificates"),
     ({"address": "127.0.0.1:9401", "poll": 0}, "poll"),
     ({"address": "127.0.0.1:9401", "poll": float("nan")}, "poll"),

@@ -126,9 +126,10 @@ class WarmExecutor:
 
     def __init__(self, address: str, *, insecure: bool = True,
                  certificates: bytes | None = None, poll: float = POLL_SECONDS[1]):
-        if not isinstance(address, str) or ":" not in address:
-            raise ValueError(f"address must be 'host:port' of the SuperNode's runtime API, got "
-                             f"{address!r}")
+        host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"address must be 'host:port' of the SuperNode's runtime API (its "
+                             f"--host and --port), got {address!r}")
         if not insecure and certificates is None:
             raise ValueError("a TLS runtime API needs certificates (the CA's PEM bytes); pass "
                              "insecure=True for a plain-HTTP one on loopback")
