@@ -24,7 +24,7 @@ import report_common  # noqa: E402
 from report_catalog import catalog_block, catalog_values  # noqa: E402
 from report_common import CLAIMS, fill_blocks, render  # noqa: E402
 from report_ctr import ctr_values, ope_values  # noqa: E402
-from report_deploy import scenario_block
+from report_deploy import SCENARIOS, scenario_block
 from report_hyper import (  # noqa: E402
     figure8_values,
     hyper_seeds_values,
@@ -152,8 +152,7 @@ def documents() -> dict[Path, str]:
             **({"catalog": catalog_block(load("out_of_catalog.json"))}
                if load("out_of_catalog.json") else {}),
             "flower_scenarios": scenario_block(
-                {p.stem.removeprefix("flower_scenario_"): load(p.name)
-                 for p in sorted(RESULTS.glob("flower_scenario_*.json"))})}),
+                {n: load(f"flower_scenario_{n}.json") for n in SCENARIOS})}),
     }
 
 

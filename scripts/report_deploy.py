@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from report_common import provenance, signed_pct, table
 
+SCENARIOS = ("fabricated", "liar", "overlap", "restart", "stall")  # one committed run each
 DEVICE = {
     "liar": "an extra registered device whose one user rates ±10⁶ (its directory claims follow "
             "from its file)",
@@ -52,6 +53,7 @@ def scenario_block(docs: dict) -> str:
     seconds, and ReconEval (half of each user's ratings as support) over every honest user of
     the deployed model and of the honest in-process fit (the same users whatever a dishonest
     device added)."""
+    docs = {name: d for name, d in docs.items() if d is not None}  # load() names a missing one
     if not docs:
         return "Not measured yet."
     rows, metas = [], []
