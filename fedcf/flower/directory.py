@@ -24,7 +24,7 @@ class Refusals:
 
     def __init__(self):
         self.items: list[dict] = []
-        self.lost_catalog: set = set()  # nodes that may have lost the run's state (restart):
+        self.stale: set = set()  # nodes that may have lost the run's state (restart):
         # they said so, gave no reply, or Flower answered for them (unreachable)
         self.timed_out: set = set()  # nodes that gave no reply in time since last asked
 
@@ -37,7 +37,7 @@ class Refusals:
         self.items.append({"stage": stage, "node": int(node), "reason": reason,
                            "clients": int(clients)})
         if NO_CATALOG in reason or reason.startswith((NO_REPLY, UNREACHABLE)):
-            self.lost_catalog.add(int(node))
+            self.stale.add(int(node))
         if reason.startswith(NO_REPLY):
             self.timed_out.add(int(node))
         log.warning("fedcf.flower: %s: refused the reply of node %s (%d clients): %s", stage,

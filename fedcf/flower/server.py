@@ -190,26 +190,26 @@ class FlowerExecutor(RoundExecutor):
         keeps its id, not its state) get the directory query, with the catalog, before they
         are asked to work. One that does not answer it sits the round out."""
         d = self.directory
-        again = sorted(n for n in self.refusals.lost_catalog if n in now and n in d.nodes)
+        again = sorted(n for n in self.refusals.stale if n in now and n in d.nodes)
         if not (again and d.catalog_sent):
-            self.refusals.lost_catalog.difference_update(again)
+            self.refusals.stale.difference_update(again)
             return list(now)
         log.info("fedcf.flower: re-sending the catalog to node(s) %s", again)
         before = len(self.refusals.items)
-        self.refusals.lost_catalog.difference_update(again)
+        self.refusals.stale.difference_update(again)
         try:
             Directory.query(self.grid, again, self.timeout, self.refusals, d.private_floor,
                             d.catalog, d.scale)
         except RuntimeError:  # none answered with users
             pass
         failed = {r["node"] for r in self.refusals.items[before:]}
-        self.refusals.lost_catalog.update(failed)  # asked again next time
+        self.refusals.stale.update(failed)  # asked again next time
         return [n for n in now if n not in failed]
 
     def connected(self) -> list:
         """The connected nodes; one gone since the last look may be back without its state."""
         now = {int(n) for n in self.grid.get_node_ids()}
-        self.refusals.lost_catalog.update(n for n in self.seen - now if n in self.directory.nodes)
+        self.refusals.stale.update(n for n in self.seen - now if n in self.directory.nodes)
         self.seen = now
         return sorted(now)
 
