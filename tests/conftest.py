@@ -109,6 +109,7 @@ def _starts_ray(item) -> bool:
     return item.get_closest_marker("ray") is not None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups off the markers
 def pytest_collection_modifyitems(config, items):
     """Group the tests that start Ray, and put them first: the group is the longest unit of
     work, so it starts at once on one worker while the other workers share the rest."""

@@ -17,6 +17,8 @@ PROBES = ("getattr", "hasattr", "vars")  # calls; and any use of ``__dict__``
 ROUND_ALLOWED = {
     ("fedcf/federated/round/params.py", "Params._param_values", "getattr"):
         "reads the constructor's own parameter names (scikit-learn's get_params)",
+    ("fedcf/federated/__init__.py", "__getattr__", "getattr"):
+        "lazy public names: a process that runs clients only does not import the estimators",
     ("fedcf/federated/round/partials.py", "PartialSums.arrays", "getattr"):
         "reads the dataclass's declared fields by name",
     ("fedcf/flower/warm.py", "pull_task_input", "__dict__"):

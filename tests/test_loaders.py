@@ -191,3 +191,35 @@ def test_empty_encoded_and_damaged_files_are_named(tmp_path):
     ob.write_text("")
     with pytest.raises(DataValidationError, match="ob.csv is empty"):
         load_open_bandit(path=ob)
+
+
+def test_the_tests_that_start_ray_run_on_one_worker(pytester, monkeypatch):
+    """The conftest's ``ray`` group holds under pytest-xdist: every test marked ``ray`` runs on
+    one worker, so two Ray sessions never race (the group was once set after xdist had read the
+    markers, and the Ray tests ran on both workers at once)."""
+    conftest = (Path(__file__).parent / "conftest.py").read_text()
+    pytester.makeconftest(conftest)
+    pytester.makeini("[pytest]\nmarkers =\n    ray: starts Ray\n    network: registry\n")
+    pytester.makepyfile("""
+        import os
+        import pytest
+
+        def record(kind):
+            with open(os.path.join(os.environ["WHERE"], kind), "a") as f:
+                f.write(os.environ.get("PYTEST_XDIST_WORKER", "main") + "\\n")
+
+        @pytest.mark.ray
+        @pytest.mark.parametrize("i", range(6))
+        def test_ray(i):
+            record("ray")
+
+        @pytest.mark.parametrize("i", range(6))
+        def test_other(i):
+            record("other")
+    """)
+    where = pytester.mkdir("where")
+    monkeypatch.setenv("WHERE", str(where))
+    res = pytester.runpytest_subprocess("-q", "-n", "2", "--dist", "loadgroup", "-p", "xdist")
+    res.assert_outcomes(passed=12)
+    workers = (where / "ray").read_text().split()
+    assert len(workers) == 6 and len(set(workers)) == 1 and workers[0].startswith("gw"), workers

@@ -377,3 +377,26 @@ def ridge_cg_rows(indptr, idx, vals, fixed, fixed_bias, cfg, steps, out, out_bia
                     out[r, a] = x[a]
                 out_bias[r] = x[K] if fit_bias else 0.0
             ch = take(queue)
+
+
+def item_gram(Q: np.ndarray) -> np.ndarray:
+    """YᵀY in float64 — what a server would broadcast with the item matrix (K² numbers)."""
+    Q64 = Q.astype(np.float64, copy=False)
+    return Q64.T @ Q64
+
+
+def implicit_side(fixed: np.ndarray, ones: bool = False, offset=None) -> tuple:
+    """The shared part of one implicit half-step (``als.solve_implicit_row``'s ``side``):
+    (Y'ᵀY', off, Y'ᵀoff) with Y' = [fixed, 1 if ``ones``] (the 1 carries the solved rows' own
+    bias) and ``offset`` the fixed rows' biases (None: no offset). All float64; (K+1)² + K + 1
+    numbers, what a server broadcasts besides the item matrix."""
+    Y = fixed.astype(np.float64, copy=False)
+    gram = item_gram(Y)
+    col = Y.sum(axis=0)
+    if ones:
+        gram = np.block([[gram, col[:, None]], [col[None, :], np.array([[float(len(Y))]])]])
+    if offset is None:
+        return gram, np.zeros(0), np.zeros(len(gram))
+    off = np.ascontiguousarray(offset, dtype=np.float64)
+    proj = Y.T @ off
+    return gram, off, (np.append(proj, off.sum()) if ones else proj)

@@ -2,49 +2,38 @@
 the ranking papers' baselines (FedMF, FedNCF, PFedRec), and the phases a round is composed of
 (to replace one: a custom executor or aggregator)."""
 
-from .aggregators.accounting import device_budget
-from .aggregators.dp import DifferentialPrivacy, DPGaussianMean
-from .aggregators.robust import (
-    CoordinateMedian,
-    FoolsGoldMean,
-    ItemNormalizedMean,
-    NormClippedMean,
-    TrimmedMean,
-)
-from .aggregators.secagg import SecureAggregation
-from .aggregators.weighted import WeightedMean
-from .algorithms.client_update import ClientUpdate, SampledUpdate
-from .algorithms.early_stopping import EarlyStopping
-from .algorithms.fedncf import FedNCF
-from .algorithms.fedrecon import FedReconMF
-from .algorithms.hyper import Hypergradients
-from .algorithms.implicit import FedReconImplicitMF
-from .algorithms.items import CatalogLocalParams, FullCatalog, ItemRows, ItemSpace, OpenCatalog
-from .algorithms.oov import OOVExpansion, OOVLocalParams
-from .algorithms.reconstruction import Reconstruction, RidgeReconstruction, SGDReconstruction
-from .algorithms.sampled_mf import FedMF, PFedRec
-from .algorithms.split import NoSplit, RandomSplit, SupportQuerySplit, TimeSplit
-from .algorithms.stateful import FURLMF, FedAvgMF
-from .executors.ray_executor import RayExecutor
-from .round.contracts import (
-    Aggregator,
-    ClientProgram,
-    Executor,
-    Population,
-    RoundExecutor,
-    RunContext,
-)
-from .round.device import Device, DevicePolicy, DeviceRefusal
-from .round.optimizers import OPTIMIZERS, SGD, Adagrad, Adam, Momentum, ServerOptimizer, Yogi
-from .round.phases import (
-    ClientOutputs,
-    Cohort,
-    GlobalDelta,
-    LocalExecutor,
-    RoundHyperparams,
-    Selector,
-    server_update,
-)
+import importlib
+
+_SUBMODULES = {  # the submodule that defines each public name, imported on first use
+    ".aggregators.accounting": ("device_budget",),
+    ".aggregators.dp": ("DifferentialPrivacy", "DPGaussianMean"),
+    ".aggregators.robust": ("CoordinateMedian", "FoolsGoldMean", "ItemNormalizedMean",
+                            "NormClippedMean", "TrimmedMean"),
+    ".aggregators.secagg": ("SecureAggregation",),
+    ".aggregators.weighted": ("WeightedMean",),
+    ".algorithms.client_update": ("ClientUpdate", "SampledUpdate"),
+    ".algorithms.early_stopping": ("EarlyStopping",),
+    ".algorithms.fedncf": ("FedNCF",),
+    ".algorithms.fedrecon": ("FedReconMF",),
+    ".algorithms.hyper": ("Hypergradients",),
+    ".algorithms.implicit": ("FedReconImplicitMF",),
+    ".algorithms.items": ("CatalogLocalParams", "FullCatalog", "ItemRows", "ItemSpace",
+                          "OpenCatalog"),
+    ".algorithms.oov": ("OOVExpansion", "OOVLocalParams"),
+    ".algorithms.reconstruction": ("Reconstruction", "RidgeReconstruction", "SGDReconstruction"),
+    ".algorithms.sampled_mf": ("FedMF", "PFedRec"),
+    ".algorithms.split": ("NoSplit", "RandomSplit", "SupportQuerySplit", "TimeSplit"),
+    ".algorithms.stateful": ("FURLMF", "FedAvgMF"),
+    ".executors.ray_executor": ("RayExecutor",),
+    ".round.contracts": ("Aggregator", "ClientProgram", "Executor", "Population",
+                         "RoundExecutor", "RunContext"),
+    ".round.device": ("Device", "DevicePolicy", "DeviceRefusal"),
+    ".round.optimizers": ("OPTIMIZERS", "SGD", "Adagrad", "Adam", "Momentum", "ServerOptimizer",
+                          "Yogi"),
+    ".round.phases": ("ClientOutputs", "Cohort", "GlobalDelta", "LocalExecutor",
+                      "RoundHyperparams", "Selector", "server_update"),
+}
+_WHERE = {name: module for module, names in _SUBMODULES.items() for name in names}
 
 __all__ = [
     # contracts
@@ -80,6 +69,16 @@ _MOVED = {"NCF": "fedcf.NCF (fedcf.models.ncf): centralized NCF is not a federat
 
 
 def __getattr__(name: str):
+    """A public name, imported from its submodule on first use: a process that needs one part
+    (a Ray shard, a Flower node) does not pay for the estimators' imports (scikit-learn)."""
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
     if name in _MOVED:
         raise ImportError(f"fedcf.federated.{name} moved to {_MOVED[name]}")
     raise AttributeError(f"module 'fedcf.federated' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

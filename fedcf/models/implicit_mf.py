@@ -9,7 +9,7 @@ import pandas as pd
 from sklearn.utils import check_random_state
 from tqdm.auto import tqdm
 
-from .._kernels.als import implicit_solve_rows
+from .._kernels.als import implicit_side, implicit_solve_rows
 from .._kernels.layout import implicit_als_cfg
 from .._validation import Biases, Bool, Dtype, Int, RandomState, Real, bias_flags, moved_biases
 from ..datasets import Interactions
@@ -30,29 +30,6 @@ def coerce_implicit(X, y=None, **data_kwargs) -> Interactions:
         raise ValueError(f"implicit feedback strengths must be >= 0; entry {row} has "
                          f"{inter.values[row]}")
     return inter
-
-
-def item_gram(Q: np.ndarray) -> np.ndarray:
-    """YᵀY in float64 — what a server would broadcast with the item matrix (K² numbers)."""
-    Q64 = Q.astype(np.float64, copy=False)
-    return Q64.T @ Q64
-
-
-def implicit_side(fixed: np.ndarray, ones: bool = False, offset=None) -> tuple:
-    """The shared part of one implicit half-step (``als.solve_implicit_row``'s ``side``):
-    (Y'ᵀY', off, Y'ᵀoff) with Y' = [fixed, 1 if ``ones``] (the 1 carries the solved rows' own
-    bias) and ``offset`` the fixed rows' biases (None: no offset). All float64; (K+1)² + K + 1
-    numbers, what a server broadcasts besides the item matrix."""
-    Y = fixed.astype(np.float64, copy=False)
-    gram = item_gram(Y)
-    col = Y.sum(axis=0)
-    if ones:
-        gram = np.block([[gram, col[:, None]], [col[None, :], np.array([[float(len(Y))]])]])
-    if offset is None:
-        return gram, np.zeros(0), np.zeros(len(gram))
-    off = np.ascontiguousarray(offset, dtype=np.float64)
-    proj = Y.T @ off
-    return gram, off, (np.append(proj, off.sum()) if ones else proj)
 
 
 class ImplicitMF(RankingScoreMixin, MFEstimatorBase):

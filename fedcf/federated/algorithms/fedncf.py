@@ -11,36 +11,15 @@ together. A device keeps its user row
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..._kernels.neumf import neumf_clients, neumf_fold_in
+from ..._kernels.neumf import neumf_fold_in
 from ...models.base import check_memory
 from ...models.negatives import check_layers
 from ...models.sampled_nets import NeuMFScoring
 from ..round.state import ModelState, Part, dense_part
-from .sampled_mf import FedMF, SampledProgram
-
-
-@dataclass(frozen=True)
-class NeuMFProgram(SampledProgram):
-    """FedNCF's client work (``_kernels.neumf.neumf_clients``): SampledProgram's, plus the MLP
-    widths and the R dense rows every device uploads."""
-
-    widths: np.ndarray
-    n_dense: int
-
-    def slots_of(self, weights):
-        return super().slots_of(weights) + self.n_dense  # and the dense rows
-
-    def run(self, data, clients, params, local, ids, out):
-        neumf_clients(data, clients, (params["Q"], params["b"]), local, self.excl, self.cfg,
-                      self.widths, self.n_items, ids, out)
-        return None
-
-    def tangents(self, data, clients, params, local, tangents, ids):
-        raise ValueError("FedNCF does not learn round hyperparameters")
+from .programs import NeuMFProgram
+from .sampled_mf import FedMF
 
 
 class FedNCF(NeuMFScoring, FedMF):

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 from sklearn.base import clone
 
-from ..._kernels.clients import fedrecon_clients, query_sizes
-from ..._kernels.hypergrad import fedrecon_tangent_clients
-from ..._kernels.layout import HP_OFFSET, client_cfg, recon_init_cfg
+from ..._kernels.layout import client_cfg, recon_init_cfg
 from ..._kernels.sgd import sgd_reconstruct_rows
 from ..._validation import Bool, NoneOr, RatingScale
 from ...datasets import ItemFeatures
 from ...models.base import RatingScoreMixin
 from ...models.prediction import inference_keys
-from ..round.contracts import WholeModelBroadcast, phase_rule
+from ..round.contracts import phase_rule
 from ..round.optimizers import SGD, Adam, ServerOptimizer
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .catalog import OpenScorer
@@ -32,36 +29,9 @@ from .early_stopping import (
 )
 from .hyper import HYPER_CONSTRAINTS
 from .items import OPEN_ARRAYS, ItemRows, ItemSpace, features_arrays, features_of
+from .programs import FedReconProgram
 from .reconstruction import Reconstruction
 from .split import SupportQuerySplit, resolve_split
-
-
-@dataclass(frozen=True)
-class FedReconProgram(WholeModelBroadcast):
-    """Client work of FedReconMF: split, reconstruct (p, c), k_u steps on the touched item rows."""
-
-    cfg: np.ndarray  # layout.client_cfg
-    recon_hp: np.ndarray  # layout.sgd_hp of reconstruction
-    update_hp: np.ndarray  # layout.sgd_hp of the update
-
-    def layout(self, counts):
-        """(weights = query sizes, output slots) per client."""
-        q = query_sizes(counts.astype(np.int64), int(self.cfg[0]), float(self.cfg[1]))
-        return q, q
-
-    def run(self, data, clients, params, local, ids, out):
-        fedrecon_clients(data, clients, (params["Q"], params["b"]), self.cfg, self.recon_hp,
-                         self.update_hp, ids, out)
-        return None
-
-    def tangents(self, data, clients, params, local, tangents, ids):
-        """(query losses, derivatives along each tangent) of the clients, see hyper.py."""
-        losses = np.full(len(clients), np.nan)
-        jvp = np.zeros((len(clients), tangents[0].shape[0]))
-        fedrecon_tangent_clients(data, clients, (params["Q"], params["b"]), tangents, self.cfg,
-                                 self.recon_hp, float(self.update_hp[HP_OFFSET]), ids, losses,
-                                 jvp)
-        return losses, jvp
 
 
 class FedReconMF(RatingScoreMixin, FederatedMFBase):

@@ -2,56 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
-from ..._kernels.clients import query_sizes
-from ..._kernels.implicit_clients import (
-    fedrecon_implicit_clients,
-    fedrecon_implicit_full_clients,
-    implicit_slots,
-)
-from ..._kernels.layout import IC_ITEM_BIAS, IC_SPLIT, IC_SUPPORT_FRAC, IC_USER_BIAS, implicit_cfg
+from ..._kernels.layout import implicit_cfg
 from ..._validation import Biases, Bool, Int, Real, bias_flags, moved_biases
 from ...models.base import RankingScoreMixin
-from ...models.implicit_mf import coerce_implicit, implicit_fold_in, implicit_side
-from ..round.contracts import WholeModelBroadcast, phase_rule
+from ...models.implicit_mf import coerce_implicit, implicit_fold_in
+from ..round.contracts import phase_rule
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
+from .programs import ImplicitProgram
 from .reconstruction import RidgeReconstruction
 from .split import SupportQuerySplit, resolve_split
-
-
-@dataclass(frozen=True)
-class ImplicitProgram(WholeModelBroadcast):
-    """Client work of FedReconImplicitMF (sampled or full-catalog negatives)."""
-
-    cfg: np.ndarray  # layout.implicit_cfg
-    hp: np.ndarray  # layout.sgd_hp of the update
-    full_negatives: bool
-
-    def layout(self, counts):
-        counts = counts.astype(np.int64)
-        q = query_sizes(counts, int(self.cfg[IC_SPLIT]), float(self.cfg[IC_SUPPORT_FRAC]))
-        return q, (q if self.full_negatives else implicit_slots(counts, self.cfg, self.hp))
-
-    def slots_of(self, weights):
-        return weights if self.full_negatives else None  # sampled negatives: from the count
-
-    def run(self, data, clients, params, local, ids, out):
-        Q, b = params["Q"], params["b"]
-        offsets, d_items, d_Q, d_b, losses = out
-        d_b[:] = 0.0
-        side = implicit_side(Q, self.cfg[IC_USER_BIAS] > 0, b if self.cfg[IC_ITEM_BIAS] > 0 else None)
-        glob = (Q, side, b)
-        if not self.full_negatives:
-            fedrecon_implicit_clients(data, clients, glob, self.cfg, self.hp, ids, Q.shape[0],
-                                      (offsets, d_items, d_Q, losses, d_b))
-            return None
-        W = np.zeros((len(clients), Q.shape[1], Q.shape[1]))
-        fedrecon_implicit_full_clients(data, clients, glob, self.cfg, self.hp, ids, Q.shape[0],
-                                       (offsets, d_items, d_Q, losses, W))
-        return W
 
 
 class FedReconImplicitMF(RankingScoreMixin, FederatedMFBase):

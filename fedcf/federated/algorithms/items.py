@@ -25,17 +25,15 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from ..._kernels.catalog import catalog_clients
-from ..._kernels.clients import query_sizes
-from ..._kernels.layout import OC_DEFAULT, catalog_cfg
+from ..._kernels.layout import catalog_cfg
 from ..._validation import raw_ids
 from ...datasets import ItemFeatures, hash_buckets
 from ...datasets._validation import show
 from ...models.base import LocalParams
 from ...models.persistence import _ids_to_array
-from ..round.contracts import WholeModelBroadcast
 from ..round.params import Params
 from ..round.state import INLINE, ModelState, Part
+from .programs import CatalogProgram
 
 FEATURE_ARRAYS = ("feature_item_ids_", "feature_indptr_", "feature_indices_", "feature_values_",
                   "feature_shape_")
@@ -396,24 +394,3 @@ class CatalogLocalParams(LocalParams):
     bucket_biases: np.ndarray = None
 
 
-@dataclass(frozen=True)
-class CatalogProgram(WholeModelBroadcast):
-    """Client work with an open item space: ``catalog_clients`` over the training items' map."""
-
-    cfg: np.ndarray
-    cc: np.ndarray
-    recon_hp: np.ndarray
-    update_hp: np.ndarray
-    imap: tuple  # (rptr, rows, coef, bucket) over the training population's items
-    max_terms: int
-
-    def layout(self, counts):
-        q = query_sizes(counts.astype(np.int64), int(self.cfg[0]), float(self.cfg[1]))
-        return q, self.slots_of(q)
-
-    def slots_of(self, weights):
-        return weights * self.max_terms + int(self.cc[OC_DEFAULT] >= 0)
-
-    def run(self, data, clients, params, local, ids, out):
-        catalog_clients(data, clients, (params["Q"], params["b"]), self.imap, self.cfg, self.cc,
-                        self.recon_hp, self.update_hp, ids, out)

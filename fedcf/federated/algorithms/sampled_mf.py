@@ -14,7 +14,6 @@ counting as no change, as in the authors' code) and the server optimizer applies
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 
@@ -25,18 +24,17 @@ from ..._kernels.sampled import (
     ITEMS,
     USER,
     personal_scores,
-    sampled_clients,
     sampled_fold_in,
 )
 from ..._validation import Bool, Int
 from ...datasets import Interactions
-from ...datasets.interactions import csr_take
 from ...models.base import RankingScoreMixin, user_keys
 from ...models.implicit_mf import coerce_implicit
 from ...models.negatives import DeviceFoldIn, check_negatives, exclusion_csr
-from ..round.contracts import WholeModelBroadcast, phase_rule
+from ..round.contracts import phase_rule
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .client_update import SampledUpdate
+from .programs import SampledProgram
 
 
 def _digest(csr: tuple) -> str:
@@ -44,41 +42,6 @@ def _digest(csr: tuple) -> str:
     for a in csr:
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
-
-
-# ---------------------------------------------------------------------- the client program
-@dataclass(frozen=True)
-class SampledProgram(WholeModelBroadcast):
-    """Client work of FedMF / PFedRec (``_kernels.sampled.sampled_clients``): ``cfg`` (layout
-    ``SC_*``), the stage bits of each local batch, the exclusion CSR and the catalog size."""
-
-    cfg: np.ndarray
-    stages: np.ndarray
-    excl: tuple
-    n_items: int
-
-    def for_users(self, users: np.ndarray) -> SampledProgram:
-        """The exclusion rows of ``users`` only, renumbered in that order."""
-        ptr, items = self.excl
-        own, take = csr_take(ptr, users)
-        return dataclasses.replace(self, excl=(own, items[take]))
-
-    def layout(self, counts):
-        """Weight: the device's positives; slots: every item it can touch."""
-        n = counts.astype(np.int64)
-        return n, self.slots_of(n)
-
-    def slots_of(self, weights):
-        touched = weights.astype(np.int64) * (1 + int(self.cfg[0]) * int(self.cfg[1]))
-        return np.minimum(touched, self.n_items)
-
-    def run(self, data, clients, params, local, ids, out):
-        sampled_clients(data, clients, (params["Q"], params["b"]), local, self.excl, self.cfg,
-                        self.stages, ids, out)
-        return None
-
-    def tangents(self, data, clients, params, local, tangents, ids):
-        raise ValueError("FedMF and PFedRec do not learn round hyperparameters")
 
 
 @dataclass(frozen=True)

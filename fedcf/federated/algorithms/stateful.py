@@ -6,14 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._kernels.clients import stateful_clients
-from ..._kernels.hypergrad import stateful_tangent_clients
-from ..._kernels.layout import HP_OFFSET
 from ..._validation import Bool, RatingScale
 from ...models.base import RatingScoreMixin
-from ..round.contracts import WholeModelBroadcast, phase_rule
+from ..round.contracts import phase_rule
 from .base import EXECUTOR_CONSTRAINTS, FEDERATED_CONSTRAINTS, FederatedMFBase
 from .hyper import HYPER_CONSTRAINTS
+from .programs import StatefulProgram
 from .reconstruction import RidgeReconstruction
 
 _PARAMS_DOC = """
@@ -59,38 +57,6 @@ _PARAMS_DOC = """
     >>> model.user_factors_.shape
     (60, 4)
 """
-
-
-@dataclass(frozen=True)
-class StatefulProgram(WholeModelBroadcast):
-    """Client work of FedAvg/FURL: joint steps on the client's own row and the item rows.
-    With ``server_rows`` (FedAvg) the user rows live on the server: each client also downloads
-    and uploads its own row (K + 1 numbers)."""
-
-    update_hp: np.ndarray
-    server_rows: bool = False
-
-    def values_down(self, n_items, K, n_clients):
-        return super().values_down(n_items, K, n_clients) + n_clients * (K + 1) * self.server_rows
-
-    def values_up_local(self, n_used, K):
-        return n_used * (K + 1) * self.server_rows
-
-    def layout(self, counts):
-        q = counts.astype(np.int64)
-        return q, q
-
-    def run(self, data, clients, params, local, ids, out):
-        stateful_clients(data, clients, (params["Q"], params["b"]), local, self.update_hp, ids, out)
-        return None
-
-    def tangents(self, data, clients, params, local, tangents, ids):
-        """(losses of the stored user rows, derivatives along each tangent), see hyper.py."""
-        losses = np.full(len(clients), np.nan)
-        jvp = np.zeros((len(clients), tangents[0].shape[0]))
-        stateful_tangent_clients(data, clients, (params["Q"], params["b"]), local, tangents,
-                                 float(self.update_hp[HP_OFFSET]), losses, jvp)
-        return losses, jvp
 
 
 @dataclass(frozen=True)
@@ -174,7 +140,6 @@ class _StatefulMF(RatingScoreMixin, FederatedMFBase):
 
     def client_program(self, inter, mu):
         return StatefulProgram(self._update_hp(mu, True), self._server_rows)
-
 
 
 class FedAvgMF(_StatefulMF):

@@ -330,6 +330,12 @@ class BoundRayExecutor(RoundExecutor):
         for s in range(len(parts)):
             for attempt in range(self.spec.max_restarts + 1):
                 try:
+                    if attempt:  # a restarted shard: its start (a new process, imports,
+                        # kernels; seconds on a busy machine) is not held to shard_timeout
+                        ray.get(self.actors[s].__ray_ready__.remote(), timeout=START_TIMEOUT)
+                        pending[s] = send(s)
+                        if limit is not None:  # and its call gets a whole deadline
+                            deadline = time.monotonic() + limit
                     wait = None if deadline is None else max(deadline - time.monotonic(), 0.01)
                     results[s] = (ray.get(pending[s][0], timeout=wait), pending[s][1]) \
                         if two else ray.get(pending[s], timeout=wait)
@@ -342,9 +348,6 @@ class BoundRayExecutor(RoundExecutor):
                     restarts += 1
                     ray.kill(self.actors[s], no_restart=True)
                     self.actors[s] = self._start(s)
-                    pending[s] = send(s)
-                    if limit is not None:  # the restarted shard gets a whole deadline
-                        deadline = time.monotonic() + limit
         t2 = time.perf_counter()
         self.round_stats = {"shard_restarts": restarts, "broadcast_seconds": t1 - t0,
                             "client_seconds": t2 - t1}
