@@ -168,8 +168,6 @@ def test_each_registered_estimator_names_a_path_that_trains_its_class(monkeypatc
         monkeypatch.setattr(cls, "fit", spying(vars(cls)["fit"]))
     trained = {}
     for name, run in _warmup.PATHS.items():
-        if name == "ray":  # the other paths' estimators on a Ray shard: no estimator's own path
-            continue
         fitted.clear()
         run(_warmup._tiny())
         trained[name] = list(fitted)
