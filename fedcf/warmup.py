@@ -26,6 +26,7 @@ from ._numba_cache import cache_dir  # noqa: F401  (public here: where the compi
 from .federated.algorithms.client_update import ClientUpdate
 from .federated.algorithms.hyper import Hypergradients
 from .federated.algorithms.reconstruction import SGDReconstruction
+from .federated.executors.ray_shard import InProcessShards
 
 
 def _tiny():
@@ -81,6 +82,8 @@ def _fedavg(data):
     _federated(FedAvgMF, train_t, test_t, None)
     _federated(FedAvgMF, train_u, None, test_u)
     _federated(FURLMF, train_t, test_t, None)
+    _federated(FURLMF, train_t, None, None,  # its tangents (a learned server rate)
+               hypergradients=Hypergradients(["server_learning_rate"]))
 
 
 def _fedrecon_sgd(data):
@@ -94,6 +97,7 @@ def _fedrecon_als(data):
 
     train_t, test_t, train_u, test_u = data
     _federated(FedReconMF, train_u, None, test_u, **_OURS)
+    _federated(FedReconMF, train_u, None, None, executor=InProcessShards())  # Ray's sums
     _federated(FedReconMF, train_t, test_t, None, **_OURS)
 
 
@@ -117,9 +121,9 @@ def _implicit(data):
 
     train = data[2]
     ImplicitMF(n_factors=4, n_epochs=1).fit(train).recommend(train.user_ids[:3], n=5)
-    for full in (False, True):
+    for full, executor in ((False, None), (True, None), (False, InProcessShards())):
         FedReconImplicitMF(n_factors=4, n_rounds=2, clients_per_round=8, full_negatives=full,
-                           random_state=0).fit(train)
+                           random_state=0, executor=executor).fit(train)
 
 
 def _binary(data):

@@ -102,6 +102,18 @@ def _one_round_outputs(pop, n_clients=120):
     return run, cohort, np.array([run.seed, 0], np.uint64)
 
 
+def test_the_in_process_shards_reduce_to_the_local_model(pop):
+    """The warm-up's stand-in for Ray's reduction (three shards' subtree sums, two of them
+    combined) fits the local model bit for bit, so it compiles the kernels a sharded run uses."""
+    from fedcf.federated.executors.ray_shard import InProcessShards
+
+    ref = FedReconMF(**FAST).fit(pop)
+    m = FedReconMF(**FAST, executor=InProcessShards()).fit(pop)
+    assert m.executor.bind(None, (np.zeros(1, np.int64),) * 3).supports_partials
+    np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+    np.testing.assert_array_equal(m.item_biases_, ref.item_biases_)
+
+
 def test_partial_sums_of_whole_groups_merge_to_the_same_bits_in_any_split(pop):
     from fedcf.federated.round.partials import PartialSums, reduce_group
 

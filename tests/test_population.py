@@ -160,3 +160,54 @@ def test_a_ratings_file_spec_names_a_file_it_cannot_read(tmp_path):
     ratings_file._LOADED.clear()  # as in a fresh worker: nothing read yet
     with pytest.raises(ValueError, match="changed since the run named it"):
         spec.to_interactions()
+
+
+def _arrays(x):
+    """Every array in x (dicts, lists, tuples, dataclass fields)."""
+    import dataclasses
+
+    if isinstance(x, np.ndarray):
+        return [x]
+    if isinstance(x, dict):
+        x = list(x.values())
+    elif dataclasses.is_dataclass(x):
+        x = [getattr(x, f.name) for f in dataclasses.fields(x)]
+    return [a for v in x for a in _arrays(v)] if isinstance(x, (list, tuple)) else []
+
+
+def test_a_ray_shard_hands_its_kernels_writable_arrays():
+    """Ray's object store hands an actor read-only arrays (its data, the program's arrays, each
+    round's parameters), and Numba compiles a read-only argument as a separate signature: every
+    actor would compile each client kernel again instead of loading the warm-up's. The shard
+    runs its kernels on writable arrays only."""
+    import dataclasses
+
+    import numba
+
+    from fedcf.federated.executors.ray_shard import Shard, _own_rows
+
+    def frozen(x):
+        for a in _arrays(x):
+            a.flags.writeable = False
+        return x
+
+    indptr, items, values = SyntheticPopulation(500, 30, ratings_per_user=6,
+                                                random_state=1).build()
+    program = FedReconMF(n_factors=3, random_state=0).client_program(None, 3.5)
+    program = dataclasses.replace(program, **{f.name: frozen(np.copy(getattr(program, f.name)))
+                                              for f in dataclasses.fields(program)
+                                              if isinstance(getattr(program, f.name), np.ndarray)})
+    assert _arrays(program) and not any(a.flags.writeable for a in _arrays(program))
+    threads = numba.get_num_threads()
+    try:
+        shard = Shard(0, 1, 1, frozen(_own_rows(0, 1, indptr, items, values)))
+        shard.set_program(frozen(program))
+        seen = []
+        run = shard.executor.run
+        shard.executor.run = lambda *a: seen.append(a) or run(*a)
+        params = {"Q": np.zeros((30, 3), np.float32), "b": np.zeros(30, np.float32)}
+        shard.call("run", np.arange(20), frozen((frozen(params), np.array([1, 2], np.uint64))))
+    finally:
+        numba.set_num_threads(threads)
+    given = _arrays(shard.executor.data) + _arrays(shard.executor.program) + _arrays(seen)
+    assert len(given) > 6 and all(a.flags.writeable for a in given)

@@ -10,7 +10,7 @@ import numpy as np
 from ...datasets.interactions import csr_take
 from ..round.device import Device, DevicePolicy
 from ..round.partials import REDUCE_GROUPS, PartialSums, reduce_group
-from ..round.phases import BoundLocalExecutor, ClientOutputs, Cohort
+from ..round.phases import BoundLocalExecutor, ClientOutputs, Cohort, LocalExecutor
 from ..round.reports import Reports
 
 START_TIMEOUT = 300  # seconds for the shard actors to come up (Numba compiles on first use)
@@ -43,7 +43,7 @@ class Shard:
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
         self.shard, self.n_shards = shard, n_shards
         if isinstance(data, tuple):
-            users, self.data, self.stats = data[0], data[1:], None
+            users, self.data, self.stats = data[0], writable(data[1:]), None
         else:  # population blocks = reduce groups, so the shard's blocks are whole
             blocks = list(range(*shard_groups(shard, n_shards)))
             self.source = data
@@ -77,6 +77,10 @@ class Shard:
             n, (K, dtype) = len(self.keys) - 2, local_layout
             self.local = (np.zeros((n, K), dtype), np.zeros(n, dtype))
         program = program.for_users(self.keys[2:].astype(np.int64))  # its own users only
+        if dataclasses.is_dataclass(program):  # its arrays came through the object store too
+            program = dataclasses.replace(program, **{
+                f.name: writable(getattr(program, f.name)) for f in dataclasses.fields(program)
+                if f.init})
         self.executor = BoundLocalExecutor(program, self.data, self.local)
         return self.shard
 
@@ -108,6 +112,7 @@ class Shard:
         ``partials`` answer, whose sums stay in the store)."""
         calls = {"run": self.run, "partials": self.partials, "tangents": self.tangents,
                  "secure_begin": self.secure_begin, "reports_begin": self.reports_begin}
+        args = writable(args)
         if rows is None:
             return calls[method](clients, *args)
         if self.local is None:
@@ -172,6 +177,20 @@ class Shard:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def writable(x):
+    """``x`` with each read-only array replaced by a copy (in dicts, lists and plain tuples).
+    Arrays from Ray's object store are read-only, and Numba types a read-only array apart from
+    a writable one: without the copies every actor would compile, in its own process, a second
+    signature of each client kernel instead of loading the one in the cache."""
+    if isinstance(x, np.ndarray):
+        return x if x.flags.writeable else x.copy()
+    if isinstance(x, dict):
+        return {k: writable(v) for k, v in x.items()}
+    if type(x) in (tuple, list):
+        return type(x)(writable(v) for v in x)
+    return x
+
+
 def _own_rows(shard, n_shards, indptr, items, values):
     """(users, indptr, items, values): the users of ``shard`` out of the driver's CSR, in a
     CSR over those users only."""
@@ -195,3 +214,25 @@ def _value_sums(users, data, blocks) -> list:
 
 def _cohort(clients) -> Cohort:
     return Cohort(np.asarray(clients, np.int64), len(clients), 0, 0)
+
+
+class InProcessShards(LocalExecutor):
+    """The Ray executor's reduction in this process, for the warm-up: the cohort cut into
+    three shards' group ranges, each reduced to its subtree sums (``PartialSums.compact``) and
+    two of them added as a reducer task adds them, so the Numba kernels of a sharded round get
+    compiled into the cache before any actor needs them."""
+
+    def bind(self, program, data, local_state=None) -> BoundLocalExecutor:
+        return _BoundInProcessShards(program, data, local_state)
+
+
+class _BoundInProcessShards(BoundLocalExecutor):
+    supports_partials = True
+
+    def partials(self, cohort, params, ids, aggregator, hp) -> PartialSums:
+        g = reduce_group(cohort.clients)
+        parts = [aggregator.partials(self.run(dataclasses.replace(
+            cohort, clients=cohort.clients[(g >= a) & (g < b)]), params, ids), hp).compact(a, b)
+            for a, b in ((0, 16), (16, 32), (32, REDUCE_GROUPS))]
+        left = PartialSums.concat(parts[:2]).compact(0, 32)  # what ``combine`` does
+        return PartialSums.concat([left, parts[2]])
