@@ -1,6 +1,8 @@
 """SyntheticPopulation: a population described by a few numbers, built block by block in any
 process with the same ratings."""
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -132,7 +134,7 @@ def _shard_checks(Shard, shard_of, BoundLocalExecutor, Cohort):
     for s in range(3):
         mine = clients[shard_of(clients, 3) == s]
         shard = Shard(s, 3, 1, spec)
-        shard.set_program(program)
+        shard.set_program(pickle.dumps(program))
         got = shard.run(mine, params, ids)
         pick = np.flatnonzero(np.isin(clients, mine))
         ref = want.take(pick)
@@ -201,7 +203,7 @@ def test_a_ray_shard_hands_its_kernels_writable_arrays():
     threads = numba.get_num_threads()
     try:
         shard = Shard(0, 1, 1, frozen(_own_rows(0, 1, indptr, items, values)))
-        shard.set_program(frozen(program))
+        shard.set_program(pickle.dumps(frozen(program)))
         seen = []
         run = shard.executor.run
         shard.executor.run = lambda *a: seen.append(a) or run(*a)

@@ -196,6 +196,12 @@ def test_a_killed_actor_is_restarted_and_the_round_retried(pop):
             heavy = ray.get(bound["ex"].actors[1].__ray_call__.remote(
                 lambda self: [m for m in ("sklearn", "scipy.stats") if m in __import__("sys").modules]))
             assert heavy == [], f"a shard imported {heavy}"
+            # its kernels get writable arrays: the object store's read-only ones would be
+            # compiled as a second signature in every actor
+            flags = ray.get(bound["ex"].actors[1].__ray_call__.remote(lambda self: [
+                a.flags.writeable for a in (*self.data, *vars(self.executor.program).values())
+                if isinstance(a, np.ndarray)]))
+            assert len(flags) >= 4 and all(flags), flags
         if done == 2:
             kill_now(bound["ex"].actors[1])
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import pickle
 import socket
 import sys
 import time
@@ -277,10 +278,11 @@ class BoundRayExecutor(RoundExecutor):
 
     def set_program(self, program, local_state=None) -> BoundRayExecutor:
         """Give every actor the client program of this run (and wait until all are up);
-        ``local_state``: the stateful clients' rows, kept here (see ``RayExecutor.bind``)."""
-        self.program, self.local = program, local_state
+        ``local_state``: the stateful clients' rows, kept here (see ``RayExecutor.bind``).
+        The program goes pickled (``Shard.set_program``)."""
+        self.program, self.local = pickle.dumps(program), local_state
         try:
-            self.ray.get([a.set_program.remote(program, self._local_layout())
+            self.ray.get([a.set_program.remote(self.program, self._local_layout())
                           for a in self.actors], timeout=START_TIMEOUT)
         except self.ray.exceptions.GetTimeoutError as e:
             self.close()

@@ -4,6 +4,7 @@ whole run (``RayExecutor``), and the client work it runs on them."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import numpy as np
 
@@ -70,17 +71,15 @@ class Shard:
         """Bytes of what the shard keeps for the run (stream keys, CSR index, items, ratings)."""
         return int(self.keys.nbytes + sum(a.nbytes for a in self.data))
 
-    def set_program(self, program, local_layout=None) -> int:
-        """Run ``program`` from now on; ``local_layout`` = (width, dtype) of stateful clients'
-        rows, which each call brings (the driver keeps them between rounds)."""
+    def set_program(self, program: bytes, local_layout=None) -> int:
+        """Run the pickled ``program`` from now on; ``local_layout`` = (width, dtype) of
+        stateful clients' rows, which each call brings (the driver keeps them between rounds).
+        The driver pickles the program itself: unpickled here, its arrays are this process's
+        own, where Ray's object store would hand read-only views (see ``writable``)."""
         if local_layout is not None:
             n, (K, dtype) = len(self.keys) - 2, local_layout
             self.local = (np.zeros((n, K), dtype), np.zeros(n, dtype))
-        program = program.for_users(self.keys[2:].astype(np.int64))  # its own users only
-        if dataclasses.is_dataclass(program):  # its arrays came through the object store too
-            program = dataclasses.replace(program, **{
-                f.name: writable(getattr(program, f.name)) for f in dataclasses.fields(program)
-                if f.init})
+        program = pickle.loads(program).for_users(self.keys[2:].astype(np.int64))  # its users
         self.executor = BoundLocalExecutor(program, self.data, self.local)
         return self.shard
 
