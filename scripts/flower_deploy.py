@@ -48,12 +48,30 @@ def wait_port(port: int, proc, seconds: float):
     raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {seconds:g} s")
 
 
-def members(groups) -> set[int]:
-    """The live processes of the given process groups (Linux ``ps``)."""
-    ps = subprocess.run(["ps", "-eo", "pid=,pgid=,stat="], capture_output=True,
+def _ps() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of each live process (Linux ``ps``)."""
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid=,pgid=,stat="], capture_output=True,
                         text=True).stdout
-    return {int(a) for a, b, st in (line.split()[:3] for line in ps.splitlines())
-            if int(b) in groups and not st.startswith("Z")}
+    return [(int(a), int(b), int(c)) for a, b, c, st in (line.split()[:4]
+                                                        for line in ps.splitlines())
+            if not st.startswith("Z")]
+
+
+def members(groups) -> set[int]:
+    """The live processes of the given process groups."""
+    return {pid for pid, _, group in _ps() if group in groups}
+
+
+def family_groups(roots) -> set[int]:
+    """The process groups of ``roots`` and of all their live descendants: the SuperLink starts
+    its SuperExec (which starts ``flwr-serverapp``) in a session of its own, out of the
+    SuperLink's group, and only its parent link finds it."""
+    table, family = _ps(), set(roots)
+    while True:
+        more = {pid for pid, parent, _ in table if parent in family} - family
+        if not more:
+            return set(roots) | {group for pid, _, group in table if pid in family}
+        family |= more
 
 
 def listening(groups) -> list[str]:
@@ -74,21 +92,23 @@ def tool(name: str) -> str:
     return str(here) if here.exists() else name
 
 
-def stop(procs, grace: float = 5.0):
-    """SIGTERM each process group, then SIGKILL what is left after ``grace`` seconds; return
-    once no process of the groups is alive (children such as ``flwr-clientapp`` included), or
-    after another ``grace`` seconds."""
-    groups = {p.pid for p in procs}
+def stop(procs, grace: float = 5.0) -> set[int]:
+    """SIGTERM each process group of ``procs`` and of their descendants (``family_groups``),
+    then SIGKILL what is left after ``grace`` seconds; return the groups once none of their
+    processes is alive (children such as ``flwr-clientapp`` and the SuperLink's detached
+    ``flwr-serverapp`` included), or after another ``grace`` seconds."""
+    groups = family_groups({p.pid for p in procs})
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in procs:
+        for g in groups:
             try:
-                os.killpg(p.pid, sig)
+                os.killpg(g, sig)
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and (any(p.poll() is None for p in procs)
                                                or members(groups)):
             time.sleep(0.1)
+    return groups
 
 
 def credentials(folder: Path, nodes: int) -> dict:
@@ -389,7 +409,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     app = write_app(folder / "app", **{**run_config, "min-nodes": nodes,
                                        "result-path": str(result_path)})
     limit = ["timeout", "-s", "KILL", str(int(deadline) + 30)]
-    procs, outside, t0, killed = [], set(), time.monotonic(), None
+    procs, outside, t0, killed, groups = [], set(), time.monotonic(), None, set()
     node_procs, warm_procs, node_args, events = {}, {}, {}, {}
 
     def start(name, args, extra_env=None):
@@ -462,7 +482,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                              capture_output=True, text=True, timeout=120)
         if run.returncode != 0:
             raise RuntimeError(f"flwr run failed ({run.returncode}): {run.stdout}{run.stderr}")
-        addresses = listening({p.pid for p in procs})
+        addresses = listening(family_groups({p.pid for p in procs}))
         victim, victim_log = nodes - 1, folder / f"supernode{nodes - 1}.log"
         while not result_path.exists():
             now = time.monotonic() - t0
@@ -499,11 +519,11 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                                    f"{gone[0].returncode}); logs in {folder}")
             time.sleep(1)
         result = json.loads(result_path.read_text())
-        addresses = sorted(set(addresses) | set(listening({p.pid for p in procs})))
+        addresses = sorted(set(addresses) | set(listening(family_groups({p.pid for p in procs}))))
     finally:
         for k in node_procs:  # a stopped device must be continued to be stopped
             device_signal(k, signal.SIGCONT)
-        stop(procs)
+        groups = stop(procs)
     turned_away = sum("Failed to activate SuperNode" in (folder / f"supernode{k}.log").read_text()
                       for k in range(nodes, nodes + intruders))
     result.update(node_costs=node_costs(folder, nodes))
@@ -511,7 +531,8 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
                   killed_node_at=None if killed is None else {"group": kill_at,
                                                               "seconds": killed},
                   intruders_turned_away=turned_away, device_events=events,
-                  left_running=sorted(members({p.pid for p in procs})),
+                  left_running=sorted(members(groups)),
+                  detached_groups_stopped=len(groups - {p.pid for p in procs}),
                   flwr_run_output=run.stdout.strip().splitlines()[-1:])
     return result
 

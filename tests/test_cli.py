@@ -480,10 +480,16 @@ def test_ctrl_c_on_a_benchmark_script_is_one_line_and_exit_130(tmp_path):
 
     out = tmp_path / "r.json"
     script = Path(__file__).resolve().parents[1] / "scripts" / "movielens_benchmark.py"
-    proc = subprocess.Popen([sys.executable, str(script), "--json", str(out), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
-    time.sleep(4.0)
+    # the script's imports first, then "ready", then the script: the interrupt lands in its
+    # job, not in an import still running on a busy machine
+    start = ("import runpy, sys, numpy, pandas, sklearn.model_selection, fedcf.eval, "
+             "fedcf.datasets; print('ready', flush=True); "
+             f"sys.argv = [{str(script)!r}, '--json', {str(out)!r}, '--no-progress']; "
+             f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(3.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

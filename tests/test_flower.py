@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -499,6 +500,35 @@ def test_flower_simulation_keeps_furls_rows_on_the_nodes_across_rounds(tmp_path)
     assert r["identical_losses"]
 
 
+def test_stopping_a_deployment_also_stops_what_its_processes_detached(tmp_path):
+    """The SuperLink starts its SuperExec, which starts ``flwr-serverapp``, in a session of
+    its own, out of the process group the deployment kills: ``stop`` finds such processes by
+    their parent and stops them too, and names their group among those it stopped."""
+    deploy = load_script("flower_deploy")
+    pid_file = tmp_path / "grandchild"
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(120)'], start_new_session=True); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        for _ in range(200):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.05)
+        grandchild = int(pid_file.read_text())
+        groups = deploy.stop([parent], grace=5.0)
+        assert grandchild in groups and parent.pid in groups
+        assert deploy.members(groups) == set()
+        assert parent.poll() is not None
+    finally:
+        for pid in [parent.pid] + ([int(pid_file.read_text())] if pid_file.exists() and
+                                   pid_file.read_text() else []):
+            try:
+                os.killpg(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 @pytest.mark.cluster
 def test_flower_deployment_superlink_and_supernodes(tmp_path):
     """A SuperLink and three SuperNodes as separate processes on 127.0.0.1 with TLS and
@@ -531,6 +561,7 @@ def test_flower_deployment_superlink_and_supernodes(tmp_path):
     np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
     assert res["recon_eval"]["rmse"] == pytest.approx(ref_eval["rmse"], rel=1e-12)
     assert res["left_running"] == []
+    assert res["detached_groups_stopped"] >= 1  # the SuperLink's SuperExec, in its own session
     # what each message cost a device, from the nodes' own logs (never sent to the server)
     costs = res["node_costs"]
     assert {"query", "train.secagg", "evaluate"} <= {c["message"] for c in costs}
