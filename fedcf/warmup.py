@@ -110,8 +110,10 @@ def _hypergradient(data):
 
 def _fedrecon_variants(data):
     from fedcf import FedReconMF
+    from fedcf.federated import TrimmedMean
 
     for extra in (dict(split="none"), dict(joint=True), dict(server_optimizer="adagrad"),
+                  dict(aggregator=TrimmedMean()),  # the robust aggregators' row statistics
                   dict(server_optimizer="adam"), dict(server_optimizer="yogi")):
         _federated(FedReconMF, data[2], None, data[3], **{**_PAPER, **extra})
 
@@ -150,8 +152,9 @@ def _neumf(data):
     from fedcf.federated import FedNCF
 
     train = _binary(data)
-    FedNCF(n_factors=4, n_rounds=2, clients_per_round=8, random_state=0).fit(train) \
-        .user_scores([0, 1])
+    model = FedNCF(n_factors=4, n_rounds=2, clients_per_round=8, random_state=0).fit(train)
+    model.user_scores([0, 1])
+    model.score_new_users(train.subset_users([2, 3]))  # new devices' rows (fold-in)
     NCF(n_factors=4, n_epochs=1, random_state=0).fit(train).user_scores([0, 1])
 
 
