@@ -409,7 +409,7 @@ def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
     app = write_app(folder / "app", **{**run_config, "min-nodes": nodes,
                                        "result-path": str(result_path)})
     limit = ["timeout", "-s", "KILL", str(int(deadline) + 30)]
-    procs, outside, t0, killed, groups = [], set(), time.monotonic(), None, set()
+    procs, outside, t0, killed = [], set(), time.monotonic(), None
     node_procs, warm_procs, node_args, events = {}, {}, {}, {}
 
     def start(name, args, extra_env=None):

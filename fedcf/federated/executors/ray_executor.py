@@ -41,7 +41,7 @@ from ..round.contracts import Executor, RoundExecutor
 from ..round.partials import REDUCE_GROUPS, PartialSums
 from ..round.phases import ClientOutputs, Cohort, cohort_order
 from .ray_population import RemotePopulation
-from .ray_shard import START_TIMEOUT, Shard, _own_rows, shard_groups, shard_of
+from .ray_shard import START_TIMEOUT, Shard, _own_rows, combine, shard_groups, shard_of
 
 
 def _ray():
@@ -226,11 +226,6 @@ def _probe(address: str | None, timeout: float = 5.0):
         raise ConnectionError(f"could not reach a Ray cluster at address={address!r} ({e}); "
                               "start one with `ray start --head` or pass address=None for a "
                               "local one") from e
-
-
-def combine(left: PartialSums, right: PartialSums, a: int, b: int) -> PartialSums:
-    """Two adjacent ranges' sums, added up the tree as far as groups [a, b) go."""
-    return PartialSums.concat([left, right]).compact(a, b)
 
 
 _COMBINE = {}

@@ -176,6 +176,12 @@ class Shard:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def combine(left: PartialSums, right: PartialSums, a: int, b: int) -> PartialSums:
+    """Two adjacent ranges' sums, added up the tree as far as groups [a, b) go (a reducer
+    task's work)."""
+    return PartialSums.concat([left, right]).compact(a, b)
+
+
 def writable(x):
     """``x`` with each read-only array replaced by a copy (in dicts, lists and plain tuples).
     Arrays from Ray's object store are read-only, and Numba types a read-only array apart from
@@ -233,5 +239,4 @@ class _BoundInProcessShards(BoundLocalExecutor):
         parts = [aggregator.partials(self.run(dataclasses.replace(
             cohort, clients=cohort.clients[(g >= a) & (g < b)]), params, ids), hp).compact(a, b)
             for a, b in ((0, 16), (16, 32), (32, REDUCE_GROUPS))]
-        left = PartialSums.concat(parts[:2]).compact(0, 32)  # what ``combine`` does
-        return PartialSums.concat([left, parts[2]])
+        return PartialSums.concat([combine(parts[0], parts[1], 0, 32), parts[2]])
