@@ -42,6 +42,7 @@ from report_privacy import (  # noqa: E402
     mutants_values,
     population_values,
     privacy_values,
+    secagg_auto_values,
     secagg_cost_values,
     secagg_fit_values,
 )
@@ -114,6 +115,7 @@ def documents() -> dict[Path, str]:
         **({ROOT / "eval" / "PRIVACY.md": render(t["PRIVACY"], {
             **privacy_values(privacy), **population_values(load("privacy_population.json")),
             **secagg_cost_values(load("secagg_cost.json")),
+            **secagg_auto_values(),
             **secagg_fit_values(load("secagg_fit.json")),
             **flower_secagg_values(load("flower_deploy_secagg.json")),
             **device_cost_values(load("device_cost.json")),

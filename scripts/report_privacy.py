@@ -105,6 +105,33 @@ def secagg_verdict(rows) -> str:
     return "; ".join(out)
 
 
+def secagg_auto_values() -> dict:
+    """The SecAgg+ degree ``neighbours="auto"`` picks per cohort size: computed by fedcf's
+    ``plus_neighbours`` at its stated assumptions (not a measurement)."""
+    import math
+
+    from fedcf.federated.aggregators.secagg import (
+        AUTO_CORRUPT,
+        AUTO_DROPOUT,
+        PRIVACY_BITS,
+        ROUND_BITS,
+        plus_neighbours,
+    )
+
+    def row(m):
+        k = plus_neighbours(m)
+        h = m if k is None else k + 1
+        t = math.floor(2 / 3 * h) + 1
+        return (f"{m:,}", "every pair" if k is None else f"SecAgg+, k = {k}", f"{t} of {h}",
+                f"{h / m:.3g}")
+    body = table(["cohort m", "graph", "threshold t of holders", "holders / m"],
+                 [row(m) for m in (20, 50, 86, 87, 100, 200, 1000, 10_000, 100_000)])
+    return {"secagg_auto": f"Assumptions: at most {AUTO_CORRUPT:.0%} of the cohort colluding "
+            f"with the server, dropouts at {AUTO_DROPOUT:.0%} (or the simulation's "
+            f"`drop_after_setup` if larger), privacy failures below 2^-{PRIVACY_BITS}, a lost "
+            f"round below 2^-{ROUND_BITS}; threshold share 2/3.\n\n" + body}
+
+
 def secagg_cost_values(rows) -> dict:
     """PRIVACY.md's cost of secure aggregation (scripts/secagg_cost.py)."""
     if not rows:

@@ -22,6 +22,7 @@ analysis: its gap is one quantization step per client and coordinate, reported).
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import warnings
@@ -58,6 +59,43 @@ def warn_if_masked_on_driver(executor, aggregator) -> None:
 
 REPORT_ROUNDING = 0.05  # relative rounding error of the hypergradient reports that warns
 
+# what neighbours="auto" assumes: a share of colluding clients, a dropout rate (at least), and
+# the failure probabilities it allows (privacy 2^-PRIVACY_BITS, a lost round 2^-ROUND_BITS)
+AUTO_CORRUPT, AUTO_DROPOUT, PRIVACY_BITS, ROUND_BITS = 0.1, 0.1, 40, 20
+
+
+@functools.lru_cache(maxsize=256)
+def plus_neighbours(m: int, share: float = 2 / 3, *, dropout: float = AUTO_DROPOUT,
+                    corrupt: float = AUTO_CORRUPT, privacy_bits: int = PRIVACY_BITS,
+                    round_bits: int = ROUND_BITS) -> int | None:
+    """The smallest even SecAgg+ degree k for a cohort of m whose ring (``share_graph``: the
+    client and k/2 neighbours on either side, h = k + 1 holders, threshold t = ⌊share·h⌋ + 1)
+    keeps three union bounds over the m clients, positions on the ring being uniformly random
+    and each client independently colluding (``corrupt``) or dropping before its masked
+    vector (``dropout``):
+
+    - no client has t colluding holders among its other h − 1 (they would rebuild both of its
+      seeds): m · P[Bin(h − 1, corrupt) ≥ t] ≤ 2^−privacy_bits;
+    - the honest survivors' pairwise masks stay connected, so the server learns only their
+      whole sum: a split needs a run of k/2 colluding or dropped clients on the ring,
+      m · (corrupt + dropout)^(k/2) ≤ 2^−privacy_bits;
+    - the round completes (every client keeps t surviving holders besides itself):
+      m · P[Bin(h − 1, 1 − dropout) < t] ≤ 2^−round_bits.
+
+    Returns None — every pair (Bonawitz et al.) — when no k below m − 1 meets them (small
+    cohorts). Bell et al. (2020) bound an Erdős–Rényi graph the same way; this is the ring's
+    own bound. A server that deviates can draw fresh rings (leave adverts out), each winning
+    with probability at most 2^−privacy_bits / m against one client."""
+    from scipy.stats import binom
+
+    half = np.arange(1, max((m - 2) // 2 + 1, 1))  # h = 2·half + 1 < m
+    h = 2 * half + 1
+    t = np.floor(share * h).astype(np.int64) + 1
+    ok = ((m * binom.sf(t - 1, h - 1, corrupt) <= 2.0 ** -privacy_bits)
+          & (m * (corrupt + dropout) ** half.astype(float) <= 2.0 ** -privacy_bits)
+          & (m * binom.cdf(t - 1, h - 1, 1 - dropout) <= 2.0 ** -round_bits))
+    return int(h[ok][0] - 1) if ok.any() else None
+
 
 class SecureAggregation(WeightedMean):
     """The weighted mean computed under secure aggregation (see the module docstring).
@@ -80,12 +118,16 @@ class SecureAggregation(WeightedMean):
         cohort reveals its members' uploads (eval/PRIVACY.md measures by cohort size).
     drop_after_setup : float in [0, 1)
         Probability that a client drops after sharing its keys and before sending its vector.
-    neighbours : int or None
+    neighbours : "auto", int or None, default "auto"
         None: every pair of clients masks and holds shares (Bonawitz et al.). An integer k:
         the SecAgg+ graph of Bell et al. 2020 — each client masks with, and shares with, its
         k nearest clients on a ring ordered by a hash of the round's advertised keys, so a
         client's work grows with k instead of m and the threshold applies among the k + 1
-        holders (choose k of order log m; eval/PRIVACY.md measures the cost).
+        holders (eval/PRIVACY.md measures the cost). "auto": per round, the k of
+        ``plus_neighbours`` for the cohort (of order log m; at most 10 % colluding clients,
+        dropouts at the larger of 10 % and ``drop_after_setup``, failures below 2⁻⁴⁰ for
+        privacy and 2⁻²⁰ for the round), and every pair for cohorts too small to gain or
+        with a threshold given as a count.
 
     Examples
     --------
@@ -99,7 +141,7 @@ class SecureAggregation(WeightedMean):
 
     def __init__(self, threshold=2 / 3, value_bound: float = 1.0, max_weight: float = 1000.0,
                  min_cohort: int = 10, drop_after_setup: float = 0.0,
-                 neighbours: int | None = None):
+                 neighbours: int | str | None = "auto"):
         self.threshold, self.value_bound = threshold, value_bound
         self.max_weight, self.min_cohort = max_weight, min_cohort
         self.drop_after_setup, self.neighbours = drop_after_setup, neighbours
@@ -126,10 +168,11 @@ class SecureAggregation(WeightedMean):
         if isinstance(drop, bool) or not (isinstance(drop, numbers.Real) and 0 <= drop < 1):
             raise ValueError(f"drop_after_setup must be in [0, 1), got {self.drop_after_setup!r}")
         k = self.neighbours
-        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer))
-                              or k < 2):
-            raise ValueError(f"neighbours must be None (every pair) or an integer >= 2 (the "
-                             f"SecAgg+ graph degree), got {k!r}")
+        if k is not None and not (isinstance(k, str) and k == "auto") and (
+                isinstance(k, (bool, str)) or not isinstance(k, (int, np.integer)) or k < 2):
+            raise ValueError(f"neighbours must be 'auto' (the SecAgg+ degree from the cohort), "
+                             f"None (every pair) or an integer >= 2 (the SecAgg+ graph "
+                             f"degree), got {k!r}")
 
     linear = False  # the protocol runs on every client's masked vector
     secure = True
@@ -149,10 +192,19 @@ class SecureAggregation(WeightedMean):
                              "clients_per_round or lower min_cohort")
         return bound
 
+    def degree(self, m: int) -> int | None:
+        """The SecAgg+ degree of a round whose cohort has m clients (None: every pair)."""
+        if not (isinstance(self.neighbours, str) and self.neighbours == "auto"):
+            return None if self.neighbours is None else int(self.neighbours)
+        if isinstance(self.threshold, (int, np.integer)):
+            return None
+        return plus_neighbours(m, float(self.threshold),
+                               dropout=max(AUTO_DROPOUT, float(self.drop_after_setup)))
+
     def holders(self, m: int) -> int:
-        """How many clients hold each client's shares: the cohort, or with ``neighbours`` the
-        client and its neighbours on the SecAgg+ ring."""
-        k = self.neighbours
+        """How many clients hold each client's shares: the cohort, or with a SecAgg+ degree
+        (``degree``) the client and its neighbours on the ring."""
+        k = self.degree(m)
         return m if k is None or k >= m - 1 else 2 * ((k + 1) // 2) + 1
 
     def threshold_for(self, m: int) -> int | None:
@@ -230,7 +282,7 @@ class SecureAggregation(WeightedMean):
 
     def job(self, enc, m: int) -> SecureJob:
         """The clients' part of a round of ``m`` clients, in a fresh session."""
-        return SecureJob(enc, self.threshold_for(m) or 2, os.urandom(16), self.neighbours)
+        return SecureJob(enc, self.threshold_for(m) or 2, os.urandom(16), self.degree(m))
 
     def secure_round(self, clients, session: bytes, enc: Encoding, cohort_ids: np.ndarray,
                      round_idx: int, denominator=None) -> GlobalDelta:
@@ -243,7 +295,7 @@ class SecureAggregation(WeightedMean):
         total, u3 = None, []
         if t is not None:
             try:
-                total, u3 = self._protocol(clients, session, t, enc, round_idx)
+                total, u3 = self._protocol(clients, session, t, enc, round_idx, m)
             except (ProtocolAbort, DeviceRefusal) as e:
                 self.round_stats["secagg_abort"] = str(e)
         self._last_total = total
@@ -297,7 +349,8 @@ class SecureAggregation(WeightedMean):
             return None
         stats = self.round_stats
         try:
-            total, u3 = self._protocol(clients, session, t, enc, round_idx, tag=0x4E9)
+            total, u3 = self._protocol(clients, session, t, enc, round_idx,
+                                       len(cohort_ids), tag=0x4E9)
         except (ProtocolAbort, DeviceRefusal):
             return None
         finally:
@@ -316,8 +369,8 @@ class SecureAggregation(WeightedMean):
             return None
         return values / (denominator or weight)
 
-    def _protocol(self, clients, session, t, enc, round_idx, tag: int = 0x5EC):
-        server = SecAggServer(t, enc.width, session, self.neighbours)
+    def _protocol(self, clients, session, t, enc, round_idx, m: int, tag: int = 0x5EC):
+        server = SecAggServer(t, enc.width, session, self.degree(m))
 
         def dropped(u2):  # who drops after sharing (a simulation of the network)
             draw = np.random.default_rng([self.context.seed, round_idx, tag]).random(len(u2))

@@ -30,7 +30,8 @@ message rounds per aggregation:
 The server half (``SecAggServer``) sees only these messages, which it records (``transcript``)
 for the leakage audit. Threat model: an honest-but-curious server, or a malicious one that
 relays, drops and lies about who dropped, colluding with fewer than t − m/3 clients (the
-paper's bounds hold for t > 2m/3, the default; t ≤ m/2 is refused); see eval/PRIVACY.md.
+paper's bounds hold for t > 2m/3, the default; t ≤ m/2 is refused); with a SecAgg+ ring the
+bounds are ``secagg.plus_neighbours``'s; see eval/PRIVACY.md.
 """
 
 from __future__ import annotations
@@ -185,9 +186,12 @@ def run_round(clients, server: SecAggServer, dropped, *, min_survivors: int = 0,
 def share_graph(adverts: dict, session: bytes, neighbours: int | None, only=None) -> dict:
     """Each advertised client's share holders: itself and its neighbours (``only``: just that
     client's). ``neighbours`` None (or at least |U1| − 1): everyone (Bonawitz et al.). Else
-    SecAgg+ (Bell et al. 2020): the clients on a ring ordered by a hash of the session and their
-    advertised keys — fixed by what every client saw, not chosen by the server — each with
-    ⌈k/2⌉ neighbours on either side. Symmetric: v holds u's shares iff u holds v's."""
+    SecAgg+ (Bell et al. 2020): the clients on a ring ordered by a hash of the session and the
+    whole roster of advertised keys — fixed by what every client saw — each with ⌈k/2⌉
+    neighbours on either side. Symmetric: v holds u's shares iff u holds v's. Because every
+    position depends on the whole roster, a server that leaves adverts out (or shows a client
+    another roster) draws a fresh random ring; it cannot move a client's neighbours one at a
+    time (``secagg.plus_neighbours`` states what a try can win)."""
     ids = sorted(adverts)
     who = ids if only is None else [only]
     if neighbours is None or neighbours >= len(ids) - 1:
@@ -200,9 +204,14 @@ def share_graph(adverts: dict, session: bytes, neighbours: int | None, only=None
 @functools.lru_cache(maxsize=4)
 def _ring(session: bytes, keys: tuple):
     """(the SecAgg+ ring of the advertised clients, each one's position): computed once for
-    the clients of one device that saw the same adverts."""
+    the clients of one device that saw the same adverts. A client's position is a hash of its
+    id under a digest of the session and every advert (id and both keys)."""
+    roster = hashlib.sha256(session)
+    for c, s_pk, c_pk in keys:
+        roster.update(_ints([c]) + s_pk + c_pk)
+    digest = roster.digest()
     ring = sorted((c for c, _, _ in keys), key={c: hashlib.sha256(
-        session + _ints([c]) + s_pk + c_pk).digest() for c, s_pk, c_pk in keys}.__getitem__)
+        digest + _ints([c])).digest() for c, _, _ in keys}.__getitem__)
     return ring, {c: i for i, c in enumerate(ring)}
 
 

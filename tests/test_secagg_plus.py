@@ -1,0 +1,109 @@
+"""SecAgg+ by default: the degree ``plus_neighbours`` chooses from the cohort, its bounds, and
+the ring it builds (positions drawn from the whole roster of adverts)."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from fedcf import FedReconMF
+from fedcf.datasets import make_synthetic_ratings
+from fedcf.federated import SecureAggregation
+from fedcf.federated.aggregators.secagg import plus_neighbours
+from fedcf.federated.aggregators.secagg_protocol import Advert, share_graph
+
+
+def _binom_sf(k, n, p):
+    """P[Bin(n, p) >= k], summed term by term (independent of scipy)."""
+    return sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(max(k, 0), n + 1))
+
+
+def _bounds_hold(m, k, share=2 / 3, corrupt=0.1, dropout=0.1, privacy=40, rounds=20):
+    h, half = k + 1, k // 2
+    t = math.floor(share * h) + 1
+    collusion = m * _binom_sf(t, h - 1, corrupt)
+    split = m * (corrupt + dropout) ** half
+    lost = m * (1 - _binom_sf(t, h - 1, 1 - dropout))
+    return collusion <= 2.0 ** -privacy and split <= 2.0 ** -privacy and lost <= 2.0 ** -rounds
+
+
+@pytest.mark.parametrize("m", [100, 1000, 20000])
+def test_the_degree_is_the_smallest_that_keeps_all_three_bounds(m):
+    k = plus_neighbours(m)
+    assert k is not None and k % 2 == 0 and k < m - 1
+    assert _bounds_hold(m, k)
+    assert not _bounds_hold(m, k - 2)  # the smallest even degree that does
+
+
+def test_the_degree_grows_like_log_m_and_small_cohorts_keep_every_pair():
+    ks = {m: plus_neighbours(m) for m in (20, 50, 1000, 100000)}
+    assert ks[20] is None and ks[50] is None
+    assert ks[100000] < 1.5 * ks[1000] < 200
+    # more dropouts or more collusion need more neighbours
+    assert plus_neighbours(1000, dropout=0.2) > ks[1000]
+    assert plus_neighbours(1000, corrupt=0.3) > ks[1000]
+
+
+def test_auto_resolves_per_cohort_and_a_count_threshold_keeps_every_pair():
+    agg = SecureAggregation()
+    assert agg.neighbours == "auto" and agg.degree(20) is None and agg.holders(20) == 20
+    k = plus_neighbours(1000)
+    assert agg.degree(1000) == k and agg.holders(1000) == k + 1
+    assert agg.threshold_for(1000) == math.floor(2 / 3 * (k + 1)) + 1
+    assert SecureAggregation(threshold=700).degree(1000) is None
+    assert SecureAggregation(neighbours=None).degree(1000) is None
+    assert SecureAggregation(neighbours=8).degree(1000) == 8
+    # a simulation that drops more than the assumed 10 % gets the degree for its own rate
+    assert SecureAggregation(drop_after_setup=0.2).degree(1000) == plus_neighbours(
+        1000, dropout=0.2)
+    with pytest.raises(ValueError, match="neighbours must be 'auto'"):
+        SecureAggregation(neighbours="ring")
+
+
+def test_rounds_complete_at_the_declared_dropout_rate():
+    """The correctness bound, checked by drawing dropouts: with round_bits = 3 a ring loses a
+    round (some client keeps fewer than t surviving holders besides itself) at most 1 time in
+    8 — far less in practice, the bound being a union over the clients."""
+    m, drop = 300, 0.15
+    k = plus_neighbours(m, dropout=drop, corrupt=0.0, privacy_bits=1, round_bits=3)
+    h, half = k + 1, k // 2
+    t = math.floor(2 / 3 * h) + 1
+    rng = np.random.default_rng(0)
+    lost = 0
+    for _ in range(400):
+        alive = rng.random(m) >= drop
+        window = sum(np.roll(alive, d) for d in range(-half, half + 1) if d != 0)
+        lost += bool((window < t).any())
+    assert lost / 400 <= 1 / 8
+
+
+def _adverts(n, rng):
+    return {c: Advert(c, rng.bytes(32), rng.bytes(32), b"") for c in range(n)}
+
+
+def test_ring_positions_depend_on_the_whole_roster():
+    """Leaving one advert out redraws the ring: a server cannot move a client's neighbours one
+    at a time (with a position per client alone, dropping a far client changes nothing)."""
+    rng = np.random.default_rng(1)
+    session = os.urandom(16)
+    changed = 0
+    for _ in range(5):
+        adverts = _adverts(60, rng)
+        graph = share_graph(adverts, session, 4)
+        near = set(graph[0]) | {w for v in graph[0] for w in graph[v]}
+        far = next(c for c in adverts if c not in near)
+        rest = {c: a for c, a in adverts.items() if c != far}
+        changed += share_graph(rest, session, 4, only=0)[0] != graph[0]
+    assert changed >= 4
+
+
+def test_a_default_fit_of_a_large_cohort_uses_the_ring_and_gives_the_same_model():
+    pop = make_synthetic_ratings(300, 12, 3000, n_factors=2, random_state=3)
+    kw = dict(n_factors=2, n_rounds=1, clients_per_round=100, random_state=0)
+    plus = FedReconMF(**kw, aggregator=SecureAggregation()).fit(pop)
+    full = FedReconMF(**kw, aggregator=SecureAggregation(neighbours=None)).fit(pop)
+    np.testing.assert_array_equal(plus.item_factors_, full.item_factors_)
+    h = plus_neighbours(100) + 1
+    assert plus.history_[0]["secagg_threshold"] == math.floor(2 / 3 * h) + 1
+    assert full.history_[0]["secagg_threshold"] == math.floor(2 / 3 * 100) + 1
