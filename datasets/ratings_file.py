@@ -23,6 +23,15 @@ BLOCKS = 64  # = fedcf.federated.round.partials.REDUCE_GROUPS: user u is in bloc
 _LOADED: dict = {}  # (path, sha256) -> Interactions, one file per process
 
 
+def file_sha256(path) -> str:
+    """The sha256 of a file, read in 1 MiB chunks (a large file is never held whole)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class RatingsFile:
     """A ratings file read where it is needed (a Ray shard reads it and keeps its own users).
@@ -52,29 +61,32 @@ class RatingsFile:
     def __post_init__(self):
         p = Path(str(self.path)).expanduser()
         try:
-            digest = hashlib.sha256()
-            with open(p, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(chunk)
+            digest = file_sha256(p)
         except OSError as e:
             raise ValueError(f"RatingsFile path {str(p)!r} cannot be read ({e}); give a ratings "
                              "file every worker reaches at this path") from None
         object.__setattr__(self, "path", str(p.resolve()))
-        object.__setattr__(self, "sha256", digest.hexdigest())
+        object.__setattr__(self, "sha256", digest)
 
     def to_interactions(self) -> Interactions:
-        """The whole file, read in this process (checked to be the file this spec named)."""
+        """The whole file, read in this process (checked to be the file this spec named,
+        before and after parsing it, each time by a streamed hash: a file replaced while it
+        was parsed is refused too)."""
         key = (self.path, self.sha256)
         if key not in _LOADED:
             from .movielens import load_ratings_file
 
-            data = Path(self.path).read_bytes()
-            if hashlib.sha256(data).hexdigest() != self.sha256:
-                raise ValueError(f"{self.path!r} changed since the run named it (sha256 "
-                                 f"{self.sha256[:12]}…); every worker must read the same file")
+            self._check()
+            inter = load_ratings_file(self.path)
+            self._check()
             _LOADED.clear()
-            _LOADED[key] = load_ratings_file(self.path)
+            _LOADED[key] = inter
         return _LOADED[key]
+
+    def _check(self) -> None:
+        if file_sha256(self.path) != self.sha256:
+            raise ValueError(f"{self.path!r} changed since the run named it (sha256 "
+                             f"{self.sha256[:12]}…); every worker must read the same file")
 
     def vocabulary(self) -> tuple[np.ndarray, np.ndarray]:
         """(raw user ids, raw item ids) in dense order."""

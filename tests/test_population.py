@@ -164,6 +164,27 @@ def test_a_ratings_file_spec_names_a_file_it_cannot_read(tmp_path):
         spec.to_interactions()
 
 
+def test_a_ratings_file_replaced_while_it_is_parsed_is_refused(tmp_path, monkeypatch):
+    """The worker hashes the file before and after parsing it, streamed: a file swapped
+    between the check and the parse does not slip through."""
+    from fedcf.datasets import RatingsFile, movielens, ratings_file
+
+    path = tmp_path / "ratings.csv"
+    path.write_text("userId,movieId,rating,timestamp\n5,1,4,0\n7,1,2,0\n")
+    spec = RatingsFile(path)
+    parse = movielens.load_ratings_file
+
+    def swapped(p, *a, **kw):
+        out = parse(p, *a, **kw)
+        path.write_text("userId,movieId,rating,timestamp\n5,1,1,0\n7,1,1,0\n")
+        return out
+    monkeypatch.setattr(movielens, "load_ratings_file", swapped)
+    ratings_file._LOADED.clear()
+    with pytest.raises(ValueError, match="changed since the run named it"):
+        spec.to_interactions()
+    assert not ratings_file._LOADED  # nothing kept from the refused read
+
+
 def _arrays(x):
     """Every array in x (dicts, lists, tuples, dataclass fields)."""
     import dataclasses
