@@ -39,7 +39,11 @@ ALLOWED = {  # record -> fields that may cross the wire (fedcf.flower.wire)
 
 
 def recorder(folder: str):
-    """A Flower client mod writing, per message in and out, its records' fields and shapes."""
+    """A Flower client mod writing, per message in and out, its records' fields and shapes (a
+    packed ArrayRecord's arrays, as its header names them)."""
+    from flwr.app import ArrayRecord
+
+    from fedcf.flower.wire import record_arrays
 
     def mod(msg, context, call_next):
         reply = call_next(msg, context)
@@ -50,8 +54,9 @@ def recorder(folder: str):
                 continue
             fields = {}
             for name, rec in m.content.items():
+                got = record_arrays(rec) if isinstance(rec, ArrayRecord) else rec
                 fields[name] = {k: (list(v.shape) if hasattr(v, "shape") else type(v).__name__)
-                                for k, v in rec.items()}
+                                for k, v in got.items()}
             rows.append({"dir": direction, "type": msg.metadata.message_type, "fields": fields})
         with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)

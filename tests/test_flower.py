@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from conftest import load_script  # noqa: E402
-from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedcf import FedReconMF  # noqa: E402
@@ -34,7 +34,14 @@ from fedcf.flower.node import (  # noqa: E402
     tangent_reports,
 )
 from fedcf.flower.secure import CT_BYTES  # noqa: E402
-from fedcf.flower.wire import SUM_FIELDS, UPLOAD_FIELDS, arrays, client_params  # noqa: E402
+from fedcf.flower.wire import (  # noqa: E402
+    SUM_FIELDS,
+    UPLOAD_FIELDS,
+    ReplyError,
+    arrays,
+    client_params,
+    record_arrays,
+)
 
 DATA = {"dataset": "synthetic", "synthetic-users": 240, "synthetic-items": 50,
         "synthetic-ratings": 4800, "synthetic-seed": 3}
@@ -77,9 +84,19 @@ class FakeGrid:
             for d, m in (("down", msg), ("up", reply)):
                 if not m.has_error():
                     self.log.append((msg.metadata.message_type, d,
-                                     {k: sorted(r) for k, r in m.content.items()}))
+                                     {k: _fields(r) for k, r in m.content.items()}))
             replies.append(reply)
         return replies
+
+
+def _fields(record) -> list:
+    """The field names of a record: a packed ArrayRecord's arrays (its own keys if forged)."""
+    if isinstance(record, ArrayRecord):
+        try:
+            return sorted(record_arrays(record))
+        except ReplyError:
+            pass
+    return sorted(record)
 
 
 def partitions(n, **policy):
@@ -151,7 +168,7 @@ def test_upload_rows_are_query_items_only(tmp_path):
 
     def keep(msg, reply):
         if msg.metadata.message_type == "train":
-            seen.append(reply.content["upload"]["d_Q"].numpy().shape)
+            seen.append(record_arrays(reply.content["upload"])["d_Q"].shape)
         return reply
 
     run(FakeGrid(partitions(2), tamper={BIG: keep}), tmp_path)
@@ -187,10 +204,10 @@ def test_under_dp_a_node_lists_only_its_eligible_users():
     own = load_dataset(DATA).subset_users(np.arange(6))
     counts = own.counts()
     floor = int(np.sort(counts)[3])
-    rec = describe(own, ConfigRecord({"private-floor": floor}))
+    rec = record_arrays(describe(own, ConfigRecord({"private-floor": floor})))
     assert sorted(rec) == ["catalog", "users"]
-    np.testing.assert_array_equal(rec["users"].numpy(), own.user_ids[counts >= floor])
-    assert sorted(describe(own)) == ["catalog", "counts", "sums", "users"]
+    np.testing.assert_array_equal(rec["users"], own.user_ids[counts >= floor])
+    assert sorted(record_arrays(describe(own))) == ["catalog", "counts", "sums", "users"]
 
 
 def test_under_dp_a_reply_that_lies_about_its_layout_is_refused(tmp_path):
@@ -215,7 +232,7 @@ def _edit_reply(record, field, change, step=None, kind=None):
         if msg.metadata.message_type != kind or (
                 step is not None and msg.content["config"]["step"] != step):
             return reply
-        rec = {k: v.numpy() for k, v in reply.content[record].items()}
+        rec = record_arrays(reply.content[record])
         rec[field] = change(rec[field])
         return Message(RecordDict({record: arrays(**rec)}), reply_to=msg)
     return tamper
@@ -343,7 +360,7 @@ def test_node_without_partition_or_users_is_skipped(tmp_path):
 
 def test_empty_partition_and_bad_catalog_are_refused(tmp_path):
     def other_catalog(msg, reply):
-        rec = {k: v.numpy() for k, v in reply.content["users"].items()}
+        rec = record_arrays(reply.content["users"])
         rec["catalog"] = rec["catalog"][:-1]
         return Message(RecordDict({"users": arrays(**rec)}), reply_to=msg)
 
@@ -612,11 +629,11 @@ def test_secure_aggregation_over_messages_is_the_in_process_model(tmp_path, monk
     assert all(h["flower_messages"] == 15 for h in res["history"])  # 5 steps x 3 nodes
     ups = [reply for msg, reply in grid.sent if msg.metadata.message_type == "train.secagg"]
     assert ups and all(set(r.content.keys()) == {"secagg"} for r in ups)
-    fields = set().union(*(r.content["secagg"].keys() for r in ups))
+    fields = set().union(*(record_arrays(r.content["secagg"]) for r in ups))
     assert {f.split(".")[0] for f in fields} == {"keys", "adverts", "shares", "masked",
                                                  "sigs", "unmask"}
-    masked = np.concatenate([r.content["secagg"]["masked.data"].numpy() for r in ups
-                             if "masked.data" in r.content["secagg"]])
+    masked = np.concatenate([record_arrays(r.content["secagg"])["masked.data"] for r in ups
+                             if "masked.data" in record_arrays(r.content["secagg"])])
     assert masked.shape == (len(plain), plain.shape[1])
     assert (masked[:, None, :] == plain[None, :, :]).mean() < 1e-3  # chance: 2^-32 per word
     assert not any(m.metadata.message_type == "train" for m, _ in grid.sent)
@@ -653,8 +670,9 @@ def test_hypergradients_under_secure_aggregation_stay_masked_on_the_nodes(tmp_pa
     hyper = [(m, r) for m, r in grid.sent if m.metadata.message_type == "train.secagg"
              and str(m.metadata.group_id).endswith("-hyper/begin")]
     assert hyper and all(set(r.content.keys()) == {"secagg"} for _, r in hyper)
-    masked = np.concatenate([r.content["secagg"]["masked.data"].numpy() for m, r in grid.sent
-                             if "masked.data" in r.content.get("secagg", {})
+    masked = np.concatenate([record_arrays(r.content["secagg"])["masked.data"] for m, r in grid.sent
+                             if "secagg" in r.content
+                             and "masked.data" in record_arrays(r.content["secagg"])
                              and "-hyper/" in str(m.metadata.group_id)])
     assert masked.shape == (len(plain), plain.shape[1])
     assert (masked[:, None, :] == plain[None, :, :]).mean() < 1e-3
@@ -884,7 +902,7 @@ def test_a_node_sizes_its_arrays_by_its_own_users_and_uploads_what_the_simulatio
     program = client_estimator(params).client_program(None, 3.0)
     ref = BoundLocalExecutor(program, (indptr, own.items[take], own.values[take])).run(
         Cohort(np.array(config["clients"]), 4, 0, 0),
-        {"Q": glob["Q"].numpy(), "b": glob["b"].numpy()}, np.array([7, 2], np.uint64))
+        {k: record_arrays(glob)[k] for k in ("Q", "b")}, np.array([7, 2], np.uint64))
     for field in ("offsets", "items", "d_Q", "d_b", "weights", "losses", "clients"):
         np.testing.assert_array_equal(getattr(got, field), getattr(ref, field), err_msg=field)
     tracemalloc.start()
@@ -1380,7 +1398,7 @@ def _claim(user_sums):
     def tamper(msg, reply):
         if msg.metadata.message_type != "query" or reply.has_error():
             return reply
-        rec = {k: v.numpy() for k, v in reply.content["users"].items()}
+        rec = record_arrays(reply.content["users"])
         rec["sums"] = rec["sums"].copy()
         rec["sums"][0] = user_sums(rec["counts"][0]) if callable(user_sums) else user_sums
         return Message(RecordDict({"users": arrays(**rec)}), reply_to=msg)
@@ -1418,7 +1436,7 @@ def test_one_user_two_nodes_claim_costs_only_that_user(tmp_path):
     def overlap(msg, reply):
         if msg.metadata.message_type != "query" or reply.has_error():
             return reply
-        rec = {k: v.numpy() for k, v in reply.content["users"].items()}
+        rec = record_arrays(reply.content["users"])
         order = np.argsort(np.append(rec["users"], stolen))
         rec["users"] = np.append(rec["users"], stolen)[order]
         rec["counts"] = np.append(rec["counts"], rec["counts"][0])[order]

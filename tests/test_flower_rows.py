@@ -17,7 +17,7 @@ from fedcf import FURLMF, FedAvgMF, load_model  # noqa: E402
 from fedcf.flower import Settings, fit_in_process, serve  # noqa: E402
 from fedcf.flower.node import load_dataset  # noqa: E402
 from fedcf.flower.rows import ROWS_STATE  # noqa: E402
-from fedcf.flower.wire import UPLOAD_FIELDS, arrays  # noqa: E402
+from fedcf.flower.wire import UPLOAD_FIELDS, arrays, record_arrays  # noqa: E402
 
 PARAMS = {"n_factors": 4, "n_rounds": 3, "clients_per_round": 30, "random_state": 0}
 
@@ -36,8 +36,8 @@ def _kept(grid) -> dict:
     out = {}
     for state in grid.state.values():
         if ROWS_STATE in state:
-            rec = state[ROWS_STATE]
-            for u, p, c in zip(*(rec[k].numpy() for k in ("users", "P", "c"))):
+            rec = record_arrays(state[ROWS_STATE])
+            for u, p, c in zip(*(rec[k] for k in ("users", "P", "c"))):
                 out[int(u)] = (p, c)
     return out
 
@@ -120,7 +120,7 @@ def test_a_fedavg_reply_with_bad_rows_is_refused_and_the_old_rows_stay(tmp_path)
     def nan_rows(msg, reply):
         if msg.metadata.message_type != "train":
             return reply
-        rows = {k: v.numpy() for k, v in reply.content["rows"].items()}
+        rows = record_arrays(reply.content["rows"])
         rows["P"] = np.full_like(rows["P"], np.nan)
         return Message(RecordDict({"upload": reply.content["upload"], "rows": arrays(**rows)}),
                        reply_to=msg)
@@ -167,17 +167,17 @@ def test_a_device_trains_its_own_row_whatever_the_server_sends():
     that row. The server cannot reset or plant a row."""
     users = np.array([0, 1, 2])
     first, grid = _send(users, _rows(3, 0.05))
-    kept = {k: v.numpy().copy() for k, v in grid.state[BIG][ROWS_STATE].items()}
+    kept = record_arrays(grid.state[BIG][ROWS_STATE])
     assert not first.has_error() and not np.allclose(kept["P"], 0.05)
     planted, grid2 = _send(users, _rows(3, 7.0), state=grid.state[BIG])
     own_rows, _ = _send(users, (kept["P"], kept["c"]))
-    np.testing.assert_array_equal(planted.content["upload"]["d_Q"].numpy(),
-                                  own_rows.content["upload"]["d_Q"].numpy())
-    assert np.abs(grid2.state[BIG][ROWS_STATE]["P"].numpy()).max() < 1.0  # never 7
+    np.testing.assert_array_equal(record_arrays(planted.content["upload"])["d_Q"],
+                                  record_arrays(own_rows.content["upload"])["d_Q"])
+    assert np.abs(record_arrays(grid2.state[BIG][ROWS_STATE])["P"]).max() < 1.0  # never 7
     # a user the device has not trained yet starts from the message's row
     new, grid3 = _send(np.array([0, 3]), _rows(2, 0.05), state=grid.state[BIG])
-    assert set(grid3.state[BIG][ROWS_STATE]["users"].numpy()) >= set(kept["users"])
-    assert len(grid3.state[BIG][ROWS_STATE]["users"].numpy()) == 4
+    assert set(record_arrays(grid3.state[BIG][ROWS_STATE])["users"]) >= set(kept["users"])
+    assert len(record_arrays(grid3.state[BIG][ROWS_STATE])["users"]) == 4
 
 
 @pytest.mark.parametrize("rows, reason", [

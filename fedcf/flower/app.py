@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .node import check_fresh, describe, evaluate, node_data, tangent_reports, train
+from .node import check_fresh, describe, evaluate, named, node_data, tangent_reports, train
 from .rows import NodeRows
 from .secure import node_step
 from .server import serve
@@ -108,7 +108,7 @@ def make_client_app(mods=(), data: dict | None = None, policy: dict | None = Non
         return {**rules, **dict(context.node_config)}
 
     def own(context, msg=None):
-        catalog = msg.content["catalog"]["items"].numpy() if msg is not None and \
+        catalog = named(msg.content["catalog"], "catalog")["items"] if msg is not None and \
             "catalog" in msg.content else None
         return node_data({**defaults, **dict(context.run_config)}, context.node_config,
                          context.state, catalog)

@@ -41,7 +41,16 @@ from ..federated.round.phases import (
 )
 from .ledger import keep_device, node_device
 from .rows import NodeRows
-from .wire import NO_CATALOG, arrays, client_estimator, encode_sums, encode_upload, flwr
+from .wire import (
+    NO_CATALOG,
+    ReplyError,
+    arrays,
+    client_estimator,
+    encode_sums,
+    encode_upload,
+    flwr,
+    record_arrays,
+)
 
 _PARTITIONS: dict = {}  # (dataset key, partition, partitions) -> Interactions, per process
 _DEVICE: dict = {}  # (path, mtime, size) -> the device's own ratings
@@ -93,7 +102,7 @@ def node_data(run_config, node_config, state=None, catalog=None) -> Interactions
         if state is not None:
             state[CATALOG_STATE] = arrays(items=np.asarray(catalog, np.int64))
     elif state is not None and CATALOG_STATE in state:
-        catalog = state[CATALOG_STATE]["items"].numpy()
+        catalog = named(state[CATALOG_STATE], "catalog")["items"]
     if catalog is None:
         if "data-path" in node_config:
             raise NodeDataError(f"this node holds its own data (data-path) and {NO_CATALOG}: "
@@ -209,11 +218,21 @@ def _rows(own: Interactions, raw_users) -> np.ndarray:
     return pos
 
 
+def named(rec, what: str) -> dict:
+    """The arrays of one of the message's records (``wire.record_arrays``), or a
+    NodeDataError naming the record."""
+    try:
+        return record_arrays(rec)
+    except ReplyError as e:
+        raise NodeDataError(f"the message's {what} record is refused: {e}") from None
+
+
 def global_model(own: Interactions, est, glob) -> tuple:
     """(Q, b) of the message, checked against this node's catalog and the parameters (a wrong
     shape would otherwise index past the arrays inside the kernels)."""
+    g = named(glob, "global")
     try:
-        Q, b = glob["Q"].numpy(), glob["b"].numpy()
+        Q, b = g["Q"], g["b"]
     except KeyError as e:
         raise NodeDataError(f"the message's global record lacks {e}") from None
     state = est._model_state(own.n_items)
@@ -304,7 +323,8 @@ def report_arrays(own: Interactions, config, glob, tangents, rows=None) -> tuple
 def read_tangents(tangents, shape) -> tuple[np.ndarray, np.ndarray]:
     """(TQ, Tb) of the message, checked: H ≥ 1 directions over this node's catalog, finite."""
     try:
-        TQ, Tb = tangents["TQ"].numpy(), tangents["Tb"].numpy()
+        t = named(tangents, "tangents")
+        TQ, Tb = t["TQ"], t["Tb"]
     except (KeyError, TypeError) as e:
         raise NodeDataError(f"the message's tangents record lacks {e}") from None
     H = TQ.shape[0] if TQ.ndim == 3 else 0
@@ -334,7 +354,7 @@ def _client_work(own: Interactions, config, glob, user_rows: NodeRows | None = N
     alg = est._algorithm(sub, message_number(config, "mu"))  # built on its own data
     program = alg.program
     Q, b = global_model(own, est, glob)
-    ids = glob["ids"].numpy() if "ids" in glob else np.zeros(0)
+    ids = named(glob, "global").get("ids", np.zeros(0))
     if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):
         raise NodeDataError("the message's ids must be two integers [seed, round]")
     keys = np.concatenate([ids, clients]).astype(np.uint64)
@@ -351,10 +371,11 @@ ROUND_STATE = "fedcf-round"  # the latest round this node worked (in the run's c
 def check_fresh(state, glob) -> None:
     """Refuse a message for a round older than one this node already worked (a stalled node
     catching up on its queue works only the current round); remember the round otherwise."""
-    if state is None or "ids" not in glob:
-        return
-    ids = glob["ids"].numpy()
-    if ids.shape != (2,):
+    try:
+        ids = named(glob, "global").get("ids") if state is not None else None
+    except NodeDataError:
+        return  # the work itself refuses a malformed record
+    if ids is None or ids.shape != (2,):
         return  # the work itself refuses malformed ids
     now, last = int(ids[1]), int(state[ROUND_STATE]["round"]) if ROUND_STATE in state else -1
     if now < last:

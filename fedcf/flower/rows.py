@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .wire import arrays
+from .wire import ReplyError, arrays, record_arrays
 
 ROWS_STATE = "fedcf-rows"  # a device's kept rows in the run's context.state: users, P, c
 
@@ -64,23 +64,24 @@ class NodeRows:
                                 "rounds, but it carries no 'rows' record")
         m, dt = len(users), np.dtype(dtype)
         try:
-            P, c = self.given["P"].numpy(), self.given["c"].numpy()
-        except KeyError as e:
-            raise NodeRowsError(f"the message's rows record lacks {e}") from None
+            given = record_arrays(self.given)
+            P, c = given["P"], given["c"]
+        except (KeyError, ReplyError) as e:
+            raise NodeRowsError(f"the message's rows record is refused: {e}") from None
         if P.shape != (m, K) or c.shape != (m,) or P.dtype != dt or c.dtype != dt or \
                 not (np.isfinite(P).all() and np.isfinite(c).all()):
             raise NodeRowsError(f"the message's rows must be finite {dt} of shapes ({m}, {K}) "
                                 f"and ({m},), got {P.dtype} {P.shape} and {c.dtype} {c.shape}")
         P, c = P.copy(), c.copy()
         if on_device and self.state is not None and ROWS_STATE in self.state:
-            kept = self.state[ROWS_STATE]
-            own, at, found = _find(kept["users"].numpy(), users)
-            if kept["P"].numpy().shape[1:] != (K,):
-                raise NodeRowsError(f"this device keeps rows of width "
-                                    f"{kept['P'].numpy().shape[1]}, the message's model has "
-                                    f"K={K}: a run changes no model mid-way")
-            P[found] = kept["P"].numpy()[at[found]].astype(dt)
-            c[found] = kept["c"].numpy()[at[found]].astype(dt)
+            kept = record_arrays(self.state[ROWS_STATE])
+            own, at, found = _find(kept["users"], users)
+            if kept["P"].shape[1:] != (K,):
+                raise NodeRowsError(f"this device keeps rows of width {kept['P'].shape[1]}, "
+                                    f"the message's model has K={K}: a run changes no model "
+                                    "mid-way")
+            P[found] = kept["P"][at[found]].astype(dt)
+            c[found] = kept["c"][at[found]].astype(dt)
         return P, c
 
     def keep(self, users, local, *, on_device: bool) -> dict:
@@ -94,8 +95,8 @@ class NodeRows:
             raise NodeRowsError("this node has no run state to keep its users' rows in")
         raw = np.asarray(users, np.int64)
         if ROWS_STATE in self.state:
-            kept = self.state[ROWS_STATE]
-            old, oP, oc = (kept[k].numpy() for k in ("users", "P", "c"))
+            kept = record_arrays(self.state[ROWS_STATE])
+            old, oP, oc = (kept[k] for k in ("users", "P", "c"))
             stay = ~np.isin(old, raw)
             raw, P, c = (np.concatenate([a[stay], b]) for a, b in ((old, raw), (oP, P),
                                                                    (oc, c)))

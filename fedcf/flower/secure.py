@@ -51,7 +51,7 @@ from ..federated.round.phases import RoundHyperparams
 from ..federated.round.reports import ReportEncoding, Reports
 from .keys import ENDORSEMENT_BYTES, check_endorsements, endorse, load_identity, load_pinned
 from .ledger import keep_device, node_device
-from .wire import ReplyError, arrays, flwr
+from .wire import ReplyError, arrays, flwr, record_arrays
 
 STEPS = ("begin", "share", "mask", "consistency", "unmask")
 STATE_KEY = "fedcf-secagg"
@@ -224,7 +224,14 @@ def _begin(own, config, content, session: bytes, device: Device, state=None) -> 
     """The asked users' protocol halves: they train (or compute their hypergradient reports)
     and begin the job the message's public fields describe — the encoding (clip, weigh, noise
     share, quantize) and the session — as any executor's clients do (``SecureJob``)."""
-    from .node import client_estimator, client_outputs, global_model, message_number, report_arrays
+    from .node import (
+        client_estimator,
+        client_outputs,
+        global_model,
+        message_number,
+        named,
+        report_arrays,
+    )
     from .rows import NodeRows
 
     k = int(config["neighbours"])
@@ -236,9 +243,9 @@ def _begin(own, config, content, session: bytes, device: Device, state=None) -> 
     if "report-encoding" in config:  # the hypergradient reports' own session
         clients, losses, jvp, weights = report_arrays(own, config, glob, content["tangents"],
                                                       NodeRows(content, state))
-        ids = glob["ids"].numpy()  # checked by report_arrays
+        ids = named(glob, "global")["ids"]  # checked by report_arrays
         enc = read_report_encoding(config["report-encoding"], jvp.shape[1])
-        tangents = (content["tangents"]["TQ"].numpy(), content["tangents"]["Tb"].numpy())
+        tangents = tuple(named(content["tangents"], "tangents")[k] for k in ("TQ", "Tb"))
         return device.begin_reports(SecureJob(enc, t, session, neighbours),
                                     Reports(clients, losses, jvp, weights), params, tangents, ids)
     job = SecureJob(read_encoding(config["encoding"], *Q.shape), t, session, neighbours)
@@ -249,7 +256,7 @@ def _begin(own, config, content, session: bytes, device: Device, state=None) -> 
         raise NodeProtocolError("this model's user rows go back to the server in the clear "
                                 "(FedAvg), which a masked round does not carry; train it "
                                 "without secure aggregation, or use FURL")
-    return device.begin_updates(job, out, hp, params, glob["ids"].numpy())
+    return device.begin_updates(job, out, hp, params, named(glob, "global")["ids"])
 
 
 def node_step(own, content, state, node_config=None) -> dict:
@@ -277,8 +284,8 @@ def node_step(own, content, state, node_config=None) -> dict:
                               [endorse(me, session, c, k) for c, k in halves.verifying().items()]))
         return _keep(state, session, halves, reply)
     halves = _restore(state, session)
-    a = {k: v.numpy() for k, v in content["secagg"].items()} if "secagg" in content else {}
     try:
+        a = record_arrays(content["secagg"]) if "secagg" in content else {}
         if step == "share":
             if (node_config or {}).get("pinned-keys"):  # only keys its federation vouched for
                 check_endorsements(_registry(a), _endorsements(a),
@@ -413,7 +420,7 @@ class FlowerHalves:
                 rec = content.array_records.get("secagg")
                 if rec is None:
                     raise ReplyError("the reply has no 'secagg' record")
-                a = {k: v.numpy() for k, v in rec.items()}
+                a = record_arrays(rec)
                 self.received.append((step, sorted(content.keys()), sorted(a)))
                 out.append(read(node, a))
                 answered.add(node)

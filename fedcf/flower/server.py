@@ -41,6 +41,7 @@ from .wire import (
     decode_sums,
     decode_upload,
     flwr,
+    record_fields,
 )
 
 log = logging.getLogger("fedcf.flower")
@@ -80,10 +81,9 @@ class FlowerExecutor(RoundExecutor):
     >>> d = Directory(user_ids=np.array([7, 9]), node_of=np.array([0, 1]), nodes=[101, 202],
     ...               counts=np.array([3, 5]), sums=np.zeros((2, 4)), catalog=np.arange(4))
     >>> from fedcf import FedReconMF
-    >>> from fedcf.flower import FlowerExecutor
-    >>> from fedcf.flower.directory import Refusals
+    >>> from fedcf.flower import FlowerExecutor, directory
     >>> ex = FlowerExecutor(None, d, np.array([0, 1]), FedReconMF(random_state=0), mu=3.5,
-    ...                     timeout=60.0, refusals=Refusals())  # grid=None: nothing is sent
+    ...                     timeout=60.0, refusals=directory.Refusals())  # grid=None: nothing is sent
     >>> ex.counts.tolist()
     [3, 5]
     """
@@ -260,7 +260,7 @@ class FlowerExecutor(RoundExecutor):
             content_bytes(c) for _, c in replies)
         for _, content in replies:  # what the server received, by message type and record
             for name, rec in content.items():
-                self.received.setdefault(kind, {}).setdefault(name, set()).update(rec.keys())
+                self.received.setdefault(kind, {}).setdefault(name, set()).update(record_fields(rec))
         return replies
 
     def run(self, cohort, params, ids) -> ClientOutputs:
