@@ -140,7 +140,8 @@ def secagg_cost_values(rows) -> dict:
     body = table(["clients m", "graph", "items", "threshold t", "dropped", "seconds per client",
                   "server seconds", "round seconds", "MiB up per client", "plain vector, MiB"],
                  [(f"{r['clients']:,}", "every pair" if not r.get("neighbours") else
-                   f"SecAgg+, k = {r['neighbours']}", f"{r['n_items']:,}",
+                   f"SecAgg+, k = {r['neighbours']}" + (" (default)" if r.get("auto") else ""),
+                   f"{r['n_items']:,}",
                    f"{r['threshold']} of {r.get('holders', r['clients'])}", r["dropped"],
                    f"{r['client_seconds']:.3f}", f"{r['server_seconds']:.2f}",
                    f"{r['round_seconds']:.2f}",

@@ -11,8 +11,9 @@ survivor and per dropped client, masks regenerated for the dropped), bytes each 
 included), and the same vector's plain size for comparison. ``--drop``
 clients vanish after sharing their keys, so the server also rebuilds their masks.
 
-Cohorts run with every pair masking (Bonawitz et al.) and with the SecAgg+ graph of degree k
-(``--neighbours``), whose per-client work grows with k rather than m.
+Cohorts run with every pair masking (Bonawitz et al.), with the SecAgg+ graph of degree k
+(``--neighbours``), whose per-client work grows with k rather than m, and with the degree
+``SecureAggregation()`` picks by default for the cohort (``neighbours="auto"``).
 
 Example: python scripts/secagg_cost.py --json eval/results/secagg_cost.json
 """
@@ -54,8 +55,10 @@ def main(argv=None):
     ap.add_argument("--items", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     ap.add_argument("--factors", type=int, default=16)
     ap.add_argument("--drop", type=float, default=0.1)
-    ap.add_argument("--neighbours", type=int, nargs="+", default=[0, 40],
-                    help="graph degrees to run: 0 = every pair (Bonawitz et al.), k = SecAgg+")
+    ap.add_argument("--neighbours", type=int, nargs="+", default=[0, 40, -1],
+                    help="graph degrees to run: 0 = every pair (Bonawitz et al.), k = SecAgg+, "
+                         "-1 = the default SecureAggregation() picks for the cohort "
+                         "(neighbours='auto'; skipped where that is every pair)")
     ap.add_argument("--max-words", type=float, default=2e10,
                     help="skip configurations whose masks exceed this many words (m·k·d)")
     ap.add_argument("--max-holders", type=int, default=1000,
@@ -66,7 +69,12 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     rows = []
     for m in args.clients:
-        for k in sorted(set(args.neighbours)):
+        for k in sorted(set(args.neighbours), key=abs):
+            auto = k < 0
+            if auto:
+                k = SecureAggregation(drop_after_setup=args.drop).degree(m) or 0
+                if not k or k in args.neighbours:
+                    continue  # every pair, or a degree run anyway
             h = SecureAggregation(neighbours=k or None).holders(m)
             if k and h >= m:
                 continue  # the graph is complete at this cohort: the k = 0 row
@@ -75,7 +83,7 @@ def main(argv=None):
                 if words > args.max_words or h > args.max_holders:
                     print(f"m={m}, k={k}, {n:,} items: skipped (over the budget)")
                     continue
-                r = one(m, n, args.factors, args.drop, rng, k or None)
+                r = {**one(m, n, args.factors, args.drop, rng, k or None), "auto": auto}
                 rows.append(r)
                 print(f"m={m:<5} k={k:<3} items={n:<7,} client {r['client_seconds']:.3f} s  "
                       f"server {r['server_seconds']:.2f} s  up "

@@ -516,6 +516,18 @@ def test_the_cost_script_reports_client_and_server_time_and_bytes():
         assert r["bytes_up_per_client"] > r["plain_bytes"]  # the vector plus keys and shares
 
 
+def test_the_cost_script_runs_the_default_degree_of_a_cohort():
+    from conftest import load_script
+
+    from fedcf.federated.aggregators.secagg import plus_neighbours
+
+    rows = load_script("secagg_cost").main(["--clients", "20", "100", "--items", "20",
+                                            "--factors", "1", "--neighbours", "-1"])
+    k = plus_neighbours(100)  # 20 clients: every pair, no row of its own
+    assert [(r["clients"], r["neighbours"], r["holders"], r["auto"]) for r in rows] == [
+        (100, k, k + 1, True)]
+
+
 def test_the_fit_script_times_a_whole_dp_secure_fit_and_its_steady_round(tmp_path):
     import json
 
