@@ -36,6 +36,9 @@ def test_a_record_is_one_array_and_comes_back_exactly():
         assert got[k].flags.writeable
     got["Q"][0, 0] = -1  # a copy: the record is unchanged
     assert record_arrays(rec)["Q"][0, 0] == 0
+    assert list(record_arrays(rec, ("ids", "b"))) == ["b", "ids"]  # just those, in order
+    last = record_arrays(arrays(a=np.ones(3), z=np.zeros((2, 0))))  # an empty array at the end
+    assert last["z"].shape == (2, 0) and last["a"].tolist() == [1.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("rec, match", [

@@ -218,11 +218,11 @@ def _rows(own: Interactions, raw_users) -> np.ndarray:
     return pos
 
 
-def named(rec, what: str) -> dict:
-    """The arrays of one of the message's records (``wire.record_arrays``), or a
-    NodeDataError naming the record."""
+def named(rec, what: str, only=None) -> dict:
+    """The arrays of one of the message's records (``wire.record_arrays``; ``only``: just
+    those), or a NodeDataError naming the record."""
     try:
-        return record_arrays(rec)
+        return record_arrays(rec, only)
     except ReplyError as e:
         raise NodeDataError(f"the message's {what} record is refused: {e}") from None
 
@@ -230,7 +230,7 @@ def named(rec, what: str) -> dict:
 def global_model(own: Interactions, est, glob) -> tuple:
     """(Q, b) of the message, checked against this node's catalog and the parameters (a wrong
     shape would otherwise index past the arrays inside the kernels)."""
-    g = named(glob, "global")
+    g = named(glob, "global", ("Q", "b"))
     try:
         Q, b = g["Q"], g["b"]
     except KeyError as e:
@@ -354,7 +354,7 @@ def _client_work(own: Interactions, config, glob, user_rows: NodeRows | None = N
     alg = est._algorithm(sub, message_number(config, "mu"))  # built on its own data
     program = alg.program
     Q, b = global_model(own, est, glob)
-    ids = named(glob, "global").get("ids", np.zeros(0))
+    ids = named(glob, "global", ("ids",)).get("ids", np.zeros(0))
     if ids.shape != (2,) or not np.issubdtype(ids.dtype, np.integer):
         raise NodeDataError("the message's ids must be two integers [seed, round]")
     keys = np.concatenate([ids, clients]).astype(np.uint64)
@@ -372,7 +372,7 @@ def check_fresh(state, glob) -> None:
     """Refuse a message for a round older than one this node already worked (a stalled node
     catching up on its queue works only the current round); remember the round otherwise."""
     try:
-        ids = named(glob, "global").get("ids") if state is not None else None
+        ids = named(glob, "global", ("ids",)).get("ids") if state is not None else None
     except NodeDataError:
         return  # the work itself refuses a malformed record
     if ids is None or ids.shape != (2,):

@@ -243,7 +243,7 @@ def _begin(own, config, content, session: bytes, device: Device, state=None) -> 
     if "report-encoding" in config:  # the hypergradient reports' own session
         clients, losses, jvp, weights = report_arrays(own, config, glob, content["tangents"],
                                                       NodeRows(content, state))
-        ids = named(glob, "global")["ids"]  # checked by report_arrays
+        ids = named(glob, "global", ("ids",))["ids"]  # checked by report_arrays
         enc = read_report_encoding(config["report-encoding"], jvp.shape[1])
         tangents = tuple(named(content["tangents"], "tangents")[k] for k in ("TQ", "Tb"))
         return device.begin_reports(SecureJob(enc, t, session, neighbours),
@@ -256,7 +256,7 @@ def _begin(own, config, content, session: bytes, device: Device, state=None) -> 
         raise NodeProtocolError("this model's user rows go back to the server in the clear "
                                 "(FedAvg), which a masked round does not carry; train it "
                                 "without secure aggregation, or use FURL")
-    return device.begin_updates(job, out, hp, params, named(glob, "global")["ids"])
+    return device.begin_updates(job, out, hp, params, named(glob, "global", ("ids",))["ids"])
 
 
 def node_step(own, content, state, node_config=None) -> dict:

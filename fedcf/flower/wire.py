@@ -102,21 +102,24 @@ def arrays(**named) -> object:
     return app.ArrayRecord({PACKED: app.Array(np.frombuffer(buf, np.uint8))})
 
 
-def record_arrays(rec) -> dict:
-    """The named arrays of a record ``arrays`` made (fresh, writable copies), checked: a
-    header that does not describe the buffer exactly, or an array that is not bool, integer
-    or floating, is a ReplyError naming it (a node's record is never trusted to be well
-    formed)."""
+def record_arrays(rec, only=None) -> dict:
+    """The named arrays of a record ``arrays`` made (fresh, writable copies; ``only``: just
+    those names, the whole record still checked), checked: a header that does not describe
+    the buffer exactly, or an array that is not bool, integer or floating, is a ReplyError
+    naming it (a node's record is never trusted to be well formed)."""
     buf, specs, at = _packed(rec)
-    out = {}
+    out, seen = {}, set()
     for name, dt, shape in specs:
-        if dt.kind not in _KINDS or dt.hasobject or any(x < 0 for x in shape) or name in out:
+        if dt.kind not in _KINDS or dt.hasobject or any(x < 0 for x in shape) or name in seen:
             raise ReplyError(f"the record's field {name!r} ({dt}, shape {shape}) is refused: "
                              "only bool, integer and floating arrays, each named once")
         size = dt.itemsize * math.prod(shape)
         if at + size > len(buf):
             raise ReplyError(f"the record's field {name!r} runs past the buffer")
-        out[name] = np.frombuffer(buf[at:at + size].tobytes(), dt).reshape(shape).copy()
+        if only is None or name in only:  # one copy, aligned and writable
+            out[name] = np.frombuffer(buf, dt, size // max(dt.itemsize, 1), at).reshape(
+                shape).copy()
+        seen.add(name)
         at += size
     if at != len(buf):
         raise ReplyError(f"the {PACKED!r} array has {len(buf) - at} bytes its header does not "
