@@ -107,3 +107,20 @@ def test_a_default_fit_of_a_large_cohort_uses_the_ring_and_gives_the_same_model(
     h = plus_neighbours(100) + 1
     assert plus.history_[0]["secagg_threshold"] == math.floor(2 / 3 * h) + 1
     assert full.history_[0]["secagg_threshold"] == math.floor(2 / 3 * 100) + 1
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(m=0), "m must be a cohort size"),
+    (dict(m=100.0), "m must be a cohort size"),
+    (dict(m=True), "m must be a cohort size"),
+    (dict(m=100, share=0.4), "share must be"),
+    (dict(m=100, share=float("nan")), "share must be"),
+    (dict(m=100, dropout=1.0), "dropout must be"),
+    (dict(m=100, corrupt=-0.1), "corrupt must be"),
+    (dict(m=100, corrupt="0.1"), "corrupt must be"),
+    (dict(m=100, privacy_bits=0), "privacy_bits must be"),
+    (dict(m=100, round_bits=float("inf")), "round_bits must be"),
+])
+def test_bad_assumptions_are_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        plus_neighbours(**kw)

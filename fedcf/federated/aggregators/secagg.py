@@ -88,6 +88,15 @@ def plus_neighbours(m: int, share: float = 2 / 3, *, dropout: float = AUTO_DROPO
     with probability at most 2^−privacy_bits / m against one client."""
     from scipy.stats import binom
 
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+        raise ValueError(f"m must be a cohort size (an integer >= 1), got {m!r}")
+    for name, v, lo, hi in (("share", share, 0.5, 1.0), ("dropout", dropout, 0.0, 1.0),
+                            ("corrupt", corrupt, 0.0, 1.0)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v < hi:
+            raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}), got {v!r}")
+    for name, v in (("privacy_bits", privacy_bits), ("round_bits", round_bits)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v <= 1000:
+            raise ValueError(f"{name} must be a number of bits in (0, 1000], got {v!r}")
     half = np.arange(1, max((m - 2) // 2 + 1, 1))  # h = 2·half + 1 < m
     h = 2 * half + 1
     t = np.floor(share * h).astype(np.int64) + 1
