@@ -66,6 +66,7 @@ def _centralized(data):
     train_t, test_t, train_u, test_u = data
     _evaluate(CentralizedMF(n_factors=4, solver="als", n_epochs=1).fit(train_t), test_t)
     _evaluate(CentralizedMF(n_factors=4, solver="als", n_epochs=1).fit(train_u), None, test_u)
+    CentralizedMF(n_factors=4, solver="als", als_solver="cg", n_epochs=1).fit(train_t)
 
 
 def _centralized_sgd(data):
@@ -179,6 +180,7 @@ def _float64(data):
     for solver in ("als", "sgd"):
         _evaluate(CentralizedMF(n_factors=4, solver=solver, n_epochs=1, **f64).fit(train_t),
                   test_t)
+    CentralizedMF(n_factors=4, als_solver="cg", n_epochs=1, **f64).fit(train_t)
     _federated(FedReconMF, train_u, None, test_u, **_PAPER, **f64)
     _federated(FedReconMF, train_t, test_t, None, **_OURS, **f64)
     _federated(FedReconMF, train_u, None, test_u, hypergradients=Hypergradients(), **_OURS, **f64)

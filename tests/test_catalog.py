@@ -12,7 +12,6 @@ from fedcf import FedReconMF
 from fedcf import _reference as ref
 from fedcf._kernels import catalog as kc
 from fedcf._kernels.layout import catalog_cfg, client_cfg, sgd_hp
-from fedcf._kernels.rng import stream_key
 from fedcf._reference import catalog as ref_catalog
 from fedcf.datasets import (
     DataValidationError,
@@ -65,7 +64,7 @@ def one_client(recon, default, biases, B=3, threads=None):
            np.empty((slots, K), np.float32), np.empty(slots, np.float32), np.full(1, np.nan))
     kc.catalog_clients((np.array([0, n], np.int64), items, vals), np.array([0], np.int64),
                        (G, gb), imap, cfg, cc, rhp, uhp, np.array([7, 3], np.uint64), out)
-    st = ref.Stream(stream_key(7, 3, 0))
+    st = ref.Stream(ref.stream_key(7, 3, 0))
     perm = np.arange(n)
     st.shuffle(perm)
     ns = int(np.ceil(n * 0.5 - 1e-9))

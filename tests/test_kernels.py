@@ -34,7 +34,7 @@ def make_problem(seed, n_rows=25, n_cols=15, K=4, dtype=np.float32, dupes=False)
 
 
 def seeds_for(n, seed=3, rnd=1):
-    return np.array([krng.stream_key(seed, rnd, u) for u in range(n)], dtype=np.uint64)
+    return np.array([ref.stream_key(seed, rnd, u) for u in range(n)], dtype=np.uint64)
 
 
 def tol(dtype):
