@@ -45,6 +45,8 @@ from report_privacy import (  # noqa: E402
     secagg_auto_values,
     secagg_cost_values,
     secagg_fit_values,
+    secagg_precision_values,
+    secagg_words_values,
 )
 from report_ranking import cold_start_values, ranking_large_values, ranking_values  # noqa: E402
 from report_readme import (  # noqa: E402
@@ -116,8 +118,11 @@ def documents() -> dict[Path, str]:
             **privacy_values(privacy), **population_values(load("privacy_population.json")),
             **secagg_cost_values(load("secagg_cost.json")),
             **secagg_auto_values(),
+            **secagg_words_values(),
+            **secagg_precision_values(load("secagg_precision.json")),
             **secagg_fit_values(load("secagg_fit.json")),
-            **flower_secagg_values(load("flower_deploy_secagg.json")),
+            **flower_secagg_values(load("flower_deploy_secagg.json"),
+                                   load("flower_deploy_warm.json")),
             **device_cost_values(load("device_cost.json")),
             **mutants_values(load("mutants.json"))})}
            if privacy else {}),

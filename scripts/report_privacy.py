@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from report_common import claim, pct, provenance, signed_pct, table
 
 
@@ -132,6 +134,51 @@ def secagg_auto_values() -> dict:
             f"round below 2^-{ROUND_BITS}; threshold share 2/3.\n\n" + body}
 
 
+def secagg_words_values() -> dict:
+    """Bytes per value of the compact upload (``SecureAggregation(precision=p)``), by cohort
+    and p at value_bound 1 without noise: computed by fedcf's ``Encoding`` (not measured)."""
+    from fedcf.federated.aggregators.secagg_client import Encoding
+
+    ps = (None, 20, 16, 12, 8)
+    rows = [[f"{m:,}"] + [str(Encoding(1, 1, m, 1.0, 1000.0, precision=p).word_bytes()[0])
+                          for p in ps] for m in (10, 30, 100, 250, 1000, 10_000)]
+    return {"secagg_words": table(["cohort m"] + [f"p = {p}" if p else "p = None (default)"
+                                                  for p in ps], rows)}
+
+
+def secagg_precision_values(doc) -> dict:
+    """PRIVACY.md's accuracy and bytes of the compact upload (scripts/secagg_precision.py)."""
+    if doc is None:
+        return {"secagg_precision": "Not measured yet: run `python scripts/secagg_precision.py "
+                                    "--json eval/results/secagg_precision.json`."}
+    groups: dict = {}
+    for r in doc["rows"]:
+        groups.setdefault(str(r["precision"]), []).append(r)
+    plain = [r["rmse"] for r in groups.get("plain", [])]
+
+    from fedcf.federated.aggregators.secagg_client import Encoding
+
+    def row(name, rs):
+        rmse = [r["rmse"] for r in rs]
+        d = [a - b for a, b in zip(rmse, plain)] if plain and name != "plain" else []
+        up = rs[0].get("bytes_per_client")
+        enc = None if name == "plain" else Encoding(  # FedReconMF's 100 clients a round
+            1, 1, 100, 1.0, 1000.0, precision=None if name == "None" else int(name))
+        return ("plain mean" if name == "plain" else f"precision={name}",
+                "" if enc is None else f"{enc.word_bytes()[0]} B, 2^-{math.log2(enc.scales()[0]):.0f}",
+                ", ".join(f"{v:.6f}" for v in rmse),
+                f"{sum(d) / len(d):+.1e} [{min(d):+.1e}, {max(d):+.1e}]" if d else "",
+                f"{up / 1024:,.0f}" if up else "")
+    seeds = sorted({r["seed"] for r in doc["rows"]})
+    body = table(["aggregation", "word, step", f"ReconEval RMSE, seeds {seeds}",
+                  "change against plain, mean [min, max] over seeds",
+                  "protocol KiB sent per client per round"],
+                 [row(name, rs) for name, rs in groups.items()])
+    return {"secagg_precision": provenance(doc["meta"], "secagg_precision.json") + "\n\n" +
+            f"{doc['meta']['settings']['rounds']} rounds, early stopping off in every row.\n\n" +
+            body}
+
+
 def secagg_cost_values(rows) -> dict:
     """PRIVACY.md's cost of secure aggregation (scripts/secagg_cost.py)."""
     if not rows:
@@ -185,24 +232,38 @@ def secagg_fit_values(rows) -> dict:
     return {"secagg_fit": provenance(rows[0]["meta"], "secagg_fit.json") + "\n\n" + body}
 
 
-def flower_secagg_values(dep) -> dict:
+def per_client_up(dep) -> list:
+    """KiB a deployment's nodes sent up per client asked, each round (all messages)."""
+    asked = dep.get("clients_sampled_per_round")
+    return [] if not asked else [b / n / 1024 for b, n in zip(dep["bytes_up_per_round"], asked)]
+
+
+def flower_secagg_values(dep, plain=None) -> dict:
     """PRIVACY.md's Flower deployment under secure aggregation (scripts/flower_deploy.py
-    --secure-aggregation)."""
+    --secure-aggregation), beside the upload of the plain deployment ``plain`` with the same
+    cohort (scripts/flower_deploy.py --warm)."""
     cmd = ("`python scripts/flower_deploy.py --dataset ml-100k --nodes 4 --rounds 3 "
            "--clients-per-round 30 --intruders 1 --secure-aggregation --kill-after-masking "
            "--json eval/results/flower_deploy_secagg.json`")
     if not dep:
         return {"flower_secagg": f"Not measured yet: run {cmd}."}
     hist, kill = dep["secagg"], dep.get("killed_node_at")
+    up = per_client_up(dep) or [float("nan")] * len(hist)
     rows = [(r + 1, f"{sec}", f"{dep['round_seconds'][r]:.1f}",
              dep["messages_per_round"][r], f"{dep['bytes_down_per_round'][r] / 2**20:.2f}",
-             f"{dep['bytes_up_per_round'][r] / 2**20:.2f}",
+             f"{dep['bytes_up_per_round'][r] / 2**20:.2f}", f"{up[r]:,.0f}",
              f"{h['secagg_bytes_per_client'] / 2**20:.3f}", h["secagg_survivors"],
              "no" if h["secagg_lost_round"] else "yes")
             for r, (h, sec) in enumerate(zip(hist, [h["secagg_threshold"] for h in hist]))]
     body = table(["round", "threshold t", "seconds", "messages", "MiB down (all nodes)",
-                  "MiB up (all nodes)", "protocol MiB per client", "survivors", "aggregated"],
-                 rows)
+                  "MiB up (all nodes)", "KiB up per client asked", "protocol MiB per client",
+                  "survivors", "aggregated"], rows)
+    beside = per_client_up(plain) if plain else []
+    if beside:
+        body += (f"\n\nThe plain deployment with the same nodes and cohort (`flower_deploy_warm"
+                 f".json`, {plain['meta']['date'][:10]}) sent "
+                 f"{', '.join(f'{v:,.1f}' for v in beside)} KiB up per client asked in its "
+                 f"rounds: only the rows a client touched, in the clear.")
     lost = "" if not kill else (
         f" The last node was killed (SIGKILL) when the `{kill['group']}` message reached it, "
         f"after it had sent its masked vectors; the refusals logged against it: "

@@ -591,7 +591,7 @@ def test_flower_deployment_superlink_and_supernodes(tmp_path):
 
 
 # ------------------------------------------------------------------ secure aggregation
-SECAGG = {"name": "secure", "min_cohort": 5, "value_bound": 10.0}
+SECAGG = {"name": "secure", "min_cohort": 5, "value_bound": 10.0, "precision": 16}
 SEC_PARAMS = {**PARAMS, "aggregator": SECAGG, "n_rounds": 2}
 
 
@@ -604,11 +604,27 @@ def _encoded_rows(monkeypatch):
 
     def encode(self, out, hp):
         q, f = real(self, out, hp)
-        rows.append(q.copy())
+        rows.append((q.copy(), self.word_bytes()))
         return q, f
 
     monkeypatch.setattr(Encoding, "encode", encode)
     return rows
+
+
+def _masked_words(replies, word_bytes) -> np.ndarray:
+    """The masked vectors in ``replies``' protocol tables, unpacked to words as the server
+    half reads them."""
+    from fedcf.federated.aggregators.secagg_masks import unpack_words
+
+    tables = [record_arrays(r.content["secagg"]) for r in replies if "secagg" in r.content]
+    packed = [t["masked.data"] for t in tables if "masked.data" in t]
+    return np.array([unpack_words(row, word_bytes) for rows in packed for row in rows])
+
+
+def _reduced(words, word_bytes) -> np.ndarray:
+    """Words modulo 2^(8·word_bytes): what a packed vector can carry."""
+    return (words.astype(np.uint64) % (np.uint64(1) << (8 * word_bytes).astype(np.uint64))
+            ).astype(np.uint32)
 
 
 def test_secure_aggregation_over_messages_is_the_in_process_model(tmp_path, monkeypatch):
@@ -619,7 +635,9 @@ def test_secure_aggregation_over_messages_is_the_in_process_model(tmp_path, monk
     rows = _encoded_rows(monkeypatch)
     grid = FakeGrid(partitions(3))
     res, model = run(grid, tmp_path, SEC_PARAMS)
-    plain = np.concatenate(rows)
+    words = rows[0][1]
+    assert (words[:-9] == 3).all()  # 16 bits below value_bound fit 3 bytes
+    plain = _reduced(np.concatenate([q for q, _ in rows]), words)
     ref, _ = reference(SEC_PARAMS)
     np.testing.assert_array_equal(model.item_factors_, ref.item_factors_)
     np.testing.assert_array_equal(model.item_biases_, ref.item_biases_)
@@ -632,10 +650,9 @@ def test_secure_aggregation_over_messages_is_the_in_process_model(tmp_path, monk
     fields = set().union(*(record_arrays(r.content["secagg"]) for r in ups))
     assert {f.split(".")[0] for f in fields} == {"keys", "adverts", "shares", "masked",
                                                  "sigs", "unmask"}
-    masked = np.concatenate([record_arrays(r.content["secagg"])["masked.data"] for r in ups
-                             if "masked.data" in record_arrays(r.content["secagg"])])
+    masked = _masked_words(ups, words)
     assert masked.shape == (len(plain), plain.shape[1])
-    assert (masked[:, None, :] == plain[None, :, :]).mean() < 1e-3  # chance: 2^-32 per word
+    assert (masked[:, None, :] == plain[None, :, :]).mean() < 1e-3  # chance: 2^-24 per word
     assert not any(m.metadata.message_type == "train" for m, _ in grid.sent)
     assert all("fedcf-secagg" not in st for st in grid.state.values())
 
@@ -670,10 +687,8 @@ def test_hypergradients_under_secure_aggregation_stay_masked_on_the_nodes(tmp_pa
     hyper = [(m, r) for m, r in grid.sent if m.metadata.message_type == "train.secagg"
              and str(m.metadata.group_id).endswith("-hyper/begin")]
     assert hyper and all(set(r.content.keys()) == {"secagg"} for _, r in hyper)
-    masked = np.concatenate([record_arrays(r.content["secagg"])["masked.data"] for m, r in grid.sent
-                             if "secagg" in r.content
-                             and "masked.data" in record_arrays(r.content["secagg"])
-                             and "-hyper/" in str(m.metadata.group_id)])
+    masked = _masked_words([r for m, r in grid.sent if "-hyper/" in str(m.metadata.group_id)],
+                           np.full(plain.shape[1], 4))
     assert masked.shape == (len(plain), plain.shape[1])
     assert (masked[:, None, :] == plain[None, :, :]).mean() < 1e-3
     later = res["history"][1:]
@@ -691,6 +706,20 @@ def test_a_node_refuses_a_report_encoding_it_must_not_use(enc, reason):
 
     with pytest.raises(NodeProtocolError, match=reason):
         read_report_encoding(json.dumps(enc), 1)
+
+
+@pytest.mark.parametrize("precision, ok", [(None, True), (16, True), (0, False), (31, False),
+                                           ("16", False), (16.0, False), (True, False)])
+def test_a_node_reads_the_encodings_precision_only_as_bits(precision, ok):
+    from fedcf.federated.aggregators.secagg_client import Encoding
+    from fedcf.flower.secure import NodeProtocolError, encoding_json, read_encoding
+
+    text = encoding_json(Encoding(4, 2, 10, 1.0, 1000.0, precision=precision))
+    if ok:
+        assert read_encoding(text, 4, 2).precision == precision
+    else:
+        with pytest.raises(NodeProtocolError, match="precision must be null or bits"):
+            read_encoding(text, 4, 2)
 
 
 def _silent(steps):

@@ -370,6 +370,9 @@ def test_fit_under_secure_aggregation_matches_the_plain_fit():
     plain = FedReconMF(**kw).fit(pop)
     sec = FedReconMF(**kw, aggregator=SecureAggregation(min_cohort=5)).fit(pop)
     np.testing.assert_allclose(sec.item_factors_, plain.item_factors_, atol=1e-6)
+    compact = FedReconMF(**kw, aggregator=SecureAggregation(min_cohort=5, precision=16)).fit(pop)
+    np.testing.assert_allclose(compact.item_factors_, plain.item_factors_, atol=1e-3)
+    assert np.abs(compact.item_factors_ - plain.item_factors_).max() > 1e-6
     # every client asked takes part (an empty one sends zeros); the counts and the mean loss
     # come out of the masked sum and equal the plain run's
     for h, p in zip(sec.history_, plain.history_):
@@ -399,8 +402,8 @@ def test_secure_aggregation_with_server_noise_dp():
     out = cohort()
     ctx = RunContext(n_items=N_ITEMS, seed=1, clients_per_round=12, n_eligible=1000,
                      n_rounds=3, n_factors=K, biases=True)
-    a = DifferentialPrivacy(SecureAggregation(value_bound=1.0), 0.1, 1.0, delta=1e-4,
-                            insecure_seeded_noise=True)
+    a = DifferentialPrivacy(SecureAggregation(value_bound=1.0), 0.1, 1.0,
+                            delta=1e-4, insecure_seeded_noise=True)
     b = DPGaussianMean(0.1, 1.0, delta=1e-4, insecure_seeded_noise=True)
     np.testing.assert_allclose(a.bind(ctx)(out, HP, 2).d_Q, b.bind(ctx)(out, HP, 2).d_Q, atol=1e-8)
     with pytest.raises(TypeError, match="aggregator must be None .* or a SecureAggregation"):

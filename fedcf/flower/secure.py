@@ -37,6 +37,7 @@ import pickle
 import numpy as np
 
 from ..federated.aggregators.secagg_client import ClientHalves, Encoding, SecureJob
+from ..federated.aggregators.secagg_masks import pack_words, unpack_words
 from ..federated.aggregators.secagg_protocol import (
     SHARE_BYTES,
     Advert,
@@ -72,12 +73,12 @@ class NodeProtocolError(ValueError):
 # ------------------------------------------------------------------ the tables on the wire
 def pack(kind: str, rows: list, blobs) -> dict:
     """A table of protocol messages as named arrays: integer columns ``INTS[kind]`` from
-    ``rows`` (tuples), and the messages' bytes (uint8, or uint32 vectors for ``masked``)."""
+    ``rows`` (tuples), and the messages' bytes (uint8 rows: for ``masked``, packed vectors)."""
     ints = np.asarray(rows, np.int64).reshape(len(rows), len(INTS[kind]))
     out = {f"{kind}.{c}": ints[:, j] for j, c in enumerate(INTS[kind])}
     if kind == "masked":
-        out[f"{kind}.data"] = np.asarray(blobs, np.uint32).reshape(len(rows), -1) if rows \
-            else np.zeros((0, 0), np.uint32)
+        out[f"{kind}.data"] = np.asarray(blobs, np.uint8).reshape(len(rows), -1) if rows \
+            else np.zeros((0, 0), np.uint8)
     else:
         data = b"".join(bytes(b) for b in blobs)
         out[f"{kind}.data"] = np.frombuffer(data, np.uint8).reshape(len(rows), WIDTH[kind])
@@ -86,7 +87,7 @@ def pack(kind: str, rows: list, blobs) -> dict:
 
 def unpack(kind: str, a: dict, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(integer columns (n, c), data rows) of a table, checked: the fields, integer ids, one
-    row per message, the byte width of each message (or ``dim`` words of a masked vector)."""
+    row per message, the byte width of each message (``dim`` bytes of a packed masked vector)."""
     names = [f"{kind}.{c}" for c in INTS[kind]] + [f"{kind}.data"]
     missing = [n for n in names if n not in a]
     if missing:
@@ -96,10 +97,10 @@ def unpack(kind: str, a: dict, dim: int | None = None) -> tuple[np.ndarray, np.n
     n = len(data)
     if any(c.shape != (n,) or not np.issubdtype(c.dtype, np.integer) for c in cols):
         raise ReplyError(f"the {kind} table's id columns must be {n} integers each")
-    width, dtype = (dim, np.uint32) if kind == "masked" else (WIDTH[kind], np.uint8)
-    if data.ndim != 2 or (n and data.shape[1] != width) or data.dtype != dtype:
-        raise ReplyError(f"the {kind} table's data must be {dtype.__name__} rows of {width}, "
-                         f"got {data.dtype} {data.shape}")
+    width = dim if kind == "masked" else WIDTH[kind]
+    if data.ndim != 2 or (n and data.shape[1] != width) or data.dtype != np.uint8:
+        raise ReplyError(f"the {kind} table's data must be uint8 rows of {width} bytes, got "
+                         f"{data.dtype} {data.shape}")
     return np.stack(cols, axis=1).astype(np.int64) if cols else np.zeros((n, 0)), data
 
 
@@ -172,9 +173,9 @@ def _answers(a) -> list[UnmaskShares]:
     return [UnmaskShares(u, s, b) for u, (s, b) in out.items()]
 
 
-def _masked(a, dim) -> list[MaskedInput]:
-    ints, data = unpack("masked", a, dim)
-    return [MaskedInput(int(c), y) for c, y in zip(ints[:, 0], data)]
+def _masked(a, word_bytes) -> list[MaskedInput]:
+    ints, data = unpack("masked", a, int(np.sum(word_bytes)))
+    return [MaskedInput(int(c), unpack_words(y, word_bytes)) for c, y in zip(ints[:, 0], data)]
 
 
 def _u3(config) -> list[int]:
@@ -199,6 +200,10 @@ def read_encoding(text: str, n_items: int, K: int) -> Encoding:
     if enc.noise_std > 0 and not enc.secret_noise:
         raise NodeProtocolError("the server asked for seeded noise shares; a device draws its "
                                 "share of the DP noise from its own secure randomness")
+    p = enc.precision
+    if p is not None and (type(p) is not int or not 1 <= p <= 30):
+        raise NodeProtocolError(f"the encoding's precision must be null or bits in [1, 30], "
+                                f"got {p!r}")
     return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))
 
 
@@ -294,7 +299,8 @@ def node_step(own, content, state, node_config=None) -> dict:
             reply = pack("shares", *_share_rows(halves.share(_adverts(a))))
         elif step == "mask":
             got = halves.mask(_inboxes(a), [int(c) for c in config.get("dropped", [])])
-            reply = pack("masked", [(m.client,) for m in got], [m.y for m in got])
+            reply = pack("masked", [(m.client,) for m in got],
+                         [pack_words(m.y, halves.word_bytes) for m in got])
         elif step == "consistency":
             sigs = halves.consistency(_u3(config))
             reply = pack("sigs", [(s.client,) for s in sigs], [s.signature for s in sigs])
@@ -331,7 +337,7 @@ class FlowerHalves:
 
     def __init__(self, executor, cohort, params, ids, hp, job, tangents=None):
         enc, t, neighbours = job.enc, job.t, job.neighbours
-        self.ex, self.session, self.dim = executor, job.session, enc.width
+        self.ex, self.session, self.words = executor, job.session, enc.word_bytes()
         self.group = f"round-{int(ids[1])}" + ("-hyper" if tangents is not None else "")
         self.asked = {n: {int(c) for c in cl} for n, cl in executor.node_clients(cohort).items()}
         self.live, self.received = set(self.asked), []
@@ -381,7 +387,7 @@ class FlowerHalves:
         contents = {n: {"secagg": arrays(**pack("shares", *_share_rows(
             [EncryptedShares(u, {v: ct}) for v, box in inboxes.items() if v in self.asked[n]
              for u, ct in box.items()]))), "config": {"dropped": gone}} for n in self.live}
-        return self._gather("mask", contents, lambda a: _masked(a, self.dim))
+        return self._gather("mask", contents, lambda a: _masked(a, self.words))
 
     def consistency(self, u3):
         return self._gather("consistency", {n: {"config": {"u3": list(u3)}}

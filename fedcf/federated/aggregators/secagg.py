@@ -137,6 +137,17 @@ class SecureAggregation(WeightedMean):
         dropouts at the larger of 10 % and ``drop_after_setup``, failures below 2⁻⁴⁰ for
         privacy and 2⁻²⁰ for the round), and every pair for cohorts too small to gain or
         with a threshold given as a count.
+    precision : int or None, default None
+        None: each value travels in a 4-byte word at the finest step the cohort's sum allows.
+        An integer p: each value of the dense upload is rounded to a step of at most
+        value_bound·2^−p and travels in the fewest whole bytes that hold the cohort's sum at
+        that step (``Encoding.word_bytes``; e.g. 3 bytes at p = 16 for cohorts up to 127 with
+        ``value_bound`` 1). The width is a public function of the cohort size,
+        ``value_bound``, the noise and p; each masked word stays uniform given the sum
+        (eval/PRIVACY.md). The step is relative to ``value_bound``, not to the values: with
+        the default bounds a client's weighted values are far below it, and p = 16 moved
+        FedNCF's dense weights by tens of percent in two rounds — set ``value_bound`` near
+        the values before lowering the width (eval/PRIVACY.md measures the trade).
 
     Examples
     --------
@@ -150,10 +161,11 @@ class SecureAggregation(WeightedMean):
 
     def __init__(self, threshold=2 / 3, value_bound: float = 1.0, max_weight: float = 1000.0,
                  min_cohort: int = 10, drop_after_setup: float = 0.0,
-                 neighbours: int | str | None = "auto"):
+                 neighbours: int | str | None = "auto", precision: int | None = None):
         self.threshold, self.value_bound = threshold, value_bound
         self.max_weight, self.min_cohort = max_weight, min_cohort
         self.drop_after_setup, self.neighbours = drop_after_setup, neighbours
+        self.precision = precision
         self.context, self.round_stats = None, {}
         self.validate()
 
@@ -176,6 +188,11 @@ class SecureAggregation(WeightedMean):
         drop = self.drop_after_setup
         if isinstance(drop, bool) or not (isinstance(drop, numbers.Real) and 0 <= drop < 1):
             raise ValueError(f"drop_after_setup must be in [0, 1), got {self.drop_after_setup!r}")
+        p = self.precision
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, np.integer))
+                              or not 1 <= p <= 30):
+            raise ValueError(f"precision must be None (4-byte words) or a number of bits in "
+                             f"[1, 30] below value_bound, got {p!r}")
         k = self.neighbours
         if k is not None and not (isinstance(k, str) and k == "auto") and (
                 isinstance(k, (bool, str)) or not isinstance(k, (int, np.integer)) or k < 2):
@@ -189,7 +206,8 @@ class SecureAggregation(WeightedMean):
     def bind(self, context: RunContext) -> SecureAggregation:
         self.validate()
         bound = SecureAggregation(self.threshold, self.value_bound, self.max_weight,
-                                  self.min_cohort, self.drop_after_setup, self.neighbours)
+                                  self.min_cohort, self.drop_after_setup, self.neighbours,
+                                  self.precision)
         bound.context = context
         m = context.clients_per_round
         if isinstance(self.threshold, (int, np.integer)) and self.threshold > m:
@@ -243,7 +261,8 @@ class SecureAggregation(WeightedMean):
                         secret_noise=secret_noise, seed=(int(c.seed), int(round_idx)),
                         clip=None if clip is None else float(clip[0]),
                         weight_cap=None if clip is None or clip[1] is None else float(clip[1]),
-                        exponent=bool(c.learns_exponent))
+                        exponent=bool(c.learns_exponent),
+                        precision=None if self.precision is None else int(self.precision))
 
     def __call__(self, out: ClientOutputs, hp: RoundHyperparams, round_idx: int = 0
                  ) -> GlobalDelta:
@@ -379,7 +398,8 @@ class SecureAggregation(WeightedMean):
         return values / (denominator or weight)
 
     def _protocol(self, clients, session, t, enc, round_idx, m: int, tag: int = 0x5EC):
-        server = SecAggServer(t, enc.width, session, self.degree(m))
+        server = SecAggServer(t, enc.width, session, self.degree(m),
+                              word_bytes=enc.word_bytes())
 
         def dropped(u2):  # who drops after sharing (a simulation of the network)
             draw = np.random.default_rng([self.context.seed, round_idx, tag]).random(len(u2))

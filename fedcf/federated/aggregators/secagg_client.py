@@ -57,6 +57,9 @@ class Encoding:
     # client's share N(0, count_noise_std²) of the count's noise; else it is not sent
     adaptive: bool = False
     count_noise_std: float = 0.0
+    # the dense values travel in the fewest whole bytes that hold the cohort's sum with a step
+    # of at most value_bound·2^-precision (``word_bytes``); None: 4-byte words at the finest step
+    precision: int | None = None
 
     @property
     def n_values(self) -> int:
@@ -81,21 +84,40 @@ class Encoding:
         """Words per client row: the dense part, ``stats`` and the clip count."""
         return self.n_dense + len(self.stats) + 1
 
+    def _dense_reach(self) -> tuple:
+        """The sums' magnitude bound of the dense blocks (s·Δ, then s'·Δ), noise headroom in."""
+        values = self.m * self.value_bound + 8.0 * self.noise_std * np.sqrt(self.m)
+        return (values,) + ((self.m * self.value_bound * self.log_bound,) if self.exponent
+                            else ())
+
+    def _block_bytes(self) -> list:
+        """Bytes per word of each dense block (see ``precision``); at most 4."""
+        if self.precision is None:
+            return [4] * len(self._dense_reach())
+        scale = 2.0 ** np.ceil(self.precision - np.log2(self.value_bound))  # a power of two
+        steps = [r * scale for r in self._dense_reach()]
+        return [min(4, int(np.ceil((np.ceil(np.log2(s + 1)) + 1) / 8))) for s in steps]
+
+    def word_bytes(self) -> np.ndarray:
+        """Bytes of each masked word on the wire: the dense blocks' (``precision``), then 4 for
+        each of ``stats`` and the clip count. A public function of public figures."""
+        return np.concatenate([np.full(self.n_values, b, np.int64) for b in self._block_bytes()]
+                              + [np.full(len(self.stats) + 1, 4, np.int64)])
+
     def scales(self) -> np.ndarray:
-        """Fixed-point scale of each column (the values, then ``STATS``, then the clip count)."""
-        def scale(reach):
+        """Fixed-point scale of each column (the values, then ``STATS``, then the clip count):
+        the finest power of two whose sum over the cohort fits the column's word."""
+        def scale(reach, nbytes=4):
             return fixed_point_scale(reach, f"value_bound={self.value_bound:g} with {self.m} "
-                                            "clients")
-        values = scale(self.m * self.value_bound + 8.0 * self.noise_std * np.sqrt(self.m))
+                                            "clients", 8 * nbytes)
+        dense = [np.full(self.n_values, scale(r, b))
+                 for r, b in zip(self._dense_reach(), self._block_bytes())]
         unit = scale(self.m)
-        dense = np.full(self.n_values, values)
         count = scale(self.m / 2 + 8.0 * self.count_noise_std * np.sqrt(self.m))
         stats = [scale(self.m * self.loss_bound), unit, count, unit, 1, 1, 1]
         if self.exponent:
-            dense = np.concatenate([dense, np.full(self.n_values, scale(
-                self.m * self.value_bound * self.log_bound))])
             stats.append(scale(self.m * self.log_bound))
-        return np.concatenate([dense, stats, [1]])
+        return np.concatenate(dense + [stats, [1]])
 
     def encode(self, out: ClientOutputs, hp: RoundHyperparams):
         """(uint32 rows of every client of ``out``, the float rows before clipping and
@@ -143,7 +165,7 @@ class Encoding:
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, dict]:
         """(the summed dense part, the summed ``stats`` and clip count by name)."""
-        got = signed_sum(total) / self.scales()
+        got = signed_sum(total, self.word_bytes()) / self.scales()
         return got[:self.n_dense], dict(zip(self.stats + ("clipped",), got[self.n_dense:]))
 
 
@@ -165,7 +187,8 @@ class SecureJob:
     def begin(self, clients, rows: np.ndarray, policy=None) -> ClientHalves:
         """The protocol halves of ``clients`` with their encoded ``rows``, under the device's
         ``policy`` (a ``DevicePolicy``; None: the protocol's own rules only)."""
-        return ClientHalves(clients, rows, self.t, self.session, self.neighbours, policy)
+        return ClientHalves(clients, rows, self.t, self.session, self.neighbours, policy,
+                            self.enc.word_bytes())
 
 
 class ClientHalves:
@@ -174,12 +197,14 @@ class ClientHalves:
     keys and received shares never leave this object except as protocol messages."""
 
     def __init__(self, ids, q: np.ndarray, threshold: int, session: bytes,
-                 neighbours: int | None = None, policy=None):
+                 neighbours: int | None = None, policy=None, word_bytes=None):
         self.ids = [int(c) for c in ids]
         self.q = {c: q[r] for r, c in enumerate(self.ids)}
         self.identities = Identities(self.ids)
         self.t, self.session, self.halves = int(threshold), session, {}
         self.neighbours, self.policy = neighbours, policy
+        # bytes of each masked word on the wire (the encoding's; 4 each when None)
+        self.word_bytes = np.full(q.shape[1], 4) if word_bytes is None else word_bytes
 
     def verifying(self) -> dict:
         return self.identities.public_bytes()

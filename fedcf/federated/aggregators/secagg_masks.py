@@ -57,3 +57,25 @@ def add_masks(total: np.ndarray, masks: list, threads: int = 1) -> None:
         sums = list(pool.map(run, groups, [total] + [np.zeros_like(total) for _ in groups[1:]]))
     for acc in sums[1:]:
         total += acc
+
+
+def pack_words(y: np.ndarray, word_bytes: np.ndarray) -> np.ndarray:
+    """A masked vector as it travels: the low ``word_bytes[j]`` bytes of each word y_j
+    (little-endian), concatenated. The sum modulo 2^(8b) of words reduced modulo 2^(8b) is the
+    sum modulo 2³² reduced, so the server loses nothing it needs; the dropped high bytes are
+    mask bits (uniform, like the rest)."""
+    words = np.ascontiguousarray(y, np.dtype("<u4")).view(np.uint8).reshape(-1, 4)
+    return words[np.arange(4) < np.asarray(word_bytes)[:, None]]
+
+
+def unpack_words(data: np.ndarray, word_bytes: np.ndarray) -> np.ndarray:
+    """The uint32 words of ``pack_words`` (each below 2^(8b)); a ValueError when ``data`` is
+    not exactly Σ word_bytes bytes."""
+    keep = np.arange(4) < np.asarray(word_bytes)[:, None]
+    data = np.asarray(data, np.uint8).ravel()
+    if data.size != int(keep.sum()):
+        raise ValueError(f"a packed masked vector must have {int(keep.sum())} bytes, got "
+                         f"{data.size}")
+    words = np.zeros(keep.shape, np.uint8)
+    words[keep] = data
+    return words.view(np.dtype("<u4")).ravel().astype(np.uint32)

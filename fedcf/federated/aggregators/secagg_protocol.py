@@ -386,14 +386,15 @@ def pair_key(private: X25519PrivateKey, peer_pk: bytes, u: int, v: int, session:
     return _kdf(shared, b"pair/" + _ints([lo, hi]) + session)
 
 
-def message_bytes(msg) -> int:
-    """Size of one protocol message on the wire (its payload; ids as 8 bytes)."""
+def message_bytes(msg, word_bytes=None) -> int:
+    """Size of one protocol message on the wire (its payload; ids as 8 bytes; a masked vector
+    packed to ``word_bytes`` per word, None: 4)."""
     if isinstance(msg, Advert):
         return 8 + len(msg.c_pk) + len(msg.s_pk) + len(msg.signature)
     if isinstance(msg, EncryptedShares):
         return 8 + sum(8 + len(c) for c in msg.ciphertexts.values())
     if isinstance(msg, MaskedInput):
-        return 8 + msg.y.nbytes
+        return 8 + (msg.y.nbytes if word_bytes is None else int(np.sum(word_bytes)))
     if isinstance(msg, ConsistencySignature):
         return 8 + len(msg.signature)
     return 8 + sum(8 + 2 + len(s) for d in (msg.s_shares, msg.b_shares) for _, s in d.values())
@@ -408,6 +409,7 @@ class SecAggServer:
     dim: int
     session: bytes
     neighbours: int | None = None
+    word_bytes: np.ndarray | None = None  # bytes of each word on the wire (None: 4)
     transcript: list = field(default_factory=list)
 
     def collect_adverts(self, adverts: list[Advert]) -> list[Advert]:
@@ -457,7 +459,7 @@ class SecAggServer:
 
     def bytes_received(self) -> int:
         """Bytes of every message the server received (ids as 8 bytes, shares with index)."""
-        return sum(message_bytes(msg) for msg in self.transcript)
+        return sum(message_bytes(msg, self.word_bytes) for msg in self.transcript)
 
     def _combine(self, shares, client, what) -> bytes:
         if len(shares) < self.threshold:

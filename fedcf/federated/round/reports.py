@@ -24,20 +24,22 @@ from .client_steps import NoiseShare, Quantize
 MOD_BITS = 32  # masked sums are taken modulo 2**MOD_BITS
 
 
-def fixed_point_scale(reach: float, fix: str) -> float:
+def fixed_point_scale(reach: float, fix: str, bits: int = MOD_BITS) -> float:
     """The largest power-of-two scale at which a signed sum of magnitude up to ``reach`` fits
-    in MOD_BITS bits; ``fix`` says what to lower when none does."""
-    bits = int(np.floor(np.log2((2.0 ** (MOD_BITS - 1) - 1) / reach)))
-    if bits < 0:
-        raise ValueError(f"{fix} does not fit a {MOD_BITS}-bit sum; lower it")
-    return 2.0 ** bits
+    in ``bits`` bits; ``fix`` says what to lower when none does."""
+    frac = int(np.floor(np.log2((2.0 ** (bits - 1) - 1) / reach)))
+    if frac < 0:
+        raise ValueError(f"{fix} does not fit a {bits}-bit sum; lower it")
+    return 2.0 ** frac
 
 
-def signed_sum(total: np.ndarray) -> np.ndarray:
-    """An unmasked sum modulo 2**MOD_BITS read back as signed integers."""
-    signed = np.asarray(total).astype(np.int64)
-    signed[signed >= 2 ** (MOD_BITS - 1)] -= 2 ** MOD_BITS
-    return signed
+def signed_sum(total: np.ndarray, word_bytes=None) -> np.ndarray:
+    """An unmasked sum modulo 2**MOD_BITS, reduced modulo 2^(8·word_bytes) per word (None: 4
+    bytes each) and read back as signed integers."""
+    bits = 8 * np.broadcast_to(np.asarray(4 if word_bytes is None else word_bytes, np.int64),
+                               np.shape(total))
+    signed = np.asarray(total).astype(np.int64) & ((np.int64(1) << bits) - 1)
+    return np.where(signed >= np.int64(1) << (bits - 1), signed - (np.int64(1) << bits), signed)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,10 @@ class ReportEncoding:
     @property
     def width(self) -> int:
         return self.H + 2
+
+    def word_bytes(self) -> np.ndarray:
+        """Bytes of each masked word on the wire (4: the reports are a few words)."""
+        return np.full(self.width, 4, np.int64)
 
     def scales(self) -> np.ndarray:
         fix = f"hypergradients__clip_norm={self.clip:g} with {self.m} clients"
