@@ -551,6 +551,9 @@ def main(argv=None) -> dict:
                     help="also start this many SuperNodes whose keys are not registered")
     ap.add_argument("--secure-aggregation", action="store_true",
                     help="train under SecureAggregation (the nodes mask; the server sums)")
+    ap.add_argument("--precision", type=int, default=None,
+                    help="with --secure-aggregation: SecureAggregation's precision (compact "
+                    "words of value_bound·2^-p steps; default: 4-byte words)")
     ap.add_argument("--kill-after-masking", action="store_true",
                     help="with --secure-aggregation: kill the last node once it has sent its "
                     "masked vectors in the last round")
@@ -590,7 +593,9 @@ def main(argv=None) -> dict:
               args.clients_per_round, "client_update": {"name": "sgd", "learning_rate": 0.1},
               "random_state": 0}
     if args.secure_aggregation:  # t > m/2 leaves room for a node of three to be lost
-        params["aggregator"] = {"name": "secure", "threshold": 0.5, "value_bound": 10.0}
+        params["aggregator"] = {"name": "secure", "threshold": 0.5, "value_bound": 10.0,
+                                **({} if args.precision is None else
+                                   {"precision": args.precision})}
     if args.scenario == "fabricated":  # the defence this threat needs (with the node cap)
         params["aggregator"] = {"name": "median", "row_clip": 1.0}
     data = {"dataset": args.dataset, "data-path": args.data_path, "synthetic-users": 200,
@@ -633,6 +638,7 @@ def main(argv=None) -> dict:
     out = {"meta": run_meta("flower_deploy.py", argv, packages=("flwr",)), "dataset":
            args.dataset, "nodes": args.nodes, "tls_and_node_auth": not args.insecure,
            "intruders": args.intruders, "secure_aggregation": args.secure_aggregation,
+           "precision": args.precision,
            "device_data": args.device_data, "warm": args.warm, "scenario": args.scenario,
            **out, "local_recon_eval": ref_eval,
            "identical_item_factors": bool(np.array_equal(model.item_factors_,

@@ -232,6 +232,12 @@ def secagg_fit_values(rows) -> dict:
     return {"secagg_fit": provenance(rows[0]["meta"], "secagg_fit.json") + "\n\n" + body}
 
 
+def precision_note(dep) -> str:
+    """The deployment's compact-word setting, as its run config recorded it."""
+    p = dep.get("precision")
+    return "" if p is None else f", `precision={p}`"
+
+
 def per_client_up(dep) -> list:
     """KiB a deployment's nodes sent up per client asked, each round (all messages)."""
     asked = dep.get("clients_sampled_per_round")
@@ -243,8 +249,8 @@ def flower_secagg_values(dep, plain=None) -> dict:
     --secure-aggregation), beside the upload of the plain deployment ``plain`` with the same
     cohort (scripts/flower_deploy.py --warm)."""
     cmd = ("`python scripts/flower_deploy.py --dataset ml-100k --nodes 4 --rounds 3 "
-           "--clients-per-round 30 --intruders 1 --secure-aggregation --kill-after-masking "
-           "--json eval/results/flower_deploy_secagg.json`")
+           "--clients-per-round 30 --intruders 1 --secure-aggregation --precision 16 "
+           "--kill-after-masking --json eval/results/flower_deploy_secagg.json`")
     if not dep:
         return {"flower_secagg": f"Not measured yet: run {cmd}."}
     hist, kill = dep["secagg"], dep.get("killed_node_at")
@@ -275,7 +281,8 @@ def flower_secagg_values(dep, plain=None) -> dict:
             f"SuperLink and {dep['nodes']} SuperNodes on {dep['dataset']} (TLS and node "
             f"authentication {'on' if dep['tls_and_node_auth'] else 'off'}; "
             f"{dep.get('intruders_turned_away', 0)} of {dep['intruders']} unregistered nodes "
-            f"turned away), {len(hist)} rounds under `SecureAggregation` (threshold share 0.5): "
+            f"turned away), {len(hist)} rounds under `SecureAggregation` (threshold share 0.5"
+            f"{precision_note(dep)}): "
             f"item factors {'identical' if dep['identical_item_factors'] else 'different'} to "
             f"the in-process secure-aggregation fit; message types the server received: "
             f"{', '.join(sorted(dep['received']))} (protocol tables: {', '.join(fields)})."
