@@ -219,6 +219,10 @@ def test_the_tests_that_start_ray_run_on_one_worker(pytester, monkeypatch):
     """)
     where = pytester.mkdir("where")
     monkeypatch.setenv("WHERE", str(where))
+    from numba.core import config
+
+    if config.CACHE_DIR:  # pytester moves HOME: keep the session's compiled kernels in reach,
+        monkeypatch.setenv("FEDCF_NUMBA_CACHE", config.CACHE_DIR)  # or its warm-up recompiles
     res = pytester.runpytest_subprocess("-q", "-n", "2", "--dist", "loadgroup", "-p", "xdist")
     res.assert_outcomes(passed=12)
     workers = (where / "ray").read_text().split()

@@ -197,13 +197,13 @@ def read_encoding(text: str, n_items: int, K: int) -> Encoding:
     if (enc.n_items, enc.K) != (n_items, K):
         raise NodeProtocolError(f"the encoding is for {enc.n_items} items and K={enc.K}; this "
                                 f"node's catalog and model have {n_items} and K={K}")
-    if enc.noise_std > 0 and not enc.secret_noise:
-        raise NodeProtocolError("the server asked for seeded noise shares; a device draws its "
-                                "share of the DP noise from its own secure randomness")
     p = enc.precision
     if p is not None and (type(p) is not int or not 1 <= p <= 30):
         raise NodeProtocolError(f"the encoding's precision must be null or bits in [1, 30], "
                                 f"got {p!r}")
+    if enc.noise_std > 0 and not enc.secret_noise:
+        raise NodeProtocolError("the server asked for seeded noise shares; a device draws its "
+                                "share of the DP noise from its own secure randomness")
     return dataclasses.replace(enc, secret_noise=True, seed=tuple(enc.seed))
 
 
