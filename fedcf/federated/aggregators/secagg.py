@@ -145,9 +145,10 @@ class SecureAggregation(WeightedMean):
         ``value_bound`` 1). The width is a public function of the cohort size,
         ``value_bound``, the noise and p; each masked word stays uniform given the sum
         (eval/PRIVACY.md). The step is relative to ``value_bound``, not to the values: with
-        the default bounds a client's weighted values are far below it, and p = 16 moved
-        FedNCF's dense weights by tens of percent in two rounds — set ``value_bound`` near
-        the values before lowering the width (eval/PRIVACY.md measures the trade).
+        the default bounds a client's weighted values are far below it, and in a two-round
+        FedNCF test p = 16 moved the network's weights far outside the plain mean's
+        tolerance — set ``value_bound`` near the values before lowering the width
+        (eval/PRIVACY.md measures the trade).
 
     Examples
     --------
