@@ -101,8 +101,12 @@ def suite_block(rows) -> str:
     cache = ("starting from an empty Numba cache, as a fresh clone does (the session's warm-up "
              "compiles every kernel first, on both cores, and is included)"
              if first.get("cold") else "with the kernels in Numba's cache")
+    ref = first.get("reference_fit_seconds")
+    speed = "" if ref is None else (
+        f"; the machine's reference fit (`busy_benchmark.py`'s idle ALS fit, "
+        f"{first['meta']['settings']['reference_rounds']} rounds) took {ref:.2f} s in the same run")
     return (f"The test command took {' and '.join(parts)} {cache} "
-            f"({first['passed']:,} passed; {first['compiled'].removeprefix('fedcf: ')}), "
+            f"({first['passed']:,} passed; {first['compiled'].removeprefix('fedcf: ')}{speed}), "
             f"measured {first['meta']['date'][:10]} by `scripts/suite_time.py` "
             "(`eval/results/suite.json`).")
 

@@ -196,9 +196,12 @@ def test_the_suite_time_script_runs_pytest_idle_and_beside_busy_neighbours(tmp_p
         return started[-1]
 
     monkeypatch.setattr(mod.subprocess, "Popen", popen)
-    rows = mod.main(["--hogs", "0", "1", "--json", str(tmp_path / "s.json"), "--",
+    rows = mod.main(["--hogs", "0", "1", "--reference-rounds", "2", "--json",
+                     str(tmp_path / "s.json"), "--",
                      "tests/test_state.py", "-k", "inverse", "-n", "0", "-p", "no:cacheprovider"])
     assert [r["hogs"] for r in rows] == [0, 1]
+    assert rows[0]["reference_fit_seconds"] > 0  # one reference fit, read beside each run
+    assert rows[1]["reference_fit_seconds"] == rows[0]["reference_fit_seconds"]
     for r in rows:
         assert r["returncode"] == 0 and r["passed"] == 1 and r["pytest_seconds"] > 0
         assert r["failures"] == []
@@ -208,6 +211,8 @@ def test_the_suite_time_script_runs_pytest_idle_and_beside_busy_neighbours(tmp_p
     assert json.loads((tmp_path / "s.json").read_text())[1]["hogs"] == 1
     with pytest.raises(SystemExit):
         mod.main(["--hogs", "-1"])  # a negative count is named, not run as zero
+    with pytest.raises(SystemExit):
+        mod.main(["--reference-rounds", "-5"])
 
 
 def test_the_suite_time_script_can_start_each_run_from_an_empty_cache(monkeypatch):
@@ -228,7 +233,7 @@ def test_the_suite_time_script_can_start_each_run_from_an_empty_cache(monkeypatc
                                    "")
 
     monkeypatch.setattr(mod.subprocess, "run", run)
-    rows = mod.main(["--cold", "--hogs", "0"])
+    rows = mod.main(["--cold", "--hogs", "0", "--reference-rounds", "0"])
     assert rows[0]["cold"] and rows[0]["passed"] == 1 and rows[0]["failed"] == 1
     assert rows[0]["failures"] == ["tests/test_x.py::test_y"]  # named, to look into
     assert seen[0][1] == [] and not os.path.exists(seen[0][0])
