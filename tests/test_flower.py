@@ -722,6 +722,29 @@ def test_a_node_reads_the_encodings_precision_only_as_bits(precision, ok):
             read_encoding(text, 4, 2)
 
 
+@pytest.mark.parametrize("field, value, match", [
+    ("value_bound", -1.0, "value_bound must be a finite number > 0"),
+    ("value_bound", float("nan"), "value_bound must be a finite number > 0"),
+    ("max_weight", float("inf"), "max_weight must be a finite number > 0"),
+    ("loss_bound", "1e3", "loss_bound must be a finite number > 0"),
+    ("m", 0, "cohort m must be a count >= 1"),
+    ("m", 2.5, "cohort m must be a count >= 1"),
+    ("noise_std", -0.1, "noise_std finite >= 0"),
+])
+def test_a_node_names_an_encoding_whose_public_figures_cannot_be_true(field, value, match):
+    """A server's encoding with bounds no fixed point rests on is refused by name on the node
+    (not a NaN deep inside the scales)."""
+    import dataclasses
+
+    from fedcf.federated.aggregators.secagg_client import Encoding
+    from fedcf.flower.secure import NodeProtocolError, read_encoding
+
+    text = json.dumps({**dataclasses.asdict(Encoding(4, 2, 10, 1.0, 1000.0, precision=16)),
+                       field: value})
+    with pytest.raises(NodeProtocolError, match=match):
+        read_encoding(text, 4, 2)
+
+
 def _silent(steps):
     def tamper(msg, reply):
         step = msg.content["config"]["step"] if msg.metadata.message_type == "train.secagg" \

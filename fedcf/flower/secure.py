@@ -197,6 +197,14 @@ def read_encoding(text: str, n_items: int, K: int) -> Encoding:
     if (enc.n_items, enc.K) != (n_items, K):
         raise NodeProtocolError(f"the encoding is for {enc.n_items} items and K={enc.K}; this "
                                 f"node's catalog and model have {n_items} and K={K}")
+    for name, v in (("value_bound", enc.value_bound), ("max_weight", enc.max_weight),
+                    ("loss_bound", enc.loss_bound)):  # the fixed point rests on them
+        if type(v) not in (int, float) or not 0 < v < np.inf:
+            raise NodeProtocolError(f"the encoding's {name} must be a finite number > 0, got "
+                                    f"{v!r}")
+    if type(enc.m) is not int or enc.m < 1 or not 0 <= enc.noise_std < np.inf:
+        raise NodeProtocolError(f"the encoding's cohort m must be a count >= 1 and its "
+                                f"noise_std finite >= 0, got {enc.m!r} and {enc.noise_std!r}")
     p = enc.precision
     if p is not None and (type(p) is not int or not 1 <= p <= 30):
         raise NodeProtocolError(f"the encoding's precision must be null or bits in [1, 30], "
