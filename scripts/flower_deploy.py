@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -306,6 +307,17 @@ def warm_train_seconds(device_file, catalog_file, params: dict, n_users: int, mo
     return float(np.median(times[1:]))
 
 
+def release_session(superlink: str, creds: dict, k: int, log: Path) -> bool | None:
+    """What a restarted device's supervisor does first: end the session its killed
+    SuperNode ``k`` left open (its node id from that node's log, signed with its own key).
+    None if the log named no id."""
+    from fedcf.flower.release import node_id_from_log, release_node
+
+    node_id = node_id_from_log(log)
+    return None if node_id is None else release_node(superlink, creds[f"node{k}"], node_id,
+                                                     root_certificates=creds["ca"])
+
+
 def superlink_args(creds: dict | None, link: int, folder: Path) -> list[str]:
     """The SuperLink's command line: TLS and node authentication with ``creds``, else plain."""
     tls = ["--ssl-ca-certfile", str(creds["ca"]), "--ssl-certfile", str(creds["cert"]),
@@ -373,166 +385,228 @@ def prepare(folder, *, nodes: int, run_config: dict, node_configs: list[str],
     return "\n".join(cmds)
 
 
-def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
-           secure: bool = True, intruders: int = 0, kill_at: str | None = None,
-           kill_signal: int = signal.SIGKILL, node_configs: list[str] | None = None,
-           warm: bool = False, restart_at: str | None = None, stall_at: str | None = None,
-           stall_seconds: float = 0.0, hostile: int | None = None) -> dict:
-    """Start the SuperLink and ``nodes`` SuperNodes, ``flwr run`` the app with ``run_config``,
-    wait for its result file; always stop every process. With ``secure`` (the default) every
-    connection is TLS and only registered SuperNodes get in; ``intruders`` more nodes start
-    with keys nobody registered. ``kill_at``: a message group (e.g. ``round-1/consistency``,
-    a secure-aggregation step); the last node is killed (``kill_signal``, SIGKILL by default:
-    no goodbye to the SuperLink) as soon as its log shows a message of that group arriving.
-    ``node_configs``: each SuperNode's ``--node-config`` (e.g. ``device_files``'s: a device
-    holding its own data; an intruder gets node 0's); by default node k holds partition k of
-    the run's dataset (the simulation harness). ``warm``: each SuperNode's messages are
-    answered by one long-lived ``fedcf.flower.warm`` process (its own process group, started
-    after the node) instead of a fresh process per message. ``restart_at``: a group; the last
-    node (and its warm process) is killed when that group's message arrives and started again at
-    once with the same key and data (a device that restarted: it keeps its node id, not its
-    state), again every 2 s while the SuperLink refuses it. ``stall_at``: a group; the last
-    node is stopped (SIGSTOP) when that group's message arrives and continued ``stall_seconds``
-    later (a device that froze). ``hostile``: the node whose warm process is
-    ``hostile_warm``'s (with ``warm``). Returns the ServerApp's result plus the
-    addresses the processes listened on and the seconds taken."""
-    from fedcf.flower import write_app
+@dataclass
+class Scenario:
+    """What happens to the last node while the run trains (each triggered by the arrival of a
+    message group in its log, e.g. ``round-1`` or a secure-aggregation step): ``kill_at``
+    kills it (``kill_signal``); ``restart_at`` kills it and starts it again at once with the
+    same key and data (it keeps its node id, not its state), again every 2 s while the
+    SuperLink refuses it — with ``release`` the device first ends its killed session itself
+    (``fedcf.flower.release``); ``stall_at`` stops it (SIGSTOP) and continues it
+    ``stall_seconds`` later."""
 
-    folder = Path(folder)
-    link = free_port()
-    creds = credentials(folder / "credentials", nodes + intruders) if secure else None
-    env = {**os.environ, "FLWR_HOME": str(flwr_home(folder, link, creds)),
-           "PYTHONUNBUFFERED": "1",  # Flower's own children too
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent),
-                                    os.environ.get("PATH", "")])}
-    result_path = folder / "result.json"
-    app = write_app(folder / "app", **{**run_config, "min-nodes": nodes,
-                                       "result-path": str(result_path)})
-    limit = ["timeout", "-s", "KILL", str(int(deadline) + 30)]
-    procs, outside, t0, killed = [], set(), time.monotonic(), None
-    node_procs, warm_procs, node_args, events = {}, {}, {}, {}
+    kill_at: str | None = None
+    kill_signal: int = signal.SIGKILL
+    restart_at: str | None = None
+    stall_at: str | None = None
+    stall_seconds: float = 0.0
+    release: bool = True
 
-    def start(name, args, extra_env=None):
-        log = open(folder / f"{name}.log", "w")
-        procs.append(subprocess.Popen(limit + args, stdout=log, stderr=subprocess.STDOUT,
-                                      env={**env, **(extra_env or {})}, cwd=folder,
-                                      start_new_session=True))
-        return procs[-1]
 
-    def start_device(k, suffix):
+class Deployment:
+    """A SuperLink and its SuperNodes as processes on 127.0.0.1 in ``folder`` (one log per
+    process there), each started under ``timeout`` so that none outlives the deadline, and
+    a device's SuperNode and warm process signalled together."""
+
+    def __init__(self, folder, *, nodes, run_config, deadline, secure, intruders, node_configs,
+                 warm, hostile):
+        from fedcf.flower import write_app
+
+        self.folder, self.nodes, self.deadline = Path(folder), nodes, deadline
+        self.secure, self.intruders, self.warm, self.hostile = secure, intruders, warm, hostile
+        self.node_configs = node_configs
+        self.link = free_port()
+        self.creds = credentials(self.folder / "credentials", nodes + intruders) if secure \
+            else None
+        self.env = {**os.environ,
+                    "FLWR_HOME": str(flwr_home(self.folder, self.link, self.creds)),
+                    "PYTHONUNBUFFERED": "1",  # Flower's own children too
+                    "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                             os.environ.get("PATH", "")])}
+        self.result_path = self.folder / "result.json"
+        self.app = write_app(self.folder / "app", **{**run_config, "min-nodes": nodes,
+                                                     "result-path": str(self.result_path)})
+        self.procs, self.outside, self.t0 = [], set(), time.monotonic()
+        self.node_procs, self.warm_procs, self.node_args, self.events = {}, {}, {}, {}
+        self.victim = nodes - 1
+
+    def start(self, name, args, extra_env=None):
+        log = open(self.folder / f"{name}.log", "w")
+        limit = ["timeout", "-s", "KILL", str(int(self.deadline) + 30)]
+        self.procs.append(subprocess.Popen(limit + args, stdout=log, stderr=subprocess.STDOUT,
+                                           env={**self.env, **(extra_env or {})},
+                                           cwd=self.folder, start_new_session=True))
+        return self.procs[-1]
+
+    def device(self, k) -> list:
+        """Device ``k``'s processes: its SuperNode and (with ``warm``) its warm process."""
+        return [p for p in (self.node_procs[k], self.warm_procs.get(k)) if p is not None]
+
+    def start_device(self, k, suffix=""):
         """SuperNode ``k`` (and its warm process): started, or started again after a kill."""
-        cost_log = {"FEDCF_NODE_COST_LOG": str(folder / f"node{k}_cost.jsonl")}
-        args, port = node_args[k]
-        node_procs[k] = start(f"supernode{k}{suffix}", args, cost_log)
-        if warm and k < nodes:
-            wait_port(port, node_procs[k], 60)
+        cost_log = {"FEDCF_NODE_COST_LOG": str(self.folder / f"node{k}_cost.jsonl")}
+        args, port = self.node_args[k]
+        self.node_procs[k] = self.start(f"supernode{k}{suffix}", args, cost_log)
+        if self.warm and k < self.nodes:
+            wait_port(port, self.node_procs[k], 60)
             args = [sys.executable, str(Path(__file__).resolve()), "--hostile-warm",
-                    f"127.0.0.1:{port}"] if k == hostile else warm_args(port)
-            warm_procs[k] = start(f"warm{k}{suffix}", args, cost_log)
+                    f"127.0.0.1:{port}"] if k == self.hostile else warm_args(port)
+            self.warm_procs[k] = self.start(f"warm{k}{suffix}", args, cost_log)
 
-    def device_signal(k, sig):
-        for p in (node_procs[k], warm_procs.get(k)):  # the device: node and warm process
-            if p is not None:
-                if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):
-                    outside.add(p.pid)
-                elif sig == signal.SIGCONT:
-                    outside.discard(p.pid)
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:  # gone already
-                    pass
+    def signal_device(self, k, sig):
+        for p in self.device(k):
+            if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):
+                self.outside.add(p.pid)
+            elif sig == signal.SIGCONT:
+                self.outside.discard(p.pid)
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:  # gone already
+                pass
 
-    def restart_device(k, sig):
-        device_signal(k, sig)
-        for p in (node_procs[k], warm_procs.get(k)):
-            if p is not None:
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:  # as a supervisor does: then SIGKILL
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
+    def restart_device(self, k, sig, release: bool):
+        self.signal_device(k, sig)
+        for p in self.device(k):
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:  # as a supervisor does: then SIGKILL
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        if self.secure and release:  # the device ends its killed session with its own key
+            try:
+                done = release_session(f"127.0.0.1:{self.link}", self.creds, k,
+                                       self.folder / f"supernode{k}.log")
+            except (PermissionError, ConnectionError, ValueError) as exc:
+                done = f"refused: {exc}"  # started anyway: the SuperLink times the session out
+            self.events["restarted"]["released"] = done
         try:
-            start_device(k, "_restarted")
+            self.start_device(k, "_restarted")
         except RuntimeError:  # refused before its runtime API listened: the next attempt
             pass
 
-    def arrived(group) -> bool:
-        return f"ROUND {group}]" in victim_log.read_text()
+    def register(self, k):
+        """Node ``k``'s key registered through the Control API (intruders' never are)."""
+        reg = subprocess.run([tool("flwr"), "supernode", "register",
+                              str(self.creds[f"node{k}"]) + ".pub", "local"], env=self.env,
+                             cwd=self.folder, capture_output=True, text=True, timeout=60)
+        if reg.returncode != 0:
+            raise RuntimeError(f"flwr supernode register failed: {reg.stdout}{reg.stderr}")
 
-    try:
-        sl = start("superlink", superlink_args(creds, link, folder))
-        wait_port(link, sl, 60)
-        for k in range(nodes + intruders):
-            if secure and k < nodes:  # registered through the Control API; intruders are not
-                reg = subprocess.run([tool("flwr"), "supernode", "register",
-                                      str(creds[f"node{k}"]) + ".pub", "local"], env=env,
-                                     cwd=folder, capture_output=True, text=True, timeout=60)
-                if reg.returncode != 0:
-                    raise RuntimeError(f"flwr supernode register failed: {reg.stdout}"
-                                       f"{reg.stderr}")
+    def launch(self):
+        """The SuperLink, every node (registered ones and intruders), then ``flwr run``."""
+        sl = self.start("superlink", superlink_args(self.creds, self.link, self.folder))
+        wait_port(self.link, sl, 60)
+        for k in range(self.nodes + self.intruders):
+            if self.secure and k < self.nodes:
+                self.register(k)
             port = free_port()
-            node_args[k] = (supernode_args(creds, k, link, port, node_configs[k % nodes]
-                                           if node_configs else
-                                           f"partition-id={k % nodes} num-partitions={nodes}",
-                                           warm), port)
-            start_device(k, "")
-            if k >= nodes:
-                outside.add(node_procs[k].pid)
-        run = subprocess.run([tool("flwr"), "run", str(app), "local"], env=env, cwd=folder,
-                             capture_output=True, text=True, timeout=120)
+            config = self.node_configs[k % self.nodes] if self.node_configs else \
+                f"partition-id={k % self.nodes} num-partitions={self.nodes}"
+            self.node_args[k] = (supernode_args(self.creds, k, self.link, port, config,
+                                                self.warm), port)
+            self.start_device(k)
+            if k >= self.nodes:
+                self.outside.add(self.node_procs[k].pid)
+        run = subprocess.run([tool("flwr"), "run", str(self.app), "local"], env=self.env,
+                             cwd=self.folder, capture_output=True, text=True, timeout=120)
         if run.returncode != 0:
             raise RuntimeError(f"flwr run failed ({run.returncode}): {run.stdout}{run.stderr}")
-        addresses = listening(family_groups({p.pid for p in procs}))
-        victim, victim_log = nodes - 1, folder / f"supernode{nodes - 1}.log"
-        while not result_path.exists():
-            now = time.monotonic() - t0
-            if kill_at and killed is None and arrived(kill_at):
-                device_signal(victim, kill_signal)
-                killed = now
-            if restart_at and "restarted" not in events and arrived(restart_at):
-                restart_device(victim, kill_signal)
-                events["restarted"] = {"group": restart_at, "seconds": now, "attempts": 1}
-            elif "restarted" in events and "rejoined" not in events and \
-                    node_procs[victim].poll() is not None:
-                # its supervisor's part: the SuperLink refuses a node id whose killed session
-                # it still counts as online (Flower: until two missed 30 s heartbeats)
-                time.sleep(2)
-                restart_device(victim, signal.SIGKILL)
-                events["restarted"]["attempts"] += 1
-            elif "restarted" in events and "rejoined" not in events and "SuperNode ID" in \
-                    (folder / f"supernode{victim}_restarted.log").read_text():
-                events["rejoined"] = {"seconds": now}  # the SuperLink let it in again
-            if stall_at and "stalled" not in events and arrived(stall_at):
-                device_signal(victim, signal.SIGSTOP)
-                events["stalled"] = {"group": stall_at, "seconds": now}
-            if "stalled" in events and "resumed" not in events and \
-                    now - events["stalled"]["seconds"] >= stall_seconds:
-                device_signal(victim, signal.SIGCONT)
-                events["resumed"] = {"seconds": now}
-            if time.monotonic() - t0 > deadline:
-                raise TimeoutError(f"no result after {deadline:g} s; logs in {folder}")
-            rejoining = {p.pid for p in (node_procs[victim], warm_procs.get(victim)) if p} \
-                if "restarted" in events and "rejoined" not in events else set()
-            gone = [p for p in procs if p.pid not in outside | rejoining and p.poll() is not None]
+        return run
+
+    def arrived(self, group) -> bool:
+        return f"ROUND {group}]" in (self.folder / f"supernode{self.victim}.log").read_text()
+
+    def step(self, sc: Scenario, now: float):
+        """One look at the run: the scenario's next event, if its moment has come."""
+        ev, v = self.events, self.victim
+        if sc.kill_at and "killed" not in ev and self.arrived(sc.kill_at):
+            self.signal_device(v, sc.kill_signal)
+            ev["killed"] = {"group": sc.kill_at, "seconds": now}
+        if sc.restart_at and "restarted" not in ev and self.arrived(sc.restart_at):
+            ev["restarted"] = {"group": sc.restart_at, "seconds": now, "attempts": 1}
+            self.restart_device(v, sc.kill_signal, sc.release)
+        elif "restarted" in ev and "rejoined" not in ev and \
+                self.node_procs[v].poll() is not None:
+            # its supervisor's part: the SuperLink refuses a node id whose killed session
+            # it still counts as online (Flower: until two missed 30 s heartbeats)
+            time.sleep(2)
+            self.restart_device(v, signal.SIGKILL, False)
+            ev["restarted"]["attempts"] += 1
+        elif "restarted" in ev and "rejoined" not in ev and "SuperNode ID" in \
+                (self.folder / f"supernode{v}_restarted.log").read_text():
+            ev["rejoined"] = {"seconds": now}  # the SuperLink let it in again
+        if sc.stall_at and "stalled" not in ev and self.arrived(sc.stall_at):
+            self.signal_device(v, signal.SIGSTOP)
+            ev["stalled"] = {"group": sc.stall_at, "seconds": now}
+        if "stalled" in ev and "resumed" not in ev and \
+                now - ev["stalled"]["seconds"] >= sc.stall_seconds:
+            self.signal_device(v, signal.SIGCONT)
+            ev["resumed"] = {"seconds": now}
+
+    def watch(self, sc: Scenario) -> dict:
+        """Play the scenario until the ServerApp writes its result; a process that exits
+        early (not one the scenario stopped) or the deadline ends the run with an error."""
+        while not self.result_path.exists():
+            now = time.monotonic() - self.t0
+            self.step(sc, now)
+            if now > self.deadline:
+                raise TimeoutError(f"no result after {self.deadline:g} s; logs in {self.folder}")
+            rejoining = {p.pid for p in self.device(self.victim)} \
+                if "restarted" in self.events and "rejoined" not in self.events else set()
+            gone = [p for p in self.procs
+                    if p.pid not in self.outside | rejoining and p.poll() is not None]
             if gone:
                 raise RuntimeError(f"a Flower process exited early ({gone[0].args[4:6]}, code "
-                                   f"{gone[0].returncode}); logs in {folder}")
+                                   f"{gone[0].returncode}); logs in {self.folder}")
             time.sleep(1)
-        result = json.loads(result_path.read_text())
-        addresses = sorted(set(addresses) | set(listening(family_groups({p.pid for p in procs}))))
+        return json.loads(self.result_path.read_text())
+
+    def listening(self) -> list[str]:
+        return listening(family_groups({p.pid for p in self.procs}))
+
+    def close(self) -> set[int]:
+        """Stop every process (a stopped device is continued first, so that it can be
+        stopped); the process groups stopped."""
+        for k in self.node_procs:
+            self.signal_device(k, signal.SIGCONT)
+        return stop(self.procs)
+
+
+def deploy(folder, *, nodes: int = 2, run_config: dict, deadline: float = 300.0,
+           secure: bool = True, intruders: int = 0, node_configs: list[str] | None = None,
+           warm: bool = False, hostile: int | None = None, scenario: Scenario | None = None
+           ) -> dict:
+    """Start the SuperLink and ``nodes`` SuperNodes, ``flwr run`` the app with ``run_config``,
+    wait for its result file; always stop every process. With ``secure`` (the default) every
+    connection is TLS and only registered SuperNodes get in; ``intruders`` more nodes start
+    with keys nobody registered. ``node_configs``: each SuperNode's ``--node-config`` (e.g.
+    ``device_files``'s: a device holding its own data; an intruder gets node 0's); by default
+    node k holds partition k of the run's dataset (the simulation harness). ``warm``: each
+    SuperNode's messages are answered by one long-lived ``fedcf.flower.warm`` process (its
+    own process group, started after the node) instead of a fresh process per message.
+    ``hostile``: the node whose warm process is ``hostile_warm``'s (with ``warm``).
+    ``scenario``: what happens to the last node (``Scenario``). Returns the ServerApp's result
+    plus the addresses the processes listened on and the seconds taken."""
+    sc = scenario or Scenario()
+    d = Deployment(folder, nodes=nodes, run_config=run_config, deadline=deadline,
+                   secure=secure, intruders=intruders, node_configs=node_configs, warm=warm,
+                   hostile=hostile)
+    try:
+        run = d.launch()
+        addresses = d.listening()
+        result = d.watch(sc)
+        addresses = sorted(set(addresses) | set(d.listening()))
     finally:
-        for k in node_procs:  # a stopped device must be continued to be stopped
-            device_signal(k, signal.SIGCONT)
-        groups = stop(procs)
-    turned_away = sum("Failed to activate SuperNode" in (folder / f"supernode{k}.log").read_text()
+        groups = d.close()
+    turned_away = sum("Failed to activate SuperNode" in
+                      (d.folder / f"supernode{k}.log").read_text()
                       for k in range(nodes, nodes + intruders))
-    result.update(node_costs=node_costs(folder, nodes))
-    result.update(listening=addresses, deploy_seconds=time.monotonic() - t0,
-                  killed_node_at=None if killed is None else {"group": kill_at,
-                                                              "seconds": killed},
-                  intruders_turned_away=turned_away, device_events=events,
+    killed = d.events.pop("killed", None)
+    result.update(node_costs=node_costs(d.folder, nodes), listening=addresses,
+                  deploy_seconds=time.monotonic() - d.t0, killed_node_at=killed,
+                  intruders_turned_away=turned_away, device_events=d.events,
                   left_running=sorted(members(groups)),
-                  detached_groups_stopped=len(groups - {p.pid for p in procs}),
+                  detached_groups_stopped=len(groups - {p.pid for p in d.procs}),
                   flwr_run_output=run.stdout.strip().splitlines()[-1:])
     return result
 
@@ -574,6 +648,9 @@ def main(argv=None) -> dict:
                     "in round 1 for twice the reply timeout), liar (an extra registered device "
                     "whose one user rates ±10⁶), overlap (the last device also claims the "
                     "first device's first user)")
+    ap.add_argument("--no-release", action="store_true",
+                    help="with --scenario restart: the restarted device does not end its killed "
+                    "session first (it waits for the SuperLink to time the session out)")
     ap.add_argument("--hostile-warm", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -623,13 +700,14 @@ def main(argv=None) -> dict:
         return {"prepared": str(folder)}
     print(f"starting a SuperLink and {nodes} SuperNodes in {folder} (logs there) ...",
           file=sys.stderr, flush=True)
+    scenario = Scenario(kill_at=kill,
+                        restart_at="round-1" if args.scenario == "restart" else None,
+                        stall_at="round-1" if args.scenario == "stall" else None,
+                        stall_seconds=2 * args.reply_timeout, release=not args.no_release)
     out = deploy(folder, nodes=nodes, run_config=config, deadline=args.deadline,
-                 secure=not args.insecure, intruders=args.intruders, kill_at=kill,
-                 node_configs=node_configs, warm=args.warm,
-                 restart_at="round-1" if args.scenario == "restart" else None,
-                 stall_at="round-1" if args.scenario == "stall" else None,
-                 stall_seconds=2 * args.reply_timeout,
-                 hostile=nodes - 1 if args.scenario == "fabricated" else None)
+                 secure=not args.insecure, intruders=args.intruders, node_configs=node_configs,
+                 warm=args.warm, hostile=nodes - 1 if args.scenario == "fabricated" else None,
+                 scenario=scenario)
     ref, ref_eval, _ = fit_in_process(  # the simulated devices take the nodes' policy
         params, data, 0.1, device_policy=DevicePolicy(threshold=0.5)
         if args.secure_aggregation else None)
@@ -640,6 +718,7 @@ def main(argv=None) -> dict:
            "intruders": args.intruders, "secure_aggregation": args.secure_aggregation,
            "precision": args.precision,
            "device_data": args.device_data, "warm": args.warm, "scenario": args.scenario,
+           "release": not args.no_release,
            **out, "local_recon_eval": ref_eval,
            "identical_item_factors": bool(np.array_equal(model.item_factors_,
                                                          ref.item_factors_)),

@@ -35,10 +35,14 @@ def _server(doc) -> str:
                                for r in refused))
     if "restarted" in ev:
         back = ev.get("rejoined", {}).get("seconds")
-        parts.append(f"the SuperLink let the restarted node in after "
-                     f"{ev['restarted']['attempts']} attempts, "
-                     f"{back - ev['restarted']['seconds']:.0f} s after the kill"
-                     if back is not None else "the restarted node never got back in")
+        released = {True: "the device ended its killed session itself; ",
+                    False: "the device found no session of its own open; ",
+                    None: "the device ended no session; "}.get(ev["restarted"].get("released"),
+                                                             "the device's release failed; ")
+        parts.append(released + (f"the SuperLink let the restarted node in after "
+                                 f"{ev['restarted']['attempts']} attempt(s), "
+                                 f"{back - ev['restarted']['seconds']:.0f} s after the kill"
+                                 if back is not None else "the restarted node never got back in"))
     if "stalled" in ev:
         parts.append(f"stalled {ev['resumed']['seconds'] - ev['stalled']['seconds']:.0f} s"
                      if "resumed" in ev else "stalled to the end")

@@ -78,19 +78,41 @@ def _readme_order_compiles_once(py, env, work, src, job):
     assert "FedReconMF" in out
 
 
-def _cli_from_the_installed_package(env_dir, env, work):
-    """The console script of a fresh (non-editable) install: train → recommend → evaluate, and
-    the benchmark scripts importable as fedcf.benchmarks."""
-    from fedcf.datasets import make_synthetic_ratings
+def _package_files() -> set[str]:
+    """Every file of the source's ``fedcf`` folder (modules, py.typed) and every module of
+    the folders pyproject.toml maps into the package (``fedcf.benchmarks`` is scripts/,
+    ``fedcf.datasets`` datasets/, ``fedcf.eval`` eval/), as paths inside the installed
+    ``fedcf`` folder: read from the tree, so a package left out of pyproject.toml's list is
+    missed by the install and caught here."""
+    import tomllib
 
-    df = make_synthetic_ratings(120, 40, 2000, n_factors=2, random_state=0).to_dataframe()
-    df.to_csv(work / "r.csv", index=False)
-    fedcf = str(env_dir / "bin" / "fedcf")
-    _run([fedcf, "train", "--data", "r.csv", "--model", "fedrecon", "--rounds", "3",
-          "--factors", "2", "--out", "m.npz"], env, work)
-    items = [str(i) for i in df["item"].unique()[:2]]
-    assert "rank" in _run([fedcf, "recommend", "--model", "m.npz", "--items", *items,
-                           "--ratings", "5", "1"], env, work)
-    assert "rmse" in _run([fedcf, "evaluate", "--model", "m.npz", "--data", "r.csv"], env, work)
+    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"]
+    out = {str(f.relative_to(ROOT / "fedcf")) for f in (ROOT / "fedcf").rglob("*")
+           if f.is_file() and "__pycache__" not in f.parts}
+    for pkg, folder in mapped.items():
+        out |= {str(Path(*pkg.split(".")[1:]) / f.name) for f in (ROOT / folder).glob("*.py")}
+    assert len(out) > 100 and "benchmarks/bench.py" in out and "py.typed" in out
+    return out
+
+
+def _cli_from_the_installed_package(env_dir, env, work):
+    """A fresh (non-editable) install holds every file of the package (modules and data, the
+    benchmark scripts as fedcf.benchmarks), imports every module, and its console script
+    answers each command. The commands' own work is tested in process (tests/test_cli.py);
+    compiling from an installed copy is the job above (its kernel cache goes to ~/.cache)."""
     py = str(env_dir / "bin" / "python")
-    _run([py, "-c", "import fedcf.benchmarks.movielens_benchmark"], env, work)
+    listing = ("import pathlib, fedcf; root = pathlib.Path(fedcf.__file__).parent; "
+               "print('\\n'.join(sorted(str(p.relative_to(root)) for p in root.rglob('*') "
+               "if p.is_file() and '__pycache__' not in p.parts)))")
+    installed = set(_run([py, "-c", listing], env, work).split())
+    missing = _package_files() - installed
+    assert not missing, f"files of the package missing from a regular install: {missing}"
+    walk = ("import importlib, pkgutil, fedcf; "
+            "names = [m.name for m in pkgutil.walk_packages(fedcf.__path__, 'fedcf.') "
+            "if not m.name.endswith('__main__')]; "
+            "[importlib.import_module(n) for n in names]; print(len(names))")
+    assert int(_run([py, "-c", walk], env, work)) > 50
+    fedcf = str(env_dir / "bin" / "fedcf")
+    for command in ("train", "evaluate", "recommend", "benchmark", "data", "compile", "plot"):
+        assert "usage: fedcf " + command in _run([fedcf, command, "--help"], env, work)
