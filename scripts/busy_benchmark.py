@@ -7,7 +7,9 @@ Policies: ``PASSIVE`` (idle workers sleep at once), ``unset`` (OpenMP's own defa
 3 ms, then sleep), ``ACTIVE`` (spin), and ``spin:N`` (the variable unset and
 ``GOMP_SPINCOUNT=N``: spin N iterations, roughly N / 100 µs, then sleep); ``default`` is what
 fedcf sets itself when the environment names no policy. Each fit runs in a fresh process (the
-kernels' cache warm: a warm-up fit runs first) and reports the seconds of ``fit`` alone;
+kernels' cache warm: a warm-up fit runs first) and reports the seconds of ``fit`` alone,
+and of its rounds' phases as the rounds time them (the clients' work, the reduction, the
+server step; the rest is the round's Python);
 neighbours are processes that spin on one core each until the fit ends. The figures per policy
 and reconstruction: idle 1 thread / idle all threads (the thread scaling) and beside neighbours
 / idle (near 1 + neighbours / cores is fair sharing; far above it is workers spinning against
@@ -36,9 +38,11 @@ numba.set_num_threads({threads})
 users, items, ratings, rounds = {size}
 inter = make_synthetic_ratings(users, items, ratings, n_factors=8, random_state=0)
 t0 = time.perf_counter()
-FedReconMF(server_optimizer="sgd", early_stopping=None, reconstruction="{recon}",
-           n_factors=50, n_rounds=rounds, clients_per_round=100, random_state=0).fit(inter)
-print(json.dumps(time.perf_counter() - t0))
+m = FedReconMF(server_optimizer="sgd", early_stopping=None, reconstruction="{recon}",
+               n_factors=50, n_rounds=rounds, clients_per_round=100, random_state=0).fit(inter)
+seconds = time.perf_counter() - t0
+phase = {{p: sum(h[p + "_seconds"] for h in m.history_) for p in ("work", "reduce", "server")}}
+print(json.dumps({{"seconds": seconds, **phase}}))
 """
 SPIN = "while True:\n    pass\n"
 WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
@@ -65,14 +69,16 @@ def check_policy(policy: str) -> str:
                      "(N a whole number of spin iterations)")
 
 
-def fit_seconds(policy: str, recon: str, threads: int, size: tuple) -> float:
+def fit_seconds(policy: str, recon: str, threads: int, size: tuple) -> dict:
+    """One fit in a fresh process: its seconds, and the seconds its rounds spent in the
+    clients' work, the reduction and the server step (the rest is the round's Python)."""
     env = {k: v for k, v in os.environ.items() if k not in WAIT_VARS}
     code = FIT.format(size=size, policy=policy_code(policy), threads=threads, recon=recon)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"the fit failed: {out.stderr[-2000:]}")
-    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def measure(runs_of, neighbours: int) -> list:
@@ -87,9 +93,12 @@ def measure(runs_of, neighbours: int) -> list:
             p.wait()
 
 
-def row(policy, recon, neighbours, threads, runs) -> dict:
+def row(policy, recon, neighbours, threads, fits) -> dict:
+    runs = [f["seconds"] for f in fits]
     return {"policy": policy, "recon": recon, "neighbours": neighbours, "threads": threads,
-            "seconds_min": min(runs), "seconds_median": statistics.median(runs), "runs": runs}
+            "seconds_min": min(runs), "seconds_median": statistics.median(runs), "runs": runs,
+            "phases_median": {p: statistics.median(f[p] for f in fits)
+                              for p in ("work", "reduce", "server")}}
 
 
 def measure_policy(policy, recon, cores, neighbours, size, repeats) -> list:
@@ -103,6 +112,8 @@ def measure_policy(policy, recon, cores, neighbours, size, repeats) -> list:
     rows = [row(policy, recon, 0, t, r) for t, r in idle.items()]
     top = rows[0]["seconds_median"]
     rows[0]["speedup_from_1_thread"] = rows[-1]["seconds_median"] / top
+    rows[0]["work_speedup_from_1_thread"] = (rows[-1]["phases_median"]["work"]
+                                             / rows[0]["phases_median"]["work"])
     rows.append(row(policy, recon, neighbours, cores, busy))
     rows[-1]["ratio_to_idle"] = rows[-1]["seconds_median"] / top
     return rows

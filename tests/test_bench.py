@@ -47,6 +47,10 @@ def test_busy_benchmark_times_both_wait_policies_and_fedcf_asks_for_passive(tmp_
         idle = same[(0, cores)]["seconds_median"]
         if "speedup_from_1_thread" in r:
             assert r["speedup_from_1_thread"] == same[(0, 1)]["seconds_median"] / idle
+            work = [same[(0, t)]["phases_median"]["work"] for t in (1, cores)]
+            assert r["work_speedup_from_1_thread"] == work[0] / work[1]
+        assert 0 < r["phases_median"]["work"] < r["seconds_median"]  # the kernel, inside the fit
+        assert 0 < r["phases_median"]["server"] < r["seconds_median"]
         if "ratio_to_idle" in r:
             assert r["ratio_to_idle"] == r["seconds_median"] / idle
     assert sum("ratio_to_idle" in r for r in doc["rows"]) == 2
