@@ -529,8 +529,9 @@ def section_coldstart(args):
 
     paths = "centralized-sgd" if args.quick else MAIN_JOB_PATHS
     with tempfile.TemporaryDirectory() as tmp:
-        first = compile_run(os.path.join(tmp, "first"), paths.split(",")[0], 1)
         one = compile_run(os.path.join(tmp, "one"), paths, 1)
+        first = one if "," not in paths else \
+            compile_run(os.path.join(tmp, "first"), paths.split(",")[0], 1)  # one path: the same run
         two = compile_run(os.path.join(tmp, "two"), paths, 2)
         warm = compile_run(os.path.join(tmp, "one"), paths, 1)
     add("kernels before the first row, empty cache", (None, first, first), None, None,
