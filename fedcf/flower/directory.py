@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .transport import send_and_receive
 from .wire import DIRECTORY_FIELDS, ERROR_CODE, NO_CATALOG, ReplyError, arrays, flwr, read_arrays
 
 log = logging.getLogger("fedcf.flower")
@@ -57,7 +58,7 @@ def exchange(grid, messages, timeout: float, stage: str, refusals: Refusals,
     ``reply_to_message_id``): the SuperLink answers for an unreachable node in its own name.
     ``clients``: node -> how many clients its message was for (for the refusal record)."""
     sent = {int(m.metadata.dst_node_id) for m in messages}
-    replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    replies = send_and_receive(grid, messages, timeout) if messages else []
     to = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in messages}
     answered = set()
     for reply in replies:
