@@ -29,6 +29,7 @@ def test_the_node_id_is_read_from_the_last_line_that_names_it(tmp_path):
     ({"node_id": -1}, "non-negative int"),
     ({"node_id": "7"}, "non-negative int"),
     ({"node_id": True}, "non-negative int"),
+    ({"node_id": 2**64}, "below 2\\*\\*64"),
     ({"node_id": 7, "insecure": True, "root_certificates": "ca.crt"}, "not both"),
     ({"node_id": 7}, "not both or neither"),
 ])

@@ -57,9 +57,9 @@ def release_node(superlink: str, private_key, node_id: int, *, root_certificates
     from flwr.supernode.fleet_http_client import FleetHttpClient
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
-    if isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0:
-        raise ValueError(f"node_id must be a non-negative int (the SuperNode ID its log "
-                         f"names), got {node_id!r}")
+    if isinstance(node_id, bool) or not isinstance(node_id, int) or not 0 <= node_id < 2**64:
+        raise ValueError(f"node_id must be a non-negative int below 2**64 (the SuperNode ID "
+                         f"its log names), got {node_id!r}")
     if insecure == (root_certificates is not None):
         raise ValueError("pass either root_certificates (the SuperLink's CA file, for TLS) or "
                          "insecure=True, not both or neither")
