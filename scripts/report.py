@@ -35,6 +35,7 @@ from report_performance import (  # noqa: E402
     TARGETS,  # noqa: E402, F401 (read by the tests)
     busy_values,
     perf_values,
+    round_values,
 )
 from report_privacy import (  # noqa: E402
     device_cost_values,
@@ -101,7 +102,8 @@ def documents() -> dict[Path, str]:
         ROOT / "eval" / "CTR.md": render(t["CTR"], {**ctr_values(ctr, impl, pop),
                                                    **ope_values(load("ope.json"))}),
         ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], {
-            **perf_values(bench, load("busy.json")), **busy_values(load("busy.json"))}),
+            **perf_values(bench, load("busy.json")), **busy_values(load("busy.json")),
+            **round_values(load("round.json"))}),
         **({ROOT / "eval" / "HYPER.md": render((TEMPLATES / "HYPER.md").read_text(),
                                                 {**hyper_values(load("hyper.json"),
                                                                 load("hyper_1m.json")),

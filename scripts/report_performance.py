@@ -68,6 +68,35 @@ def busy_values(doc) -> dict:
                    "busy / idle (target)"], rows)}
 
 
+def round_values(doc) -> dict:
+    """PERFORMANCE.md's plain round against its roofline (scripts/round_benchmark.py)."""
+    if not doc:
+        return {"round": "Not measured yet: run `python scripts/round_benchmark.py --json "
+                         "eval/results/round.json`."}
+    ph, r1, r2 = doc["phases_median"], *doc["rounds"]
+    us = lambda s: f"{s * 1e6:,.0f} µs"  # noqa: E731
+    met = doc["marginal_seconds"] <= doc["target_seconds"]
+    rows = [("marginal round", us(doc["marginal_seconds"]),
+             f"(fit of {r2} rounds − fit of {r1}) / {r2 - r1}, minimum of "
+             f"{len(doc['fit_seconds'][str(r1)])} alternated fits each; target "
+             f"≤ {us(doc['target_seconds'])}: {'met' if met else '**missed**'}"),
+            ("compute roofline", us(doc["roofline_seconds"]),
+             f"{doc['round_flops'] / 1e6:.1f} MFLOP per round at "
+             f"{doc['gemm_flops_per_second'] / 1e9:.0f} GFLOP/s (float64 GEMM, "
+             f"{doc['threads']} threads, same run); working set "
+             f"{doc['working_set_bytes'] / 2**20:.1f} MiB"),
+            ("marginal ÷ roofline", f"{doc['ratio_to_roofline']:.0f}×", "")]
+    rows += [(f"phase: {name}", us(ph[key]), "median over the rounds of the longer fit")
+             for key, name in (("work", "clients' work (the client kernel)"),
+                               ("reduce", "reduction (finite check, sums per item)"),
+                               ("server", "server step"), ("python", "the rest (Python)"),
+                               ("round", "whole round"))]
+    return {"round": provenance(doc["meta"], "round.json") + "\n\n" +
+            f"FedReconMF at the paper's settings on MovieLens-100K: {doc['clients']} clients "
+            f"per round, K = {doc['K']}, {doc['threads']} threads, kernels warm.\n\n" +
+            table(["row", "time", "note"], rows)}
+
+
 def busy_targets(doc) -> list:
     """The thread targets at fedcf's default wait, from busy_benchmark.py's run."""
     rows = [r for r in (doc or {}).get("rows", []) if r["policy"] == "default"]

@@ -91,3 +91,30 @@ def test_scale_limits_names_a_bad_argument(argv, message, capsys):
     with pytest.raises(SystemExit):
         load_script("scale_limits").main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_round_benchmark_counts_the_papers_round_and_reports_it(tmp_path):
+    """The round's flop count by hand for one small user, and a short run whose JSON the
+    performance report renders (marginal, roofline, their ratio, the phases)."""
+    import numpy as np
+
+    rb = load_script("round_benchmark")
+    report = load_script("report_performance")
+
+    class OneUser:  # 7 ratings: support 4 (one step of 4), query 3 (one step of 3)
+        indptr = np.array([0, 7])
+
+    K = rb.K
+    by_hand = K * (4 * 4 + 2 * 3 + 6 * 3 + 5 * 3 + 3 * 2)  # recon, loss, update, rows, steps
+    assert rb.round_flops(OneUser) == pytest.approx(rb.CLIENTS * by_hand)
+    doc = rb.main(["--rounds", "2", "4", "--repeats", "1", "--json", str(tmp_path / "r.json")])
+    assert json.loads((tmp_path / "r.json").read_text())["rounds"] == [2, 4]
+    assert doc["roofline_seconds"] == pytest.approx(doc["round_flops"] / doc["gemm_flops_per_second"])
+    assert doc["ratio_to_roofline"] == pytest.approx(doc["marginal_seconds"] / doc["roofline_seconds"])
+    assert set(doc["phases_median"]) == {"work", "reduce", "server", "python", "round"}
+    text = report.round_values(doc)["round"]
+    for row in ("marginal round", "compute roofline", "marginal ÷ roofline", "phase: whole round"):
+        assert f"| {row} |" in text
+    assert ("met" if doc["marginal_seconds"] <= 0.6e-3 else "**missed**") in text
+    with pytest.raises(SystemExit):
+        rb.main(["--rounds", "4", "2"])
