@@ -81,8 +81,9 @@ class Policy:
     def kernel_target(self, n_items, L):
         if self.kind == "softmax":
             return 0, self.probs, np.zeros((0, L), np.int64), 0.0, np.zeros(n_items)
-        return (1, np.zeros((0, n_items), np.float32), self.slates, float(self.epsilon),
-                self.explore)
+        # contiguous: a sliced argsort would make the kernels compile a second signature
+        return (1, np.zeros((0, n_items), np.float32), np.ascontiguousarray(self.slates),
+                float(self.epsilon), self.explore)
 
     def marginal(self, u_rows, k):
         """π(· | u, k) of a target as a dense (len(u_rows), n_items) array."""

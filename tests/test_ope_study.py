@@ -150,3 +150,13 @@ def test_candidate_logging_draws_only_candidates_and_exploration_follows_them(wo
     assert st.softmax_target(masked, 1.0).probs[:, 59].max() == 0.0
     with pytest.raises(ValueError, match="support .* is empty"):
         st.uniform_logging(60, 3, support=[])
+
+
+def test_a_sliced_slate_array_reaches_the_kernel_contiguous(world):
+    """A target's slates cut from an argsort are strided; the kernel gets them contiguous, so
+    it is compiled for one layout only (not again in each process that meets a slice)."""
+    _, w, scores, _ = world
+    slates = np.argsort(-scores, axis=1)[:, :3]
+    assert not slates.flags.c_contiguous
+    kind, _, got, eps, _ = st.epsilon_greedy_target(slates, 0.2, 60).kernel_target(60, 3)
+    assert got.flags.c_contiguous and np.array_equal(got, slates) and (kind, eps) == (1, 0.2)

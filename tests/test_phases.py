@@ -256,3 +256,19 @@ def test_small_kernels_run_on_the_calling_thread_and_the_count_comes_back():
     with pytest.raises(ValueError, match="boom"):
         _threads.small(seen, 10, True)
     assert numba.get_num_threads() == before
+
+
+def test_a_strided_delta_reaches_the_row_kernel_contiguous():
+    """A server step on a column slice of a table (a named part's rows) must not make the row
+    kernel compile a second, strided signature in every process that meets one."""
+    from fedcf._kernels.server import sgd_rows
+
+    rng = np.random.default_rng(0)
+    Q = rng.normal(size=(6, 3)).astype(np.float32)
+    table = rng.normal(size=(2, 5))
+    delta = {"Q": table[:, :3], "b": table[:, 3]}  # strided views
+    assert not delta["Q"].flags.c_contiguous
+    opt, params = SGD(learning_rate=0.5), {"Q": Q.copy(), "b": np.zeros(6, np.float32)}
+    state, params = opt.step_rows(opt.init(params), params, np.array([1, 4]), delta)
+    np.testing.assert_allclose(params["Q"][[1, 4]], Q[[1, 4]] + 0.5 * table[:, :3], rtol=1e-6)
+    assert all(sig[2].layout == "C" for sig in sgd_rows.signatures)

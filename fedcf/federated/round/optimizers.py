@@ -138,7 +138,7 @@ def _sparse_rows(params, rows, delta_rows, update):
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     finite = True
     for k, x in params.items():
-        d = np.asarray(delta_rows[k], dtype=np.float64)
+        d = np.ascontiguousarray(delta_rows[k], dtype=np.float64)  # one kernel signature
         x2, d2 = (x, d) if x.ndim == 2 else (x.reshape(-1, 1), d.reshape(-1, 1))
         finite &= update(x2, k, rows, d2)
     return bool(finite)
