@@ -102,7 +102,8 @@ def documents() -> dict[Path, str]:
         ROOT / "eval" / "CTR.md": render(t["CTR"], {**ctr_values(ctr, impl, pop),
                                                    **ope_values(load("ope.json"))}),
         ROOT / "eval" / "PERFORMANCE.md": render(t["PERFORMANCE"], {
-            **perf_values(bench, load("busy.json")), **busy_values(load("busy.json")),
+            **perf_values(bench, load("busy.json"), load("round.json")),
+            **busy_values(load("busy.json")),
             **round_values(load("round.json"))}),
         **({ROOT / "eval" / "HYPER.md": render((TEMPLATES / "HYPER.md").read_text(),
                                                 {**hyper_values(load("hyper.json"),

@@ -114,7 +114,18 @@ def busy_targets(doc) -> list:
     return out
 
 
-def perf_values(bench, busy=None) -> dict:
+def round_targets(doc) -> list:
+    """The plain round's target, from round_benchmark.py's run."""
+    if not doc:
+        return [("ML-100K paper-settings round ≤ 0.6 ms marginal (round_benchmark.py)",
+                 "**not measured**", "no eval/results/round.json")]
+    got = doc["marginal_seconds"]
+    return [(f"ML-100K paper-settings round ≤ {doc['target_seconds'] * 1e3:.1f} ms marginal "
+             "(round_benchmark.py)", "met" if got <= doc["target_seconds"] else "**missed**",
+             f"{got * 1e3:.2f} ms; roofline {doc['roofline_seconds'] * 1e3:.3f} ms, same run")]
+
+
+def perf_values(bench, busy=None, round_doc=None) -> dict:
     def note(r):
         return (r.get("note") or "").replace("|", "/")
 
@@ -146,4 +157,4 @@ def perf_values(bench, busy=None) -> dict:
                                    [(r["name"], ms(r["fedcf_seconds"]), note(r))
                                     for r in ceiling]),
             "table_targets": table(["target", "result", "measured"],
-                                   targets + busy_targets(busy))}
+                                   targets + busy_targets(busy) + round_targets(round_doc))}

@@ -37,13 +37,15 @@ def test_a_performance_target_without_a_measurement_says_so():
     bench = json.loads((ROOT / "eval" / "results" / "bench.json").read_text())
     kept = [r for r in bench if not r["name"].startswith("fold-in all users")]
     lines = report.perf_values(kept)["table_targets"].splitlines()
-    assert len(lines) == 2 + len(report.TARGETS) + 1  # + busy.json's thread targets: none
+    assert len(lines) == 2 + len(report.TARGETS) + 2  # + busy.json's and round.json's: none
     missing = [ln for ln in lines if "not measured" in ln]
-    assert len(missing) == 3 and sum("fold-in" in ln for ln in missing) == 2
+    assert len(missing) == 4 and sum("fold-in" in ln for ln in missing) == 2
     assert any("default wait" in ln for ln in missing)
+    assert any("paper-settings round" in ln for ln in missing)
     busy = json.loads((ROOT / "eval" / "results" / "busy.json").read_text())
-    lines = report.perf_values(bench, busy)["table_targets"].splitlines()
-    assert len(lines) == 2 + len(report.TARGETS) + 2 and "not measured" not in "".join(lines)
+    round_doc = json.loads((ROOT / "eval" / "results" / "round.json").read_text())
+    lines = report.perf_values(bench, busy, round_doc)["table_targets"].splitlines()
+    assert len(lines) == 2 + len(report.TARGETS) + 3 and "not measured" not in "".join(lines)
 
 
 @pytest.mark.network
