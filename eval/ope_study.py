@@ -260,3 +260,17 @@ def estimates_from_stats(stats: np.ndarray, n_slates: int, slate_size: int, *,
     out["low"] = out["estimate"] - z * out["se"]
     out["high"] = out["estimate"] + z * out["se"]
     return out
+
+
+def warm_up() -> None:
+    """Compile this module's kernels (``fedcf.warmup``'s "ope" path): one written-out log and a
+    study of two, on a tiny world, with the array types the study uses."""
+    from .simulation import make_expression_population
+
+    pop = make_expression_population(12, {"gif": 6}, position_bias=(1, .5), random_state=0)
+    world = SlateWorld.from_population(pop, np.arange(12))
+    model = RewardModel(np.zeros((12, 6), np.float32), np.zeros(2))
+    target = epsilon_greedy_target(np.tile(np.arange(2), (12, 1)), 0.2, 6)
+    q = model.expected(target)
+    draw_log(world, uniform_logging(6, 2), target, model, q, 3)
+    study_stats(world, uniform_logging(6, 2), target, model, q, 3, 2)

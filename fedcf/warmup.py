@@ -170,6 +170,11 @@ def _catalog(data):
     model.recon_predict(data[3], data[3])
 
 
+def _ope(data):  # the slate off-policy study (fedcf.eval.ope_study)
+    from fedcf.eval.ope_study import warm_up
+    warm_up()
+
+
 def _float64(data):
     """``dtype="float64"``: the same kernels compiled for double precision (FedRecon with both
     reconstructions and hypergradients, FedAvg with hypergradients, FURL, implicit, centralized)."""
@@ -198,7 +203,7 @@ PATHS = {"centralized": _centralized, "fedavg": _fedavg, "fedrecon-sgd": _fedrec
          "fedrecon-als": _fedrecon_als, "hypergradient": _hypergradient,
          "fedrecon-variants": _fedrecon_variants, "centralized-sgd": _centralized_sgd,
          "implicit": _implicit, "sampled": _sampled, "neumf": _neumf, "catalog": _catalog,
-         "float64": _float64}
+         "ope": _ope, "float64": _float64}
 
 
 # the path of each estimator class whose kernels do not depend on its settings
