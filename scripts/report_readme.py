@@ -98,9 +98,11 @@ def suite_block(rows) -> str:
         parts.append(f"{busy['wall_seconds'] / 60:.1f} minutes beside {busy['hogs']} "
                      "CPU-bound processes")
     first = rows[0]
+    own = first.get("pytest_seconds")
     cache = ("starting from an empty Numba cache, as a fresh clone does (the session's warm-up "
-             "compiles every kernel first, on both cores, and is included)"
-             if first.get("cold") else "with the kernels in Numba's cache")
+             "first compiles every code path's kernels, on both cores, and is included" +
+             ("" if own is None else f"; the tests themselves took {own:.0f} s by pytest's "
+              "clock") + ")" if first.get("cold") else "with the kernels in Numba's cache")
     ref = first.get("reference_fit_seconds")
     speed = "" if ref is None else (
         f"; the machine's reference fit (`busy_benchmark.py`'s idle ALS fit, "

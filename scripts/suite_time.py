@@ -33,7 +33,8 @@ HOG = "while True:\n    pass\n"
 def run_suite(pytest_args: list[str], hogs: int, timeout: float, cold: bool = False) -> dict:
     """One run of the suite beside ``hogs`` busy processes (stopped afterwards, also on
     failure); ``cold``: with an empty Numba cache of its own (as a fresh clone has), so the
-    session's warm-up compiles every kernel first — inside the wall time, outside pytest's."""
+    session's warm-up first compiles every code path's kernels — inside the wall time, outside
+    pytest's."""
     busy = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(hogs)]
     cache = tempfile.TemporaryDirectory(prefix="fedcf-suite-cache-") if cold else None
     env = {**os.environ, **({"FEDCF_NUMBA_CACHE": cache.name} if cache else {})}
