@@ -36,6 +36,8 @@ import numba
 import numpy as np
 
 from fedcf import FedReconMF
+from fedcf._kernels.clients import query_sizes
+from fedcf._kernels.layout import SPLIT_RANDOM
 from fedcf.datasets import load_movielens
 from fedcf.provenance import report_result, run_meta
 
@@ -57,8 +59,8 @@ def round_flops(inter) -> float:
     """Expected flops of one round (module docstring), from the users' sizes."""
     n = np.diff(inter.indptr).astype(np.float64)
     batch, steps = PAPER["batch_size"], PAPER["recon_steps"]
-    n_s = np.ceil(n * 0.5 - 1e-9)
-    n_q = n - n_s
+    n_q = query_sizes(np.diff(inter.indptr), SPLIT_RANDOM, 0.5).astype(np.float64)  # the kernel's split
+    n_s = n - n_q
     v_r, v_u = np.minimum(n_s, steps * batch), np.minimum(n_q, PAPER["update_steps"] * batch)
     n_steps = np.ceil(v_r / batch) + np.ceil(v_u / batch)
     flops = K * (4 * v_r + 2 * n_q + 6 * v_u + 5 * n_q + 3 * n_steps)
