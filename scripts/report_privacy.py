@@ -179,6 +179,14 @@ def secagg_precision_values(doc) -> dict:
             body}
 
 
+def _where_halves(rows) -> str:
+    procs = sorted({r.get("processes", 1) for r in rows})
+    if procs == [1]:
+        return "every client half and the server in one process on this machine"
+    return (f"the client halves in {' or '.join(map(str, procs))} worker processes side by "
+            "side, the server in the script's own, on this machine")
+
+
 def secagg_cost_values(rows) -> dict:
     """PRIVACY.md's cost of secure aggregation (scripts/secagg_cost.py)."""
     if not rows:
@@ -213,8 +221,7 @@ def secagg_cost_values(rows) -> dict:
              "round, besides downloading the item matrix.")
     return {"secagg_cost": provenance(rows[0]["meta"], "secagg_cost.json") + "\n\n" + body +
             "\n\nConfigurations over the script's budgets (mask words, share holders) are not "
-            "run; the script prints which." + phone + "\n\nTargets (every client half and the "
-            "server in one process on this machine):\n\n" +
+            "run; the script prints which." + phone + "\n\nTargets (" + _where_halves(rows) + "):\n\n" +
             "\n".join(f"- {t}" for t in targets)}
 
 

@@ -1,15 +1,18 @@
 #!/usr/bin/env python
 """What secure aggregation costs: one aggregation of m clients' dense uploads over a catalog of
 n items (K factors, a bias and a weight per row, as FedRecon's uploads) with fedcf's protocol
-(``fedcf.federated.aggregators.secagg_protocol``), every client half in this process.
+(``fedcf.federated.aggregators.secagg_protocol``).
 
-Per configuration: seconds in all client halves divided by m (what one device spends: key
-agreement, Shamir sharing, share encryption, m − 1 AES-CTR mask expansions over the whole
-vector), seconds in the server half (relaying, and unmasking: a Shamir reconstruction per
-survivor and per dropped client, masks regenerated for the dropped), bytes each client uploads
-(its masked vector dominates; averaged over every client that advertised keys, the dropped
-included), and the same vector's plain size for comparison. ``--drop``
-clients vanish after sharing their keys, so the server also rebuilds their masks.
+The client halves run in ``--processes`` worker processes (default: the machine's cores), side
+by side as devices do; the server half runs in the script's own process. Per configuration:
+seconds in all client halves divided by m (what one device spends: key agreement, Shamir
+sharing, share encryption, an AES-CTR mask expansion over the whole vector per peer), seconds
+in the server half (relaying, and unmasking: a Shamir reconstruction per survivor and per
+dropped client, masks regenerated for the dropped), the round's wall time (the five message
+rounds; starting the processes is not in it), bytes each client uploads (its masked vector
+dominates; averaged over every client that advertised keys, the dropped included), and the
+same vector's plain size for comparison. ``--drop`` clients vanish after sharing their keys,
+so the server also rebuilds their masks.
 
 Cohorts run with every pair masking (Bonawitz et al.), with the SecAgg+ graph of degree k
 (``--neighbours``), whose per-client work grows with k rather than m, and with the degree
@@ -21,7 +24,7 @@ Example: python scripts/secagg_cost.py --json eval/results/secagg_cost.json
 from __future__ import annotations
 
 import argparse
-import time
+import os
 
 import numpy as np
 
@@ -30,22 +33,22 @@ from fedcf.federated.aggregators.secagg_client import simulate
 from fedcf.provenance import run_meta, write_json
 
 
-def one(m: int, n_items: int, K: int, drop: float, rng, neighbours: int | None) -> dict:
+def one(m: int, n_items: int, K: int, drop: float, rng, neighbours: int | None,
+        processes: int = 1) -> dict:
     d = n_items * (K + 1) + 9  # rows, then the statistics and the clip count
     X = rng.integers(0, 2**32, (m, d), dtype=np.uint64).astype(np.uint32)
     agg = SecureAggregation(min_cohort=2, neighbours=neighbours)
     t = agg.threshold_for(m)
     dropped = rng.choice(m, int(round(drop * m)), replace=False)
     clock = {}
-    t0 = time.perf_counter()
     total, u3, server = simulate(X, range(m), t, drop_after_shares=dropped, clock=clock,
-                                 neighbours=neighbours)
-    wall = time.perf_counter() - t0
+                                 neighbours=neighbours, processes=processes)
     assert np.array_equal(total, X[u3].sum(axis=0, dtype=np.uint64).astype(np.uint32))
     return {"clients": m, "n_items": n_items, "K": K, "neighbours": neighbours,
             "holders": agg.holders(m), "threshold": t, "dropped": len(dropped),
             "client_seconds": clock["clients"] / m, "server_seconds": clock["server"],
-            "round_seconds": wall, "bytes_up_per_client": server.bytes_received() / m,
+            "round_seconds": clock["round"], "processes": processes,
+            "bytes_up_per_client": server.bytes_received() / m,
             "plain_bytes": 4 * d}
 
 
@@ -64,8 +67,13 @@ def main(argv=None):
     ap.add_argument("--max-holders", type=int, default=1000,
                     help="skip configurations with more share holders per client (sharing "
                          "costs holders² field operations per client)")
+    ap.add_argument("--processes", type=int, default=len(os.sched_getaffinity(0)),
+                    help="worker processes the client halves run in, side by side as devices "
+                         "do (default: this machine's cores; 1: all in this process)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
+    if args.processes < 1:
+        ap.error(f"--processes must be a count >= 1, got {args.processes}")
     rng = np.random.default_rng(0)
     rows = []
     for m in args.clients:
@@ -83,7 +91,8 @@ def main(argv=None):
                 if words > args.max_words or h > args.max_holders:
                     print(f"m={m}, k={k}, {n:,} items: skipped (over the budget)")
                     continue
-                r = {**one(m, n, args.factors, args.drop, rng, k or None), "auto": auto}
+                r = {**one(m, n, args.factors, args.drop, rng, k or None, args.processes),
+                     "auto": auto}
                 rows.append(r)
                 print(f"m={m:<5} k={k:<3} items={n:<7,} client {r['client_seconds']:.3f} s  "
                       f"server {r['server_seconds']:.2f} s  up "

@@ -176,7 +176,8 @@ def test_the_masks_depend_on_the_clients_secrets():
         other = SecAggClient.__new__(SecAggClient)
         s_seed, b_seed = state["seeds"]
         seeds = (s_seed, os.urandom(16)) if change == "b" else (os.urandom(16), b_seed)
-        other.__setstate__({**state, "seeds": seeds, "received": ({}, {}, None, False, [])})
+        other.__setstate__({**state, "seeds": seeds,
+                            "received": ({}, {}, None, False, c._holders)})
         other._adverts = c._adverts
         assert not np.array_equal(other.masked_input(np.zeros(8, np.uint32), inbox[0]).y, y)
     assert self_mask_key(b"a" * 16, session) != self_mask_key(b"b" * 16, session)

@@ -125,6 +125,30 @@ def test_secagg_plus_masks_and_shares_with_neighbours_only_and_sums_exactly(drop
     assert SecureAggregation(neighbours=k).holders(5) == 5  # small cohorts: every pair
 
 
+def test_client_halves_in_worker_processes_sum_exactly_and_a_dead_worker_is_named():
+    """The cost script's cohort on two processes: the same exact sum with dropouts, the
+    clients' own seconds and the round's wall time on the clock; a worker that dies mid-round
+    is a named error, never a hang, and the workers end with the block."""
+    from fedcf.federated.aggregators.secagg_client import ProcessHalves
+    from fedcf.federated.aggregators.secagg_protocol import run_round
+
+    m, clock = 9, {}
+    X = _vectors(m)
+    total, u3, _ = simulate(X, range(m), 6, drop_after_shares=(4,), clock=clock, processes=2)
+    np.testing.assert_array_equal(total, _sum(X, u3))
+    assert u3 == [c for c in range(m) if c != 4]
+    assert clock["clients"] > 0 and clock["server"] > 0 and clock["round"] > clock["server"]
+    session = os.urandom(16)
+    with ProcessHalves(range(m), X, 6, session, None, 2) as halves:
+        server = SecAggServer(6, X.shape[1], session)
+        run_round(halves, server, lambda u2: ())
+        halves.procs[1].kill()
+        halves.procs[1].join()
+        with pytest.raises(RuntimeError, match="ended during the step 'consistency'"):
+            halves.consistency(u3)
+    assert not any(p.is_alive() for p in halves.procs)
+
+
 def test_secrets_come_from_the_os_not_from_any_seed():
     """Two aggregations of the same vectors (same everything a server could know) give
     different masked vectors and keys: nothing to regenerate from random_state."""
@@ -509,7 +533,8 @@ def test_the_cost_script_reports_client_and_server_time_and_bytes():
 
     rows = load_script("secagg_cost").main(["--clients", "6", "12", "--items", "50", "200",
                                             "--factors", "2", "--drop", "0.1",
-                                            "--neighbours", "0", "4"])  # one drop: never short
+                                            "--neighbours", "0", "4", "--processes", "1"])
+    # one drop each: never short
     assert [(r["clients"], r["neighbours"], r["n_items"]) for r in rows] == [
         (m, k, n) for m in (6, 12) for k in (None, 4) for n in (50, 200)]
     for r in rows:
@@ -525,7 +550,8 @@ def test_the_cost_script_runs_the_default_degree_of_a_cohort():
     from fedcf.federated.aggregators.secagg import plus_neighbours
 
     rows = load_script("secagg_cost").main(["--clients", "20", "100", "--items", "20",
-                                            "--factors", "1", "--neighbours", "-1"])
+                                            "--factors", "1", "--neighbours", "-1",
+                                            "--processes", "1"])
     k = plus_neighbours(100)  # 20 clients: every pair, no row of its own
     assert [(r["clients"], r["neighbours"], r["holders"], r["auto"]) for r in rows] == [
         (100, k, k + 1, True)]
@@ -601,7 +627,7 @@ def test_a_devices_signature_checks_are_kept_per_verifying_key():
     verifying key too: the same bytes under another registered key are checked again (and
     fail), and a forged signature is never taken from the cache."""
     ids, other = Identities([1, 2]), Identities([2])
-    session, checked = os.urandom(16), set()
+    session, checked = os.urandom(16), {}
     a = SecAggClient(1, 2, session, ids.signing_key(1), dict(ids.verifying), verified=checked)
     b = SecAggClient(2, 2, session, ids.signing_key(2), dict(ids.verifying), verified=checked)
     msg = session + b"survivors"

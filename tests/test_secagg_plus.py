@@ -124,3 +124,72 @@ def test_a_default_fit_of_a_large_cohort_uses_the_ring_and_gives_the_same_model(
 def test_bad_assumptions_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
         plus_neighbours(**kw)
+
+
+def _ring_cohort(m=12, k=4):
+    """Clients of one SecAgg+ ring, their adverts, and each one's share holders."""
+    from fedcf.federated.aggregators.secagg_protocol import Identities, SecAggClient
+
+    session, ids = os.urandom(16), Identities(range(m))
+    t = math.floor(2 / 3 * (k + 1)) + 1
+    halves = [SecAggClient(c, t, session, ids.signing_key(c), ids.verifying, neighbours=k)
+              for c in range(m)]
+    adverts = [h.advertise() for h in halves]
+    return halves, adverts, session
+
+
+def test_a_client_checks_its_holders_adverts_and_a_forgery_elsewhere_only_redraws_the_ring():
+    """A client verifies the adverts of the clients it shares with: a forged advert aborts
+    exactly the clients whose ring (drawn from the forged roster) makes the forger a holder;
+    the others share with their genuine holders only."""
+    import dataclasses
+
+    from fedcf.federated.aggregators.secagg_protocol import ProtocolAbort
+
+    halves, adverts, session = _ring_cohort()
+    forged = list(adverts)
+    forged[5] = dataclasses.replace(adverts[5], s_pk=os.urandom(32))  # signature now wrong
+    graph = share_graph({a.client: a for a in forged}, session, 4)
+    aborted = 0
+    for h in halves:
+        if 5 in graph[h.id] and h.id != 5:
+            with pytest.raises(ProtocolAbort, match="advert of client 5 does not verify"):
+                h.share_keys(forged)
+            aborted += 1
+        elif h.id != 5:
+            assert sorted(h.share_keys(forged).ciphertexts) == graph[h.id]
+    assert aborted == 4  # the forger's four ring neighbours
+
+
+def test_shares_and_signatures_count_only_from_the_clients_share_holders():
+    """A share routed from a client outside the ring's neighbourhood is refused; at unmasking
+    only the holders' consistency signatures count (a non-holder's, even a forged one, is not
+    read), and a forged holder's signature aborts."""
+    import dataclasses
+
+    from fedcf.federated.aggregators.secagg_protocol import ConsistencySignature, ProtocolAbort
+
+    halves, adverts, session = _ring_cohort()
+    bundles = [h.share_keys(adverts) for h in halves]
+    me = halves[0]
+    inbox = {b.client: b.ciphertexts[0] for b in bundles if 0 in b.ciphertexts}
+    stranger = next(c for c in range(12) if c not in me._holders)
+    with pytest.raises(ProtocolAbort, match=f"a share from {stranger}, which does not hold"):
+        me.masked_input(np.zeros(4, np.uint32), {**inbox, stranger: next(iter(inbox.values()))})
+    me.masked_input(np.zeros(4, np.uint32), inbox)
+    u3 = list(range(12))
+    for h in halves[1:]:
+        h._u2 = u3  # as if each had masked its input
+    sigs = [h.consistency(u3) for h in halves]
+    junk = ConsistencySignature(stranger, bytes(64))
+    holders_only = [s for s in sigs if s.client in me._holders]
+    assert me.unmask(u3, holders_only + [junk]).client == 0
+    me._answered = False
+    outsiders = [s for s in sigs if s.client not in me._holders]
+    with pytest.raises(ProtocolAbort, match="fewer than t"):
+        me.unmask(u3, outsiders)
+    holder = next(c for c in me._holders if c != 0)
+    forged = [dataclasses.replace(s, signature=bytes(64)) if s.client == holder else s
+              for s in holders_only]
+    with pytest.raises(ProtocolAbort, match=f"consistency signature of client {holder}"):
+        me.unmask(u3, forged)

@@ -79,3 +79,44 @@ def test_bad_inputs_are_refused_by_name():
     bad[-1] ^= 0x10  # 2²⁸ off in the last chunk, which holds 8 bits: no 16-byte secret
     with pytest.raises(ValueError, match="do not interpolate"):
         shamir.combine([(1, sh[0][0]), (2, bytes(bad))])
+
+
+def _lagrange_twin(xs):
+    """λ_j = Π_{m≠j} x_m / (x_m − x_j) mod p, one Python integer at a time."""
+    out = []
+    for j, xj in enumerate(xs):
+        num = den = 1
+        for m, xm in enumerate(xs):
+            if m != j:
+                num, den = num * xm % shamir.P, den * (xm - xj) % shamir.P
+        out.append(num * pow(den, shamir.P - 2, shamir.P) % shamir.P)
+    return out
+
+
+@pytest.mark.parametrize("t", [1, 2, 7, 65])
+def test_batched_lagrange_weights_match_the_scalar_formula(t):
+    rng = np.random.default_rng(t)
+    xs = np.array([rng.choice(np.arange(1, shamir.MAX_HOLDERS + 1), t, replace=False)
+                   for _ in range(4)])
+    got = shamir.lagrange_at_zero(xs)
+    assert got.tolist() == [_lagrange_twin([int(x) for x in row]) for row in xs]
+
+
+def test_secrets_rebuilt_together_equal_those_rebuilt_one_by_one():
+    """The server rebuilds every seed of a round in one call, holder sets and thresholds
+    differing; a bad group is named by its position."""
+    rng = np.random.default_rng(3)
+    groups, secrets = [], []
+    for t, n in [(3, 5), (3, 9), (2, 2), (5, 8), (3, 4)]:
+        s = _secret(rng)
+        sh = shamir.split([s], t, n)
+        pick = rng.choice(n, t, replace=False)
+        groups.append([(int(k) + 1, sh[k][0]) for k in pick])
+        secrets.append(s)
+    assert shamir.combine_many(groups) == secrets == [shamir.combine(g) for g in groups]
+    broken = [list(g) for g in groups]
+    broken[3][0] = (broken[3][0][0], b"\xff" * shamir.SHARE_BYTES)
+    with pytest.raises(shamir.ShareError, match="outside the field") as e:
+        shamir.combine_many(broken)
+    assert e.value.group == 3
+    assert shamir.combine_many([]) == []

@@ -6,7 +6,9 @@ clients (``ClientHalves``; ``simulate`` runs one aggregation with every half her
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -222,7 +224,7 @@ class ClientHalves:
             half.trust(pki)
 
     def advertise(self, registry: dict) -> list:
-        pki, checked = Identities.verifiers(registry), set()  # this device checks a signature once
+        pki, checked = Identities.verifiers(registry), {}  # this device checks a signature once
         self.halves = {c: SecAggClient(c, self.t, self.session, self.identities.signing_key(c),
                                        pki, self.neighbours, self.policy, checked)
                        for c in self.ids}
@@ -268,16 +270,119 @@ class ClientHalves:
         return [r for r in results if not isinstance(r, DeviceRefusal)]
 
 
+def _serve(conn, ids, X, threshold, session, neighbours):
+    """A worker process of ``ProcessHalves``: the client halves of ``ids``, one step per
+    message, each answered with (seconds it took, result or the exception it raised)."""
+    numba.set_num_threads(1)  # the processes are the parallelism
+    halves = ClientHalves(ids, X, threshold, session, neighbours)
+    while (msg := conn.recv()) is not None:
+        t0 = time.perf_counter()
+        try:
+            out = getattr(halves, msg[0])(*msg[1])
+        except Exception as e:  # noqa: BLE001  (handed to the driver, raised there)
+            out = e
+        conn.send((time.perf_counter() - t0, out))
+
+
+class ProcessHalves:
+    """The client halves of a cohort spread over worker processes, as devices run side by
+    side: each step goes to every process and the messages come back (a simulation's
+    stand-in for a cohort of devices; the server half stays in the caller's process).
+    ``seconds`` sums the time the processes spent in client steps. Use as a context
+    manager: the processes end on exit, also on an error."""
+
+    def __init__(self, ids, X: np.ndarray, threshold: int, session: bytes,
+                 neighbours: int | None, processes: int):
+        ctx = multiprocessing.get_context("spawn")
+        ids = [int(c) for c in ids]
+        self.groups = [g for g in np.array_split(np.arange(len(ids)), processes) if len(g)]
+        self.conns, self.procs, self.seconds = [], [], 0.0
+        self.where = {ids[i]: s for s, g in enumerate(self.groups) for i in g}
+        for g in self.groups:
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_serve, daemon=True, args=(
+                there, [ids[i] for i in g], X[g], threshold, session, neighbours))
+            proc.start()
+            there.close()  # a dead worker then reads as EOFError here, never a hang
+            self.conns.append(here)
+            self.procs.append(proc)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for conn, proc in zip(self.conns, self.procs):
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+    def _all(self, step: str, args_of) -> list:
+        try:
+            for s, conn in enumerate(self.conns):
+                conn.send((step, args_of(s)))
+            answers = [conn.recv() for conn in self.conns]
+        except (EOFError, OSError):  # a closed pipe: the worker is gone
+            raise RuntimeError(f"a worker process of the simulated cohort ended during "
+                               f"the step {step!r}") from None
+        self.seconds += sum(secs for secs, _ in answers)
+        for _, out in answers:
+            if isinstance(out, Exception):
+                raise out
+        return [out for _, out in answers]
+
+    def verifying(self) -> dict:
+        return {c: k for part in self._all("verifying", lambda s: ()) for c, k in part.items()}
+
+    def advertise(self, registry) -> list:
+        return sum(self._all("advertise", lambda s: (registry,)), [])
+
+    def share(self, adverts) -> list:
+        return sum(self._all("share", lambda s: (adverts,)), [])
+
+    def mask(self, inboxes: dict, dropped) -> list:
+        """Each process gets only the inboxes of its own clients."""
+        return sum(self._all("mask", lambda s: ({c: b for c, b in inboxes.items()
+                                                 if self.where.get(c) == s}, dropped)), [])
+
+    def consistency(self, u3) -> list:
+        return sum(self._all("consistency", lambda s: (u3,)), [])
+
+    def unmask(self, u3, sigs) -> list:
+        return sum(self._all("unmask", lambda s: (u3, sigs)), [])
+
+
 def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
-             clock: dict | None = None, neighbours: int | None = None):
-    """One aggregation of the rows of ``X`` (uint32, one per client) with every client half in
-    this process: returns (sum mod 2³² of the survivors' rows, U3, the server half). Clients in
-    ``drop_after_shares`` vanish after round 1. ``clock`` (a dict) accumulates the seconds
-    spent in the client halves ("clients") and in the server half ("server"). ``neighbours``:
-    the SecAgg+ graph degree (``share_graph``; None: every pair)."""
+             clock: dict | None = None, neighbours: int | None = None, processes: int = 1):
+    """One aggregation of the rows of ``X`` (uint32, one per client) with every client half
+    simulated on this machine: returns (sum mod 2³² of the survivors' rows, U3, the server
+    half). Clients in ``drop_after_shares`` vanish after round 1. ``clock`` (a dict)
+    accumulates seconds: in the client halves ("clients": their own time, summed over
+    ``processes``), in the server half ("server") and in the whole protocol ("round": the wall
+    time of its five message rounds; starting the processes is not in it). ``neighbours``: the
+    SecAgg+ graph degree (``share_graph``; None: every pair). ``processes`` > 1 runs the
+    client halves in that many spawned processes (``ProcessHalves``), as devices run side by
+    side; the caller's main module must then be importable (the ``__main__`` guard)."""
     session = os.urandom(16)
-    halves = ClientHalves(clients, X, threshold, session, neighbours)
     server = SecAggServer(threshold, X.shape[1], session, neighbours)
     gone = [int(c) for c in drop_after_shares]
-    total, u3 = run_round(halves, server, lambda u2: gone, clock=clock)
+    if processes == 1:
+        halves, t0 = ClientHalves(clients, X, threshold, session, neighbours), time.perf_counter()
+        total, u3 = run_round(halves, server, lambda u2: gone, clock=clock)
+        if clock is not None:
+            clock["round"] = clock.get("round", 0.0) + time.perf_counter() - t0
+        return total, u3, server
+    with ProcessHalves(clients, X, threshold, session, neighbours, processes) as halves:
+        wall: dict = {}
+        t0 = time.perf_counter()
+        total, u3 = run_round(halves, server, lambda u2: gone, clock=wall)
+        wall["round"] = time.perf_counter() - t0
+    if clock is not None:
+        for side, secs in (("clients", halves.seconds), ("server", wall["server"]),
+                           ("round", wall["round"])):
+            clock[side] = clock.get(side, 0.0) + secs
     return total, u3, server

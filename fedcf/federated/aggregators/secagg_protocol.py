@@ -222,7 +222,7 @@ class SecAggClient:
     the share holders, t and the survivors to the protocol's."""
 
     def __init__(self, client: int, threshold: int, session: bytes, signing_key, verifying,
-                 neighbours: int | None = None, policy=None, verified: set | None = None):
+                 neighbours: int | None = None, policy=None, verified: dict | None = None):
         self.id, self.t, self.session = int(client), int(threshold), session
         self.neighbours, self.policy = neighbours, policy
         self._sign, self._verifying = signing_key, verifying
@@ -233,8 +233,8 @@ class SecAggClient:
         self._holders: list = []  # who holds this client's shares (set by ``share``)
         self._share_keys: dict = {}  # peer -> AES key of the shares (derived state, not kept)
         # signatures this device checked already, shared by the clients it runs: (client,
-        # its verifying key, signature, message); a check is a pure function of those four
-        self._verified = set() if verified is None else verified
+        # signature, message) -> the verifying key it held under (``_verify``)
+        self._verified = {} if verified is None else verified
 
     def trust(self, verifying: dict) -> None:
         """Add verifying keys of other clients (never replace this client's own)."""
@@ -258,20 +258,22 @@ class SecAggClient:
         self._verifying = Identities.verifiers(state["verifying"])
         self._adverts, self._held, self._u2, self._answered, self._holders = state["received"]
         self._s = _x25519_from_seed(self._s_seed, self.session)
-        self._share_keys, self._verified = {}, set()
+        self._share_keys, self._verified = {}, {}
 
     def advertise(self) -> Advert:
         c_pk, s_pk = _pub(self._c), _pub(self._s)
         return Advert(self.id, c_pk, s_pk, self._sign.sign(self.session + c_pk + s_pk))
 
     def share_keys(self, adverts: list[Advert]) -> EncryptedShares:
-        """Round 1: check the advertised keys, split both seeds among U1 and encrypt."""
-        for a in adverts:
-            self._verify(a.client, a.signature, self.session + a.c_pk + a.s_pk, "advert")
+        """Round 1: check the advertised keys of its share holders (the keys it will use; the
+        SecAgg+ ring is drawn from every advert, so a forged one elsewhere can only redraw it,
+        as leaving adverts out can), split both seeds among them and encrypt."""
         self._adverts, self._share_keys = {a.client: a for a in adverts}, {}
         if self.id not in self._adverts:
             raise ProtocolAbort(f"client {self.id}: its own keys are not in the advert list")
         holders = share_graph(self._adverts, self.session, self.neighbours, self.id)[self.id]
+        for a in (self._adverts[c] for c in holders):
+            self._verify(a.client, a.signature, self.session + a.c_pk + a.s_pk, "advert")
         if self.policy is not None:
             self.policy.check_sharing(self.id, len(self._adverts), len(holders), self.t)
         if 2 * self.t <= len(holders):  # t ≤ h/2: two disjoint groups of holders could
@@ -296,6 +298,9 @@ class SecAggClient:
             raise ProtocolAbort(f"client {self.id}: shares from {len(received)} clients, fewer "
                                 f"than t={self.t}")
         for v, ct in received.items():
+            if v not in self._holders:
+                raise ProtocolAbort(f"client {self.id}: a share from {v}, which does not hold "
+                                    "its shares")
             try:
                 plain = AESGCM(self._share_key(v)).decrypt(ct[:12], ct[12:], self.session)
             except InvalidTag:
@@ -329,11 +334,13 @@ class SecAggClient:
         if self._answered:
             raise ProtocolAbort(f"client {self.id}: already answered the unmasking round")
         msg = self.session + _ints(sorted(u3))
-        good = set()
+        good, holders = set(), set(self._holders)
         for sig in signatures:
+            if sig.client not in holders:
+                continue  # only its share holders' signatures count
             self._verify(sig.client, sig.signature, msg, "consistency signature")
             good.add(sig.client)
-        if len(good & set(u3) & set(self._holders)) < self.t:
+        if len(good & set(u3)) < self.t:
             raise ProtocolAbort(f"client {self.id}: {len(good & set(u3))} signatures on the "
                                 f"survivor list, fewer than t={self.t}")
         self._answered = True
@@ -353,14 +360,18 @@ class SecAggClient:
                                 f"with {self.t} or more that shared keys with it")
 
     def _verify(self, client, signature, message, what):
+        """Check a signature against the client's verifying key, once per device: the cache
+        maps (client, signature, message) to the key object it verified under, and a hit needs
+        that very object (another key for the client, say after ``trust``, checks again)."""
         key = self._verifying.get(int(client))
+        seen = (int(client), bytes(signature), bytes(message))
+        if key is not None and self._verified.get(seen) is key:
+            return
         try:
             if key is None:
                 raise InvalidSignature
-            seen = (int(client), key.public_bytes(*RAW), bytes(signature), bytes(message))
-            if seen not in self._verified:
-                key.verify(signature, message)
-                self._verified.add(seen)
+            key.verify(signature, message)
+            self._verified[seen] = key
         except InvalidSignature:
             raise ProtocolAbort(f"client {self.id}: the {what} of client {client} does not "
                                 "verify against its identity key") from None
@@ -444,12 +455,13 @@ class SecAggServer:
         total = np.zeros(self.dim, np.uint32)
         for u in self.u3:
             total += self.inputs[u]
-        masks = []  # (key, sign) of every mask to remove; expanded on threads below
-        for u in self.u3:  # the self-masks
-            b = self._combine([a.b_shares[u] for a in answers if u in a.b_shares], u, "self")
-            masks.append((self_mask_key(b, self.session), -1))
-        for v in sorted(set(self.u2) - set(self.u3)):  # the dropped clients' pair masks
-            seed = self._combine([a.s_shares[v] for a in answers if v in a.s_shares], v, "key")
+        dropped = sorted(set(self.u2) - set(self.u3))
+        seeds = self._combine([(u, "self", [a.b_shares[u] for a in answers if u in a.b_shares])
+                               for u in self.u3] +
+                              [(v, "key", [a.s_shares[v] for a in answers if v in a.s_shares])
+                               for v in dropped])
+        masks = [(self_mask_key(b, self.session), -1) for b in seeds[:len(self.u3)]]
+        for v, seed in zip(dropped, seeds[len(self.u3):]):  # the dropped clients' pair masks
             key = _x25519_from_seed(seed, self.session)
             for u in sorted(set(self.u3) & set(self.graph[v])):  # u masked with v
                 masks.append((pair_key(key, self.adverts[u].s_pk, v, u, self.session),
@@ -461,13 +473,18 @@ class SecAggServer:
         """Bytes of every message the server received (ids as 8 bytes, shares with index)."""
         return sum(message_bytes(msg, self.word_bytes) for msg in self.transcript)
 
-    def _combine(self, shares, client, what) -> bytes:
-        if len(shares) < self.threshold:
-            raise ProtocolAbort(f"only {len(shares)} shares of client {client}'s {what} seed, "
-                                f"fewer than t={self.threshold}")
+    def _combine(self, wanted) -> list[bytes]:
+        """The seeds of ``wanted`` [(client, "self" or "key", its shares)], rebuilt together
+        from t shares each (``shamir.combine_many``)."""
+        for client, what, shares in wanted:
+            if len(shares) < self.threshold:
+                raise ProtocolAbort(f"only {len(shares)} shares of client {client}'s {what} "
+                                    f"seed, fewer than t={self.threshold}")
         try:
-            return shamir.combine([(int(i), bytes(s)) for i, s in shares[:self.threshold]])
-        except ValueError as e:
+            return shamir.combine_many([[(int(i), bytes(s)) for i, s in shares[:self.threshold]]
+                                        for _, _, shares in wanted])
+        except shamir.ShareError as e:
+            client, what, _ = wanted[e.group]
             raise ProtocolAbort(f"the shares of client {client}'s {what} seed: {e}") from None
 
     def _need(self, n: int, what: str):

@@ -10,12 +10,12 @@ through them). The polynomials' coefficients come from the OS's secure randomnes
 Why not a library's: pycryptodome's ``Shamir`` shares over GF(2¹²⁸) with one Python-level field
 multiplication per coefficient and holder — most of a 100-client secure round's time. Here one
 split is t NumPy steps over every holder and chunk at once (Horner's rule), and one combine is a
-dot product with Lagrange weights that are computed once per set of holders.
+dot product with Lagrange weights, computed in one batch for every secret the server
+rebuilds in a round (``combine_many``).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 
 import numpy as np
@@ -73,31 +73,73 @@ def split(secrets, t: int, n: int) -> list[list[bytes]]:
     return [[w.tobytes() for w in row] for row in words]
 
 
-@functools.lru_cache(maxsize=256)
-def _lagrange_at_zero(xs: tuple) -> np.ndarray:
-    """Weights λ_j with f(0) = Σ λ_j f(x_j) for every polynomial of degree < len(xs)."""
-    out = []
-    for j, xj in enumerate(xs):
-        num = den = 1
-        for m, xm in enumerate(xs):
-            if m != j:
-                num = num * xm % P
-                den = den * (xm - xj) % P
-        out.append(num * pow(den, P - 2, P) % P)
-    return np.array(out, np.int64)
+class ShareError(ValueError):
+    """Shares that cannot give a secret; ``group`` is the position of the offending group in
+    ``combine_many``'s argument."""
+
+    def __init__(self, message: str, group: int = 0):
+        super().__init__(message)
+        self.group = group
+
+
+def _field_inverse(a: np.ndarray) -> np.ndarray:
+    """a^(p − 2) mod p elementwise (Fermat's inverse of non-zero field elements), by square and
+    multiply on whole arrays."""
+    out, base, e = np.ones_like(a), a % P, P - 2
+    while e:
+        if e & 1:
+            out = out * base % P
+        base, e = base * base % P, e >> 1
+    return out
+
+
+def lagrange_at_zero(xs: np.ndarray) -> np.ndarray:
+    """Weights λ[g, j] with f(0) = Σ_j λ[g, j] f(xs[g, j]) for every polynomial of degree
+    below xs.shape[1], one row per holder set (distinct non-zero x in each row): λ_j =
+    Π_{m≠j} x_m / (x_m − x_j), each product a loop over m of whole-array steps."""
+    xs = np.asarray(xs, np.int64) % P
+    num, den = np.ones_like(xs), np.ones_like(xs)
+    for m in range(xs.shape[1]):
+        other = np.arange(xs.shape[1]) != m
+        num = np.where(other, num * xs[:, m:m + 1] % P, num)
+        den = np.where(other, den * ((xs[:, m:m + 1] - xs) % P) % P, den)
+    return num * _field_inverse(den) % P
+
+
+def _parse(shares, group: int) -> tuple:
+    xs = tuple(int(i) for i, _ in shares)
+    if len(set(xs)) != len(xs) or not all(1 <= x <= MAX_HOLDERS for x in xs) or not xs:
+        raise ShareError(f"share indices must be distinct, in 1..{MAX_HOLDERS}, got {list(xs)}",
+                         group)
+    if any(len(s) != SHARE_BYTES for _, s in shares):
+        raise ShareError(f"a share is {SHARE_BYTES} bytes", group)
+    y = np.frombuffer(b"".join(bytes(s) for _, s in shares), "<u4").astype(np.int64)
+    if np.any(y >= P):
+        raise ShareError("a share holds a value outside the field (a corrupted share)", group)
+    return xs, y.reshape(len(xs), CHUNKS)
+
+
+def combine_many(groups) -> list[bytes]:
+    """The secret of each group of shares ``[(index, share bytes), ...]`` (each as many as its
+    threshold; more are fine, fewer give a wrong secret or an error): groups of one size are
+    interpolated together, their Lagrange weights in one batch. A ShareError names the first
+    bad group."""
+    parsed = [_parse(g, k) for k, g in enumerate(groups)]
+    out: list = [None] * len(parsed)
+    for size in sorted({len(xs) for xs, _ in parsed}):
+        which = [k for k, (xs, _) in enumerate(parsed) if len(xs) == size]
+        lam = lagrange_at_zero(np.array([parsed[k][0] for k in which]))
+        y = np.stack([parsed[k][1] for k in which])  # (groups, size, CHUNKS)
+        chunks = ((lam[:, :, None] * y) % P).sum(axis=1) % P
+        for k, c in zip(which, chunks):
+            try:
+                out[k] = _from_chunks(c)
+            except ValueError as e:
+                raise ShareError(str(e), k) from None
+    return out
 
 
 def combine(shares) -> bytes:
     """The secret from shares ``[(index, share bytes), ...]`` (as many as its threshold; more
     are fine, fewer give a wrong secret or an error)."""
-    xs = tuple(int(i) for i, _ in shares)
-    if len(set(xs)) != len(xs) or not all(1 <= x <= MAX_HOLDERS for x in xs) or not xs:
-        raise ValueError(f"share indices must be distinct, in 1..{MAX_HOLDERS}, got {list(xs)}")
-    if any(len(s) != SHARE_BYTES for _, s in shares):
-        raise ValueError(f"a share is {SHARE_BYTES} bytes")
-    y = np.frombuffer(b"".join(bytes(s) for _, s in shares), "<u4").astype(np.int64)
-    y = y.reshape(len(xs), CHUNKS)
-    if np.any(y >= P):
-        raise ValueError("a share holds a value outside the field (a corrupted share)")
-    lam = _lagrange_at_zero(xs)
-    return _from_chunks(((lam[:, None] * y) % P).sum(axis=0) % P)
+    return combine_many([shares])[0]
