@@ -104,7 +104,7 @@ def test_batched_lagrange_weights_match_the_scalar_formula(t):
 
 def test_secrets_rebuilt_together_equal_those_rebuilt_one_by_one():
     """The server rebuilds every seed of a round in one call, holder sets and thresholds
-    differing; a bad group is named by its position."""
+    differing or repeated; a bad group is named by its position."""
     rng = np.random.default_rng(3)
     groups, secrets = [], []
     for t, n in [(3, 5), (3, 9), (2, 2), (5, 8), (3, 4)]:
@@ -114,6 +114,7 @@ def test_secrets_rebuilt_together_equal_those_rebuilt_one_by_one():
         groups.append([(int(k) + 1, sh[k][0]) for k in pick])
         secrets.append(s)
     assert shamir.combine_many(groups) == secrets == [shamir.combine(g) for g in groups]
+    assert shamir.combine_many(groups + groups[:2]) == secrets + secrets[:2]  # sets repeated
     broken = [list(g) for g in groups]
     broken[3][0] = (broken[3][0][0], b"\xff" * shamir.SHARE_BYTES)
     with pytest.raises(shamir.ShareError, match="outside the field") as e:

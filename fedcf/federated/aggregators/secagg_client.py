@@ -241,10 +241,12 @@ class ClientHalves:
                           lambda h: h.masked_input(self.q[h.id], inboxes[h.id]), parallel=True)
 
     def consistency(self, u3) -> list:
-        return self._each([c for c in self.ids if c in set(u3)], lambda h: h.consistency(u3))
+        here = set(u3)
+        return self._each([c for c in self.ids if c in here], lambda h: h.consistency(u3))
 
     def unmask(self, u3, sigs) -> list:
-        return self._each([c for c in self.ids if c in set(u3)], lambda h: h.unmask(u3, sigs))
+        here = set(u3)
+        return self._each([c for c in self.ids if c in here], lambda h: h.unmask(u3, sigs))
 
     def _each(self, ids, step, parallel: bool = False) -> list:
         """``step`` of each client half in ``ids`` still here, in ``ids``' order (``parallel``:

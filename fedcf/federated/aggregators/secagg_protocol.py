@@ -435,8 +435,12 @@ class SecAggServer:
         self.transcript += bundles
         self.u2 = sorted(b.client for b in bundles)
         self._need(len(self.u2), "shared their keys")
-        return {v: {b.client: b.ciphertexts[v] for b in bundles if v in b.ciphertexts}
-                for v in self.u2}
+        inbox: dict = {v: {} for v in self.u2}
+        for b in bundles:  # one pass over the ciphertexts: O(m·k), not O(m²)
+            for v, ct in b.ciphertexts.items():
+                if v in inbox:
+                    inbox[v][b.client] = ct
+        return inbox
 
     def collect_inputs(self, inputs: list[MaskedInput]) -> list[int]:
         self.transcript += inputs
@@ -456,10 +460,14 @@ class SecAggServer:
         for u in self.u3:
             total += self.inputs[u]
         dropped = sorted(set(self.u2) - set(self.u3))
-        seeds = self._combine([(u, "self", [a.b_shares[u] for a in answers if u in a.b_shares])
-                               for u in self.u3] +
-                              [(v, "key", [a.s_shares[v] for a in answers if v in a.s_shares])
-                               for v in dropped])
+        b_shares, s_shares = {u: [] for u in self.u3}, {v: [] for v in dropped}
+        for a in answers:  # each client's shares, in the answers' order
+            for got, held in ((b_shares, a.b_shares), (s_shares, a.s_shares)):
+                for c, share in held.items():
+                    if c in got:
+                        got[c].append(share)
+        seeds = self._combine([(u, "self", b_shares[u]) for u in self.u3] +
+                              [(v, "key", s_shares[v]) for v in dropped])
         masks = [(self_mask_key(b, self.session), -1) for b in seeds[:len(self.u3)]]
         for v, seed in zip(dropped, seeds[len(self.u3):]):  # the dropped clients' pair masks
             key = _x25519_from_seed(seed, self.session)

@@ -122,13 +122,16 @@ def _parse(shares, group: int) -> tuple:
 def combine_many(groups) -> list[bytes]:
     """The secret of each group of shares ``[(index, share bytes), ...]`` (each as many as its
     threshold; more are fine, fewer give a wrong secret or an error): groups of one size are
-    interpolated together, their Lagrange weights in one batch. A ShareError names the first
+    interpolated together, the Lagrange weights of each distinct holder set computed once, all
+    in one batch. A ShareError names the first
     bad group."""
     parsed = [_parse(g, k) for k, g in enumerate(groups)]
     out: list = [None] * len(parsed)
     for size in sorted({len(xs) for xs, _ in parsed}):
         which = [k for k, (xs, _) in enumerate(parsed) if len(xs) == size]
-        lam = lagrange_at_zero(np.array([parsed[k][0] for k in which]))
+        sets, where = np.unique(np.array([parsed[k][0] for k in which]), axis=0,
+                                return_inverse=True)  # every pair: one set of holders
+        lam = lagrange_at_zero(sets)[where.ravel()]
         y = np.stack([parsed[k][1] for k in which])  # (groups, size, CHUNKS)
         chunks = ((lam[:, :, None] * y) % P).sum(axis=1) % P
         for k, c in zip(which, chunks):
