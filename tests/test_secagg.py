@@ -533,7 +533,8 @@ def test_the_cost_script_reports_client_and_server_time_and_bytes():
 
     rows = load_script("secagg_cost").main(["--clients", "6", "12", "--items", "50", "200",
                                             "--factors", "2", "--drop", "0.1",
-                                            "--neighbours", "0", "4", "--processes", "1"])
+                                            "--neighbours", "0", "4", "--processes", "1",
+                                            "--repeats", "2"])
     # one drop each: never short
     assert [(r["clients"], r["neighbours"], r["n_items"]) for r in rows] == [
         (m, k, n) for m in (6, 12) for k in (None, 4) for n in (50, 200)]
