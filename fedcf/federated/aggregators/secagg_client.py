@@ -276,11 +276,13 @@ def _serve(conn, ids, X, threshold, session, neighbours):
     """A worker process of ``ProcessHalves``: the client halves of ``ids``, one step per
     message, each answered with (seconds it took, result or the exception it raised)."""
     numba.set_num_threads(1)  # the processes are the parallelism
-    halves = ClientHalves(ids, X, threshold, session, neighbours)
+    h = ClientHalves(ids, X, threshold, session, neighbours)
+    steps = {"verifying": h.verifying, "advertise": h.advertise, "share": h.share,
+             "mask": h.mask, "consistency": h.consistency, "unmask": h.unmask}
     while (msg := conn.recv()) is not None:
         t0 = time.perf_counter()
         try:
-            out = getattr(halves, msg[0])(*msg[1])
+            out = steps[msg[0]](*msg[1])
         except Exception as e:  # noqa: BLE001  (handed to the driver, raised there)
             out = e
         conn.send((time.perf_counter() - t0, out))

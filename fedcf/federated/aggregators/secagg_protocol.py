@@ -335,9 +335,7 @@ class SecAggClient:
             raise ProtocolAbort(f"client {self.id}: already answered the unmasking round")
         msg = self.session + _ints(sorted(u3))
         good, holders = set(), set(self._holders)
-        for sig in signatures:
-            if sig.client not in holders:
-                continue  # only its share holders' signatures count
+        for sig in (s for s in signatures if s.client in holders):  # only holders' count
             self._verify(sig.client, sig.signature, msg, "consistency signature")
             good.add(sig.client)
         if len(good & set(u3)) < self.t:
