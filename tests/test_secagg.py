@@ -127,8 +127,9 @@ def test_secagg_plus_masks_and_shares_with_neighbours_only_and_sums_exactly(drop
 
 def test_client_halves_in_worker_processes_sum_exactly_and_a_dead_worker_is_named():
     """The cost script's cohort on two processes: the same exact sum with dropouts, the
-    clients' own seconds and the round's wall time on the clock; a worker that dies mid-round
-    is a named error, never a hang, and the workers end with the block."""
+    clients' own seconds and the round's wall time on the clock; a protocol error in a worker
+    is raised here, a worker that dies mid-round is a named error (never a hang), and the
+    workers end with the block; a count of processes that is not one is refused."""
     from fedcf.federated.aggregators.secagg_client import ProcessHalves
     from fedcf.federated.aggregators.secagg_protocol import run_round
 
@@ -142,11 +143,16 @@ def test_client_halves_in_worker_processes_sum_exactly_and_a_dead_worker_is_name
     with ProcessHalves(range(m), X, 6, session, None, 2) as halves:
         server = SecAggServer(6, X.shape[1], session)
         run_round(halves, server, lambda u2: ())
+        with pytest.raises(ProtocolAbort, match="already answered"):  # raised in a worker
+            halves.unmask(list(range(m)), [])
         halves.procs[1].kill()
         halves.procs[1].join()
         with pytest.raises(RuntimeError, match="ended during the step 'consistency'"):
             halves.consistency(u3)
     assert not any(p.is_alive() for p in halves.procs)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="processes must be a count"):
+            simulate(X, range(m), 6, processes=bad)
 
 
 def test_secrets_come_from_the_os_not_from_any_seed():

@@ -371,6 +371,9 @@ def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
     SecAgg+ graph degree (``share_graph``; None: every pair). ``processes`` > 1 runs the
     client halves in that many spawned processes (``ProcessHalves``), as devices run side by
     side; the caller's main module must then be importable (the ``__main__`` guard)."""
+    if isinstance(processes, bool) or not isinstance(processes, (int, np.integer)) or \
+            processes < 1:
+        raise ValueError(f"processes must be a count >= 1, got {processes!r}")
     session = os.urandom(16)
     server = SecAggServer(threshold, X.shape[1], session, neighbours)
     gone = [int(c) for c in drop_after_shares]
