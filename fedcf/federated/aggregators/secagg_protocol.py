@@ -265,15 +265,15 @@ class SecAggClient:
         return Advert(self.id, c_pk, s_pk, self._sign.sign(self.session + c_pk + s_pk))
 
     def share_keys(self, adverts: list[Advert]) -> EncryptedShares:
-        """Round 1: check the advertised keys of its share holders (the keys it will use; the
-        SecAgg+ ring is drawn from every advert, so a forged one elsewhere can only redraw it,
-        as leaving adverts out can), split both seeds among them and encrypt."""
+        """Round 1: check every advertised key (the roster sizes the cohort its policy checks:
+        an advert the PKI does not sign could pad it), split both seeds among its share
+        holders and encrypt."""
+        for a in adverts:
+            self._verify(a.client, a.signature, self.session + a.c_pk + a.s_pk, "advert")
         self._adverts, self._share_keys = {a.client: a for a in adverts}, {}
         if self.id not in self._adverts:
             raise ProtocolAbort(f"client {self.id}: its own keys are not in the advert list")
         holders = share_graph(self._adverts, self.session, self.neighbours, self.id)[self.id]
-        for a in (self._adverts[c] for c in holders):
-            self._verify(a.client, a.signature, self.session + a.c_pk + a.s_pk, "advert")
         if self.policy is not None:
             self.policy.check_sharing(self.id, len(self._adverts), len(holders), self.t)
         if 2 * self.t <= len(holders):  # t ≤ h/2: two disjoint groups of holders could
