@@ -103,14 +103,14 @@ def test_under_secure_aggregation_the_shards_mask_and_the_driver_gets_messages_o
     signatures and unmasking shares — no upload, no report — and the model and the learned
     rate are the local executor's bit for bit, with 1, 2 or 4 shards (the DP variant: 2)."""
     received = []
-    real = ShardedHalves._all
+    real = ShardedHalves._ask
 
-    def spy(self, step, *args, **kw):
-        out = real(self, step, *args, **kw)
+    def spy(self, step, args_of):
+        out = real(self, step, args_of)
         received.extend(type(m).__name__ for m in out)
         return out
 
-    monkeypatch.setattr(ShardedHalves, "_all", spy)
+    monkeypatch.setattr(ShardedHalves, "_ask", spy)
     monkeypatch.setattr(BoundRayExecutor, "tangents", None)  # reports never come in the clear
     kw = dict(KW, rating_scale=(1, 5), clients_per_round=20,
               hypergradients=Hypergradients(holdout=0.0, learning_rate=0.1))

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numba
@@ -19,6 +20,7 @@ from ..round.client_steps import ClipValues, NoiseShare, Quantize, run_steps
 from ..round.device import DeviceRefusal
 from ..round.phases import ClientOutputs, RoundHyperparams, client_weights
 from ..round.reports import ReportEncoding, fixed_point_scale, signed_sum
+from ..round.spread import SpreadHalves
 from .secagg_protocol import Identities, ProtocolAbort, SecAggClient, SecAggServer, run_round
 from .weighted import clip_factors
 
@@ -288,21 +290,20 @@ def _serve(conn, ids, X, threshold, session, neighbours):
         conn.send((time.perf_counter() - t0, out))
 
 
-class ProcessHalves:
+class ProcessHalves(SpreadHalves):
     """The client halves of a cohort spread over worker processes, as devices run side by
-    side: each step goes to every process and the messages come back (a simulation's
-    stand-in for a cohort of devices; the server half stays in the caller's process).
-    ``seconds`` sums the time the processes spent in client steps. Use as a context
-    manager: the processes end on exit, also on an error."""
+    side (a simulation's stand-in for a cohort of devices; the server half stays in the
+    caller's process). ``seconds`` sums the time the processes spent in client steps. Use as
+    a context manager: the processes end on exit, also on an error."""
 
     def __init__(self, ids, X: np.ndarray, threshold: int, session: bytes,
                  neighbours: int | None, processes: int):
         ctx = multiprocessing.get_context("spawn")
         ids = [int(c) for c in ids]
-        self.groups = [g for g in np.array_split(np.arange(len(ids)), processes) if len(g)]
+        groups = [g for g in np.array_split(np.arange(len(ids)), processes) if len(g)]
         self.conns, self.procs, self.seconds = [], [], 0.0
-        self.where = {ids[i]: s for s, g in enumerate(self.groups) for i in g}
-        for g in self.groups:
+        self.where = {ids[i]: s for s, g in enumerate(groups) for i in g}
+        for g in groups:
             here, there = ctx.Pipe()
             proc = ctx.Process(target=_serve, daemon=True, args=(
                 there, [ids[i] for i in g], X[g], threshold, session, neighbours))
@@ -325,7 +326,8 @@ class ProcessHalves:
                 proc.kill()
                 proc.join()
 
-    def _all(self, step: str, args_of) -> list:
+    def _each_part(self, step: str, args_of) -> list:
+        """Every process's answer to ``step``, in process order."""
         try:
             for s, conn in enumerate(self.conns):
                 conn.send((step, args_of(s)))
@@ -339,25 +341,15 @@ class ProcessHalves:
                 raise out
         return [out for _, out in answers]
 
+    def _ask(self, step: str, args_of) -> list:
+        return [msg for part in self._each_part(step, args_of) for msg in part]
+
+    def _parts_of(self, clients: list) -> list:
+        return [self.where.get(c, -1) for c in clients]
+
     def verifying(self) -> dict:
-        return {c: k for part in self._all("verifying", lambda s: ()) for c, k in part.items()}
-
-    def advertise(self, registry) -> list:
-        return sum(self._all("advertise", lambda s: (registry,)), [])
-
-    def share(self, adverts) -> list:
-        return sum(self._all("share", lambda s: (adverts,)), [])
-
-    def mask(self, inboxes: dict, dropped) -> list:
-        """Each process gets only the inboxes of its own clients."""
-        return sum(self._all("mask", lambda s: ({c: b for c, b in inboxes.items()
-                                                 if self.where.get(c) == s}, dropped)), [])
-
-    def consistency(self, u3) -> list:
-        return sum(self._all("consistency", lambda s: (u3,)), [])
-
-    def unmask(self, u3, sigs) -> list:
-        return sum(self._all("unmask", lambda s: (u3, sigs)), [])
+        return {c: k for part in self._each_part("verifying", lambda s: ())
+                for c, k in part.items()}
 
 
 def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
@@ -377,19 +369,15 @@ def simulate(X: np.ndarray, clients, threshold: int, *, drop_after_shares=(),
     session = os.urandom(16)
     server = SecAggServer(threshold, X.shape[1], session, neighbours)
     gone = [int(c) for c in drop_after_shares]
-    if processes == 1:
-        halves, t0 = ClientHalves(clients, X, threshold, session, neighbours), time.perf_counter()
-        total, u3 = run_round(halves, server, lambda u2: gone, clock=clock)
-        if clock is not None:
-            clock["round"] = clock.get("round", 0.0) + time.perf_counter() - t0
-        return total, u3, server
-    with ProcessHalves(clients, X, threshold, session, neighbours, processes) as halves:
+    with ProcessHalves(clients, X, threshold, session, neighbours, processes) \
+            if processes > 1 else nullcontext(ClientHalves(clients, X, threshold, session,
+                                                           neighbours)) as halves:
         wall: dict = {}
         t0 = time.perf_counter()
         total, u3 = run_round(halves, server, lambda u2: gone, clock=wall)
         wall["round"] = time.perf_counter() - t0
-    if clock is not None:
-        for side, secs in (("clients", halves.seconds), ("server", wall["server"]),
-                           ("round", wall["round"])):
-            clock[side] = clock.get(side, 0.0) + secs
+    if processes > 1:  # the processes' own time, not the caller's wait for them
+        wall["clients"] = halves.seconds
+    for side, secs in wall.items() if clock is not None else ():
+        clock[side] = clock.get(side, 0.0) + secs
     return total, u3, server

@@ -40,6 +40,7 @@ import numpy as np
 from ..round.contracts import Executor, RoundExecutor
 from ..round.partials import REDUCE_GROUPS, PartialSums
 from ..round.phases import ClientOutputs, Cohort, cohort_order
+from ..round.spread import SpreadHalves
 from .ray_population import RemotePopulation
 from .ray_shard import START_TIMEOUT, Shard, _own_rows, combine, shard_groups, shard_of
 
@@ -444,22 +445,23 @@ class BoundRayExecutor(RoundExecutor):
         self.actors = []
 
 
-class ShardedHalves:
-    """The client halves of a round spread over the shards, as the server half talks to them:
-    each step goes to every shard and the messages come back; ``received`` lists the types of
-    everything the driver got (for the test that no upload arrives). A shard whose actor
-    failed mid-round answers nothing (its clients drop) and is restarted."""
+class ShardedHalves(SpreadHalves):
+    """The client halves of a round spread over the shards, as the server half talks to them.
+    A shard whose actor failed mid-round answers nothing (its clients drop) and is
+    restarted."""
 
     def __init__(self, executor: BoundRayExecutor, registry: dict):
-        self.executor, self.registry, self.received = executor, registry, []
+        self.executor, self.registry = executor, registry
 
     def verifying(self) -> dict:
         return dict(self.registry)
 
-    def _all(self, step: str, *args, per_shard=None) -> list:
+    def _parts_of(self, clients: list) -> list:
+        return shard_of(np.array(clients, np.int64), self.executor.spec.n_shards).tolist()
+
+    def _ask(self, step: str, args_of) -> list:
         ex, ray = self.executor, self.executor.ray
-        pending = [a.secure.remote(step, *(args if per_shard is None else per_shard[s]))
-                   for s, a in enumerate(ex.actors)]
+        pending = [a.secure.remote(step, *args_of(s)) for s, a in enumerate(ex.actors)]
         out = []
         for s, p in enumerate(pending):
             try:
@@ -471,24 +473,4 @@ class ShardedHalves:
                 ex.round_stats["shard_restarts"] = ex.round_stats.get("shard_restarts", 0) + 1
                 got = []
             out += got
-        self.received += [type(m).__name__ for m in out]
         return out
-
-    def advertise(self, registry):
-        return self._all("advertise", registry)
-
-    def share(self, adverts):
-        return self._all("share", adverts)
-
-    def mask(self, inboxes, dropped):
-        """Each shard gets only the inboxes of its own clients."""
-        n = self.executor.spec.n_shards
-        where = {c: int(shard_of(np.array([c]), n)[0]) for c in inboxes}
-        return self._all("mask", per_shard=[({c: b for c, b in inboxes.items() if where[c] == s},
-                                             dropped) for s in range(n)])
-
-    def consistency(self, u3):
-        return self._all("consistency", u3)
-
-    def unmask(self, u3, sigs):
-        return self._all("unmask", u3, sigs)
