@@ -21,7 +21,7 @@ ROUND_ALLOWED = {
         "lazy public names: a process that runs clients only does not import the estimators",
     ("fedcf/federated/round/partials.py", "PartialSums.arrays", "getattr"):
         "reads the dataclass's declared fields by name",
-    ("fedcf/flower/warm.py", "pull_task_input", "__dict__"):
+    ("fedcf/flower/runtime.py", "set_message_id", "__dict__"):
         "a pulled Flower message's id: Flower's Metadata has no setter; flwr-clientapp sets it "
         "so too",
 }

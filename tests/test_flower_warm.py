@@ -30,7 +30,9 @@ def test_a_bad_setting_is_named(kw, match):
 def test_a_task_request_without_its_token_is_not_sent():
     token = warm.TaskToken()
     with pytest.raises(RuntimeError, match="without its token"):
-        token.intercept(None, lambda ctx: None)
+        token.header()
+    token.value = "t1"
+    assert token.header() == "t1" and token.requests == 1
 
 
 def test_the_command_line_names_what_is_missing(tmp_path, capsys):
@@ -105,7 +107,7 @@ def runtime(monkeypatch, tmp_path):
         def push_task_output(client, context, status, details):
             rt.outputs.append((client.token.value, str(status), details))
 
-    monkeypatch.setattr(warm, "_flower", lambda: Steps)
+    monkeypatch.setattr(warm, "_steps", lambda: Steps)
     monkeypatch.setenv("FEDCF_NODE_COST_LOG", str(tmp_path / "cost.jsonl"))
     rt.cost = tmp_path / "cost.jsonl"
     return rt
@@ -204,7 +206,7 @@ def test_a_reply_the_supernode_no_longer_takes_fails_the_task_not_the_process(ru
     from flwr.app import Message, RecordDict
 
     pushes = []
-    steps = warm._flower()
+    steps = warm._steps()
     real = steps.push_message
 
     def push_message(client, reply, context):

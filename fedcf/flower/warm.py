@@ -31,91 +31,19 @@ import threading
 import time
 from pathlib import Path
 
-from .wire import flwr
+from .runtime import TaskToken, pull_task_input, runtime_client
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = (0.01, 0.25)  # no task: ask again after 10 ms, doubling up to 250 ms
 STOP_GRACE = 10.0  # seconds a task may still take after SIGTERM/SIGINT
-RETRY = (0.005, 0.05)  # an object still on its way to the SuperNode: first and longest wait
 
 
-def _flower():
-    """Flower's task steps (imported here: ``fedcf.flower`` loads Flower lazily)."""
-    flwr()
-    from flwr.supernode.runtime import run_clientapp as rc
-    return rc
+def _steps():
+    """The task's steps: pull its input, push its reply and its outcome (``fedcf.flower.runtime``:
+    Flower's steps without a thread pool per task or httpx per request)."""
+    from . import runtime
 
-
-class TaskToken:
-    """The token of the task at hand, added to every request of the one task client (a Flower
-    HTTP interceptor whose token changes per task: a new HTTP client per task cost ~40 ms of
-    CPU, most of a warm message's)."""
-
-    def __init__(self):
-        self.value, self.requests = "", 0  # requests: how many this task's client sent
-
-    def intercept(self, context, call_next):
-        from flwr.supercore.constant import TASK_TOKEN_HEADER
-
-        if not self.value:
-            raise RuntimeError("no task at hand: a task request without its token")
-        context.request.headers[TASK_TOKEN_HEADER] = self.value
-        self.requests += 1
-        return call_next(context)
-
-
-def runtime_client(address: str, *, insecure: bool, certificates: bytes | None,
-                   token: TaskToken | None = None):
-    """An HTTP client of the SuperNode's runtime API: the executor's own (no ``token``) or the
-    tasks' (sending ``token``'s value)."""
-    flwr()
-    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-    from flwr.supercore.retry import make_simple_http_retry_invoker
-    from flwr.supercore.runtime import RuntimeHttpClient
-
-    interceptors = [RuntimeVersionHttpInterceptor(
-        component_name="flwr-clientapp" if token else "SuperExec")]
-    if token:
-        interceptors.append(token)
-    return RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=insecure, root_certificates=certificates,
-        interceptors=interceptors, retry_invoker=make_simple_http_retry_invoker())
-
-
-def pull_task_input(client):
-    """The task's message, context, run and app, as ``flwr-clientapp`` pulls them, except that
-    an object not yet at the SuperNode (it hands out a task while the message's arrays are
-    still coming from the SuperLink) is asked for again after milliseconds, not Flower's
-    one-second first back-off (doubling to ten): that wait was most of a warm message's time.
-    The objects are asked for one at a time, so only one is asked for again while they come."""
-    from flwr.app import Message
-    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
-    from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest  # pylint: disable=E0611
-    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-        make_confirm_message_received_fn_protobuf,
-        make_pull_object_fn_protobuf,
-    )
-    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
-    from flwr.supercore.task_identity import TaskIdentity
-
-    res = client.PullTaskInput(PullTaskInputRequest())
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = (  # as Flower sets them
-        res.task_id, res.run.run_id, res.context.node_id)
-    context, run, fab = (context_from_proto(res.context), run_from_proto(res.run),
-                         fab_from_proto(res.fab))
-    pulled = client.PullMessages(PullAppMessagesRequest())
-    if not pulled.messages_list:
-        raise RuntimeError("the SuperNode handed out a task without a message")
-    node, tree = Node(node_id=context.node_id), pulled.message_object_trees[0]
-    message = pull_and_inflate_object_from_tree(
-        tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
-        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node,
-                                                  context.run_id),
-        return_type=Message, initial_backoff=RETRY[0], backoff_cap=RETRY[1],
-        max_concurrent_pulls=1)
-    message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower sets it
-    return message, context, run, fab
+    return runtime
 
 
 class WarmExecutor:
@@ -253,8 +181,8 @@ class WarmExecutor:
 
         try:
             if reply is not None and context is not None:
-                _flower().push_message(client, reply, context)
-            _flower().push_task_output(client, context, status, details)
+                _steps().push_message(client, reply, context)
+            _steps().push_task_output(client, context, status, details)
             return status
         except Exception as e:  # noqa: BLE001 - the next task may still be served
             log.warning("fedcf.flower.warm: could not hand back a task (%s: %s)",
