@@ -258,11 +258,11 @@ def node_costs(folder, nodes: int) -> list[dict]:
     return out
 
 
-def cost_summary(costs: list[dict], warm: float | None) -> dict:
+def cost_summary(costs: list[dict], warm: dict | None) -> dict:
     """Per message type: messages, median handler and start-up seconds, largest peak memory;
     with a warm device process (``fedcf.flower.warm``), the medians of its whole tasks' wall
-    and CPU seconds (pull, handler, reply) too. ``warm``: the train handler's seconds in this process,
-    measured here: what the same work costs with no Flower around it."""
+    and CPU seconds (pull, handler, reply) too. ``warm``: ``warm_train_cost``, the train handler's
+    wall and CPU seconds in this process: what the same work costs with no Flower around it."""
     out = {}
     handled = [c for c in costs if "seconds" in c]
     for kind in sorted({c["message"] for c in handled}):
@@ -280,13 +280,15 @@ def cost_summary(costs: list[dict], warm: float | None) -> dict:
                      if tasks else None,
                      "peak_rss_mib": float(max(c["peak_rss_mib"] for c in mine))}
     if "train" in out:
-        out["train"]["warm_process_seconds"] = warm
+        out["train"]["warm_process_seconds"] = None if warm is None else warm["wall"]
+        out["train"]["warm_process_cpu_seconds"] = None if warm is None else warm["cpu"]
     return out
 
 
-def warm_train_seconds(device_file, catalog_file, params: dict, n_users: int, model) -> float:
+def warm_train_cost(device_file, catalog_file, params: dict, n_users: int, model) -> dict:
     """The train handler's work for ``n_users`` users of one device, in this (warm) process:
-    what a message costs without a fresh process per message. Median of 5 after a warm-up."""
+    what a message costs with no Flower around it. Medians of 5 after a warm-up: ``wall`` and
+    ``cpu`` seconds (the CPU of every thread, Numba's included, as a node's task is counted)."""
     from fedcf import FedReconMF
     from fedcf.flower.node import node_data, train
     from fedcf.flower.settings import Settings
@@ -299,12 +301,13 @@ def warm_train_seconds(device_file, catalog_file, params: dict, n_users: int, mo
     config = {"users": [int(u) for u in users], "clients": list(range(len(users))),
               "params": client_params(est), "mu": float(model.global_mean_)}
     glob = arrays(Q=model.item_factors_, b=model.item_biases_, ids=np.array([0, 1], np.uint64))
-    times = []
+    wall, cpu = [], []
     for _ in range(6):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         train(node_data({}, {"data-path": str(device_file)}, None, catalog), config, glob)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times[1:]))
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return {"wall": float(np.median(wall[1:])), "cpu": float(np.median(cpu[1:]))}
 
 
 def release_session(superlink: str, creds: dict, k: int, log: Path) -> bool | None:
@@ -732,8 +735,8 @@ def main(argv=None) -> dict:
            "bytes_down_per_round": [r["flower_bytes_down"] for r in hist],
            "secagg": [{k: r[k] for k in r if k.startswith("secagg")} for r in hist]
            if args.secure_aggregation else None}
-    warm = warm_train_seconds(folder / "devices" / "device0" / "ratings.csv", catalog, params,
-                              max(args.clients_per_round // args.nodes, 1), model) \
+    warm = warm_train_cost(folder / "devices" / "device0" / "ratings.csv", catalog, params,
+                           max(args.clients_per_round // args.nodes, 1), model) \
         if args.device_data else None
     out["device_cost"] = cost_summary(out.pop("node_costs"), warm)
     out.pop("model_path")

@@ -21,7 +21,8 @@ import time
 
 from .wire import flwr
 
-RETRY = (0.005, 0.05)  # an object still on its way to the SuperNode: first and longest wait
+RETRY = (0.02, 0.05)  # an object still on its way to the SuperNode: first and longest wait
+# (objects can reach the SuperNode tens of ms after it hands out the task; each ask costs CPU)
 PROTOBUF = "application/protobuf"
 
 
