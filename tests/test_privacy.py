@@ -687,3 +687,27 @@ def _dense(delta, n_items):
     full = np.zeros((n_items, delta.d_Q.shape[1]))
     full[delta.items] = delta.d_Q
     return full
+
+
+def test_a_rounds_rdp_curve_is_computed_once_per_process(monkeypatch):
+    """The round loop makes a fresh accountant every round (the server-side ε of its record);
+    dp-accounting computes a (q, σ) curve once per process, not once per round (it cost
+    ~0.1-0.2 s a round under DP), and ε is the same as a single composition gives."""
+    from dp_accounting import rdp
+
+    from fedcf.federated.aggregators import accounting
+
+    monkeypatch.setattr(accounting, "_CURVES", {})
+    calls, real = [], rdp.RdpAccountant.compose
+    monkeypatch.setattr(rdp.RdpAccountant, "compose",
+                        lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
+    eps = []
+    for _ in range(5):
+        acc = accounting.RdpAccountant(1e-5)
+        acc.compose(1.0, 1.3, 7)
+        eps.append(acc.epsilon())
+    assert len(calls) == 1 and len(set(eps)) == 1
+    monkeypatch.setattr(rdp.RdpAccountant, "compose", real)
+    assert eps[0] == pytest.approx(accounting.epsilon(1.0, 1.3, 7, 1e-5), rel=1e-12)
+    with pytest.raises(ValueError):  # the cached curve is shared: nobody may change it
+        accounting.rdp_curve(1.0, 1.3)[1][0] = 0.0

@@ -65,6 +65,30 @@ def epsilon(q: float, noise_multiplier: float, rounds: int, delta: float) -> flo
         return float(acc.get_epsilon(delta))
 
 
+_CURVES: dict = {}  # (q, σ) -> (orders, one round's RDP curve), shared by every accountant
+_CURVES_KEPT = 256
+
+
+def rdp_curve(q: float, sigma: float):
+    """(orders, RDP curve) of one Poisson-sampled Gaussian round at (q, σ), from dp-accounting,
+    computed once per process: a pure function of (q, σ) that costs ~0.1 s, and a run asks for
+    it every round (the server-side ε of each round's record uses a fresh accountant)."""
+    key = (float(q), float(sigma))
+    got = _CURVES.get(key)
+    if got is None:
+        dpa, rdp = _dpa()
+        acc = rdp.RdpAccountant()
+        with _quiet():
+            acc.compose(dpa.PoissonSampledDpEvent(key[0], dpa.GaussianDpEvent(key[1])), 1)
+        curve = np.asarray(acc.rdp, np.float64).copy()
+        curve.setflags(write=False)
+        got = (tuple(acc.orders), curve)
+        if len(_CURVES) >= _CURVES_KEPT:
+            _CURVES.clear()
+        _CURVES[key] = got
+    return got
+
+
 class RdpAccountant(Accountant):
     """fedcf's ``Accountant`` on dp-accounting's RDP accountant (the one adapter to that
     library). Its state is the list of rounds composed so far, as (q, σ, rounds) events, so a
@@ -85,7 +109,7 @@ class RdpAccountant(Accountant):
 
     def __init__(self, delta: float, events=()):
         _check(1.0, delta, 0)
-        self.delta, self.events, self._curves = float(delta), [], {}
+        self.delta, self.events = float(delta), []
         for q, sigma, rounds in events:
             self.compose(q, sigma, rounds)
 
@@ -101,14 +125,7 @@ class RdpAccountant(Accountant):
         self.events.append([q, sigma, int(rounds)])
 
     def _curve(self, q: float, sigma: float):
-        key = (q, sigma)
-        if key not in self._curves:
-            dpa, rdp = _dpa()
-            acc = rdp.RdpAccountant()
-            with _quiet():
-                acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), 1)
-            self._curves[key] = (acc.orders, np.asarray(acc.rdp, np.float64))
-        return self._curves[key]
+        return rdp_curve(q, sigma)
 
     def epsilon(self) -> float:
         if not any(r for _, _, r in self.events):
@@ -208,6 +225,10 @@ class PldAccountant(RdpAccountant):
     """
 
     kind = "pld"
+
+    def __init__(self, delta: float, events=()):
+        self._curves: dict = {}  # the last events' ε
+        super().__init__(delta, events)
 
     def epsilon(self) -> float:
         if not any(r for _, _, r in self.events):
