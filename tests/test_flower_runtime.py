@@ -16,7 +16,7 @@ class Server:
     """A loopback HTTP/1.1 server answering every POST with ``reply()`` (status, body); it
     records (path, headers, connection port) and can drop a connection after each answer."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
         self.seen, self.statuses, self.drop, self.hang = [], [], False, False
         self.body = b""
         outer = self
@@ -45,6 +45,11 @@ class Server:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        if tls is not None:  # (certificate, key) files
+            import ssl
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
         self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
@@ -249,3 +254,37 @@ def test_push_message_sends_the_head_then_only_the_objects_asked_for():
     assert all(pushed[i] == contents[i] for i in wanted)
     again = inflate_object_from_contents(tree.object_id, dict(contents), keep_object_contents=True)
     assert isinstance(again, Message)
+
+
+def test_a_runtime_api_behind_tls_is_reached_with_its_ca_and_refused_with_another(tmp_path):
+    import httpx
+    from conftest import load_script
+    from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
+        PullTaskInputRequest,
+        PullTaskInputResponse,
+    )
+
+    deploy = load_script("flower_deploy")
+    creds = deploy.credentials(tmp_path / "a", 0)
+    other = deploy.credentials(tmp_path / "b", 0)
+    server = Server(tls=(creds["cert"], creds["key"]))
+    try:
+        server.body = PullTaskInputResponse(task_id=9).SerializeToString()
+        token = runtime.TaskToken()
+        token.value = "tok"
+        client = runtime.runtime_client(server.address, insecure=False,
+                                        certificates=creds["ca"].read_bytes(), token=token)
+        try:
+            assert client.PullTaskInput(PullTaskInputRequest()).task_id == 9
+        finally:
+            client.close()
+        stranger = runtime.runtime_client(server.address, insecure=False,
+                                          certificates=other["ca"].read_bytes(), token=token)
+        try:  # Flower's retry policy gives up on a certificate error at once
+            with pytest.raises(httpx.ConnectError, match="certificate"):
+                stranger.PullTaskInput(PullTaskInputRequest())
+        finally:
+            stranger.close()
+        assert len(server.seen) == 1
+    finally:
+        server.close()
