@@ -288,3 +288,8 @@ def test_a_runtime_api_behind_tls_is_reached_with_its_ca_and_refused_with_anothe
         assert len(server.seen) == 1
     finally:
         server.close()
+
+
+def test_a_tls_client_without_its_ca_is_refused_by_name():
+    with pytest.raises(ValueError, match="certificates"):
+        runtime.runtime_client("127.0.0.1:9401", insecure=False, certificates=None)

@@ -13,7 +13,7 @@ the transport of one request and the thread pools are replaced.
 from __future__ import annotations
 
 import http.client
-import select
+import selectors
 import socket
 import ssl
 import threading
@@ -24,6 +24,14 @@ from .wire import flwr
 RETRY = (0.02, 0.05)  # an object still on its way to the SuperNode: first and longest wait
 # (objects can reach the SuperNode tens of ms after it hands out the task; each ask costs CPU)
 PROTOBUF = "application/protobuf"
+
+
+def _readable(sock) -> bool:
+    """Whether an idle kept-alive socket has something to read (its end of stream: the server
+    closed it). A selector, not ``select.select``: a descriptor above 1023 is fine."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(sock, selectors.EVENT_READ)
+        return bool(sel.select(0))
 
 
 class KeptAlive:
@@ -39,7 +47,7 @@ class KeptAlive:
         with self._lock:
             while self._idle:
                 conn = self._idle.pop()
-                if conn.sock is not None and not select.select([conn.sock], [], [], 0)[0]:
+                if conn.sock is not None and not _readable(conn.sock):
                     return conn
                 conn.close()
         if self.context is None:
@@ -172,6 +180,9 @@ def runtime_client(address: str, *, insecure: bool, certificates: bytes | None,
 
     host, _, port = address.rpartition(":")
     context = None
+    if not insecure and not isinstance(certificates, bytes):
+        raise ValueError("a TLS runtime API needs certificates (the CA's PEM bytes); pass "
+                         "insecure=True for a plain-HTTP one on loopback")
     if not insecure:
         context = ssl.create_default_context(cadata=certificates.decode("ascii"))
     client = client_class().from_server_address(
